@@ -1,0 +1,202 @@
+//! The module structure: named dimensions, the pipeline's shape, and functions of SSA ops.
+//!
+//! A function owns two arenas, values and ops. Its body is a [`Block`]: arguments, ops in
+//! order, returned values. A `loop` op owns a nested block, whose values live in the same arenas.
+//! Every value is defined before it is used, in arena order. Spans sit in side tables.
+
+use crate::arena::{Arena, Id};
+use crate::op::OpKind;
+use crate::span::SpanTable;
+use crate::types::Type;
+pub use ppc_runtime::Init;
+
+pub type ValueId = Id<Value>;
+pub type OpId = Id<Op>;
+
+/// A whole model file, or the output of any pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Module {
+    pub dims: Vec<DimDef>,
+    pub pipeline: Pipeline,
+    /// The type of one microbatch of input.
+    pub input: Type,
+    /// The type of one microbatch of targets, for training.
+    pub target: Option<Type>,
+    pub loss: Option<Loss>,
+    pub funcs: Vec<Func>,
+    /// Spans of module-level items, keyed by `dim.NAME`, `stages`, `input`, ...
+    pub spans: SpanTable<String>,
+}
+
+/// `name = 4` or `name = heads * 64`: a named dimension and its value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DimDef {
+    pub name: String,
+    /// Factors as written; a factor is a number or an earlier dimension's name.
+    pub factors: Vec<DimFactor>,
+    pub value: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum DimFactor {
+    Lit(u64),
+    Name(String),
+}
+
+/// The pipeline's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pipeline {
+    pub stages: u64,
+    /// Layers of the whole model; `stages * repeats` divides it.
+    pub layers: u64,
+    pub microbatches: u64,
+    /// Circular repeats: layer `(r*S + s)*k + j` runs on stage `s` in repeat `r`.
+    pub repeats: u64,
+}
+
+impl Pipeline {
+    /// `k`: layers each stage runs, one after the other, per repeat.
+    pub fn layers_per_stage(&self) -> u64 {
+        self.layers / (self.stages * self.repeats)
+    }
+
+    /// Iterations of the GPipe loop: `R*M + S - 1`.
+    pub fn iterations(&self) -> u64 {
+        self.repeats * self.microbatches + self.stages - 1
+    }
+
+    /// The settings as printed, in canonical order.
+    pub fn settings(&self) -> [(&'static str, u64); 4] {
+        [
+            ("stages", self.stages),
+            ("layers", self.layers),
+            ("microbatches", self.microbatches),
+            ("repeats", self.repeats),
+        ]
+    }
+
+    /// Settings usable as dimension names in shapes: the printed ones and `layers_per_stage`.
+    pub fn dim_names(&self) -> [(&'static str, u64); 5] {
+        let [a, b, c, d] = self.settings();
+        [a, b, c, d, ("layers_per_stage", self.layers_per_stage())]
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    Mse,
+    SoftmaxCrossEntropy,
+}
+
+impl Loss {
+    pub fn name(self) -> &'static str {
+        match self {
+            Loss::Mse => "mse",
+            Loss::SoftmaxCrossEntropy => "softmax_cross_entropy",
+        }
+    }
+}
+
+/// An SSA value: a function argument, a parameter, a block argument or an op result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Value {
+    /// The name without `%`; unique within its function.
+    pub name: String,
+    pub ty: Type,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    pub kind: OpKind,
+    pub results: Vec<ValueId>,
+}
+
+/// A straight-line list of ops with arguments and results.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Block {
+    pub args: Vec<ValueId>,
+    pub ops: Vec<OpId>,
+    /// The values returned (function body) or yielded (loop body).
+    pub results: Vec<ValueId>,
+}
+
+/// A trainable parameter: its value, initializer, and how many leading axes index layers.
+///
+/// A parameter with `layer_axes = 0` belongs to whichever layer runs the function. With
+/// `layer_axes = n`, the first `n` axes enumerate layers in row-major order: element `l` of
+/// those axes holds the weights of layer `l`, drawn from the generator stream `(name, l)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    pub value: ValueId,
+    pub init: Init,
+    pub layer_axes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Func {
+    /// The name without `@`.
+    pub name: String,
+    pub params: Vec<Param>,
+    pub body: Block,
+    pub values: Arena<Value>,
+    pub ops: Arena<Op>,
+    pub value_spans: SpanTable<ValueId>,
+    pub op_spans: SpanTable<OpId>,
+}
+
+impl Func {
+    pub fn new(name: &str) -> Func {
+        Func {
+            name: name.to_string(),
+            params: Vec::new(),
+            body: Block::default(),
+            values: Arena::default(),
+            ops: Arena::default(),
+            value_spans: SpanTable::default(),
+            op_spans: SpanTable::default(),
+        }
+    }
+
+    pub fn ty(&self, v: ValueId) -> &Type {
+        &self.values[v].ty
+    }
+
+    pub fn arg_types(&self) -> Vec<Type> {
+        self.body.args.iter().map(|&v| self.ty(v).clone()).collect()
+    }
+
+    pub fn result_types(&self) -> Vec<Type> {
+        self.body.results.iter().map(|&v| self.ty(v).clone()).collect()
+    }
+}
+
+/// The names of the functions that passes read and write.
+pub mod names {
+    /// The one-stage compute written by the user.
+    pub const LAYER: &str = "layer";
+    /// The stage program vectorized over the stage axis (`vmap-stages`).
+    pub const STAGE: &str = "stage";
+    /// The GPipe loop over all microbatches (`gpipe-loop`).
+    pub const PIPELINE: &str = "pipeline";
+}
+
+impl Module {
+    pub fn func(&self, name: &str) -> Option<&Func> {
+        self.funcs.iter().find(|f| f.name == name)
+    }
+
+    /// The size of a named dimension: a `dims` entry or a pipeline setting.
+    pub fn dim(&self, name: &str) -> Option<u64> {
+        self.dims
+            .iter()
+            .find(|d| d.name == name)
+            .map(|d| d.value)
+            .or_else(|| {
+                self.pipeline
+                    .dim_names()
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| *v)
+            })
+    }
+}

@@ -1,0 +1,329 @@
+//! The op set: one enum variant per op, attributes as typed fields.
+//!
+//! Every `match` on [`OpKind`] in the verifier, interpreter and passes is exhaustive, so a new op
+//! does not compile until every rule table handles it. Shapes are static; broadcasting follows
+//! NumPy (align trailing axes, size 1 stretches).
+
+use crate::ir::{Block, ValueId};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// The tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    Gelu,
+    Sqrt,
+    Rsqrt,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    /// On i32: division rounded toward negative infinity.
+    Div,
+    Max,
+    Min,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpPred {
+    Lt,
+    Le,
+    Eq,
+    Gt,
+    Ge,
+    Ne,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpKind {
+    Unary {
+        op: UnaryOp,
+        x: ValueId,
+    },
+    /// Elementwise with broadcasting.
+    Binary {
+        op: BinaryOp,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    /// Elementwise comparison with broadcasting; the result is i1.
+    Compare {
+        pred: CmpPred,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    /// `cond ? on_true : on_false`, elementwise with broadcasting.
+    Select {
+        cond: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    },
+    /// `[..., m, k] x [..., k, n] -> [..., m, n]`, batch axes broadcast; f32 accumulation.
+    MatMul {
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    /// Result axis `i` is input axis `perm[i]`.
+    Transpose {
+        x: ValueId,
+        perm: Vec<usize>,
+    },
+    /// Same elements, row-major, in the result type's shape.
+    Reshape {
+        x: ValueId,
+    },
+    /// NumPy broadcast to the result type's shape.
+    Broadcast {
+        x: ValueId,
+    },
+    /// Change of dtype; values are rounded to the result dtype.
+    Convert {
+        x: ValueId,
+    },
+    /// Static slice `start..end` on every axis.
+    Slice {
+        x: ValueId,
+        start: Vec<u64>,
+        end: Vec<u64>,
+    },
+    Concat {
+        xs: Vec<ValueId>,
+        axis: usize,
+    },
+    /// Reduction over `axes`, which are removed from the shape.
+    Reduce {
+        op: ReduceOp,
+        x: ValueId,
+        axes: Vec<usize>,
+    },
+    Softmax {
+        x: ValueId,
+        axis: usize,
+    },
+    /// `(x - mean) / sqrt(var + eps)` over `axis` (biased variance, no affine part).
+    LayerNorm {
+        x: ValueId,
+        axis: usize,
+        eps: f64,
+    },
+    /// The result type filled with the index along `axis`.
+    Iota {
+        axis: usize,
+    },
+    /// The result type filled with `value`.
+    Constant {
+        value: f64,
+    },
+    /// `low` and `high` slices of `fill` added along `axis`.
+    Pad {
+        x: ValueId,
+        axis: usize,
+        low: u64,
+        high: u64,
+        fill: f64,
+    },
+    /// Every slice along `axis` moves up by one; slice 0 becomes `fill`; the last drops out.
+    Shift {
+        x: ValueId,
+        axis: usize,
+        fill: f64,
+    },
+    /// Dynamic index: `out[p.., r..] = x[p.., index[p..], r..]`, where `p` are the axes before
+    /// `axis` and `index` (i32) has exactly those axes. With `axis = 0`, `index` is a scalar.
+    Index {
+        x: ValueId,
+        index: ValueId,
+        axis: usize,
+    },
+    /// `x` with the slice that [`OpKind::Index`] would read replaced by `update`.
+    Update {
+        x: ValueId,
+        update: ValueId,
+        index: ValueId,
+        axis: usize,
+    },
+    /// Call of another function of the module; its parameters are its own.
+    Call {
+        callee: String,
+        args: Vec<ValueId>,
+    },
+    /// `trips` iterations of `body`; body arguments are the iteration number (i32 scalar) and
+    /// the carried values, which start as `inits`; the results are the last carried values.
+    Loop {
+        trips: u64,
+        inits: Vec<ValueId>,
+        body: Block,
+    },
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 10] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+        }
+    }
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 6] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+        }
+    }
+}
+
+impl CmpPred {
+    pub const ALL: [CmpPred; 6] = [
+        CmpPred::Lt,
+        CmpPred::Le,
+        CmpPred::Eq,
+        CmpPred::Gt,
+        CmpPred::Ge,
+        CmpPred::Ne,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpPred::Lt => "lt",
+            CmpPred::Le => "le",
+            CmpPred::Eq => "eq",
+            CmpPred::Gt => "gt",
+            CmpPred::Ge => "ge",
+            CmpPred::Ne => "ne",
+        }
+    }
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max];
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "reduce_sum",
+            ReduceOp::Mean => "reduce_mean",
+            ReduceOp::Max => "reduce_max",
+        }
+    }
+}
+
+impl OpKind {
+    /// The op's name in the text format.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Unary { op, .. } => op.name(),
+            OpKind::Binary { op, .. } => op.name(),
+            OpKind::Compare { pred, .. } => pred.name(),
+            OpKind::Reduce { op, .. } => op.name(),
+            OpKind::Select { .. } => "select",
+            OpKind::MatMul { .. } => "matmul",
+            OpKind::Transpose { .. } => "transpose",
+            OpKind::Reshape { .. } => "reshape",
+            OpKind::Broadcast { .. } => "broadcast",
+            OpKind::Convert { .. } => "convert",
+            OpKind::Slice { .. } => "slice",
+            OpKind::Concat { .. } => "concat",
+            OpKind::Softmax { .. } => "softmax",
+            OpKind::LayerNorm { .. } => "layernorm",
+            OpKind::Iota { .. } => "iota",
+            OpKind::Constant { .. } => "constant",
+            OpKind::Pad { .. } => "pad",
+            OpKind::Shift { .. } => "shift",
+            OpKind::Index { .. } => "index",
+            OpKind::Update { .. } => "update",
+            OpKind::Call { .. } => "call",
+            OpKind::Loop { .. } => "loop",
+        }
+    }
+
+    /// The values this op reads, in text order (not those used inside a loop body).
+    pub fn operands(&self) -> Vec<ValueId> {
+        match self {
+            OpKind::Unary { x, .. }
+            | OpKind::Transpose { x, .. }
+            | OpKind::Reshape { x }
+            | OpKind::Broadcast { x }
+            | OpKind::Convert { x }
+            | OpKind::Slice { x, .. }
+            | OpKind::Reduce { x, .. }
+            | OpKind::Softmax { x, .. }
+            | OpKind::LayerNorm { x, .. }
+            | OpKind::Pad { x, .. }
+            | OpKind::Shift { x, .. } => vec![*x],
+            OpKind::Binary { lhs, rhs, .. }
+            | OpKind::Compare { lhs, rhs, .. }
+            | OpKind::MatMul { lhs, rhs } => vec![*lhs, *rhs],
+            OpKind::Select {
+                cond,
+                on_true,
+                on_false,
+            } => vec![*cond, *on_true, *on_false],
+            OpKind::Index { x, index, .. } => vec![*x, *index],
+            OpKind::Update {
+                x, update, index, ..
+            } => vec![*x, *update, *index],
+            OpKind::Concat { xs, .. } => xs.clone(),
+            OpKind::Call { args, .. } => args.clone(),
+            OpKind::Loop { inits, .. } => inits.clone(),
+            OpKind::Iota { .. } | OpKind::Constant { .. } => vec![],
+        }
+    }
+
+    /// True for ops whose result type is given, not inferred from operands.
+    pub fn has_declared_type(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Reshape { .. }
+                | OpKind::Broadcast { .. }
+                | OpKind::Convert { .. }
+                | OpKind::Iota { .. }
+                | OpKind::Constant { .. }
+        )
+    }
+}

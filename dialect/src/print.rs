@@ -1,0 +1,147 @@
+//! The printer: [`Module`] → canonical text, the exact inverse of the parser.
+//!
+//! Model files and every pass dump print this way, so `parse(print(m)) == m` holds for anything
+//! the compiler makes. Output is deterministic: items in a fixed order, every op with its types.
+//! Comments are not part of the IR, so `ppc fmt` drops them.
+
+use crate::ir::{Block, DimFactor, Func, Init, Module};
+use crate::op::OpKind;
+use std::fmt::Write;
+
+/// The canonical text of `m`.
+pub fn print(m: &Module) -> String {
+    let mut out = String::new();
+    if !m.dims.is_empty() {
+        let dims: Vec<String> = m
+            .dims
+            .iter()
+            .map(|d| {
+                let factors: Vec<String> = d
+                    .factors
+                    .iter()
+                    .map(|f| match f {
+                        DimFactor::Lit(v) => v.to_string(),
+                        DimFactor::Name(n) => n.clone(),
+                    })
+                    .collect();
+                format!("{} = {}", d.name, factors.join(" * "))
+            })
+            .collect();
+        let _ = writeln!(out, "dims {{ {} }}", dims.join(", "));
+    }
+    let settings: Vec<String> = m.pipeline.settings().iter().map(|(n, v)| format!("{n} = {v}")).collect();
+    let _ = writeln!(out, "pipeline {{ {} }}", settings.join(", "));
+    let _ = writeln!(out, "input {}", m.input);
+    if let Some(t) = &m.target {
+        let _ = writeln!(out, "target {t}");
+    }
+    if let Some(l) = m.loss {
+        let _ = writeln!(out, "loss {}", l.name());
+    }
+    for f in &m.funcs {
+        out.push('\n');
+        print_func(&mut out, f);
+    }
+    out
+}
+
+/// A number as the grammar reads it back exactly.
+pub fn number(v: f64) -> String {
+    if v.is_nan() {
+        "nan".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "inf".into() } else { "-inf".into() }
+    } else {
+        format!("{v:?}")
+    }
+}
+
+fn list<T: ToString>(xs: &[T]) -> String {
+    format!("[{}]", xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+fn print_func(out: &mut String, f: &Func) {
+    let name = |v| format!("%{}", f.values[v].name);
+    let args: Vec<String> = f.body.args.iter().map(|&a| format!("{}: {}", name(a), f.ty(a))).collect();
+    let results: Vec<String> = f.result_types().iter().map(|t| t.to_string()).collect();
+    let _ = writeln!(out, "func @{}({}) -> {} {{", f.name, args.join(", "), results.join(", "));
+    for p in &f.params {
+        let init = match p.init {
+            Init::Zeros => "zeros".to_string(),
+            Init::Ones => "ones".to_string(),
+            Init::Normal(s) => format!("normal({})", number(s)),
+            Init::Uniform(a, b) => format!("uniform({}, {})", number(a), number(b)),
+        };
+        let axes = if p.layer_axes > 0 { format!(", layer_axes = {}", p.layer_axes) } else { String::new() };
+        let _ = writeln!(out, "  param {}: {} = {init}{axes}", name(p.value), f.ty(p.value));
+    }
+    print_ops(out, f, &f.body, 1);
+    let rets: Vec<String> = f.body.results.iter().map(|&v| name(v)).collect();
+    let _ = writeln!(out, "  return {}", rets.join(", "));
+    out.push_str("}\n");
+}
+
+fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
+    let pad = "  ".repeat(depth);
+    let name = |v| format!("%{}", f.values[v].name);
+    for &id in &block.ops {
+        let op = &f.ops[id];
+        let results: Vec<String> = op.results.iter().map(|&v| name(v)).collect();
+        let mut args: Vec<String> = Vec::new();
+        match &op.kind {
+            OpKind::Constant { value } => args.push(number(*value)),
+            OpKind::Call { callee, .. } => args.push(format!("@{callee}")),
+            _ => {}
+        }
+        args.extend(op.kind.operands().into_iter().map(name));
+        args.extend(attrs(&op.kind));
+        let types: Vec<String> = op.results.iter().map(|&v| f.ty(v).to_string()).collect();
+        let _ = write!(out, "{pad}{} = {}", results.join(", "), op.kind.name());
+        if !args.is_empty() {
+            let _ = write!(out, " {}", args.join(", "));
+        }
+        let _ = write!(out, " : {}", types.join(", "));
+        if let OpKind::Loop { body, .. } = &op.kind {
+            let bargs: Vec<String> = body.args.iter().map(|&v| name(v)).collect();
+            let _ = writeln!(out, " {{\n{pad}^body({}):", bargs.join(", "));
+            print_ops(out, f, body, depth + 1);
+            let ys: Vec<String> = body.results.iter().map(|&v| name(v)).collect();
+            let _ = writeln!(out, "{pad}  yield {}", ys.join(", "));
+            let _ = write!(out, "{pad}}}");
+        }
+        out.push('\n');
+    }
+}
+
+/// The keyword attributes of an op, as `key = value` strings in canonical order.
+fn attrs(kind: &OpKind) -> Vec<String> {
+    match kind {
+        OpKind::Transpose { perm, .. } => vec![format!("perm = {}", list(perm))],
+        OpKind::Slice { start, end, .. } => vec![format!("start = {}", list(start)), format!("end = {}", list(end))],
+        OpKind::Concat { axis, .. }
+        | OpKind::Softmax { axis, .. }
+        | OpKind::Iota { axis }
+        | OpKind::Index { axis, .. }
+        | OpKind::Update { axis, .. } => vec![format!("axis = {axis}")],
+        OpKind::Reduce { axes, .. } => vec![format!("axes = {}", list(axes))],
+        OpKind::LayerNorm { axis, eps, .. } => vec![format!("axis = {axis}"), format!("eps = {}", number(*eps))],
+        OpKind::Pad { axis, low, high, fill, .. } => vec![
+            format!("axis = {axis}"),
+            format!("low = {low}"),
+            format!("high = {high}"),
+            format!("fill = {}", number(*fill)),
+        ],
+        OpKind::Shift { axis, fill, .. } => vec![format!("axis = {axis}"), format!("fill = {}", number(*fill))],
+        OpKind::Loop { trips, .. } => vec![format!("trips = {trips}")],
+        OpKind::Unary { .. }
+        | OpKind::Binary { .. }
+        | OpKind::Compare { .. }
+        | OpKind::Select { .. }
+        | OpKind::MatMul { .. }
+        | OpKind::Reshape { .. }
+        | OpKind::Broadcast { .. }
+        | OpKind::Convert { .. }
+        | OpKind::Constant { .. }
+        | OpKind::Call { .. } => vec![],
+    }
+}
