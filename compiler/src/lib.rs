@@ -1,1 +1,14 @@
+//! The ppc compiler: the front end, the passes over ppc's IR, the pipeline that runs them, and
+//! the `ppc` command line.
+//!
+//! ```text
+//! model.ppc ──frontend──▶ Module ──vmap-stages──▶ @stage ──gpipe-loop──▶ @pipeline
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod files;
 pub mod passes;
+pub mod pipeline;
+pub mod report;
+pub mod schedule;

@@ -52,6 +52,17 @@ pub struct Pipeline {
     pub microbatches: u64,
     /// Circular repeats: layer `(r*S + s)*k + j` runs on stage `s` in repeat `r`.
     pub repeats: u64,
+    /// How the file gave the depth; kept so that printing keeps the meaning of overrides
+    /// (`layers = 8` stays 8 under `--stages 2`; `layers_per_stage = 1` scales with it).
+    pub depth: Depth,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// `layers = L`.
+    Layers,
+    /// `layers_per_stage = k`, or nothing (k = 1).
+    PerStage,
 }
 
 impl Pipeline {
@@ -67,18 +78,22 @@ impl Pipeline {
 
     /// The settings as printed, in canonical order.
     pub fn settings(&self) -> [(&'static str, u64); 4] {
+        let depth = match self.depth {
+            Depth::Layers => ("layers", self.layers),
+            Depth::PerStage => ("layers_per_stage", self.layers_per_stage()),
+        };
+        [("stages", self.stages), depth, ("microbatches", self.microbatches), ("repeats", self.repeats)]
+    }
+
+    /// Settings usable as dimension names in shapes.
+    pub fn dim_names(&self) -> [(&'static str, u64); 5] {
         [
             ("stages", self.stages),
             ("layers", self.layers),
+            ("layers_per_stage", self.layers_per_stage()),
             ("microbatches", self.microbatches),
             ("repeats", self.repeats),
         ]
-    }
-
-    /// Settings usable as dimension names in shapes: the printed ones and `layers_per_stage`.
-    pub fn dim_names(&self) -> [(&'static str, u64); 5] {
-        let [a, b, c, d] = self.settings();
-        [a, b, c, d, ("layers_per_stage", self.layers_per_stage())]
     }
 }
 

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod arena;
+pub mod build;
 pub mod diag;
 pub mod infer;
 pub mod interp;

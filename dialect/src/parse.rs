@@ -7,7 +7,7 @@
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::infer::{checked_elements, infer};
-use crate::ir::{Block, DimDef, DimFactor, Func, Init, Loss, Module, Op, Param, Pipeline, Value, ValueId};
+use crate::ir::{Block, Depth, DimDef, DimFactor, Func, Init, Loss, Module, Op, Param, Pipeline, Value, ValueId};
 use crate::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use crate::span::{Span, SpanTable};
 use crate::types::{sizes, DType, Dim, Type};
@@ -326,12 +326,13 @@ impl ModuleBuilder<'_> {
             }
         }
         let groups = stages.0 * repeats.0;
+        let depth = if layers.is_some() { Depth::Layers } else { Depth::PerStage };
         let layers = match (layers, per_stage) {
             (Some(_), Some((_, s))) => {
                 return Err(Diagnostic::error("give either `layers` or `layers_per_stage`, not both", s, "second way to say it"))
             }
             (None, None) => groups,
-            (None, Some((k, _))) => groups * k,
+            (None, Some((k, _))) => groups.checked_mul(k).ok_or_else(|| Diagnostic::error("layer count overflows", block, "too many layers"))?,
             (Some((l, span)), None) => {
                 if l % groups != 0 {
                     return Err(Diagnostic::error(
@@ -348,7 +349,7 @@ impl ModuleBuilder<'_> {
         if layers > MAX_PIPELINE_SETTING {
             return Err(Diagnostic::error(format!("{layers} layers is absurdly many"), block, "too many layers"));
         }
-        let p = Pipeline { stages: stages.0, layers, microbatches: micro.0, repeats: repeats.0 };
+        let p = Pipeline { stages: stages.0, layers, microbatches: micro.0, repeats: repeats.0, depth };
         self.resolved = Some(p);
         Ok(p)
     }

@@ -89,6 +89,9 @@ fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
         let results: Vec<String> = op.results.iter().map(|&v| name(v)).collect();
         let mut args: Vec<String> = Vec::new();
         match &op.kind {
+            OpKind::Constant { value } if !f.ty(op.results[0]).dtype.is_float() && value.fract() == 0.0 => {
+                args.push(format!("{}", *value as i64))
+            }
             OpKind::Constant { value } => args.push(number(*value)),
             OpKind::Call { callee, .. } => args.push(format!("@{callee}")),
             _ => {}

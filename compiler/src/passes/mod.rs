@@ -1,1 +1,45 @@
+//! The passes over ppc's IR, in the order the pipeline runs them. A pass is a plain function
+//! `fn(&mut Module, &Options) -> Result<(), Diagnostics>`; [`PASSES`] is the one table that the
+//! command line, `--print-after-all` and the test `// RUN:` lines read.
 
+mod batching;
+mod gpipe_loop;
+mod vmap_stages;
+
+pub use gpipe_loop::gpipe_loop;
+pub use vmap_stages::vmap_stages;
+
+use ppc_dialect::{Diagnostics, Module};
+
+/// Options shared by all passes.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Fill bubble slots (padding, initial state, shift fill) with NaN instead of zeros.
+    pub poison_bubbles: bool,
+}
+
+/// One entry of the pass table.
+pub struct PassInfo {
+    /// Kebab-case name used by `--emit` and `// RUN:` lines.
+    pub name: &'static str,
+    pub summary: &'static str,
+    pub run: fn(&mut Module, &Options) -> Result<(), Diagnostics>,
+}
+
+/// Every pass, in pipeline order.
+pub const PASSES: &[PassInfo] = &[
+    PassInfo {
+        name: "vmap-stages",
+        summary: "vectorize the one-stage compute @layer over a leading stage axis into @stage",
+        run: vmap_stages,
+    },
+    PassInfo {
+        name: "gpipe-loop",
+        summary: "wrap @stage in the GPipe loop @pipeline: shifting state, zero padding, stage-0 select",
+        run: gpipe_loop,
+    },
+];
+
+pub fn find(name: &str) -> Option<&'static PassInfo> {
+    PASSES.iter().find(|p| p.name == name)
+}

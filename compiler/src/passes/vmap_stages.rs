@@ -1,0 +1,128 @@
+//! `vmap-stages`: the one-stage compute `@layer`, vectorized over a leading stage axis into
+//! `@stage`.
+//!
+//! Preconditions: a checked model (`@layer` maps the input type to itself).
+//! Postconditions: the module also holds `@stage(%x: [S, ...input]) -> [S, ...input]` (with an
+//! extra `%repeat: i32[S]` argument when `repeats > 1`). Each parameter of `@layer` becomes one of
+//! `@stage` with leading axes `[R, S, k]` (`R` only when `repeats > 1`, `k` only when more than
+//! one layer runs per stage) that enumerate layers: element `(r, s, j)` holds the weights of layer
+//! `(r*S + s)*k + j`. The `k` layers of a stage run one after the other inside `@stage`. Every op
+//! is rewritten by its batching rule (`batching.rs`).
+//!
+//! ```text
+//! func @layer(%x: f32[b, d]) -> f32[b, d] {         func @stage(%x: f32[stages, b, d]) -> f32[stages, b, d] {
+//!   param %w: f32[d, d] = normal(0.5)          ──▶    param %w: f32[stages, d, d] = normal(0.5), layer_axes = 1
+//!   %y = matmul %x, %w : f32[b, d]                    %y = matmul %x, %w : f32[stages, b, d]
+//!   return %y                                         return %y
+//! }                                                 }
+//! ```
+
+use super::batching::{batch, Batched, Ctx};
+use super::Options;
+use ppc_dialect::build::Builder;
+use ppc_dialect::diag::{Diagnostic, Diagnostics};
+use ppc_dialect::ir::{names, Block, Func, Module, ValueId};
+use ppc_dialect::op::OpKind;
+use ppc_dialect::{DType, Dim, Type};
+use std::collections::HashMap;
+
+pub fn vmap_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
+    if m.func(names::STAGE).is_some() {
+        return Err(vec![Diagnostic::plain("the module already has a `@stage`: `vmap-stages` has run")]);
+    }
+    let layer = m.func(names::LAYER).ok_or_else(|| vec![Diagnostic::plain("`vmap-stages` needs a `@layer`")])?;
+    let stage = build_stage(m, layer).map_err(|d| vec![d])?;
+    m.funcs.push(stage);
+    Ok(())
+}
+
+fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
+    let p = m.pipeline;
+    let (s_dim, k) = (Dim::named("stages", p.stages), p.layers_per_stage());
+    let mut b = Builder::new(names::STAGE);
+    let x_arg = layer.body.args[0];
+    b.span = layer.value_spans.get(&x_arg);
+    let x = b.arg(&layer.values[x_arg].name, layer.ty(x_arg).insert(0, s_dim.clone()));
+    let repeat = (p.repeats > 1).then(|| b.arg("repeat", Type::new(DType::I32, vec![s_dim.clone()])));
+
+    // Stacked parameters: [R?, S, k?, ...].
+    let mut lead = Vec::new();
+    if p.repeats > 1 {
+        lead.push(Dim::named("repeats", p.repeats));
+    }
+    lead.push(s_dim.clone());
+    if k > 1 {
+        lead.push(Dim::named("layers_per_stage", k));
+    }
+    let mut stacked = Vec::new();
+    for prm in &layer.params {
+        b.span = layer.value_spans.get(&prm.value);
+        let t = layer.ty(prm.value);
+        let mut dims = lead.clone();
+        dims.extend(t.dims.iter().cloned());
+        let v = b.param(&layer.values[prm.value].name, Type::new(t.dtype, dims), prm.init, lead.len());
+        stacked.push(v);
+    }
+
+    // This stage's weights for the current repeat: [S, k?, ...].
+    let mut per_stage = Vec::new();
+    for (prm, &w) in layer.params.iter().zip(&stacked) {
+        b.span = layer.value_spans.get(&prm.value);
+        let name = layer.values[prm.value].name.clone();
+        per_stage.push(match repeat {
+            None => w,
+            Some(r) => {
+                let t = b.ty(w).clone();
+                let mut perm: Vec<usize> = (0..t.rank()).collect();
+                perm.swap(0, 1);
+                let wt = b.op(&format!("{name}_by_stage"), OpKind::Transpose { x: w, perm }, None)?;
+                b.op(&format!("{name}_r"), OpKind::Index { x: wt, index: r, axis: 1 }, None)?
+            }
+        });
+    }
+
+    let mut act = x;
+    for j in 0..k {
+        let mut env: HashMap<ValueId, Batched> = HashMap::new();
+        env.insert(x_arg, Batched { value: act, batched: true });
+        let j_index = if k > 1 && !layer.params.is_empty() {
+            let t = Type::new(DType::I32, vec![s_dim.clone()]);
+            Some(b.op(&format!("layer{j}"), OpKind::Constant { value: j as f64 }, Some(t))?)
+        } else {
+            None
+        };
+        for (prm, &w) in layer.params.iter().zip(&per_stage) {
+            b.span = layer.value_spans.get(&prm.value);
+            let value = match j_index {
+                Some(index) => {
+                    let name = &layer.values[prm.value].name;
+                    b.op(&format!("{name}_{j}"), OpKind::Index { x: w, index, axis: 1 }, None)?
+                }
+                None => w,
+            };
+            env.insert(prm.value, Batched { value, batched: true });
+        }
+        let out = batch_block(&mut b, layer, &layer.body, &mut env, &s_dim)?;
+        act = out;
+    }
+    Ok(b.finish(vec![act]))
+}
+
+fn batch_block(b: &mut Builder, layer: &Func, block: &Block, env: &mut HashMap<ValueId, Batched>, s_dim: &Dim) -> Result<ValueId, Diagnostic> {
+    let mut cx = Ctx { b, stage: s_dim.clone() };
+    for &id in &block.ops {
+        let op = &layer.ops[id];
+        cx.b.span = layer.op_spans.get(&id);
+        let ins: Vec<Batched> = op.kind.operands().iter().map(|v| env[v]).collect();
+        let result = op.results[0];
+        let out = batch(&mut cx, &layer.values[result].name, &op.kind, &ins, layer.ty(result))?;
+        env.insert(result, out);
+    }
+    let ret = env[&block.results[0]];
+    if ret.batched {
+        Ok(ret.value)
+    } else {
+        let t = layer.ty(block.results[0]).insert(0, s_dim.clone());
+        cx.b.op("out_stages", OpKind::Broadcast { x: ret.value }, Some(t))
+    }
+}

@@ -1,0 +1,39 @@
+//! The compilation pipeline: load a model file, then run the passes of [`PASSES`] in order,
+//! verifying the IR after each one.
+
+use crate::passes::{Options, PASSES};
+use ppc_dialect::{check_model, parse, print, verify, Diagnostics, Module, Overrides};
+use std::path::Path;
+
+/// Parses and checks a model file's text.
+pub fn frontend(text: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
+    let m = parse(text, overrides)?;
+    check_model(&m)?;
+    Ok(m)
+}
+
+/// Runs the passes up to and including `until` (all of them if `None`). With `dump`, the IR
+/// after each pass is written to `DIR/NN-<pass>.ppc`.
+pub fn compile(m: &mut Module, opts: &Options, until: Option<&str>, dump: Option<&Path>) -> Result<(), PipelineError> {
+    for (i, pass) in PASSES.iter().enumerate() {
+        (pass.run)(m, opts).map_err(|d| PipelineError::Pass(pass.name, d))?;
+        verify(m).map_err(|d| PipelineError::Invalid(pass.name, d))?;
+        if let Some(dir) = dump {
+            let path = dir.join(format!("{:02}-{}.ppc", i + 1, pass.name));
+            crate::files::write_atomic(&path, print(m).as_bytes()).map_err(|e| PipelineError::Io(path.display().to_string(), e))?;
+        }
+        if until == Some(pass.name) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+pub enum PipelineError {
+    /// The pass rejected the module (a user error, with spans).
+    Pass(&'static str, Diagnostics),
+    /// The pass produced invalid IR: a compiler bug.
+    Invalid(&'static str, Diagnostics),
+    Io(String, std::io::Error),
+}

@@ -1,0 +1,53 @@
+//! The compile-time report (`ppc compile --report=json`): the pipeline's shape, the bubble
+//! counted from the generated loop, and the memory each buffer takes.
+
+use crate::schedule::Schedule;
+use ppc_dialect::ir::{names, Block, Func, Module};
+use ppc_dialect::op::OpKind;
+use serde_json::{json, Value};
+
+/// Bytes of every op result in `block` and its nested loop bodies.
+fn result_bytes(f: &Func, block: &Block) -> u64 {
+    block
+        .ops
+        .iter()
+        .map(|&id| {
+            let op = &f.ops[id];
+            let own: u64 = op.results.iter().map(|&v| f.ty(v).bytes()).sum();
+            let nested = match &op.kind {
+                OpKind::Loop { body, .. } => result_bytes(f, body),
+                _ => 0,
+            };
+            own + nested
+        })
+        .sum()
+}
+
+/// The report of a module that went through `gpipe-loop`.
+pub fn report(m: &Module) -> Result<Value, String> {
+    let sched = Schedule::of(m)?;
+    let p = m.pipeline;
+    let stage = m.func(names::STAGE).ok_or("no `@stage`")?;
+    let s = p.stages;
+    let param_bytes: u64 = stage.params.iter().map(|q| stage.ty(q.value).bytes()).sum();
+    let x = m.input.bytes();
+    let formula = (s - 1) as f64 / p.iterations() as f64;
+    Ok(json!({
+        "stages": s,
+        "microbatches": p.microbatches,
+        "repeats": p.repeats,
+        "layers": p.layers,
+        "layers_per_stage": p.layers_per_stage(),
+        "iterations": sched.iterations(),
+        "bubble_slots": sched.bubble_slots(),
+        "total_slots": sched.total_slots(),
+        "bubble_fraction": sched.bubble_fraction(),
+        "bubble_fraction_formula": formula,
+        "param_bytes_per_stage": param_bytes / s,
+        "microbatch_bytes": x,
+        "state_buffer_bytes": s * x,
+        "input_buffer_bytes": sched.iterations() * x,
+        "output_buffer_bytes": p.microbatches * x,
+        "stage_activation_bytes_per_stage": result_bytes(stage, &stage.body) / s,
+    }))
+}

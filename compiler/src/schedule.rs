@@ -1,0 +1,177 @@
+//! The time × stage grid of the generated GPipe loop: which microbatch (and repeat) each stage
+//! holds at each iteration, and which slots are bubbles. Drawn as text and as SVG by
+//! `ppc schedule`, and counted for the report's bubble fraction.
+//!
+//! The grid is read off the generated `@pipeline`: its loop's trip count, and the stage axis
+//! and microbatch axis of its types. Stage `s` at iteration `t` works on item `w = t - s`
+//! (stage 0 takes item `t`, and the shift moves it one stage per iteration); item `w` is
+//! microbatch `w mod M` in repeat `w div M`, and slots with `w` outside `0..R*M` are bubbles.
+
+use ppc_dialect::ir::{names, Module};
+use ppc_dialect::op::OpKind;
+use std::fmt::Write;
+
+/// What one stage works on in one iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    pub microbatch: u64,
+    pub repeat: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub stages: u64,
+    pub microbatches: u64,
+    pub repeats: u64,
+    /// `slots[t][s]`: the work of stage `s` at iteration `t`; `None` is a bubble.
+    pub slots: Vec<Vec<Option<Work>>>,
+}
+
+impl Schedule {
+    /// The schedule of a module that went through `gpipe-loop`.
+    pub fn of(m: &Module) -> Result<Schedule, String> {
+        let p = m.func(names::PIPELINE).ok_or("the module has no `@pipeline`: run `gpipe-loop` first")?;
+        let trips = p
+            .body
+            .ops
+            .iter()
+            .find_map(|&id| match &p.ops[id].kind {
+                OpKind::Loop { trips, .. } => Some(*trips),
+                _ => None,
+            })
+            .ok_or("`@pipeline` has no loop")?;
+        let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
+        let stages = stage.arg_types()[0].dims[0].size;
+        let microbatches = p.arg_types()[0].dims[0].size;
+        let repeats = m.pipeline.repeats;
+        let items = (repeats * microbatches) as i64;
+        let slots = (0..trips as i64)
+            .map(|t| {
+                (0..stages as i64)
+                    .map(|s| {
+                        let w = t - s;
+                        (0..items).contains(&w).then(|| Work { microbatch: w as u64 % microbatches, repeat: w as u64 / microbatches })
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Schedule { stages, microbatches, repeats, slots })
+    }
+
+    pub fn iterations(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    pub fn bubble_slots(&self) -> u64 {
+        self.slots.iter().flatten().filter(|w| w.is_none()).count() as u64
+    }
+
+    pub fn total_slots(&self) -> u64 {
+        self.iterations() * self.stages
+    }
+
+    /// Bubble slots over all slots: idle stage-iterations.
+    pub fn bubble_fraction(&self) -> f64 {
+        self.bubble_slots() as f64 / self.total_slots() as f64
+    }
+
+    fn label(&self, w: Option<Work>) -> String {
+        match w {
+            None => ".".into(),
+            Some(w) if self.repeats == 1 => w.microbatch.to_string(),
+            Some(w) => format!("{}:{}", w.repeat, w.microbatch),
+        }
+    }
+
+    /// Rows are stages, columns iterations; cells are microbatches (`repeat:microbatch` when
+    /// circular) and `.` for bubbles.
+    pub fn text(&self) -> String {
+        let width = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|&w| self.label(w).len())
+            .chain([self.iterations().saturating_sub(1).to_string().len()])
+            .max()
+            .unwrap_or(1);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "GPipe schedule: {} stages, {} microbatches, {} repeat{}: {} iterations, {} of {} slots idle (bubble {:.1}%)",
+            self.stages,
+            self.microbatches,
+            self.repeats,
+            if self.repeats == 1 { "" } else { "s" },
+            self.iterations(),
+            self.bubble_slots(),
+            self.total_slots(),
+            100.0 * self.bubble_fraction()
+        );
+        if self.repeats > 1 {
+            out.push_str("cells are repeat:microbatch, `.` is a bubble\n");
+        } else {
+            out.push_str("cells are microbatches, `.` is a bubble\n");
+        }
+        let head = format!("stage {}", self.stages - 1).len();
+        let _ = write!(out, "{:>head$} ", "t");
+        for t in 0..self.iterations() {
+            let _ = write!(out, " {t:>width$}");
+        }
+        out.push('\n');
+        for s in 0..self.stages as usize {
+            let _ = write!(out, "{:>head$} ", format!("stage {s}"));
+            for row in &self.slots {
+                let _ = write!(out, " {:>width$}", self.label(row[s]));
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The same grid as an SVG picture: one colour per microbatch, darker for later repeats,
+    /// hatched grey bubbles.
+    pub fn svg(&self) -> String {
+        let (cell, left, top) = (36u64, 72u64, 48u64);
+        let w = left + cell * self.iterations() + 16;
+        let h = top + cell * self.stages + 40;
+        let mut out = String::new();
+        let _ = writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="12">"#);
+        out.push_str(r##"<defs><pattern id="bubble" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#eee"/><line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern></defs>"##);
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            r#"<text x="{left}" y="18">GPipe: {} stages, {} microbatches, {} repeats, {} iterations, bubble {:.1}%</text>"#,
+            self.stages,
+            self.microbatches,
+            self.repeats,
+            self.iterations(),
+            100.0 * self.bubble_fraction()
+        );
+        for t in 0..self.iterations() {
+            let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="middle">{t}</text>"#, left + t * cell + cell / 2, top - 8);
+        }
+        for s in 0..self.stages {
+            let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="end">stage {s}</text>"#, left - 8, top + s * cell + cell / 2 + 4);
+        }
+        for (t, row) in self.slots.iter().enumerate() {
+            for (s, &work) in row.iter().enumerate() {
+                let (x, y) = (left + t as u64 * cell, top + s as u64 * cell);
+                let fill = match work {
+                    None => "url(#bubble)".to_string(),
+                    Some(wk) => {
+                        let hue = wk.microbatch * 360 / self.microbatches.max(1);
+                        let light = 75 - (wk.repeat * 35 / self.repeats.max(1));
+                        format!("hsl({hue},60%,{light}%)")
+                    }
+                };
+                let _ = writeln!(out, r#"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="white"/>"#);
+                if work.is_some() {
+                    let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, x + cell / 2, y + cell / 2 + 4, self.label(work));
+                }
+            }
+        }
+        let _ = writeln!(out, r#"<text x="{left}" y="{}">time (loop iteration) →</text>"#, top + self.stages * cell + 24);
+        out.push_str("</svg>\n");
+        out
+    }
+}
