@@ -6,6 +6,17 @@
 
 use crate::ir::{Block, ValueId};
 
+/// A float attribute, equal by bits: a NaN fill (poisoned bubbles) equals itself, so the
+/// round-trip law holds for every module.
+#[derive(Clone, Copy, Debug)]
+pub struct Float(pub f64);
+
+impl PartialEq for Float {
+    fn eq(&self, other: &Float) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnaryOp {
     Neg,
@@ -119,7 +130,7 @@ pub enum OpKind {
     LayerNorm {
         x: ValueId,
         axis: usize,
-        eps: f64,
+        eps: Float,
     },
     /// The result type filled with the index along `axis`.
     Iota {
@@ -127,7 +138,7 @@ pub enum OpKind {
     },
     /// The result type filled with `value`.
     Constant {
-        value: f64,
+        value: Float,
     },
     /// `low` and `high` slices of `fill` added along `axis`.
     Pad {
@@ -135,13 +146,13 @@ pub enum OpKind {
         axis: usize,
         low: u64,
         high: u64,
-        fill: f64,
+        fill: Float,
     },
     /// Every slice along `axis` moves up by one; slice 0 becomes `fill`; the last drops out.
     Shift {
         x: ValueId,
         axis: usize,
-        fill: f64,
+        fill: Float,
     },
     /// Dynamic index: `out[p.., r..] = x[p.., index[p..], r..]`, where `p` are the axes before
     /// `axis` and `index` (i32) has exactly those axes. With `axis = 0`, `index` is a scalar.

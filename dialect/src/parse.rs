@@ -8,7 +8,7 @@
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::infer::{checked_elements, infer};
 use crate::ir::{Block, Depth, DimDef, DimFactor, Func, Init, Loss, Module, Op, Param, Pipeline, Value, ValueId};
-use crate::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CmpPred, Float, OpKind, ReduceOp, UnaryOp};
 use crate::span::{Span, SpanTable};
 use crate::types::{sizes, DType, Dim, Type};
 use pest::iterators::Pair;
@@ -33,8 +33,17 @@ pub const MAX_PIPELINE_SETTING: u64 = 1 << 16;
 
 type PResult<T> = Result<T, Diagnostic>;
 
+/// The span of a parse node, without the whitespace and comments the grammar let it swallow.
 fn span_of(p: &Pair<Rule>) -> Span {
-    Span::new(p.as_span().start(), p.as_span().end())
+    let start = p.as_span().start();
+    let text = p.as_str().trim_end();
+    // A trailing comment is whitespace too: cut at the last line that has code.
+    let code = text.lines().rev().find(|l| !l.trim_start().starts_with("//") && !l.trim().is_empty());
+    let end = match code {
+        Some(line) => line.as_ptr() as usize - p.as_str().as_ptr() as usize + line.trim_end().len(),
+        None => text.len(),
+    };
+    Span::new(start, start + end)
 }
 
 fn parse_u64(p: &Pair<Rule>, what: &str) -> PResult<u64> {
@@ -118,6 +127,10 @@ fn rule_name(r: Rule) -> String {
         Rule::stmt | Rule::results => "an op like `%y = relu %x`",
         Rule::ret => "`return`",
         Rule::yield_ => "`yield`",
+        Rule::rbrace => "`}`",
+        Rule::assign => "`=`",
+        Rule::region => "a loop body `{ ^body(...): ... }`",
+        Rule::tys => "a list of types",
         Rule::param => "`param`",
         Rule::arg | Rule::kwarg => "an operand or `name = value`",
         Rule::EOI => "end of file",
@@ -233,7 +246,7 @@ impl ModuleBuilder<'_> {
             let t = term.into_inner().next().expect("dim term");
             let (f, v) = match t.as_rule() {
                 Rule::int => {
-                    let v = parse_u64(&t, "dimension")?;
+                    let v = parse_u64(&t, &format!("dimension `{}` =", name.as_str()))?;
                     (DimFactor::Lit(v), v)
                 }
                 _ => {
@@ -459,7 +472,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                         if !fb.func.ty(v).same_as(t) {
                             return Err(Diagnostic::error(
                                 format!("`@{}` returns {} where its signature says {}", fb.func.name, sizes(fb.func.ty(v)), sizes(t)),
-                                fb.func.value_spans.get(&v).merge(span),
+                                span,
                                 format!("this is {}", sizes(fb.func.ty(v))),
                             )
                             .with_label(*tspan, "declared here"));
@@ -467,6 +480,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     }
                     fb.func.body.results = vals;
                 }
+                Rule::rbrace => {}
                 other => unreachable!("invariant: unexpected {other:?} in func"),
             }
         }
@@ -565,6 +579,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     }
                 }
                 Rule::region => region = Some(part),
+                Rule::assign => {}
                 other => unreachable!("invariant: unexpected {other:?} in stmt"),
             }
         }
@@ -654,7 +669,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                 }
                 "layernorm" => {
                     arity(1)?;
-                    OpKind::LayerNorm { x: ids[0], axis: a.int("axis")?, eps: a.float("eps")? }
+                    OpKind::LayerNorm { x: ids[0], axis: a.int("axis")?, eps: Float(a.float("eps")?) }
                 }
                 "iota" => {
                     arity(0)?;
@@ -663,15 +678,15 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                 "constant" => {
                     arity(0)?;
                     let (text, nspan) = number.ok_or_else(|| Diagnostic::error("`constant` needs a value, as in `constant 0.5 : f32[d]`", span, "no value"))?;
-                    OpKind::Constant { value: parse_f64(&text, nspan)? }
+                    OpKind::Constant { value: Float(parse_f64(&text, nspan)?) }
                 }
                 "pad" => {
                     arity(1)?;
-                    OpKind::Pad { x: ids[0], axis: a.int("axis")?, low: a.int("low")? as u64, high: a.int("high")? as u64, fill: a.float("fill")? }
+                    OpKind::Pad { x: ids[0], axis: a.int("axis")?, low: a.int("low")? as u64, high: a.int("high")? as u64, fill: Float(a.float("fill")?) }
                 }
                 "shift" => {
                     arity(1)?;
-                    OpKind::Shift { x: ids[0], axis: a.int("axis")?, fill: a.float("fill")? }
+                    OpKind::Shift { x: ids[0], axis: a.int("axis")?, fill: Float(a.float("fill")?) }
                 }
                 "index" => {
                     arity(2)?;
@@ -786,6 +801,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     }
                     block.results = vals;
                 }
+                Rule::rbrace => {}
                 other => unreachable!("invariant: unexpected {other:?} in region"),
             }
         }
@@ -822,13 +838,16 @@ struct Args<'a> {
 impl Args<'_> {
     fn take(&mut self, key: &str) -> PResult<(&Attr, Span)> {
         self.used.push(key.to_string());
-        let op = self.op;
-        let span = self.span;
-        self.attrs
-            .iter()
-            .find(|(k, _, _)| k == key)
-            .map(|(_, a, s)| (a, *s))
-            .ok_or_else(|| Diagnostic::error(format!("`{op}` needs `{key} = ...`"), span, format!("missing `{key}`")))
+        let (op, span) = (self.op, self.span);
+        let Some(i) = self.attrs.iter().position(|(k, _, _)| k == key) else {
+            let mut d = Diagnostic::error(format!("`{op}` needs `{key} = ...`"), span, format!("missing `{key}`"));
+            for (k, _, s) in self.attrs.iter().filter(|(k, _, _)| !self.used.contains(k)) {
+                d = d.with_label(*s, format!("`{op}` has no attribute `{k}`"));
+            }
+            return Err(d);
+        };
+        let (_, a, s) = &self.attrs[i];
+        Ok((a, *s))
     }
 
     fn int(&mut self, key: &str) -> PResult<usize> {

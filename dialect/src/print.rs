@@ -89,10 +89,10 @@ fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
         let results: Vec<String> = op.results.iter().map(|&v| name(v)).collect();
         let mut args: Vec<String> = Vec::new();
         match &op.kind {
-            OpKind::Constant { value } if !f.ty(op.results[0]).dtype.is_float() && value.fract() == 0.0 => {
-                args.push(format!("{}", *value as i64))
+            OpKind::Constant { value } if !f.ty(op.results[0]).dtype.is_float() && value.0.fract() == 0.0 => {
+                args.push(format!("{}", value.0 as i64))
             }
-            OpKind::Constant { value } => args.push(number(*value)),
+            OpKind::Constant { value } => args.push(number(value.0)),
             OpKind::Call { callee, .. } => args.push(format!("@{callee}")),
             _ => {}
         }
@@ -127,14 +127,14 @@ fn attrs(kind: &OpKind) -> Vec<String> {
         | OpKind::Index { axis, .. }
         | OpKind::Update { axis, .. } => vec![format!("axis = {axis}")],
         OpKind::Reduce { axes, .. } => vec![format!("axes = {}", list(axes))],
-        OpKind::LayerNorm { axis, eps, .. } => vec![format!("axis = {axis}"), format!("eps = {}", number(*eps))],
+        OpKind::LayerNorm { axis, eps, .. } => vec![format!("axis = {axis}"), format!("eps = {}", number(eps.0))],
         OpKind::Pad { axis, low, high, fill, .. } => vec![
             format!("axis = {axis}"),
             format!("low = {low}"),
             format!("high = {high}"),
-            format!("fill = {}", number(*fill)),
+            format!("fill = {}", number(fill.0)),
         ],
-        OpKind::Shift { axis, fill, .. } => vec![format!("axis = {axis}"), format!("fill = {}", number(*fill))],
+        OpKind::Shift { axis, fill, .. } => vec![format!("axis = {axis}"), format!("fill = {}", number(fill.0))],
         OpKind::Loop { trips, .. } => vec![format!("trips = {trips}")],
         OpKind::Unary { .. }
         | OpKind::Binary { .. }

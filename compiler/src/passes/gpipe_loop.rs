@@ -38,7 +38,7 @@ use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::interp::POISON;
 use ppc_dialect::ir::{names, Module, ValueId};
-use ppc_dialect::op::{BinaryOp, CmpPred, OpKind};
+use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
 use ppc_dialect::{DType, Dim, Type};
 
 pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
@@ -56,7 +56,7 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             span,
             "this pipeline",
         )
-        .with_note("microbatch m re-enters stage 0 for its next repeat at iteration R·m... only once it has left the last stage, S-1 iterations after entering")
+        .with_note("microbatch m comes back to stage 0 for repeat r+1 at iteration (r+1)·M + m, but leaves the last stage only at iteration r·M + m + S - 1")
         .with_note(format!("use --microbatches {} or more, or --repeats 1", p.stages))]);
     }
     let stage = m.func(names::STAGE).ok_or_else(|| vec![Diagnostic::plain("`gpipe-loop` needs `@stage`: run `vmap-stages` first")])?;
@@ -69,7 +69,7 @@ fn build(m: &Module, stage: &ppc_dialect::Func, opts: &Options) -> Result<ppc_di
     let p = m.pipeline;
     let (s, mb, r) = (p.stages, p.microbatches, p.repeats);
     let trips = p.iterations();
-    let fill = if opts.poison_bubbles { POISON } else { 0.0 };
+    let fill = Float(if opts.poison_bubbles { POISON } else { 0.0 });
     let x_ty = m.input.clone();
     let stacked = |lead: Dim| x_ty.insert(0, lead);
     let scalar_i32 = Type::scalar(DType::I32);
@@ -78,7 +78,7 @@ fn build(m: &Module, stage: &ppc_dialect::Func, opts: &Options) -> Result<ppc_di
     let mut b = Builder::new(names::PIPELINE);
     b.span = m.spans.get(&"pipeline".to_string());
     let x = b.arg("x", stacked(Dim::named("microbatches", mb)));
-    let int = |b: &mut Builder, hint: &str, v: u64| b.op(hint, OpKind::Constant { value: v as f64 }, Some(scalar_i32.clone()));
+    let int = |b: &mut Builder, hint: &str, v: u64| b.op(hint, OpKind::Constant { value: Float(v as f64) }, Some(scalar_i32.clone()));
 
     // Loop-invariant set-up: padded inputs, zero (or NaN) state, the stage-0 mask.
     let inputs = b.op("inputs", OpKind::Pad { x, axis: 0, low: 0, high: trips - mb, fill }, None)?;

@@ -22,7 +22,7 @@ use super::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Block, Func, Module, ValueId};
-use ppc_dialect::op::OpKind;
+use ppc_dialect::op::{Float, OpKind};
 use ppc_dialect::{DType, Dim, Type};
 use std::collections::HashMap;
 
@@ -87,7 +87,7 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
         env.insert(x_arg, Batched { value: act, batched: true });
         let j_index = if k > 1 && !layer.params.is_empty() {
             let t = Type::new(DType::I32, vec![s_dim.clone()]);
-            Some(b.op(&format!("layer{j}"), OpKind::Constant { value: j as f64 }, Some(t))?)
+            Some(b.op(&format!("layer{j}"), OpKind::Constant { value: Float(j as f64) }, Some(t))?)
         } else {
             None
         };

@@ -1,0 +1,1 @@
+//! Test-only crate: the suite is in `suite/`, its inputs in `errors/` and `passes/`.

@@ -1,1 +1,0 @@
-//! Test-only crate: see `tests/tests/`.

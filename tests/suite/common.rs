@@ -1,0 +1,41 @@
+//! Helpers shared by the suite: paths, examples, running `ppc` in-process.
+
+use ppc_dialect::{Module, Overrides};
+use std::path::{Path, PathBuf};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// Every example model file, sorted.
+pub fn examples() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("examples"))
+        .expect("examples/ exists")
+        .map(|e| e.expect("readable entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ppc"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 3, "expected the three examples, found {v:?}");
+    v
+}
+
+/// Parses and checks a model's text, panicking with rendered diagnostics on failure.
+pub fn load(text: &str, overrides: &Overrides) -> Module {
+    ppc::pipeline::frontend(text, overrides)
+        .unwrap_or_else(|d| panic!("model does not load:\n{}", ppc_dialect::diag::render("<test>", text, &d)))
+}
+
+/// Runs `ppc ARGS...` in-process: (exit status, stdout, stderr).
+pub fn ppc(args: &[&str]) -> (i32, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut argv = vec!["ppc"];
+    argv.extend(args);
+    let code = ppc::cli::run(argv, &mut out, &mut err);
+    (code, String::from_utf8(out).expect("utf-8 stdout"), String::from_utf8(err).expect("utf-8 stderr"))
+}
+
+/// A path under the repository root, as a string.
+pub fn path(rel: &str) -> String {
+    root().join(rel).display().to_string()
+}

@@ -1,0 +1,12 @@
+//! The ppc test suite, one binary: file-driven pass and error snapshots, the round-trip law,
+//! robustness against mutated input, the interpreter's op semantics, the pipelining property
+//! (pipelined == sequential, bit for bit) and the command line.
+
+mod cli;
+mod common;
+mod errors;
+mod interp_ops;
+mod passes;
+mod properties;
+mod robustness;
+mod roundtrip;

@@ -1,0 +1,111 @@
+//! The pipelining property: for random stages S, microbatches M, repeats R, layers per stage k
+//! and small dimensions, the pipelined program equals the sequential model bit for bit, with
+//! and without poisoned bubbles; the report's bubble fraction is (S-1)/(R·M+S-1); and the
+//! configurations the loop cannot route (R > 1 with M < S) are rejected with a diagnostic.
+
+use crate::common::load;
+use crate::passes::{assert_bits_eq, check_stage_program};
+use ppc::passes::Options;
+use ppc::pipeline::{compile, PipelineError};
+use ppc_dialect::interp::Interp;
+use ppc_dialect::Overrides;
+use ppc_runtime::Rng;
+
+/// A small residual model with a mix of ops: matmul, bias, layernorm, tanh, a mask.
+fn model(s: u64, m: u64, r: u64, k: u64, b: u64, d: u64, h: u64) -> String {
+    format!(
+        "dims {{ b = {b}, d = {d}, h = {h} }}
+pipeline {{ stages = {s}, layers_per_stage = {k}, microbatches = {m}, repeats = {r} }}
+input f32[b, d]
+
+func @layer(%x: f32[b, d]) -> f32[b, d] {{
+  param %w1: f32[d, h] = normal(0.6)
+  param %b1: f32[h] = uniform(-0.2, 0.2)
+  param %w2: f32[h, d] = normal(0.6)
+  %n = layernorm %x, axis = 1, eps = 0.001
+  %u = matmul %n, %w1
+  %v = add %u, %b1
+  %a = tanh %v
+  %o = matmul %a, %w2
+  %col = iota axis = 1 : i32[b, d]
+  %zero = constant 0 : i32[]
+  %first = eq %col, %zero
+  %half = constant 0.5 : f32[]
+  %o2 = mul %o, %half
+  %sel = select %first, %o2, %o
+  %y = add %x, %sel
+  return %y
+}}
+"
+    )
+}
+
+fn pick(rng: &mut Rng, lo: u64, hi: u64) -> u64 {
+    lo + rng.next_u64() % (hi - lo + 1)
+}
+
+#[test]
+fn pipelined_equals_sequential_bit_for_bit() {
+    let mut rng = Rng::stream(2026, "property", 0);
+    let (mut ran, mut rejected) = (0, 0);
+    for case in 0..80 {
+        let (s, m, r, k) = (pick(&mut rng, 1, 6), pick(&mut rng, 1, 9), pick(&mut rng, 1, 3), pick(&mut rng, 1, 3));
+        let (b, d, h) = (pick(&mut rng, 1, 3), pick(&mut rng, 1, 5), pick(&mut rng, 1, 6));
+        let text = model(s, m, r, k, b, d, h);
+        let base = load(&text, &Overrides::default());
+        for poison in [false, true] {
+            let what = format!("case {case}: S={s} M={m} R={r} k={k} b={b} d={d} h={h} poison={poison}");
+            let mut piped = base.clone();
+            match compile(&mut piped, &Options { poison_bubbles: poison }, None, None) {
+                Ok(()) => {}
+                Err(PipelineError::Pass("gpipe-loop", d)) if r > 1 && m < s => {
+                    assert!(d[0].message.contains("at least as many microbatches as stages"), "{what}: {}", d[0].message);
+                    rejected += 1;
+                    continue;
+                }
+                Err(e) => panic!("{what}: {e:?}"),
+            }
+            assert!(!(r > 1 && m < s), "{what}: an unroutable circular pipeline was accepted");
+            let seed = case as u64;
+            let mut seq = Interp::new(&base, seed);
+            let inputs = seq.synthetic_inputs();
+            let want = seq.sequential(&inputs).expect("sequential");
+            let got = Interp::new(&piped, seed).forward(&inputs).expect("pipelined");
+            assert!(want.data.iter().all(|v| v.is_finite()), "{what}: the reference itself is not finite");
+            assert_bits_eq(&want, &got, &what);
+            check_stage_program(&piped, seed);
+            let report = ppc::report::report(&piped).expect("report");
+            let formula = (s - 1) as f64 / (r * m + s - 1) as f64;
+            assert_eq!(report["bubble_fraction"].as_f64(), Some(formula), "{what}");
+            assert_eq!(report["iterations"].as_u64(), Some(r * m + s - 1), "{what}");
+            ran += 1;
+        }
+    }
+    assert!(ran >= 100 && rejected >= 4, "ran {ran}, rejected {rejected}: the generator should hit both");
+}
+
+/// The examples themselves, across configurations including circular ones and poisoned bubbles.
+#[test]
+fn examples_pipeline_bit_exact_across_configurations() {
+    let configs: &[(&str, Overrides)] = &[
+        ("examples/tiny.ppc", Overrides { stages: Some(3), microbatches: Some(5), repeats: Some(2), ..Default::default() }),
+        ("examples/tiny.ppc", Overrides { stages: Some(2), microbatches: Some(2), repeats: Some(3), ..Default::default() }),
+        ("examples/mlp.ppc", Overrides { dims: vec![("d".into(), 32), ("h".into(), 64)], repeats: Some(2), ..Default::default() }),
+        ("examples/mlp.ppc", Overrides { dims: vec![("d".into(), 16), ("h".into(), 16)], stages: Some(2), microbatches: Some(3), ..Default::default() }),
+        ("examples/transformer.ppc", Overrides { dims: vec![("t".into(), 4), ("dh".into(), 4)], repeats: Some(2), ..Default::default() }),
+        ("examples/transformer.ppc", Overrides { dims: vec![("t".into(), 4)], stages: Some(2), microbatches: Some(4), ..Default::default() }),
+    ];
+    for (file, ov) in configs {
+        let text = std::fs::read_to_string(crate::common::root().join(file)).expect("example");
+        let base = load(&text, ov);
+        for poison in [false, true] {
+            let mut piped = base.clone();
+            compile(&mut piped, &Options { poison_bubbles: poison }, None, None).expect("compiles");
+            let mut seq = Interp::new(&base, 11);
+            let inputs = seq.synthetic_inputs();
+            let want = seq.sequential(&inputs).expect("sequential");
+            let got = Interp::new(&piped, 11).forward(&inputs).expect("pipelined");
+            assert_bits_eq(&want, &got, &format!("{file} {ov:?} poison={poison}"));
+        }
+    }
+}
