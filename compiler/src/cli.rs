@@ -134,8 +134,13 @@ enum ReportFormat {
 }
 
 fn dim_override(s: &str) -> Result<(String, u64), String> {
-    let (name, value) = s.split_once('=').ok_or("expected NAME=VALUE, as in --dim d=512")?;
-    let v = value.trim().parse::<u64>().map_err(|_| format!("`{value}` is not a non-negative integer"))?;
+    let (name, value) = s
+        .split_once('=')
+        .ok_or("expected NAME=VALUE, as in --dim d=512")?;
+    let v = value
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| format!("`{value}` is not a non-negative integer"))?;
     Ok((name.trim().to_string(), v))
 }
 
@@ -163,12 +168,18 @@ struct Loaded {
 
 impl ModelArgs {
     fn overrides(&self) -> Overrides {
-        Overrides { dims: self.dims.clone(), stages: self.stages, microbatches: self.microbatches, repeats: self.repeats }
+        Overrides {
+            dims: self.dims.clone(),
+            stages: self.stages,
+            microbatches: self.microbatches,
+            repeats: self.repeats,
+        }
     }
 
     fn load(&self) -> Result<Loaded, Failure> {
         let path = self.file.display().to_string();
-        let text = std::fs::read_to_string(&self.file).map_err(|e| Failure(format!("error: cannot read {path}: {e}\n")))?;
+        let text = std::fs::read_to_string(&self.file)
+            .map_err(|e| Failure(format!("error: cannot read {path}: {e}\n")))?;
         match frontend(&text, &self.overrides()) {
             Ok(module) => Ok(Loaded { path, text, module }),
             Err(d) => Err(Failure(render(&path, &text, &d))),
@@ -181,7 +192,12 @@ impl Loaded {
         Failure(render(&self.path, &self.text, d))
     }
 
-    fn compile(&mut self, opts: &Options, until: Option<&str>, dump: Option<&std::path::Path>) -> Result<(), Failure> {
+    fn compile(
+        &mut self,
+        opts: &Options,
+        until: Option<&str>,
+        dump: Option<&std::path::Path>,
+    ) -> Result<(), Failure> {
         compile(&mut self.module, opts, until, dump).map_err(|e| match e {
             PipelineError::Pass(_, d) => self.fail(&d),
             PipelineError::Invalid(pass, d) => {
@@ -205,7 +221,11 @@ where
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
             let text = e.render().to_string();
-            let _ = if e.use_stderr() { err.write_all(text.as_bytes()) } else { out.write_all(text.as_bytes()) };
+            let _ = if e.use_stderr() {
+                err.write_all(text.as_bytes())
+            } else {
+                out.write_all(text.as_bytes())
+            };
             return code;
         }
     };
@@ -224,18 +244,29 @@ fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<i3
         Command::Check(model) => {
             let l = model.load()?;
             let p = l.module.pipeline;
-            writeln!(out, "ok: {} ({} stages, {} layers, {} microbatches, {} repeats)", l.path, p.stages, p.layers, p.microbatches, p.repeats).map_err(io)?;
+            writeln!(
+                out,
+                "ok: {} ({} stages, {} layers, {} microbatches, {} repeats)",
+                l.path, p.stages, p.layers, p.microbatches, p.repeats
+            )
+            .map_err(io)?;
         }
         Command::Fmt { model, write } => {
             let l = model.load()?;
             let text = print(&l.module);
             if write {
-                write_atomic(&model.file, text.as_bytes()).map_err(|e| Failure(format!("error: cannot write {}: {e}\n", l.path)))?;
+                write_atomic(&model.file, text.as_bytes())
+                    .map_err(|e| Failure(format!("error: cannot write {}: {e}\n", l.path)))?;
             } else {
                 out.write_all(text.as_bytes()).map_err(io)?;
             }
         }
-        Command::Run { model, backend: Backend::Interp, seed, steps } => {
+        Command::Run {
+            model,
+            backend: Backend::Interp,
+            seed,
+            steps,
+        } => {
             let l = model.load()?;
             let p = l.module.pipeline;
             let mut interp = Interp::new(&l.module, seed);
@@ -251,15 +282,36 @@ fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<i3
             let secs = start.elapsed().as_secs_f64() / f64::from(steps.max(1));
             let y = result.expect("invariant: at least one step ran");
             writeln!(out, "model     {}", l.path).map_err(io)?;
-            writeln!(out, "pipeline  {} stages x {} layers/stage x {} repeats = {} layers, {} microbatches", p.stages, p.layers_per_stage(), p.repeats, p.layers, p.microbatches).map_err(io)?;
+            writeln!(
+                out,
+                "pipeline  {} stages x {} layers/stage x {} repeats = {} layers, {} microbatches",
+                p.stages,
+                p.layers_per_stage(),
+                p.repeats,
+                p.layers,
+                p.microbatches
+            )
+            .map_err(io)?;
             writeln!(out, "input     {}", shape_of(&inputs)).map_err(io)?;
             writeln!(out, "output    {}", shape_of(&y)).map_err(io)?;
             writeln!(out, "checksum  {:.6e}", y.checksum()).map_err(io)?;
-            writeln!(out, "time      {secs:.4} s per step (interp backend, sequential, seed {seed})").map_err(io)?;
+            writeln!(
+                out,
+                "time      {secs:.4} s per step (interp backend, sequential, seed {seed})"
+            )
+            .map_err(io)?;
         }
-        Command::Compile { model, emit, print_after_all, report: fmt, pass } => {
+        Command::Compile {
+            model,
+            emit,
+            print_after_all,
+            report: fmt,
+            pass,
+        } => {
             let mut l = model.load()?;
-            let opts = Options { poison_bubbles: pass.poison_bubbles };
+            let opts = Options {
+                poison_bubbles: pass.poison_bubbles,
+            };
             let until = if fmt.is_some() { None } else { emit.as_deref() };
             l.compile(&opts, until, print_after_all.as_deref())?;
             match fmt {
@@ -270,12 +322,32 @@ fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<i3
                 None => out.write_all(print(&l.module).as_bytes()).map_err(io)?,
             }
         }
-        Command::Verify { model, backend: Backend::Interp, seed, pass } => {
+        Command::Verify {
+            model,
+            backend: Backend::Interp,
+            seed,
+            pass,
+        } => {
             let mut l = model.load()?;
-            let opts = Options { poison_bubbles: pass.poison_bubbles };
+            let opts = Options {
+                poison_bubbles: pass.poison_bubbles,
+            };
             l.compile(&opts, None, None)?;
             let p = l.module.pipeline;
-            writeln!(err, "verify: {} stages, {} microbatches, {} repeats, {} layers (seed {seed}{})", p.stages, p.microbatches, p.repeats, p.layers, if pass.poison_bubbles { ", poisoned bubbles" } else { "" }).map_err(io)?;
+            writeln!(
+                err,
+                "verify: {} stages, {} microbatches, {} repeats, {} layers (seed {seed}{})",
+                p.stages,
+                p.microbatches,
+                p.repeats,
+                p.layers,
+                if pass.poison_bubbles {
+                    ", poisoned bubbles"
+                } else {
+                    ""
+                }
+            )
+            .map_err(io)?;
             let mut interp = Interp::new(&l.module, seed);
             let inputs = interp.synthetic_inputs();
             let t0 = Instant::now();
@@ -283,7 +355,12 @@ fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<i3
             writeln!(err, "sequential model: {:.3} s", t0.elapsed().as_secs_f64()).map_err(io)?;
             let t1 = Instant::now();
             let got = interp.forward(&inputs)?;
-            writeln!(err, "pipelined program (interp): {:.3} s", t1.elapsed().as_secs_f64()).map_err(io)?;
+            writeln!(
+                err,
+                "pipelined program (interp): {:.3} s",
+                t1.elapsed().as_secs_f64()
+            )
+            .map_err(io)?;
             let cmp = compare(&want, &got);
             writeln!(out, "{}", serde_json::json!({
                 "backend": "interp",
@@ -299,7 +376,9 @@ fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<i3
             let s = Schedule::of(&l.module)?;
             out.write_all(s.text().as_bytes()).map_err(io)?;
             if let Some(path) = svg {
-                write_atomic(&path, s.svg().as_bytes()).map_err(|e| Failure(format!("error: cannot write {}: {e}\n", path.display())))?;
+                write_atomic(&path, s.svg().as_bytes()).map_err(|e| {
+                    Failure(format!("error: cannot write {}: {e}\n", path.display()))
+                })?;
                 writeln!(err, "wrote {}", path.display()).map_err(io)?;
             }
         }
@@ -322,14 +401,36 @@ pub struct Comparison {
 /// Compares `got` with the reference `want`. A NaN on one side only counts as infinitely far.
 pub fn compare(want: &Tensor, got: &Tensor) -> Comparison {
     if want.shape != got.shape {
-        return Comparison { max_abs: f64::INFINITY, max_rel: f64::INFINITY, bit_exact: false };
+        return Comparison {
+            max_abs: f64::INFINITY,
+            max_rel: f64::INFINITY,
+            bit_exact: false,
+        };
     }
     let (mut max_abs, mut max_rel) = (0.0f64, 0.0f64);
     for (&a, &b) in want.data.iter().zip(&got.data) {
-        let d = if a.is_nan() != b.is_nan() { f64::INFINITY } else if a.is_nan() { 0.0 } else { (f64::from(a) - f64::from(b)).abs() };
+        let d = if a.is_nan() != b.is_nan() {
+            f64::INFINITY
+        } else if a.is_nan() {
+            0.0
+        } else {
+            (f64::from(a) - f64::from(b)).abs()
+        };
         max_abs = max_abs.max(d);
-        max_rel = max_rel.max(if d == 0.0 { 0.0 } else { d / f64::from(a).abs().max(f64::MIN_POSITIVE) });
+        max_rel = max_rel.max(if d == 0.0 {
+            0.0
+        } else {
+            d / f64::from(a).abs().max(f64::MIN_POSITIVE)
+        });
     }
-    let bit_exact = want.data.iter().zip(&got.data).all(|(a, b)| a.to_bits() == b.to_bits());
-    Comparison { max_abs, max_rel, bit_exact }
+    let bit_exact = want
+        .data
+        .iter()
+        .zip(&got.data)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    Comparison {
+        max_abs,
+        max_rel,
+        bit_exact,
+    }
 }

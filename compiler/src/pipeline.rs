@@ -14,13 +14,19 @@ pub fn frontend(text: &str, overrides: &Overrides) -> Result<Module, Diagnostics
 
 /// Runs the passes up to and including `until` (all of them if `None`). With `dump`, the IR
 /// after each pass is written to `DIR/NN-<pass>.ppc`.
-pub fn compile(m: &mut Module, opts: &Options, until: Option<&str>, dump: Option<&Path>) -> Result<(), PipelineError> {
+pub fn compile(
+    m: &mut Module,
+    opts: &Options,
+    until: Option<&str>,
+    dump: Option<&Path>,
+) -> Result<(), PipelineError> {
     for (i, pass) in PASSES.iter().enumerate() {
         (pass.run)(m, opts).map_err(|d| PipelineError::Pass(pass.name, d))?;
         verify(m).map_err(|d| PipelineError::Invalid(pass.name, d))?;
         if let Some(dir) = dump {
             let path = dir.join(format!("{:02}-{}.ppc", i + 1, pass.name));
-            crate::files::write_atomic(&path, print(m).as_bytes()).map_err(|e| PipelineError::Io(path.display().to_string(), e))?;
+            crate::files::write_atomic(&path, print(m).as_bytes())
+                .map_err(|e| PipelineError::Io(path.display().to_string(), e))?;
         }
         if until == Some(pass.name) {
             break;

@@ -30,7 +30,9 @@ pub struct Schedule {
 impl Schedule {
     /// The schedule of a module that went through `gpipe-loop`.
     pub fn of(m: &Module) -> Result<Schedule, String> {
-        let p = m.func(names::PIPELINE).ok_or("the module has no `@pipeline`: run `gpipe-loop` first")?;
+        let p = m
+            .func(names::PIPELINE)
+            .ok_or("the module has no `@pipeline`: run `gpipe-loop` first")?;
         let trips = p
             .body
             .ops
@@ -50,12 +52,20 @@ impl Schedule {
                 (0..stages as i64)
                     .map(|s| {
                         let w = t - s;
-                        (0..items).contains(&w).then(|| Work { microbatch: w as u64 % microbatches, repeat: w as u64 / microbatches })
+                        (0..items).contains(&w).then(|| Work {
+                            microbatch: w as u64 % microbatches,
+                            repeat: w as u64 / microbatches,
+                        })
                     })
                     .collect()
             })
             .collect();
-        Ok(Schedule { stages, microbatches, repeats, slots })
+        Ok(Schedule {
+            stages,
+            microbatches,
+            repeats,
+            slots,
+        })
     }
 
     pub fn iterations(&self) -> u64 {
@@ -135,7 +145,10 @@ impl Schedule {
         let w = left + cell * self.iterations() + 16;
         let h = top + cell * self.stages + 40;
         let mut out = String::new();
-        let _ = writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="12">"#);
+        let _ = writeln!(
+            out,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="12">"#
+        );
         out.push_str(r##"<defs><pattern id="bubble" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#eee"/><line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern></defs>"##);
         out.push('\n');
         let _ = writeln!(
@@ -148,10 +161,20 @@ impl Schedule {
             100.0 * self.bubble_fraction()
         );
         for t in 0..self.iterations() {
-            let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="middle">{t}</text>"#, left + t * cell + cell / 2, top - 8);
+            let _ = writeln!(
+                out,
+                r#"<text x="{}" y="{}" text-anchor="middle">{t}</text>"#,
+                left + t * cell + cell / 2,
+                top - 8
+            );
         }
         for s in 0..self.stages {
-            let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="end">stage {s}</text>"#, left - 8, top + s * cell + cell / 2 + 4);
+            let _ = writeln!(
+                out,
+                r#"<text x="{}" y="{}" text-anchor="end">stage {s}</text>"#,
+                left - 8,
+                top + s * cell + cell / 2 + 4
+            );
         }
         for (t, row) in self.slots.iter().enumerate() {
             for (s, &work) in row.iter().enumerate() {
@@ -164,13 +187,26 @@ impl Schedule {
                         format!("hsl({hue},60%,{light}%)")
                     }
                 };
-                let _ = writeln!(out, r#"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="white"/>"#);
+                let _ = writeln!(
+                    out,
+                    r#"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="white"/>"#
+                );
                 if work.is_some() {
-                    let _ = writeln!(out, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, x + cell / 2, y + cell / 2 + 4, self.label(work));
+                    let _ = writeln!(
+                        out,
+                        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+                        x + cell / 2,
+                        y + cell / 2 + 4,
+                        self.label(work)
+                    );
                 }
             }
         }
-        let _ = writeln!(out, r#"<text x="{left}" y="{}">time (loop iteration) →</text>"#, top + self.stages * cell + 24);
+        let _ = writeln!(
+            out,
+            r#"<text x="{left}" y="{}">time (loop iteration) →</text>"#,
+            top + self.stages * cell + 24
+        );
         out.push_str("</svg>\n");
         out
     }

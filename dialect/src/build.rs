@@ -23,7 +23,12 @@ pub struct Builder {
 
 impl Builder {
     pub fn new(name: &str) -> Builder {
-        Builder { func: Func::new(name), names: HashSet::new(), open: vec![Vec::new()], span: Span::default() }
+        Builder {
+            func: Func::new(name),
+            names: HashSet::new(),
+            open: vec![Vec::new()],
+            span: Span::default(),
+        }
     }
 
     /// A new value named `hint`, or `hint.1`, `hint.2`, ... if that is taken.
@@ -48,7 +53,11 @@ impl Builder {
 
     pub fn param(&mut self, hint: &str, ty: Type, init: Init, layer_axes: usize) -> ValueId {
         let v = self.value(hint, ty);
-        self.func.params.push(Param { value: v, init, layer_axes });
+        self.func.params.push(Param {
+            value: v,
+            init,
+            layer_axes,
+        });
         v
     }
 
@@ -57,26 +66,56 @@ impl Builder {
     }
 
     /// Appends an op with one result; `declared` is the result type of ops that need one.
-    pub fn op(&mut self, hint: &str, kind: OpKind, declared: Option<Type>) -> Result<ValueId, Diagnostic> {
+    pub fn op(
+        &mut self,
+        hint: &str,
+        kind: OpKind,
+        declared: Option<Type>,
+    ) -> Result<ValueId, Diagnostic> {
         Ok(self.op_n(hint, kind, declared.into_iter().collect(), None)?[0])
     }
 
     /// Appends a call of a function with the given signature.
-    pub fn call(&mut self, hint: &str, callee: &Func, args: Vec<ValueId>) -> Result<ValueId, Diagnostic> {
+    pub fn call(
+        &mut self,
+        hint: &str,
+        callee: &Func,
+        args: Vec<ValueId>,
+    ) -> Result<ValueId, Diagnostic> {
         let sig = (callee.arg_types(), callee.result_types());
-        let kind = OpKind::Call { callee: callee.name.clone(), args };
+        let kind = OpKind::Call {
+            callee: callee.name.clone(),
+            args,
+        };
         Ok(self.op_n(hint, kind, vec![], Some((&sig.0, &sig.1)))?[0])
     }
 
-    fn op_n(&mut self, hint: &str, kind: OpKind, declared: Vec<Type>, callee: Option<(&[Type], &[Type])>) -> Result<Vec<ValueId>, Diagnostic> {
+    fn op_n(
+        &mut self,
+        hint: &str,
+        kind: OpKind,
+        declared: Vec<Type>,
+        callee: Option<(&[Type], &[Type])>,
+    ) -> Result<Vec<ValueId>, Diagnostic> {
         let operands = kind.operands();
         let types: Vec<&Type> = operands.iter().map(|&v| self.func.ty(v)).collect();
-        let results = infer(&kind, &types, &declared, callee)
-            .map_err(|e| Diagnostic::error(format!("cannot build `{}`: {}", kind.name(), e.message), self.span, "while rewriting this"))?;
+        let results = infer(&kind, &types, &declared, callee).map_err(|e| {
+            Diagnostic::error(
+                format!("cannot build `{}`: {}", kind.name(), e.message),
+                self.span,
+                "while rewriting this",
+            )
+        })?;
         let ids: Vec<ValueId> = results.into_iter().map(|t| self.value(hint, t)).collect();
-        let id = self.func.ops.push(Op { kind, results: ids.clone() });
+        let id = self.func.ops.push(Op {
+            kind,
+            results: ids.clone(),
+        });
         self.func.op_spans.set(id, self.span);
-        self.open.last_mut().expect("invariant: a block is open").push(id);
+        self.open
+            .last_mut()
+            .expect("invariant: a block is open")
+            .push(id);
         Ok(ids)
     }
 
@@ -90,22 +129,44 @@ impl Builder {
         body: impl FnOnce(&mut Builder, ValueId, &[ValueId]) -> Result<Vec<ValueId>, Diagnostic>,
     ) -> Result<Vec<ValueId>, Diagnostic> {
         let t = self.value("t", Type::scalar(crate::types::DType::I32));
-        let carried: Vec<ValueId> = inits.iter().zip(hints).map(|(&v, h)| {
-            let ty = self.func.ty(v).clone();
-            self.value(h, ty)
-        }).collect();
+        let carried: Vec<ValueId> = inits
+            .iter()
+            .zip(hints)
+            .map(|(&v, h)| {
+                let ty = self.func.ty(v).clone();
+                self.value(h, ty)
+            })
+            .collect();
         self.open.push(Vec::new());
         let yields = body(self, t, &carried)?;
         let ops = self.open.pop().expect("invariant: the loop body is open");
         let mut args = vec![t];
         args.extend(carried);
-        let block = Block { args, ops, results: yields };
+        let block = Block {
+            args,
+            ops,
+            results: yields,
+        };
         let out_hints: Vec<String> = hints.iter().map(|h| format!("{h}_out")).collect();
         let types: Vec<Type> = inits.iter().map(|&v| self.func.ty(v).clone()).collect();
-        let ids: Vec<ValueId> = types.into_iter().zip(&out_hints).map(|(ty, h)| self.value(h, ty)).collect();
-        let id = self.func.ops.push(Op { kind: OpKind::Loop { trips, inits, body: block }, results: ids.clone() });
+        let ids: Vec<ValueId> = types
+            .into_iter()
+            .zip(&out_hints)
+            .map(|(ty, h)| self.value(h, ty))
+            .collect();
+        let id = self.func.ops.push(Op {
+            kind: OpKind::Loop {
+                trips,
+                inits,
+                body: block,
+            },
+            results: ids.clone(),
+        });
         self.func.op_spans.set(id, self.span);
-        self.open.last_mut().expect("invariant: a block is open").push(id);
+        self.open
+            .last_mut()
+            .expect("invariant: a block is open")
+            .push(id);
         Ok(ids)
     }
 

@@ -93,7 +93,10 @@ pub fn render(file: &str, source: &str, diags: &[Diagnostic]) -> String {
         // Writing into a Vec cannot fail; a span outside the source is a compiler bug that we
         // still show, without the excerpt, rather than lose.
         if term::emit(&mut out, &config, &files, &to_codespan(d)).is_err() {
-            let _ = std::io::Write::write_all(out.get_mut(), format!("error: {}\n", d.message).as_bytes());
+            let _ = std::io::Write::write_all(
+                out.get_mut(),
+                format!("error: {}\n", d.message).as_bytes(),
+            );
         }
     }
     String::from_utf8_lossy(&out.into_inner()).into_owned()

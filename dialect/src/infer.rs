@@ -52,7 +52,11 @@ pub fn broadcast_types(a: &Type, b: &Type) -> Option<Type> {
         dims.push(match (da, db) {
             (Some(x), None) | (None, Some(x)) => x.clone(),
             (Some(x), Some(y)) if x.size == y.size => {
-                if x.name.is_some() { x.clone() } else { y.clone() }
+                if x.name.is_some() {
+                    x.clone()
+                } else {
+                    y.clone()
+                }
             }
             (Some(x), Some(y)) if y.size == 1 => x.clone(),
             (Some(x), Some(y)) if x.size == 1 => y.clone(),
@@ -65,11 +69,7 @@ pub fn broadcast_types(a: &Type, b: &Type) -> Option<Type> {
 fn same_dtype(op: &str, a: &Type, b: &Type, operand: usize) -> Result<(), TypeError> {
     if a.dtype != b.dtype {
         return err(
-            format!(
-                "dtype mismatch in `{op}`: {} and {}",
-                sizes(a),
-                sizes(b)
-            ),
+            format!("dtype mismatch in `{op}`: {} and {}", sizes(a), sizes(b)),
             Some(operand),
         );
     }
@@ -332,7 +332,10 @@ pub fn infer(
             sorted.sort_unstable();
             sorted.dedup();
             if sorted.len() != axes.len() || axes.is_empty() {
-                return err(format!("`{name}` axes {axes:?} must be distinct and non-empty"), None);
+                return err(
+                    format!("`{name}` axes {axes:?} must be distinct and non-empty"),
+                    None,
+                );
             }
             for &a in axes {
                 axis_in(name, x(), a, 0)?;
@@ -354,12 +357,17 @@ pub fn infer(
         OpKind::Iota { axis } => {
             let t = declared_one()?;
             if *axis >= t.rank() {
-                return err(format!("`iota` axis {axis} is out of range for {}", sizes(t)), None);
+                return err(
+                    format!("`iota` axis {axis} is out of range for {}", sizes(t)),
+                    None,
+                );
             }
             one(t.clone())
         }
         OpKind::Constant { .. } => one(declared_one()?.clone()),
-        OpKind::Pad { axis, low, high, .. } => {
+        OpKind::Pad {
+            axis, low, high, ..
+        } => {
             axis_in(name, x(), *axis, 0)?;
             let mut t = x().clone();
             t.dims[*axis] = Dim::lit(t.dims[*axis].size + low + high);
@@ -370,7 +378,9 @@ pub fn infer(
             one(x().clone())
         }
         OpKind::Index { axis, .. } | OpKind::Update { axis, .. } => {
-            let idx = *operands.last().expect("invariant: index ops have an index operand");
+            let idx = *operands
+                .last()
+                .expect("invariant: index ops have an index operand");
             axis_in(name, x(), *axis, 0)?;
             if idx.dtype != DType::I32 || idx.shape() != x().shape()[..*axis] {
                 return err(

@@ -28,7 +28,11 @@ pub struct Interp<'m> {
 
 impl<'m> Interp<'m> {
     pub fn new(module: &'m Module, seed: u64) -> Interp<'m> {
-        Interp { module, seed, params: HashMap::new() }
+        Interp {
+            module,
+            seed,
+            params: HashMap::new(),
+        }
     }
 
     /// `M` seeded synthetic microbatches stacked as `[M, ...input]`, drawn per microbatch from
@@ -39,7 +43,10 @@ impl<'m> Interp<'m> {
 
     /// The model as written: each microbatch through layers `0..L` in order.
     pub fn sequential(&mut self, inputs: &Tensor) -> Result<Tensor, String> {
-        let layer = self.module.func(names::LAYER).ok_or("the module has no `@layer`")?;
+        let layer = self
+            .module
+            .func(names::LAYER)
+            .ok_or("the module has no `@layer`")?;
         let m = self.module.pipeline.microbatches as usize;
         let mut outs = Vec::with_capacity(m);
         for mb in 0..m {
@@ -63,13 +70,21 @@ impl<'m> Interp<'m> {
     /// Runs `f` on `args`; unstacked parameters take the weights of layer `layer`.
     pub fn call(&mut self, f: &Func, args: Vec<Tensor>, layer: u64) -> Result<Vec<Tensor>, String> {
         if args.len() != f.body.args.len() {
-            return Err(format!("`@{}` takes {} arguments, got {}", f.name, f.body.args.len(), args.len()));
+            return Err(format!(
+                "`@{}` takes {} arguments, got {}",
+                f.name,
+                f.body.args.len(),
+                args.len()
+            ));
         }
         let mut env: Vec<Option<Tensor>> = vec![None; f.values.len()];
         for (&a, t) in f.body.args.iter().zip(args) {
             let ty = f.ty(a);
             if t.dtype != ty.dtype || t.shape != ty.shape_usize() {
-                return Err(format!("argument `%{}` of `@{}` must be {}, got {}{:?}", f.values[a].name, f.name, ty, t.dtype, t.shape));
+                return Err(format!(
+                    "argument `%{}` of `@{}` must be {}, got {}{:?}",
+                    f.values[a].name, f.name, ty, t.dtype, t.shape
+                ));
             }
             env[a.index()] = Some(t);
         }
@@ -78,7 +93,11 @@ impl<'m> Interp<'m> {
             env[p.value.index()] = Some(t);
         }
         self.block(f, &f.body, &mut env, layer)?;
-        Ok(f.body.results.iter().map(|&v| take(&env, v).clone()).collect())
+        Ok(f.body
+            .results
+            .iter()
+            .map(|&v| take(&env, v).clone())
+            .collect())
     }
 
     fn param(&mut self, f: &Func, i: usize, p: &Param, layer: u64) -> Tensor {
@@ -91,7 +110,13 @@ impl<'m> Interp<'m> {
         t
     }
 
-    fn block(&mut self, f: &Func, block: &Block, env: &mut [Option<Tensor>], layer: u64) -> Result<(), String> {
+    fn block(
+        &mut self,
+        f: &Func,
+        block: &Block,
+        env: &mut [Option<Tensor>],
+        layer: u64,
+    ) -> Result<(), String> {
         for &id in &block.ops {
             let op = &f.ops[id];
             let ty = f.ty(op.results[0]);
@@ -99,34 +124,66 @@ impl<'m> Interp<'m> {
             let get = |v: ValueId| take(env, v);
             let out: Vec<Tensor> = match &op.kind {
                 OpKind::Unary { op, x } => vec![k::unary(*op, get(*x))],
-                OpKind::Binary { op, lhs, rhs } => vec![k::binary(*op, get(*lhs), get(*rhs), &shape)],
-                OpKind::Compare { pred, lhs, rhs } => vec![k::compare(*pred, get(*lhs), get(*rhs), &shape)],
-                OpKind::Select { cond, on_true, on_false } => vec![k::select(get(*cond), get(*on_true), get(*on_false), &shape)],
+                OpKind::Binary { op, lhs, rhs } => {
+                    vec![k::binary(*op, get(*lhs), get(*rhs), &shape)]
+                }
+                OpKind::Compare { pred, lhs, rhs } => {
+                    vec![k::compare(*pred, get(*lhs), get(*rhs), &shape)]
+                }
+                OpKind::Select {
+                    cond,
+                    on_true,
+                    on_false,
+                } => vec![k::select(get(*cond), get(*on_true), get(*on_false), &shape)],
                 OpKind::MatMul { lhs, rhs } => vec![k::matmul(get(*lhs), get(*rhs), &shape)],
                 OpKind::Transpose { x, perm } => vec![k::transpose(get(*x), perm)],
                 OpKind::Reshape { x } => vec![Tensor::new(ty.dtype, shape, get(*x).data.clone())],
                 OpKind::Broadcast { x } => vec![k::broadcast(get(*x), ty.dtype, &shape)],
                 OpKind::Convert { x } => vec![Tensor::new(ty.dtype, shape, get(*x).data.clone())],
                 OpKind::Slice { x, start, end } => vec![k::slice(get(*x), start, end)],
-                OpKind::Concat { xs, axis } => vec![k::concat(&xs.iter().map(|&v| get(v)).collect::<Vec<_>>(), *axis)],
+                OpKind::Concat { xs, axis } => vec![k::concat(
+                    &xs.iter().map(|&v| get(v)).collect::<Vec<_>>(),
+                    *axis,
+                )],
                 OpKind::Reduce { op, x, axes } => vec![k::reduce(*op, get(*x), axes)],
                 OpKind::Softmax { x, axis } => vec![k::softmax(get(*x), *axis)],
                 OpKind::LayerNorm { x, axis, eps } => vec![k::layernorm(get(*x), *axis, eps.0)],
                 OpKind::Iota { axis } => vec![k::iota(ty.dtype, &shape, *axis)],
                 OpKind::Constant { value } => vec![Tensor::splat(ty.dtype, shape, value.0 as f32)],
-                OpKind::Pad { x, axis, low, high, fill } => vec![k::pad(get(*x), *axis, *low as usize, *high as usize, fill.0 as f32)],
+                OpKind::Pad {
+                    x,
+                    axis,
+                    low,
+                    high,
+                    fill,
+                } => vec![k::pad(
+                    get(*x),
+                    *axis,
+                    *low as usize,
+                    *high as usize,
+                    fill.0 as f32,
+                )],
                 OpKind::Shift { x, axis, fill } => vec![k::shift(get(*x), *axis, fill.0 as f32)],
                 OpKind::Index { x, index, axis } => vec![k::index(get(*x), get(*index), *axis)],
-                OpKind::Update { x, update, index, axis } => vec![k::update(get(*x), get(*update), get(*index), *axis)],
+                OpKind::Update {
+                    x,
+                    update,
+                    index,
+                    axis,
+                } => vec![k::update(get(*x), get(*update), get(*index), *axis)],
                 OpKind::Call { callee, args } => {
-                    let g = self.module.func(callee).ok_or_else(|| format!("unknown function `@{callee}`"))?;
+                    let g = self
+                        .module
+                        .func(callee)
+                        .ok_or_else(|| format!("unknown function `@{callee}`"))?;
                     let args = args.iter().map(|&v| get(v).clone()).collect();
                     self.call(g, args, layer)?
                 }
                 OpKind::Loop { trips, inits, body } => {
                     let mut carried: Vec<Tensor> = inits.iter().map(|&v| get(v).clone()).collect();
                     for t in 0..*trips {
-                        env[body.args[0].index()] = Some(Tensor::scalar(crate::types::DType::I32, t as f32));
+                        env[body.args[0].index()] =
+                            Some(Tensor::scalar(crate::types::DType::I32, t as f32));
                         for (&a, c) in body.args[1..].iter().zip(carried) {
                             env[a.index()] = Some(c);
                         }
@@ -145,11 +202,19 @@ impl<'m> Interp<'m> {
 }
 
 fn take(env: &[Option<Tensor>], v: ValueId) -> &Tensor {
-    env[v.index()].as_ref().expect("invariant: verified IR defines values before use")
+    env[v.index()]
+        .as_ref()
+        .expect("invariant: verified IR defines values before use")
 }
 
 /// A parameter's values: each layer's slice drawn from the stream `(name, layer)`.
-pub fn materialize(seed: u64, name: &str, ty: &crate::types::Type, p: &Param, layer: u64) -> Tensor {
+pub fn materialize(
+    seed: u64,
+    name: &str,
+    ty: &crate::types::Type,
+    p: &Param,
+    layer: u64,
+) -> Tensor {
     let shape = ty.shape_usize();
     let layers: usize = shape[..p.layer_axes].iter().product();
     let inner: usize = shape[p.layer_axes..].iter().product();
@@ -166,7 +231,11 @@ pub fn synthetic_inputs(m: &Module, seed: u64) -> Tensor {
     let mb: Vec<Tensor> = (0..m.pipeline.microbatches)
         .map(|i| {
             let n = m.input.elements() as usize;
-            Tensor::new(m.input.dtype, m.input.shape_usize(), Rng::stream(seed, "input", i).fill(INPUT_INIT, n))
+            Tensor::new(
+                m.input.dtype,
+                m.input.shape_usize(),
+                Rng::stream(seed, "input", i).fill(INPUT_INIT, n),
+            )
         })
         .collect();
     stack(&mb)
@@ -175,12 +244,20 @@ pub fn synthetic_inputs(m: &Module, seed: u64) -> Tensor {
 /// Slice `i` of the leading axis.
 pub fn microbatch(t: &Tensor, i: usize) -> Tensor {
     let inner: usize = t.shape[1..].iter().product();
-    Tensor::new(t.dtype, t.shape[1..].to_vec(), t.data[i * inner..(i + 1) * inner].to_vec())
+    Tensor::new(
+        t.dtype,
+        t.shape[1..].to_vec(),
+        t.data[i * inner..(i + 1) * inner].to_vec(),
+    )
 }
 
 /// Stacks equal-shaped tensors along a new leading axis.
 pub fn stack(ts: &[Tensor]) -> Tensor {
     let mut shape = vec![ts.len()];
     shape.extend(&ts[0].shape);
-    Tensor::new(ts[0].dtype, shape, ts.iter().flat_map(|t| t.data.iter().copied()).collect())
+    Tensor::new(
+        ts[0].dtype,
+        shape,
+        ts.iter().flat_map(|t| t.data.iter().copied()).collect(),
+    )
 }

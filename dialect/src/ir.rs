@@ -82,7 +82,12 @@ impl Pipeline {
             Depth::Layers => ("layers", self.layers),
             Depth::PerStage => ("layers_per_stage", self.layers_per_stage()),
         };
-        [("stages", self.stages), depth, ("microbatches", self.microbatches), ("repeats", self.repeats)]
+        [
+            ("stages", self.stages),
+            depth,
+            ("microbatches", self.microbatches),
+            ("repeats", self.repeats),
+        ]
     }
 
     /// Settings usable as dimension names in shapes.
@@ -181,7 +186,11 @@ impl Func {
     }
 
     pub fn result_types(&self) -> Vec<Type> {
-        self.body.results.iter().map(|&v| self.ty(v).clone()).collect()
+        self.body
+            .results
+            .iter()
+            .map(|&v| self.ty(v).clone())
+            .collect()
     }
 }
 

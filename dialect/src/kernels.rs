@@ -15,7 +15,13 @@ fn broadcast_strides(from: &[usize], to: &[usize]) -> Vec<usize> {
     let s = strides(from);
     let off = to.len() - from.len();
     (0..to.len())
-        .map(|i| if i < off || from[i - off] == 1 { 0 } else { s[i - off] })
+        .map(|i| {
+            if i < off || from[i - off] == 1 {
+                0
+            } else {
+                s[i - off]
+            }
+        })
         .collect()
 }
 
@@ -51,11 +57,19 @@ pub fn broadcast(x: &Tensor, dtype: DType, shape: &[usize]) -> Tensor {
     Tensor::new(dtype, shape.to_vec(), data)
 }
 
-fn zip2(a: &Tensor, b: &Tensor, dtype: DType, shape: &[usize], f: impl Fn(f32, f32) -> f32) -> Tensor {
+fn zip2(
+    a: &Tensor,
+    b: &Tensor,
+    dtype: DType,
+    shape: &[usize],
+    f: impl Fn(f32, f32) -> f32,
+) -> Tensor {
     let sa = broadcast_strides(&a.shape, shape);
     let sb = broadcast_strides(&b.shape, shape);
     let mut data = vec![0.0; shape.iter().product()];
-    walk(shape, &[sa, sb], |o, offs| data[o] = f(a.data[offs[0]], b.data[offs[1]]));
+    walk(shape, &[sa, sb], |o, offs| {
+        data[o] = f(a.data[offs[0]], b.data[offs[1]])
+    });
     Tensor::new(dtype, shape.to_vec(), data)
 }
 
@@ -77,7 +91,11 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
         UnaryOp::Sqrt => f32::sqrt,
         UnaryOp::Rsqrt => |v| 1.0 / v.sqrt(),
     };
-    Tensor::new(x.dtype, x.shape.clone(), x.data.iter().map(|&v| f(v)).collect())
+    Tensor::new(
+        x.dtype,
+        x.shape.clone(),
+        x.data.iter().map(|&v| f(v)).collect(),
+    )
 }
 
 pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
@@ -87,11 +105,29 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
         BinaryOp::Sub => x - y,
         BinaryOp::Mul => x * y,
         // Integer division rounds toward negative infinity; dividing by zero gives 0.
-        BinaryOp::Div if int => if y == 0.0 { 0.0 } else { (f64::from(x) / f64::from(y)).floor() as f32 },
+        BinaryOp::Div if int => {
+            if y == 0.0 {
+                0.0
+            } else {
+                (f64::from(x) / f64::from(y)).floor() as f32
+            }
+        }
         BinaryOp::Div => x / y,
         // NaN-propagating, like XLA and MLIR's `arith.maximumf`.
-        BinaryOp::Max => if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) },
-        BinaryOp::Min => if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) },
+        BinaryOp::Max => {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else {
+                x.max(y)
+            }
+        }
+        BinaryOp::Min => {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else {
+                x.min(y)
+            }
+        }
     };
     zip2(a, b, a.dtype, shape, f)
 }
@@ -115,7 +151,11 @@ pub fn select(c: &Tensor, t: &Tensor, f: &Tensor, shape: &[usize]) -> Tensor {
     let ins = [&c.shape, &t.shape, &f.shape].map(|s| broadcast_strides(s, shape));
     let mut data = vec![0.0; shape.iter().product()];
     walk(shape, &ins, |o, offs| {
-        data[o] = if c.data[offs[0]] != 0.0 { t.data[offs[1]] } else { f.data[offs[2]] }
+        data[o] = if c.data[offs[0]] != 0.0 {
+            t.data[offs[1]]
+        } else {
+            f.data[offs[2]]
+        }
     });
     Tensor::new(t.dtype, shape.to_vec(), data)
 }
@@ -156,7 +196,11 @@ pub fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
 }
 
 pub fn slice(x: &Tensor, start: &[u64], end: &[u64]) -> Tensor {
-    let shape: Vec<usize> = start.iter().zip(end).map(|(&s, &e)| (e - s) as usize).collect();
+    let shape: Vec<usize> = start
+        .iter()
+        .zip(end)
+        .map(|(&s, &e)| (e - s) as usize)
+        .collect();
     let s = strides(&x.shape);
     let base: usize = start.iter().zip(&s).map(|(&a, &b)| a as usize * b).sum();
     let mut data = vec![0.0; shape.iter().product()];
@@ -166,7 +210,11 @@ pub fn slice(x: &Tensor, start: &[u64], end: &[u64]) -> Tensor {
 
 /// Splits `shape` around `axis` into (outer, size, inner) element counts.
 fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
+    (
+        shape[..axis].iter().product(),
+        shape[axis],
+        shape[axis + 1..].iter().product(),
+    )
 }
 
 pub fn concat(xs: &[&Tensor], axis: usize) -> Tensor {
@@ -184,7 +232,10 @@ pub fn concat(xs: &[&Tensor], axis: usize) -> Tensor {
 }
 
 pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Tensor {
-    let shape: Vec<usize> = (0..x.shape.len()).filter(|a| !axes.contains(a)).map(|a| x.shape[a]).collect();
+    let shape: Vec<usize> = (0..x.shape.len())
+        .filter(|a| !axes.contains(a))
+        .map(|a| x.shape[a])
+        .collect();
     // Read the input in row-major order, accumulating into the output index it maps to.
     let out_strides = strides(&shape);
     let mut st = Vec::with_capacity(x.shape.len());
@@ -198,14 +249,24 @@ pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Tensor {
         }
     }
     let n_out: usize = shape.iter().product();
-    let init = if op == ReduceOp::Max { f32::NEG_INFINITY } else { 0.0 };
+    let init = if op == ReduceOp::Max {
+        f32::NEG_INFINITY
+    } else {
+        0.0
+    };
     let mut acc = vec![init; n_out];
     walk(&x.shape, &[st], |i, offs| {
         let v = x.data[i];
         let a = &mut acc[offs[0]];
         *a = match op {
             ReduceOp::Sum | ReduceOp::Mean => *a + v,
-            ReduceOp::Max => if a.is_nan() || v.is_nan() { f32::NAN } else { a.max(v) },
+            ReduceOp::Max => {
+                if a.is_nan() || v.is_nan() {
+                    f32::NAN
+                } else {
+                    a.max(v)
+                }
+            }
         };
     });
     if op == ReduceOp::Mean {
@@ -237,7 +298,13 @@ fn per_line(x: &Tensor, axis: usize, f: impl Fn(&mut [f32])) -> Tensor {
 
 pub fn softmax(x: &Tensor, axis: usize) -> Tensor {
     per_line(x, axis, |line| {
-        let max = line.iter().fold(f32::NEG_INFINITY, |m, &v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v) });
+        let max = line.iter().fold(f32::NEG_INFINITY, |m, &v| {
+            if v.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(v)
+            }
+        });
         let mut sum = 0.0f32;
         for v in line.iter_mut() {
             *v = (*v - max).exp();
@@ -252,7 +319,10 @@ pub fn layernorm(x: &Tensor, axis: usize, eps: f64) -> Tensor {
     per_line(x, axis, |line| {
         let n = line.len() as f32;
         let mean = line.iter().fold(0.0f32, |s, &v| s + v) / n;
-        let var = line.iter().fold(0.0f32, |s, &v| s + (v - mean) * (v - mean)) / n;
+        let var = line
+            .iter()
+            .fold(0.0f32, |s, &v| s + (v - mean) * (v - mean))
+            / n;
         let inv = 1.0 / (var + eps).sqrt();
         line.iter_mut().for_each(|v| *v = (*v - mean) * inv);
     })

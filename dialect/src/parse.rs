@@ -7,7 +7,9 @@
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::infer::{checked_elements, infer};
-use crate::ir::{Block, Depth, DimDef, DimFactor, Func, Init, Loss, Module, Op, Param, Pipeline, Value, ValueId};
+use crate::ir::{
+    Block, Depth, DimDef, DimFactor, Func, Init, Loss, Module, Op, Param, Pipeline, Value, ValueId,
+};
 use crate::op::{BinaryOp, CmpPred, Float, OpKind, ReduceOp, UnaryOp};
 use crate::span::{Span, SpanTable};
 use crate::types::{sizes, DType, Dim, Type};
@@ -38,7 +40,10 @@ fn span_of(p: &Pair<Rule>) -> Span {
     let start = p.as_span().start();
     let text = p.as_str().trim_end();
     // A trailing comment is whitespace too: cut at the last line that has code.
-    let code = text.lines().rev().find(|l| !l.trim_start().starts_with("//") && !l.trim().is_empty());
+    let code = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim_start().starts_with("//") && !l.trim().is_empty());
     let end = match code {
         Some(line) => line.as_ptr() as usize - p.as_str().as_ptr() as usize + line.trim_end().len(),
         None => text.len(),
@@ -60,7 +65,10 @@ fn parse_u64(p: &Pair<Rule>, what: &str) -> PResult<u64> {
 /// are checked by [`crate::verify::check_model`].
 pub fn parse(src: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
     let file = Grammar::parse(Rule::file, src).map_err(|e| vec![syntax_error(e)])?;
-    let file = file.into_iter().next().expect("invariant: the file rule matched");
+    let file = file
+        .into_iter()
+        .next()
+        .expect("invariant: the file rule matched");
     let mut b = ModuleBuilder {
         overrides,
         dims: Vec::new(),
@@ -120,9 +128,13 @@ fn rule_name(r: Rule) -> String {
         Rule::number => "a number",
         Rule::value => "a value like `%x`",
         Rule::symbol => "a function name like `@layer`",
-        Rule::item | Rule::dims | Rule::pipeline | Rule::input | Rule::target | Rule::loss | Rule::func => {
-            "`dims`, `pipeline`, `input`, `target`, `loss` or `func`"
-        }
+        Rule::item
+        | Rule::dims
+        | Rule::pipeline
+        | Rule::input
+        | Rule::target
+        | Rule::loss
+        | Rule::func => "`dims`, `pipeline`, `input`, `target`, `loss` or `func`",
         Rule::ty => "a type like `f32[b, d]`",
         Rule::stmt | Rule::results => "an op like `%y = relu %x`",
         Rule::ret => "`return`",
@@ -156,8 +168,12 @@ struct ModuleBuilder<'a> {
 impl ModuleBuilder<'_> {
     fn once(&mut self, key: &str, span: Span, seen: bool) -> PResult<()> {
         if seen {
-            return Err(Diagnostic::error(format!("`{key}` is given twice"), span, "second one here")
-                .with_label(self.spans.get(&key.to_string()), "first one here"));
+            return Err(Diagnostic::error(
+                format!("`{key}` is given twice"),
+                span,
+                "second one here",
+            )
+            .with_label(self.spans.get(&key.to_string()), "first one here"));
         }
         self.spans.set(key.to_string(), span);
         Ok(())
@@ -170,7 +186,11 @@ impl ModuleBuilder<'_> {
                 let seen = !self.dims.is_empty();
                 self.once("dims", span, seen)?;
                 if self.resolved.is_some() || !self.funcs.is_empty() {
-                    return Err(Diagnostic::error("`dims` must come before `pipeline`, types and functions", span, "too late"));
+                    return Err(Diagnostic::error(
+                        "`dims` must come before `pipeline`, types and functions",
+                        span,
+                        "too late",
+                    ));
                 }
                 for d in item.into_inner() {
                     self.dim_def(d)?;
@@ -182,18 +202,34 @@ impl ModuleBuilder<'_> {
                 self.once("pipeline", span, seen)?;
                 for s in item.into_inner() {
                     let mut it = s.into_inner();
-                    let (name, value) = (it.next().expect("setting name"), it.next().expect("setting value"));
+                    let (name, value) = (
+                        it.next().expect("setting name"),
+                        it.next().expect("setting value"),
+                    );
                     let v = parse_u64(&value, "setting")?;
                     if self.pipeline.iter().any(|(n, _, _)| n == name.as_str()) {
-                        return Err(Diagnostic::error(format!("pipeline setting `{}` is given twice", name.as_str()), span_of(&name), "again here"));
+                        return Err(Diagnostic::error(
+                            format!("pipeline setting `{}` is given twice", name.as_str()),
+                            span_of(&name),
+                            "again here",
+                        ));
                     }
-                    self.pipeline.push((name.as_str().to_string(), v, span_of(&value)));
+                    self.pipeline
+                        .push((name.as_str().to_string(), v, span_of(&value)));
                 }
                 self.resolve_pipeline(span).map(|_| ())
             }
             Rule::input | Rule::target => {
-                let key = if item.as_rule() == Rule::input { "input" } else { "target" };
-                let seen = if key == "input" { self.input.is_some() } else { self.target.is_some() };
+                let key = if item.as_rule() == Rule::input {
+                    "input"
+                } else {
+                    "target"
+                };
+                let seen = if key == "input" {
+                    self.input.is_some()
+                } else {
+                    self.target.is_some()
+                };
                 self.once(key, span, seen)?;
                 let t = self.ty(item.into_inner().next().expect("type"))?;
                 if key == "input" {
@@ -210,8 +246,12 @@ impl ModuleBuilder<'_> {
                     "mse" => Loss::Mse,
                     "softmax_cross_entropy" => Loss::SoftmaxCrossEntropy,
                     other => {
-                        return Err(Diagnostic::error(format!("unknown loss `{other}`"), span_of(&name), "not a loss")
-                            .with_note("expected `mse` or `softmax_cross_entropy`"))
+                        return Err(Diagnostic::error(
+                            format!("unknown loss `{other}`"),
+                            span_of(&name),
+                            "not a loss",
+                        )
+                        .with_note("expected `mse` or `softmax_cross_entropy`"))
                     }
                 });
                 Ok(())
@@ -219,7 +259,11 @@ impl ModuleBuilder<'_> {
             Rule::func => {
                 let f = FuncBuilder::build(self, item)?;
                 if self.funcs.iter().any(|g| g.name == f.name) {
-                    return Err(Diagnostic::error(format!("function `@{}` is defined twice", f.name), span, "second definition"));
+                    return Err(Diagnostic::error(
+                        format!("function `@{}` is defined twice", f.name),
+                        span,
+                        "second definition",
+                    ));
                 }
                 self.funcs.push(f);
                 Ok(())
@@ -233,12 +277,23 @@ impl ModuleBuilder<'_> {
         let name = it.next().expect("dim name");
         let expr = it.next().expect("dim expr");
         if self.dims.iter().any(|x| x.name == name.as_str()) {
-            return Err(Diagnostic::error(format!("dimension `{}` is declared twice", name.as_str()), span_of(&name), "again here")
-                .with_label(self.spans.get(&format!("dim.{}", name.as_str())), "first declared here"));
+            return Err(Diagnostic::error(
+                format!("dimension `{}` is declared twice", name.as_str()),
+                span_of(&name),
+                "again here",
+            )
+            .with_label(
+                self.spans.get(&format!("dim.{}", name.as_str())),
+                "first declared here",
+            ));
         }
         if is_pipeline_name(name.as_str()) {
-            return Err(Diagnostic::error(format!("`{}` is a pipeline setting, not a dimension", name.as_str()), span_of(&name), "reserved name")
-                .with_note("set it in the `pipeline { ... }` block"));
+            return Err(Diagnostic::error(
+                format!("`{}` is a pipeline setting, not a dimension", name.as_str()),
+                span_of(&name),
+                "reserved name",
+            )
+            .with_note("set it in the `pipeline { ... }` block"));
         }
         let mut factors = Vec::new();
         let mut value = 1u64;
@@ -250,30 +305,59 @@ impl ModuleBuilder<'_> {
                     (DimFactor::Lit(v), v)
                 }
                 _ => {
-                    let v = self.dims.iter().find(|x| x.name == t.as_str()).map(|x| x.value).ok_or_else(|| {
-                        Diagnostic::error(format!("unknown dimension `{}`", t.as_str()), span_of(&t), "not declared before this point")
-                    })?;
+                    let v = self
+                        .dims
+                        .iter()
+                        .find(|x| x.name == t.as_str())
+                        .map(|x| x.value)
+                        .ok_or_else(|| {
+                            Diagnostic::error(
+                                format!("unknown dimension `{}`", t.as_str()),
+                                span_of(&t),
+                                "not declared before this point",
+                            )
+                        })?;
                     (DimFactor::Name(t.as_str().to_string()), v)
                 }
             };
             value = value.checked_mul(v).ok_or_else(|| {
-                Diagnostic::error(format!("dimension `{}` overflows 64 bits", name.as_str()), span_of(&t), "integer overflow")
+                Diagnostic::error(
+                    format!("dimension `{}` overflows 64 bits", name.as_str()),
+                    span_of(&t),
+                    "integer overflow",
+                )
             })?;
             factors.push(f);
         }
         self.check_dim_size(name.as_str(), value, span_of(&name))?;
-        self.spans.set(format!("dim.{}", name.as_str()), span_of(&name));
-        self.dims.push(DimDef { name: name.as_str().to_string(), factors, value });
+        self.spans
+            .set(format!("dim.{}", name.as_str()), span_of(&name));
+        self.dims.push(DimDef {
+            name: name.as_str().to_string(),
+            factors,
+            value,
+        });
         Ok(())
     }
 
     fn check_dim_size(&self, name: &str, value: u64, span: Span) -> PResult<()> {
         if value == 0 {
-            return Err(Diagnostic::error(format!("dimension `{name}` is zero"), span, "must be at least 1"));
+            return Err(Diagnostic::error(
+                format!("dimension `{name}` is zero"),
+                span,
+                "must be at least 1",
+            ));
         }
         if value > crate::infer::MAX_ELEMENTS {
-            return Err(Diagnostic::error(format!("dimension `{name}` = {value} is absurdly large"), span, "too large")
-                .with_note(format!("a dimension may be at most {}", crate::infer::MAX_ELEMENTS)));
+            return Err(Diagnostic::error(
+                format!("dimension `{name}` = {value} is absurdly large"),
+                span,
+                "too large",
+            )
+            .with_note(format!(
+                "a dimension may be at most {}",
+                crate::infer::MAX_ELEMENTS
+            )));
         }
         Ok(())
     }
@@ -284,8 +368,10 @@ impl ModuleBuilder<'_> {
         for (name, v) in &self.overrides.dims {
             let Some(d) = self.dims.iter_mut().find(|d| &d.name == name) else {
                 let known: Vec<&str> = self.dims.iter().map(|d| d.name.as_str()).collect();
-                return Err(Diagnostic::plain(format!("--dim {name}={v}: the model declares no dimension `{name}`"))
-                    .with_note(format!("declared dimensions: {}", known.join(", "))));
+                return Err(Diagnostic::plain(format!(
+                    "--dim {name}={v}: the model declares no dimension `{name}`"
+                ))
+                .with_note(format!("declared dimensions: {}", known.join(", "))));
             };
             d.factors = vec![DimFactor::Lit(*v)];
         }
@@ -294,9 +380,18 @@ impl ModuleBuilder<'_> {
             for f in &self.dims[i].factors {
                 let v = match f {
                     DimFactor::Lit(v) => *v,
-                    DimFactor::Name(n) => self.dims[..i].iter().find(|d| &d.name == n).map(|d| d.value).expect("invariant: checked at parse"),
+                    DimFactor::Name(n) => self.dims[..i]
+                        .iter()
+                        .find(|d| &d.name == n)
+                        .map(|d| d.value)
+                        .expect("invariant: checked at parse"),
                 };
-                value = value.checked_mul(v).ok_or_else(|| Diagnostic::plain(format!("dimension `{}` overflows 64 bits", self.dims[i].name)))?;
+                value = value.checked_mul(v).ok_or_else(|| {
+                    Diagnostic::plain(format!(
+                        "dimension `{}` overflows 64 bits",
+                        self.dims[i].name
+                    ))
+                })?;
             }
             let span = self.spans.get(&format!("dim.{}", self.dims[i].name));
             self.check_dim_size(&self.dims[i].name.clone(), value, span)?;
@@ -307,49 +402,93 @@ impl ModuleBuilder<'_> {
 
     fn resolve_pipeline(&mut self, block: Span) -> PResult<Pipeline> {
         let get = |name: &str| -> PResult<Option<(u64, Span)>> {
-            Ok(self.pipeline.iter().find(|(n, _, _)| n == name).map(|(_, v, s)| (*v, *s)))
+            Ok(self
+                .pipeline
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, v, s)| (*v, *s)))
         };
         for (name, _, span) in &self.pipeline {
-            if !["stages", "layers", "layers_per_stage", "microbatches", "repeats"].contains(&name.as_str()) {
+            if ![
+                "stages",
+                "layers",
+                "layers_per_stage",
+                "microbatches",
+                "repeats",
+            ]
+            .contains(&name.as_str())
+            {
                 return Err(Diagnostic::error(format!("unknown pipeline setting `{name}`"), *span, "unknown")
                     .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches` and `repeats`"));
             }
         }
         let ov = self.overrides;
-        let pick = |written: Option<(u64, Span)>, over: Option<u64>| over.map(|v| (v, block)).or(written);
+        let pick =
+            |written: Option<(u64, Span)>, over: Option<u64>| over.map(|v| (v, block)).or(written);
         let stages = pick(get("stages")?, ov.stages);
         let micro = pick(get("microbatches")?, ov.microbatches);
         let repeats = pick(get("repeats")?, ov.repeats).unwrap_or((1, block));
         let layers = get("layers")?;
         let per_stage = get("layers_per_stage")?;
         let (Some(stages), Some(micro)) = (stages, micro) else {
-            return Err(Diagnostic::error("the pipeline needs `stages` and `microbatches`", block, "incomplete pipeline"));
+            return Err(Diagnostic::error(
+                "the pipeline needs `stages` and `microbatches`",
+                block,
+                "incomplete pipeline",
+            ));
         };
-        for (name, (v, span)) in [("stages", stages), ("microbatches", micro), ("repeats", repeats)]
-            .into_iter()
-            .chain(layers.map(|l| ("layers", l)))
-            .chain(per_stage.map(|l| ("layers_per_stage", l)))
+        for (name, (v, span)) in [
+            ("stages", stages),
+            ("microbatches", micro),
+            ("repeats", repeats),
+        ]
+        .into_iter()
+        .chain(layers.map(|l| ("layers", l)))
+        .chain(per_stage.map(|l| ("layers_per_stage", l)))
         {
             if v == 0 {
-                return Err(Diagnostic::error(format!("`{name}` is zero"), span, "must be at least 1"));
+                return Err(Diagnostic::error(
+                    format!("`{name}` is zero"),
+                    span,
+                    "must be at least 1",
+                ));
             }
             if v > MAX_PIPELINE_SETTING {
-                return Err(Diagnostic::error(format!("`{name}` = {v} is absurdly large"), span, "too large")
-                    .with_note(format!("pipeline settings may be at most {MAX_PIPELINE_SETTING}")));
+                return Err(Diagnostic::error(
+                    format!("`{name}` = {v} is absurdly large"),
+                    span,
+                    "too large",
+                )
+                .with_note(format!(
+                    "pipeline settings may be at most {MAX_PIPELINE_SETTING}"
+                )));
             }
         }
         let groups = stages.0 * repeats.0;
-        let depth = if layers.is_some() { Depth::Layers } else { Depth::PerStage };
+        let depth = if layers.is_some() {
+            Depth::Layers
+        } else {
+            Depth::PerStage
+        };
         let layers = match (layers, per_stage) {
             (Some(_), Some((_, s))) => {
-                return Err(Diagnostic::error("give either `layers` or `layers_per_stage`, not both", s, "second way to say it"))
+                return Err(Diagnostic::error(
+                    "give either `layers` or `layers_per_stage`, not both",
+                    s,
+                    "second way to say it",
+                ))
             }
             (None, None) => groups,
-            (None, Some((k, _))) => groups.checked_mul(k).ok_or_else(|| Diagnostic::error("layer count overflows", block, "too many layers"))?,
+            (None, Some((k, _))) => groups.checked_mul(k).ok_or_else(|| {
+                Diagnostic::error("layer count overflows", block, "too many layers")
+            })?,
             (Some((l, span)), None) => {
                 if l % groups != 0 {
                     return Err(Diagnostic::error(
-                        format!("{} stages × {} repeats = {groups} does not divide {l} layers", stages.0, repeats.0),
+                        format!(
+                            "{} stages × {} repeats = {groups} does not divide {l} layers",
+                            stages.0, repeats.0
+                        ),
                         span,
                         "not a multiple of stages × repeats",
                     )
@@ -360,18 +499,35 @@ impl ModuleBuilder<'_> {
             }
         };
         if layers > MAX_PIPELINE_SETTING {
-            return Err(Diagnostic::error(format!("{layers} layers is absurdly many"), block, "too many layers"));
+            return Err(Diagnostic::error(
+                format!("{layers} layers is absurdly many"),
+                block,
+                "too many layers",
+            ));
         }
-        let p = Pipeline { stages: stages.0, layers, microbatches: micro.0, repeats: repeats.0, depth };
+        let p = Pipeline {
+            stages: stages.0,
+            layers,
+            microbatches: micro.0,
+            repeats: repeats.0,
+            depth,
+        };
         self.resolved = Some(p);
         Ok(p)
     }
 
     fn dim_size(&self, name: &str) -> Option<u64> {
-        self.dims.iter().find(|d| d.name == name).map(|d| d.value).or_else(|| {
-            let p = self.resolved?;
-            p.dim_names().iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
-        })
+        self.dims
+            .iter()
+            .find(|d| d.name == name)
+            .map(|d| d.value)
+            .or_else(|| {
+                let p = self.resolved?;
+                p.dim_names()
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| *v)
+            })
     }
 
     fn ty(&self, t: Pair<Rule>) -> PResult<Type> {
@@ -379,8 +535,12 @@ impl ModuleBuilder<'_> {
         let mut it = t.into_inner();
         let dt = it.next().expect("dtype");
         let dtype = DType::from_name(dt.as_str()).ok_or_else(|| {
-            Diagnostic::error(format!("unknown dtype `{}`", dt.as_str()), span_of(&dt), "not a dtype")
-                .with_note("dtypes are f32, bf16, f16, i32 and i1")
+            Diagnostic::error(
+                format!("unknown dtype `{}`", dt.as_str()),
+                span_of(&dt),
+                "not a dtype",
+            )
+            .with_note("dtypes are f32, bf16, f16, i32 and i1")
         })?;
         let mut dims = Vec::new();
         for d in it {
@@ -400,19 +560,47 @@ impl ModuleBuilder<'_> {
             });
         }
         let t = Type::new(dtype, dims);
-        checked_elements(&t.shape()).map_err(|m| Diagnostic::error(format!("bad type {t}: {m}"), span, "this type"))?;
+        checked_elements(&t.shape())
+            .map_err(|m| Diagnostic::error(format!("bad type {t}: {m}"), span, "this type"))?;
         Ok(t)
     }
 
     fn finish(self, end: Span) -> PResult<Module> {
-        let pipeline = self.resolved.ok_or_else(|| Diagnostic::error("the model has no `pipeline { ... }` block", end, "expected before the end of the file"))?;
-        let input = self.input.ok_or_else(|| Diagnostic::error("the model has no `input` type", end, "expected before the end of the file"))?;
-        Ok(Module { dims: self.dims, pipeline, input, target: self.target, loss: self.loss, funcs: self.funcs, spans: self.spans })
+        let pipeline = self.resolved.ok_or_else(|| {
+            Diagnostic::error(
+                "the model has no `pipeline { ... }` block",
+                end,
+                "expected before the end of the file",
+            )
+        })?;
+        let input = self.input.ok_or_else(|| {
+            Diagnostic::error(
+                "the model has no `input` type",
+                end,
+                "expected before the end of the file",
+            )
+        })?;
+        Ok(Module {
+            dims: self.dims,
+            pipeline,
+            input,
+            target: self.target,
+            loss: self.loss,
+            funcs: self.funcs,
+            spans: self.spans,
+        })
     }
 }
 
 fn is_pipeline_name(s: &str) -> bool {
-    ["stages", "layers", "layers_per_stage", "microbatches", "repeats"].contains(&s)
+    [
+        "stages",
+        "layers",
+        "layers_per_stage",
+        "microbatches",
+        "repeats",
+    ]
+    .contains(&s)
 }
 
 /// An attribute as written: `axis = 1`, `perm = [1, 0]`, `fill = nan`.
@@ -432,11 +620,19 @@ struct FuncBuilder<'m, 'o> {
 impl<'m, 'o> FuncBuilder<'m, 'o> {
     fn build(module: &'m ModuleBuilder<'o>, p: Pair<Rule>) -> PResult<Func> {
         if module.resolved.is_none() {
-            return Err(Diagnostic::error("functions must come after the `pipeline` block", span_of(&p), "too early"));
+            return Err(Diagnostic::error(
+                "functions must come after the `pipeline` block",
+                span_of(&p),
+                "too early",
+            ));
         }
         let mut it = p.into_inner();
         let name = it.next().expect("func name");
-        let mut fb = FuncBuilder { module, func: Func::new(&name.as_str()[1..]), scopes: vec![HashMap::new()] };
+        let mut fb = FuncBuilder {
+            module,
+            func: Func::new(&name.as_str()[1..]),
+            scopes: vec![HashMap::new()],
+        };
         let mut declared_results = Vec::new();
         for part in it {
             match part.as_rule() {
@@ -460,10 +656,18 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                 }
                 Rule::ret => {
                     let span = span_of(&part);
-                    let vals = part.into_inner().map(|v| fb.lookup(&v)).collect::<PResult<Vec<_>>>()?;
+                    let vals = part
+                        .into_inner()
+                        .map(|v| fb.lookup(&v))
+                        .collect::<PResult<Vec<_>>>()?;
                     if vals.len() != declared_results.len() {
                         return Err(Diagnostic::error(
-                            format!("`@{}` declares {} results but returns {}", fb.func.name, declared_results.len(), vals.len()),
+                            format!(
+                                "`@{}` declares {} results but returns {}",
+                                fb.func.name,
+                                declared_results.len(),
+                                vals.len()
+                            ),
                             span,
                             "wrong number of values",
                         ));
@@ -471,7 +675,12 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     for (&v, (t, tspan)) in vals.iter().zip(&declared_results) {
                         if !fb.func.ty(v).same_as(t) {
                             return Err(Diagnostic::error(
-                                format!("`@{}` returns {} where its signature says {}", fb.func.name, sizes(fb.func.ty(v)), sizes(t)),
+                                format!(
+                                    "`@{}` returns {} where its signature says {}",
+                                    fb.func.name,
+                                    sizes(fb.func.ty(v)),
+                                    sizes(t)
+                                ),
                                 span,
                                 format!("this is {}", sizes(fb.func.ty(v))),
                             )
@@ -490,24 +699,42 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
     fn define(&mut self, v: &Pair<Rule>, ty: Type) -> PResult<ValueId> {
         let name = &v.as_str()[1..];
         if self.func.values.iter().any(|(_, x)| x.name == name) {
-            return Err(Diagnostic::error(format!("`%{name}` is defined twice"), span_of(v), "redefined here")
-                .with_note("every value has one definition (SSA); pick a new name"));
+            return Err(Diagnostic::error(
+                format!("`%{name}` is defined twice"),
+                span_of(v),
+                "redefined here",
+            )
+            .with_note("every value has one definition (SSA); pick a new name"));
         }
-        let id = self.func.values.push(Value { name: name.to_string(), ty });
+        let id = self.func.values.push(Value {
+            name: name.to_string(),
+            ty,
+        });
         self.func.value_spans.set(id, span_of(v));
-        self.scopes.last_mut().expect("invariant: a scope is open").insert(name.to_string(), id);
+        self.scopes
+            .last_mut()
+            .expect("invariant: a scope is open")
+            .insert(name.to_string(), id);
         Ok(id)
     }
 
     fn lookup(&self, v: &Pair<Rule>) -> PResult<ValueId> {
         let name = &v.as_str()[1..];
-        self.scopes.iter().rev().find_map(|s| s.get(name).copied()).ok_or_else(|| {
-            let mut d = Diagnostic::error(format!("unknown value `%{name}`"), span_of(v), "not defined before this use");
-            if self.func.values.iter().any(|(_, x)| x.name == name) {
-                d = d.with_note("it is defined inside a loop body and is not visible here");
-            }
-            d
-        })
+        self.scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(name).copied())
+            .ok_or_else(|| {
+                let mut d = Diagnostic::error(
+                    format!("unknown value `%{name}`"),
+                    span_of(v),
+                    "not defined before this use",
+                );
+                if self.func.values.iter().any(|(_, x)| x.name == name) {
+                    d = d.with_note("it is defined inside a loop body and is not visible here");
+                }
+                d
+            })
     }
 
     fn param(&mut self, p: Pair<Rule>) -> PResult<()> {
@@ -520,17 +747,33 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
             Some(n) => {
                 let k = parse_u64(&n, "layer_axes")? as usize;
                 if k > ty.rank() {
-                    return Err(Diagnostic::error(format!("layer_axes = {k} exceeds the rank of {ty}"), span_of(&n), "too many"));
+                    return Err(Diagnostic::error(
+                        format!("layer_axes = {k} exceeds the rank of {ty}"),
+                        span_of(&n),
+                        "too many",
+                    ));
                 }
                 k
             }
             None => 0,
         };
         if !ty.dtype.is_float() {
-            return Err(Diagnostic::error(format!("parameter `{}` must be floating point, not {}", v.as_str(), ty.dtype), span_of(&v), "not trainable"));
+            return Err(Diagnostic::error(
+                format!(
+                    "parameter `{}` must be floating point, not {}",
+                    v.as_str(),
+                    ty.dtype
+                ),
+                span_of(&v),
+                "not trainable",
+            ));
         }
         let value = self.define(&v, ty)?;
-        self.func.params.push(Param { value, init, layer_axes });
+        self.func.params.push(Param {
+            value,
+            init,
+            layer_axes,
+        });
         Ok(())
     }
 
@@ -558,14 +801,25 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                         Rule::kwarg => {
                             let mut k = a.into_inner();
                             let key = k.next().expect("key").as_str().to_string();
-                            let val = k.next().expect("attr").into_inner().next().expect("attr value");
+                            let val = k
+                                .next()
+                                .expect("attr")
+                                .into_inner()
+                                .next()
+                                .expect("attr value");
                             let attr = match val.as_rule() {
-                                Rule::list => Attr::List(val.into_inner().map(|n| n.as_str().to_string()).collect()),
+                                Rule::list => Attr::List(
+                                    val.into_inner().map(|n| n.as_str().to_string()).collect(),
+                                ),
                                 Rule::number => Attr::Num(val.as_str().to_string()),
                                 _ => Attr::Ident(val.as_str().to_string()),
                             };
                             if attrs.iter().any(|(k2, _, _)| *k2 == key) {
-                                return Err(Diagnostic::error(format!("attribute `{key}` is given twice"), aspan, "again here"));
+                                return Err(Diagnostic::error(
+                                    format!("attribute `{key}` is given twice"),
+                                    aspan,
+                                    "again here",
+                                ));
                             }
                             attrs.push((key, attr, aspan));
                         }
@@ -586,12 +840,21 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         let name = name.expect("invariant: stmt has an op name");
         let op_name = name.as_str();
         let name_span = span_of(&name);
-        let mut a = Args { op: op_name, span: name_span, attrs, used: Vec::new() };
+        let mut a = Args {
+            op: op_name,
+            span: name_span,
+            attrs,
+            used: Vec::new(),
+        };
         let ids: Vec<ValueId> = operands.iter().map(|(v, _)| *v).collect();
         let arity = |n: usize| -> PResult<()> {
             if ids.len() != n {
                 return Err(Diagnostic::error(
-                    format!("`{op_name}` takes {n} operand{}, got {}", if n == 1 { "" } else { "s" }, ids.len()),
+                    format!(
+                        "`{op_name}` takes {n} operand{}, got {}",
+                        if n == 1 { "" } else { "s" },
+                        ids.len()
+                    ),
                     span,
                     "wrong number of operands",
                 ));
@@ -600,14 +863,26 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         };
         if number.is_some() && op_name != "constant" {
             let (_, nspan) = number.clone().expect("checked");
-            return Err(Diagnostic::error(format!("`{op_name}` takes no number operand"), nspan, "unexpected number"));
+            return Err(Diagnostic::error(
+                format!("`{op_name}` takes no number operand"),
+                nspan,
+                "unexpected number",
+            ));
         }
         if symbol.is_some() && op_name != "call" {
             let (_, sspan) = symbol.clone().expect("checked");
-            return Err(Diagnostic::error(format!("`{op_name}` takes no function operand"), sspan, "unexpected function name"));
+            return Err(Diagnostic::error(
+                format!("`{op_name}` takes no function operand"),
+                sspan,
+                "unexpected function name",
+            ));
         }
         if region.is_some() && op_name != "loop" {
-            return Err(Diagnostic::error(format!("`{op_name}` takes no body"), span, "unexpected `{ ... }`"));
+            return Err(Diagnostic::error(
+                format!("`{op_name}` takes no body"),
+                span,
+                "unexpected `{ ... }`",
+            ));
         }
         let un = UnaryOp::ALL.into_iter().find(|o| o.name() == op_name);
         let bin = BinaryOp::ALL.into_iter().find(|o| o.name() == op_name);
@@ -618,13 +893,25 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
             OpKind::Unary { op, x: ids[0] }
         } else if let Some(op) = bin {
             arity(2)?;
-            OpKind::Binary { op, lhs: ids[0], rhs: ids[1] }
+            OpKind::Binary {
+                op,
+                lhs: ids[0],
+                rhs: ids[1],
+            }
         } else if let Some(pred) = cmp {
             arity(2)?;
-            OpKind::Compare { pred, lhs: ids[0], rhs: ids[1] }
+            OpKind::Compare {
+                pred,
+                lhs: ids[0],
+                rhs: ids[1],
+            }
         } else if let Some(op) = red {
             arity(1)?;
-            OpKind::Reduce { op, x: ids[0], axes: a.ints("axes")? }
+            OpKind::Reduce {
+                op,
+                x: ids[0],
+                axes: a.ints("axes")?,
+            }
         } else {
             match op_name {
                 "select" => {
@@ -723,11 +1010,26 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         let operand_types: Vec<&Type> = ids.iter().map(|&v| self.func.ty(v)).collect();
         let written: Vec<Type> = declared.iter().map(|(t, _)| t.clone()).collect();
         let callee = match &kind {
-            OpKind::Call { callee, .. } => self.module.funcs.iter().find(|f| &f.name == callee).map(|f| (f.arg_types(), f.result_types())),
+            OpKind::Call { callee, .. } => self
+                .module
+                .funcs
+                .iter()
+                .find(|f| &f.name == callee)
+                .map(|f| (f.arg_types(), f.result_types())),
             _ => None,
         };
-        let inferred = infer(&kind, &operand_types, &written, callee.as_ref().map(|(a, r)| (a.as_slice(), r.as_slice()))).map_err(|e| {
-            let label_span = e.operand.and_then(|i| operands.get(i)).map(|(_, s)| *s).unwrap_or(name_span);
+        let inferred = infer(
+            &kind,
+            &operand_types,
+            &written,
+            callee.as_ref().map(|(a, r)| (a.as_slice(), r.as_slice())),
+        )
+        .map_err(|e| {
+            let label_span = e
+                .operand
+                .and_then(|i| operands.get(i))
+                .map(|(_, s)| *s)
+                .unwrap_or(name_span);
             let mut d = Diagnostic::error(e.message, label_span, "here");
             if label_span != name_span {
                 d = d.with_label(name_span, format!("in this `{op_name}`"));
@@ -736,7 +1038,13 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         })?;
         if results.len() != inferred.len() {
             return Err(Diagnostic::error(
-                format!("`{op_name}` produces {} value{}, but {} name{} given", inferred.len(), if inferred.len() == 1 { "" } else { "s" }, results.len(), if results.len() == 1 { " is" } else { "s are" }),
+                format!(
+                    "`{op_name}` produces {} value{}, but {} name{} given",
+                    inferred.len(),
+                    if inferred.len() == 1 { "" } else { "s" },
+                    results.len(),
+                    if results.len() == 1 { " is" } else { "s are" }
+                ),
                 span,
                 "wrong number of results",
             ));
@@ -744,12 +1052,24 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         let mut types = inferred.clone();
         if !kind.has_declared_type() && !declared.is_empty() {
             if declared.len() != inferred.len() {
-                return Err(Diagnostic::error(format!("`{op_name}` has {} results but {} types are written", inferred.len(), declared.len()), span, "wrong number of types"));
+                return Err(Diagnostic::error(
+                    format!(
+                        "`{op_name}` has {} results but {} types are written",
+                        inferred.len(),
+                        declared.len()
+                    ),
+                    span,
+                    "wrong number of types",
+                ));
             }
             for ((d, dspan), inf) in declared.iter().zip(&inferred) {
                 if !d.same_as(inf) {
                     return Err(Diagnostic::error(
-                        format!("`{op_name}` produces {} but the written type is {}", sizes(inf), sizes(d)),
+                        format!(
+                            "`{op_name}` produces {} but the written type is {}",
+                            sizes(inf),
+                            sizes(d)
+                        ),
                         *dspan,
                         format!("should be {}", sizes(inf)),
                     ));
@@ -758,10 +1078,19 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
             types = declared.into_iter().map(|(t, _)| t).collect();
         }
         for t in &types {
-            checked_elements(&t.shape()).map_err(|m| Diagnostic::error(format!("`{op_name}` result {t}: {m}"), span, "too large"))?;
+            checked_elements(&t.shape()).map_err(|m| {
+                Diagnostic::error(format!("`{op_name}` result {t}: {m}"), span, "too large")
+            })?;
         }
-        let result_ids = results.iter().zip(types).map(|(r, t)| self.define(r, t)).collect::<PResult<Vec<_>>>()?;
-        let id = self.func.ops.push(Op { kind, results: result_ids });
+        let result_ids = results
+            .iter()
+            .zip(types)
+            .map(|(r, t)| self.define(r, t))
+            .collect::<PResult<Vec<_>>>()?;
+        let id = self.func.ops.push(Op {
+            kind,
+            results: result_ids,
+        });
         self.func.op_spans.set(id, span);
         Ok(id)
     }
@@ -786,14 +1115,29 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                         self.region_args(&arg_pairs, inits, rspan, &mut block)?;
                     }
                     let yspan = span_of(&part);
-                    let vals = part.into_inner().map(|v| self.lookup(&v)).collect::<PResult<Vec<_>>>()?;
+                    let vals = part
+                        .into_inner()
+                        .map(|v| self.lookup(&v))
+                        .collect::<PResult<Vec<_>>>()?;
                     if vals.len() != inits.len() {
-                        return Err(Diagnostic::error(format!("the loop carries {} values but the body yields {}", inits.len(), vals.len()), yspan, "wrong number of values"));
+                        return Err(Diagnostic::error(
+                            format!(
+                                "the loop carries {} values but the body yields {}",
+                                inits.len(),
+                                vals.len()
+                            ),
+                            yspan,
+                            "wrong number of values",
+                        ));
                     }
                     for (&v, &i) in vals.iter().zip(inits) {
                         if !self.func.ty(v).same_as(self.func.ty(i)) {
                             return Err(Diagnostic::error(
-                                format!("the body yields {} for a carried value of {}", sizes(self.func.ty(v)), sizes(self.func.ty(i))),
+                                format!(
+                                    "the body yields {} for a carried value of {}",
+                                    sizes(self.func.ty(v)),
+                                    sizes(self.func.ty(i))
+                                ),
                                 yspan,
                                 "type changes across iterations",
                             ));
@@ -809,7 +1153,13 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         Ok(block)
     }
 
-    fn region_args(&mut self, names: &[Pair<Rule>], inits: &[ValueId], span: Span, block: &mut Block) -> PResult<()> {
+    fn region_args(
+        &mut self,
+        names: &[Pair<Rule>],
+        inits: &[ValueId],
+        span: Span,
+        block: &mut Block,
+    ) -> PResult<()> {
         if names.len() != inits.len() + 1 {
             return Err(Diagnostic::error(
                 format!("the loop body takes {} arguments (the iteration number and {} carried values), got {}", inits.len() + 1, inits.len(), names.len()),
@@ -840,7 +1190,11 @@ impl Args<'_> {
         self.used.push(key.to_string());
         let (op, span) = (self.op, self.span);
         let Some(i) = self.attrs.iter().position(|(k, _, _)| k == key) else {
-            let mut d = Diagnostic::error(format!("`{op}` needs `{key} = ...`"), span, format!("missing `{key}`"));
+            let mut d = Diagnostic::error(
+                format!("`{op}` needs `{key} = ...`"),
+                span,
+                format!("missing `{key}`"),
+            );
             for (k, _, s) in self.attrs.iter().filter(|(k, _, _)| !self.used.contains(k)) {
                 d = d.with_label(*s, format!("`{op}` has no attribute `{k}`"));
             }
@@ -854,8 +1208,16 @@ impl Args<'_> {
         let (a, span) = self.take(key)?;
         match a {
             Attr::Num(n) => parse_index(n, span),
-            Attr::Ident(w) => Err(Diagnostic::error(format!("`{key}` must be an integer, not `{w}`"), span, "not an integer")),
-            Attr::List(_) => Err(Diagnostic::error(format!("`{key}` must be an integer, not a list"), span, "not an integer")),
+            Attr::Ident(w) => Err(Diagnostic::error(
+                format!("`{key}` must be an integer, not `{w}`"),
+                span,
+                "not an integer",
+            )),
+            Attr::List(_) => Err(Diagnostic::error(
+                format!("`{key}` must be an integer, not a list"),
+                span,
+                "not an integer",
+            )),
         }
     }
 
@@ -863,7 +1225,11 @@ impl Args<'_> {
         let (a, span) = self.take(key)?;
         match a {
             Attr::List(ns) => ns.iter().map(|n| parse_index(n, span)).collect(),
-            Attr::Num(w) | Attr::Ident(w) => Err(Diagnostic::error(format!("`{key}` must be a list like `[0, 1]`, not `{w}`"), span, "not a list")),
+            Attr::Num(w) | Attr::Ident(w) => Err(Diagnostic::error(
+                format!("`{key}` must be a list like `[0, 1]`, not `{w}`"),
+                span,
+                "not a list",
+            )),
         }
     }
 
@@ -871,15 +1237,27 @@ impl Args<'_> {
         let (a, span) = self.take(key)?;
         match a {
             Attr::Num(n) => parse_f64(n, span),
-            Attr::Ident(w) => Err(Diagnostic::error(format!("`{key}` must be a number, not `{w}`"), span, "not a number")),
-            Attr::List(_) => Err(Diagnostic::error(format!("`{key}` must be a number, not a list"), span, "not a number")),
+            Attr::Ident(w) => Err(Diagnostic::error(
+                format!("`{key}` must be a number, not `{w}`"),
+                span,
+                "not a number",
+            )),
+            Attr::List(_) => Err(Diagnostic::error(
+                format!("`{key}` must be a number, not a list"),
+                span,
+                "not a number",
+            )),
         }
     }
 
     fn finish(&self) -> PResult<()> {
         for (k, _, s) in &self.attrs {
             if !self.used.contains(k) {
-                return Err(Diagnostic::error(format!("`{}` has no attribute `{k}`", self.op), *s, "unknown attribute"));
+                return Err(Diagnostic::error(
+                    format!("`{}` has no attribute `{k}`", self.op),
+                    *s,
+                    "unknown attribute",
+                ));
             }
         }
         Ok(())
@@ -890,10 +1268,16 @@ impl Args<'_> {
 fn parse_index(text: &str, span: Span) -> PResult<usize> {
     match text.parse::<u64>() {
         Ok(v) if v <= crate::infer::MAX_ELEMENTS => Ok(v as usize),
-        Ok(_) | Err(_) if text.bytes().all(|b| b.is_ascii_digit()) => {
-            Err(Diagnostic::error(format!("`{text}` is too large"), span, "integer overflow"))
-        }
-        _ => Err(Diagnostic::error(format!("`{text}` is not a non-negative integer"), span, "expected an integer")),
+        Ok(_) | Err(_) if text.bytes().all(|b| b.is_ascii_digit()) => Err(Diagnostic::error(
+            format!("`{text}` is too large"),
+            span,
+            "integer overflow",
+        )),
+        _ => Err(Diagnostic::error(
+            format!("`{text}` is not a non-negative integer"),
+            span,
+            "expected an integer",
+        )),
     }
 }
 
@@ -902,10 +1286,16 @@ fn parse_f64(text: &str, span: Span) -> PResult<f64> {
         "nan" | "-nan" => f64::NAN,
         "inf" => f64::INFINITY,
         "-inf" => f64::NEG_INFINITY,
-        t => t.parse::<f64>().map_err(|_| Diagnostic::error(format!("`{t}` is not a number"), span, "bad number"))?,
+        t => t
+            .parse::<f64>()
+            .map_err(|_| Diagnostic::error(format!("`{t}` is not a number"), span, "bad number"))?,
     };
     if v.is_infinite() && !text.contains("inf") {
-        return Err(Diagnostic::error(format!("`{text}` is too large for a number"), span, "overflow"));
+        return Err(Diagnostic::error(
+            format!("`{text}` is too large for a number"),
+            span,
+            "overflow",
+        ));
     }
     Ok(v)
 }
@@ -914,19 +1304,33 @@ fn parse_init(p: Pair<Rule>) -> PResult<Init> {
     let span = span_of(&p);
     let mut it = p.into_inner();
     let name = it.next().expect("init name");
-    let args = it.map(|n| parse_f64(n.as_str(), span_of(&n))).collect::<PResult<Vec<_>>>()?;
+    let args = it
+        .map(|n| parse_f64(n.as_str(), span_of(&n)))
+        .collect::<PResult<Vec<_>>>()?;
     let bad = |msg: &str| Diagnostic::error(msg.to_string(), span, "bad initializer");
     let init = match (name.as_str(), args.as_slice()) {
         ("zeros", []) => Init::Zeros,
         ("ones", []) => Init::Ones,
         ("normal", [std]) if std.is_finite() && *std >= 0.0 => Init::Normal(*std),
-        ("normal", _) => return Err(bad("`normal` takes one finite, non-negative standard deviation: `normal(0.02)`")),
+        ("normal", _) => {
+            return Err(bad(
+                "`normal` takes one finite, non-negative standard deviation: `normal(0.02)`",
+            ))
+        }
         ("uniform", [a, b]) if a.is_finite() && b.is_finite() && a < b => Init::Uniform(*a, *b),
-        ("uniform", _) => return Err(bad("`uniform` takes two finite bounds, low < high: `uniform(-0.1, 0.1)`")),
+        ("uniform", _) => {
+            return Err(bad(
+                "`uniform` takes two finite bounds, low < high: `uniform(-0.1, 0.1)`",
+            ))
+        }
         ("zeros" | "ones", _) => return Err(bad("`zeros` and `ones` take no arguments")),
         (other, _) => {
-            return Err(Diagnostic::error(format!("unknown initializer `{other}`"), span_of(&name), "not an initializer")
-                .with_note("initializers are zeros, ones, normal(std) and uniform(low, high)"))
+            return Err(Diagnostic::error(
+                format!("unknown initializer `{other}`"),
+                span_of(&name),
+                "not an initializer",
+            )
+            .with_note("initializers are zeros, ones, normal(std) and uniform(low, high)"))
         }
     };
     Ok(init)

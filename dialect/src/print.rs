@@ -29,7 +29,12 @@ pub fn print(m: &Module) -> String {
             .collect();
         let _ = writeln!(out, "dims {{ {} }}", dims.join(", "));
     }
-    let settings: Vec<String> = m.pipeline.settings().iter().map(|(n, v)| format!("{n} = {v}")).collect();
+    let settings: Vec<String> = m
+        .pipeline
+        .settings()
+        .iter()
+        .map(|(n, v)| format!("{n} = {v}"))
+        .collect();
     let _ = writeln!(out, "pipeline {{ {} }}", settings.join(", "));
     let _ = writeln!(out, "input {}", m.input);
     if let Some(t) = &m.target {
@@ -50,21 +55,42 @@ pub fn number(v: f64) -> String {
     if v.is_nan() {
         "nan".into()
     } else if v.is_infinite() {
-        if v > 0.0 { "inf".into() } else { "-inf".into() }
+        if v > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
     } else {
         format!("{v:?}")
     }
 }
 
 fn list<T: ToString>(xs: &[T]) -> String {
-    format!("[{}]", xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+    format!(
+        "[{}]",
+        xs.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 fn print_func(out: &mut String, f: &Func) {
     let name = |v| format!("%{}", f.values[v].name);
-    let args: Vec<String> = f.body.args.iter().map(|&a| format!("{}: {}", name(a), f.ty(a))).collect();
+    let args: Vec<String> = f
+        .body
+        .args
+        .iter()
+        .map(|&a| format!("{}: {}", name(a), f.ty(a)))
+        .collect();
     let results: Vec<String> = f.result_types().iter().map(|t| t.to_string()).collect();
-    let _ = writeln!(out, "func @{}({}) -> {} {{", f.name, args.join(", "), results.join(", "));
+    let _ = writeln!(
+        out,
+        "func @{}({}) -> {} {{",
+        f.name,
+        args.join(", "),
+        results.join(", ")
+    );
     for p in &f.params {
         let init = match p.init {
             Init::Zeros => "zeros".to_string(),
@@ -72,8 +98,17 @@ fn print_func(out: &mut String, f: &Func) {
             Init::Normal(s) => format!("normal({})", number(s)),
             Init::Uniform(a, b) => format!("uniform({}, {})", number(a), number(b)),
         };
-        let axes = if p.layer_axes > 0 { format!(", layer_axes = {}", p.layer_axes) } else { String::new() };
-        let _ = writeln!(out, "  param {}: {} = {init}{axes}", name(p.value), f.ty(p.value));
+        let axes = if p.layer_axes > 0 {
+            format!(", layer_axes = {}", p.layer_axes)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "  param {}: {} = {init}{axes}",
+            name(p.value),
+            f.ty(p.value)
+        );
     }
     print_ops(out, f, &f.body, 1);
     let rets: Vec<String> = f.body.results.iter().map(|&v| name(v)).collect();
@@ -89,7 +124,9 @@ fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
         let results: Vec<String> = op.results.iter().map(|&v| name(v)).collect();
         let mut args: Vec<String> = Vec::new();
         match &op.kind {
-            OpKind::Constant { value } if !f.ty(op.results[0]).dtype.is_float() && value.0.fract() == 0.0 => {
+            OpKind::Constant { value }
+                if !f.ty(op.results[0]).dtype.is_float() && value.0.fract() == 0.0 =>
+            {
                 args.push(format!("{}", value.0 as i64))
             }
             OpKind::Constant { value } => args.push(number(value.0)),
@@ -120,21 +157,35 @@ fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
 fn attrs(kind: &OpKind) -> Vec<String> {
     match kind {
         OpKind::Transpose { perm, .. } => vec![format!("perm = {}", list(perm))],
-        OpKind::Slice { start, end, .. } => vec![format!("start = {}", list(start)), format!("end = {}", list(end))],
+        OpKind::Slice { start, end, .. } => vec![
+            format!("start = {}", list(start)),
+            format!("end = {}", list(end)),
+        ],
         OpKind::Concat { axis, .. }
         | OpKind::Softmax { axis, .. }
         | OpKind::Iota { axis }
         | OpKind::Index { axis, .. }
         | OpKind::Update { axis, .. } => vec![format!("axis = {axis}")],
         OpKind::Reduce { axes, .. } => vec![format!("axes = {}", list(axes))],
-        OpKind::LayerNorm { axis, eps, .. } => vec![format!("axis = {axis}"), format!("eps = {}", number(eps.0))],
-        OpKind::Pad { axis, low, high, fill, .. } => vec![
+        OpKind::LayerNorm { axis, eps, .. } => {
+            vec![format!("axis = {axis}"), format!("eps = {}", number(eps.0))]
+        }
+        OpKind::Pad {
+            axis,
+            low,
+            high,
+            fill,
+            ..
+        } => vec![
             format!("axis = {axis}"),
             format!("low = {low}"),
             format!("high = {high}"),
             format!("fill = {}", number(fill.0)),
         ],
-        OpKind::Shift { axis, fill, .. } => vec![format!("axis = {axis}"), format!("fill = {}", number(fill.0))],
+        OpKind::Shift { axis, fill, .. } => vec![
+            format!("axis = {axis}"),
+            format!("fill = {}", number(fill.0)),
+        ],
         OpKind::Loop { trips, .. } => vec![format!("trips = {trips}")],
         OpKind::Unary { .. }
         | OpKind::Binary { .. }

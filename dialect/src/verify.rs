@@ -20,11 +20,18 @@ pub fn verify(m: &Module) -> Result<(), Diagnostics> {
     let mut diags = Vec::new();
     for (i, f) in m.funcs.iter().enumerate() {
         if m.funcs[..i].iter().any(|g| g.name == f.name) {
-            diags.push(Diagnostic::plain(format!("function `@{}` is defined twice", f.name)));
+            diags.push(Diagnostic::plain(format!(
+                "function `@{}` is defined twice",
+                f.name
+            )));
         }
         verify_func(m, &m.funcs[..i], f, &mut diags);
     }
-    if diags.is_empty() { Ok(()) } else { Err(diags) }
+    if diags.is_empty() {
+        Ok(())
+    } else {
+        Err(diags)
+    }
 }
 
 fn verify_func(m: &Module, earlier: &[Func], f: &Func, diags: &mut Diagnostics) {
@@ -32,41 +39,77 @@ fn verify_func(m: &Module, earlier: &[Func], f: &Func, diags: &mut Diagnostics) 
     let mut names = HashSet::new();
     for (_, v) in f.values.iter() {
         if !names.insert(v.name.as_str()) {
-            diags.push(Diagnostic::plain(format!("`@{}`: value `%{}` is defined twice", f.name, v.name)));
+            diags.push(Diagnostic::plain(format!(
+                "`@{}`: value `%{}` is defined twice",
+                f.name, v.name
+            )));
         }
     }
     let mut defined: HashSet<ValueId> = f.body.args.iter().copied().collect();
     for p in &f.params {
         defined.insert(p.value);
         if p.layer_axes > f.ty(p.value).rank() {
-            diags.push(Diagnostic::plain(format!("`@{}`: parameter `%{}` has more layer axes than dimensions", f.name, f.values[p.value].name)));
+            diags.push(Diagnostic::plain(format!(
+                "`@{}`: parameter `%{}` has more layer axes than dimensions",
+                f.name, f.values[p.value].name
+            )));
         }
     }
     verify_block(earlier, f, &f.body, &mut defined, diags);
 }
 
-fn verify_block(earlier: &[Func], f: &Func, block: &Block, defined: &mut HashSet<ValueId>, diags: &mut Diagnostics) {
+fn verify_block(
+    earlier: &[Func],
+    f: &Func,
+    block: &Block,
+    defined: &mut HashSet<ValueId>,
+    diags: &mut Diagnostics,
+) {
     let here = |id| f.op_spans.get(&id);
     for &id in &block.ops {
         let op = &f.ops[id];
         let operands = op.kind.operands();
         if let Some(&v) = operands.iter().find(|v| !defined.contains(v)) {
-            diags.push(Diagnostic::error(format!("`{}` uses `%{}` before its definition", op.kind.name(), f.values[v].name), here(id), "here"));
+            diags.push(Diagnostic::error(
+                format!(
+                    "`{}` uses `%{}` before its definition",
+                    op.kind.name(),
+                    f.values[v].name
+                ),
+                here(id),
+                "here",
+            ));
             continue;
         }
         let callee = match &op.kind {
-            OpKind::Call { callee, .. } => earlier.iter().find(|g| &g.name == callee).map(|g| (g.arg_types(), g.result_types())),
+            OpKind::Call { callee, .. } => earlier
+                .iter()
+                .find(|g| &g.name == callee)
+                .map(|g| (g.arg_types(), g.result_types())),
             _ => None,
         };
         let types: Vec<_> = operands.iter().map(|&v| f.ty(v)).collect();
         let recorded: Vec<_> = op.results.iter().map(|&v| f.ty(v).clone()).collect();
-        match infer(&op.kind, &types, &recorded, callee.as_ref().map(|(a, r)| (a.as_slice(), r.as_slice()))) {
+        match infer(
+            &op.kind,
+            &types,
+            &recorded,
+            callee.as_ref().map(|(a, r)| (a.as_slice(), r.as_slice())),
+        ) {
             Ok(inferred) => {
-                let same = inferred.len() == recorded.len() && inferred.iter().zip(&recorded).all(|(a, b)| a.same_as(b));
+                let same = inferred.len() == recorded.len()
+                    && inferred.iter().zip(&recorded).all(|(a, b)| a.same_as(b));
                 if !same {
-                    let show = |ts: &[crate::types::Type]| ts.iter().map(sizes).collect::<Vec<_>>().join(", ");
+                    let show = |ts: &[crate::types::Type]| {
+                        ts.iter().map(sizes).collect::<Vec<_>>().join(", ")
+                    };
                     diags.push(Diagnostic::error(
-                        format!("`{}` records result types {} but produces {}", op.kind.name(), show(&recorded), show(&inferred)),
+                        format!(
+                            "`{}` records result types {} but produces {}",
+                            op.kind.name(),
+                            show(&recorded),
+                            show(&inferred)
+                        ),
                         here(id),
                         "here",
                     ));
@@ -78,22 +121,43 @@ fn verify_block(earlier: &[Func], f: &Func, block: &Block, defined: &mut HashSet
             let mut inner = defined.clone();
             inner.extend(body.args.iter().copied());
             let arg_ok = body.args.len() == inits.len() + 1
-                && body.args.first().is_some_and(|&t| f.ty(t).same_as(&crate::types::Type::scalar(crate::types::DType::I32)))
-                && body.args[1..].iter().zip(inits).all(|(&a, &i)| f.ty(a).same_as(f.ty(i)));
+                && body.args.first().is_some_and(|&t| {
+                    f.ty(t)
+                        .same_as(&crate::types::Type::scalar(crate::types::DType::I32))
+                })
+                && body.args[1..]
+                    .iter()
+                    .zip(inits)
+                    .all(|(&a, &i)| f.ty(a).same_as(f.ty(i)));
             if !arg_ok {
-                diags.push(Diagnostic::error("loop body arguments must be an i32 iteration number and the carried values", here(id), "here"));
+                diags.push(Diagnostic::error(
+                    "loop body arguments must be an i32 iteration number and the carried values",
+                    here(id),
+                    "here",
+                ));
             }
             verify_block(earlier, f, body, &mut inner, diags);
             let yields_ok = body.results.len() == inits.len()
-                && body.results.iter().zip(inits).all(|(&y, &i)| inner.contains(&y) && f.ty(y).same_as(f.ty(i)));
+                && body
+                    .results
+                    .iter()
+                    .zip(inits)
+                    .all(|(&y, &i)| inner.contains(&y) && f.ty(y).same_as(f.ty(i)));
             if !yields_ok {
-                diags.push(Diagnostic::error("loop body must yield defined values of the carried types", here(id), "here"));
+                diags.push(Diagnostic::error(
+                    "loop body must yield defined values of the carried types",
+                    here(id),
+                    "here",
+                ));
             }
         }
         defined.extend(op.results.iter().copied());
     }
     if let Some(&v) = block.results.iter().find(|v| !defined.contains(v)) {
-        diags.push(Diagnostic::plain(format!("`@{}` returns `%{}`, which is not defined there", f.name, f.values[v].name)));
+        diags.push(Diagnostic::plain(format!(
+            "`@{}` returns `%{}`, which is not defined there",
+            f.name, f.values[v].name
+        )));
     }
 }
 
@@ -106,25 +170,48 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
             .with_note("`@layer` is the one-stage compute: it maps one microbatch (the `input` type) to the next stage's input")]);
     };
     let (args, results) = (layer.arg_types(), layer.result_types());
-    let fits = args.len() == 1 && results.len() == 1 && args[0].same_as(&m.input) && results[0].same_as(&m.input);
+    let fits = args.len() == 1
+        && results.len() == 1
+        && args[0].same_as(&m.input)
+        && results[0].same_as(&m.input);
     if !fits {
         let show = |ts: &[crate::types::Type]| ts.iter().map(sizes).collect::<Vec<_>>().join(", ");
-        let span = layer.body.args.first().map(|&a| layer.value_spans.get(&a)).unwrap_or(input_span);
+        let span = layer
+            .body
+            .args
+            .first()
+            .map(|&a| layer.value_spans.get(&a))
+            .unwrap_or(input_span);
         return Err(vec![Diagnostic::error(
-            format!("`@layer` maps ({}) to ({}), but stages chain `input` {} to itself", show(&args), show(&results), sizes(&m.input)),
+            format!(
+                "`@layer` maps ({}) to ({}), but stages chain `input` {} to itself",
+                show(&args),
+                show(&results),
+                sizes(&m.input)
+            ),
             span,
             "layer signature",
         )
         .with_label(input_span, "input type declared here")
-        .with_note("stage s feeds stage s+1, so the layer must take and return exactly the input type")]);
+        .with_note(
+            "stage s feeds stage s+1, so the layer must take and return exactly the input type",
+        )]);
     }
     if let Some(p) = layer.params.iter().find(|p| p.layer_axes != 0) {
-        return Err(vec![Diagnostic::error("`@layer` parameters belong to one layer and take no `layer_axes`", layer.value_spans.get(&p.value), "here")]);
+        return Err(vec![Diagnostic::error(
+            "`@layer` parameters belong to one layer and take no `layer_axes`",
+            layer.value_spans.get(&p.value),
+            "here",
+        )]);
     }
     if let Some(t) = &m.target {
         if !t.same_as(&m.input) && m.loss == Some(crate::ir::Loss::Mse) {
             return Err(vec![Diagnostic::error(
-                format!("`loss mse` compares outputs {} with targets {}, which differ", sizes(&m.input), sizes(t)),
+                format!(
+                    "`loss mse` compares outputs {} with targets {}, which differ",
+                    sizes(&m.input),
+                    sizes(t)
+                ),
                 m.spans.get(&"target".to_string()),
                 "target type",
             )]);

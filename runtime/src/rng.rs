@@ -90,7 +90,11 @@ mod tests {
         let n = 200_000;
         let x = Rng::stream(1, "x", 0).fill(Init::Normal(2.0), n);
         let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
-        let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n as f64;
+        let var = x
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n as f64;
         assert!(mean.abs() < 0.02, "mean {mean}");
         assert!((var - 4.0).abs() < 0.05, "var {var}");
         let u = Rng::stream(1, "u", 0).fill(Init::Uniform(-3.0, 5.0), n);

@@ -18,7 +18,11 @@ fn check_accepts_examples_and_rejects_every_error_case() {
         let (code, _, err) = ppc(&["compile", &p.display().to_string()]);
         assert_eq!(code, 1, "{} should fail", p.display());
         assert!(err.contains("error"), "{err}");
-        assert!(err.contains(&format!("{}:", p.display())), "no file:line:col for {}:\n{err}", p.display());
+        assert!(
+            err.contains(&format!("{}:", p.display())),
+            "no file:line:col for {}:\n{err}",
+            p.display()
+        );
     }
 }
 
@@ -27,7 +31,11 @@ fn fmt_is_a_fixed_point() {
     for ex in examples() {
         let (code, once, _) = ppc(&["fmt", &ex.display().to_string()]);
         assert_eq!(code, 0);
-        let tmp = std::env::temp_dir().join(format!("ppc-fmt-{}-{}", std::process::id(), ex.file_name().expect("name").to_string_lossy()));
+        let tmp = std::env::temp_dir().join(format!(
+            "ppc-fmt-{}-{}",
+            std::process::id(),
+            ex.file_name().expect("name").to_string_lossy()
+        ));
         std::fs::write(&tmp, &once).expect("write temp");
         let (code, twice, _) = ppc(&["fmt", &tmp.display().to_string()]);
         assert_eq!(code, 0);
@@ -36,9 +44,16 @@ fn fmt_is_a_fixed_point() {
         let (code, _, _) = ppc(&["fmt", "--write", &tmp.display().to_string()]);
         assert_eq!(code, 0);
         assert_eq!(std::fs::read_to_string(&tmp).expect("read back"), once);
-        let leftovers = std::fs::read_dir(std::env::temp_dir()).expect("tmp").filter(|e| {
-            e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().contains(&format!("{}.tmp", tmp.file_name().expect("n").to_string_lossy())))
-        });
+        let leftovers = std::fs::read_dir(std::env::temp_dir())
+            .expect("tmp")
+            .filter(|e| {
+                e.as_ref().is_ok_and(|e| {
+                    e.file_name().to_string_lossy().contains(&format!(
+                        "{}.tmp",
+                        tmp.file_name().expect("n").to_string_lossy()
+                    ))
+                })
+            });
         assert_eq!(leftovers.count(), 0);
         std::fs::remove_file(&tmp).expect("cleanup");
     }
@@ -49,12 +64,22 @@ fn run_prints_a_summary_that_depends_on_the_seed() {
     let tiny = path("examples/tiny.ppc");
     let (code, a, _) = ppc(&["run", &tiny, "--backend", "interp", "--seed", "3"]);
     assert_eq!(code, 0);
-    for key in ["input     f32[3, 2, 4]", "output    f32[3, 2, 4]", "checksum", "time"] {
+    for key in [
+        "input     f32[3, 2, 4]",
+        "output    f32[3, 2, 4]",
+        "checksum",
+        "time",
+    ] {
         assert!(a.contains(key), "missing {key:?} in\n{a}");
     }
     let (_, b, _) = ppc(&["run", &tiny, "--seed", "3"]);
     let (_, c, _) = ppc(&["run", &tiny, "--seed", "4"]);
-    let checksum = |s: &str| s.lines().find(|l| l.starts_with("checksum")).expect("checksum line").to_string();
+    let checksum = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("checksum"))
+            .expect("checksum line")
+            .to_string()
+    };
     assert_eq!(checksum(&a), checksum(&b));
     assert_ne!(checksum(&a), checksum(&c));
 }
@@ -63,7 +88,11 @@ fn run_prints_a_summary_that_depends_on_the_seed() {
 fn verify_passes_on_every_example_linear_circular_and_poisoned() {
     for ex in examples() {
         let ex = ex.display().to_string();
-        for extra in [&[][..], &["--repeats", "2", "--poison-bubbles"][..], &["--stages", "2", "--microbatches", "2", "--repeats", "2"][..]] {
+        for extra in [
+            &[][..],
+            &["--repeats", "2", "--poison-bubbles"][..],
+            &["--stages", "2", "--microbatches", "2", "--repeats", "2"][..],
+        ] {
             let mut args = vec!["verify", ex.as_str(), "--dim", "b=1"];
             args.extend(extra);
             if ex.ends_with("transformer.ppc") {
@@ -82,7 +111,15 @@ fn verify_passes_on_every_example_linear_circular_and_poisoned() {
 #[test]
 fn report_counts_the_bubble_from_the_generated_loop() {
     let mlp = path("examples/mlp.ppc");
-    for (extra, s, m, r) in [(&[][..], 4u64, 8u64, 1u64), (&["--repeats", "3", "--stages", "2", "--microbatches", "5"][..], 2, 5, 3)] {
+    for (extra, s, m, r) in [
+        (&[][..], 4u64, 8u64, 1u64),
+        (
+            &["--repeats", "3", "--stages", "2", "--microbatches", "5"][..],
+            2,
+            5,
+            3,
+        ),
+    ] {
         let mut args = vec!["compile", mlp.as_str(), "--report=json"];
         args.extend(extra);
         let (code, out, err) = ppc(&args);
@@ -93,9 +130,15 @@ fn report_counts_the_bubble_from_the_generated_loop() {
         assert_eq!(j["microbatches"], m);
         assert_eq!(j["repeats"], r);
         assert_eq!(j["iterations"], t);
-        assert_eq!(j["bubble_fraction"].as_f64(), Some((s - 1) as f64 / t as f64));
+        assert_eq!(
+            j["bubble_fraction"].as_f64(),
+            Some((s - 1) as f64 / t as f64)
+        );
         // b = 16, d = 256, h = 1024 in f32: W1, b1 and W2 of one layer per stage and repeat.
-        assert_eq!(j["param_bytes_per_stage"], r * 4 * (256 * 1024 + 1024 + 1024 * 256));
+        assert_eq!(
+            j["param_bytes_per_stage"],
+            r * 4 * (256 * 1024 + 1024 + 1024 * 256)
+        );
         assert_eq!(j["state_buffer_bytes"], s * 16 * 256 * 4);
     }
 }
@@ -106,9 +149,21 @@ fn schedule_draws_the_loop() {
     let (code, linear, _) = ppc(&["schedule", &mlp]);
     assert_eq!(code, 0);
     insta::assert_snapshot!("schedule_4_stages_8_microbatches", linear);
-    let (code, circular, _) = ppc(&["schedule", &mlp, "--stages", "3", "--microbatches", "4", "--repeats", "2"]);
+    let (code, circular, _) = ppc(&[
+        "schedule",
+        &mlp,
+        "--stages",
+        "3",
+        "--microbatches",
+        "4",
+        "--repeats",
+        "2",
+    ]);
     assert_eq!(code, 0);
-    insta::assert_snapshot!("schedule_circular_3_stages_4_microbatches_2_repeats", circular);
+    insta::assert_snapshot!(
+        "schedule_circular_3_stages_4_microbatches_2_repeats",
+        circular
+    );
     let svg = std::env::temp_dir().join(format!("ppc-schedule-{}.svg", std::process::id()));
     let (code, _, err) = ppc(&["schedule", &mlp, "--svg", &svg.display().to_string()]);
     assert_eq!(code, 0, "{err}");
@@ -127,7 +182,12 @@ fn emit_and_print_after_all() {
     assert_eq!(code, 0);
     assert!(out.contains("func @stage(") && !out.contains("func @pipeline("));
     let dir = std::env::temp_dir().join(format!("ppc-dumps-{}", std::process::id()));
-    let (code, _, _) = ppc(&["compile", &tiny, "--print-after-all", &dir.display().to_string()]);
+    let (code, _, _) = ppc(&[
+        "compile",
+        &tiny,
+        "--print-after-all",
+        &dir.display().to_string(),
+    ]);
     assert_eq!(code, 0);
     for (i, pass) in ppc::passes::PASSES.iter().enumerate() {
         let dump = dir.join(format!("{:02}-{}.ppc", i + 1, pass.name));
@@ -137,7 +197,10 @@ fn emit_and_print_after_all() {
     std::fs::remove_dir_all(dir).expect("cleanup");
     let (code, _, err) = ppc(&["compile", &tiny, "--emit=no-such-pass"]);
     assert_eq!(code, 2);
-    assert!(err.contains("vmap-stages"), "the error lists the passes: {err}");
+    assert!(
+        err.contains("vmap-stages"),
+        "the error lists the passes: {err}"
+    );
 }
 
 #[test]
@@ -145,7 +208,10 @@ fn user_errors_are_clear() {
     let tiny = path("examples/tiny.ppc");
     let (code, _, err) = ppc(&["check", &tiny, "--dim", "q=3"]);
     assert_eq!(code, 1);
-    assert!(err.contains("no dimension `q`") && err.contains("declared dimensions: b, d"), "{err}");
+    assert!(
+        err.contains("no dimension `q`") && err.contains("declared dimensions: b, d"),
+        "{err}"
+    );
     let (code, _, err) = ppc(&["check", "/no/such/model.ppc"]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot read /no/such/model.ppc"), "{err}");
@@ -155,9 +221,21 @@ fn user_errors_are_clear() {
     let (code, _, err) = ppc(&["verify", &tiny, "--stages", "0"]);
     assert_eq!(code, 1);
     assert!(err.contains("`stages` is zero"), "{err}");
-    let (code, _, err) = ppc(&["verify", &tiny, "--stages", "4", "--microbatches", "2", "--repeats", "2"]);
+    let (code, _, err) = ppc(&[
+        "verify",
+        &tiny,
+        "--stages",
+        "4",
+        "--microbatches",
+        "2",
+        "--repeats",
+        "2",
+    ]);
     assert_eq!(code, 1);
-    assert!(err.contains("at least as many microbatches as stages"), "{err}");
+    assert!(
+        err.contains("at least as many microbatches as stages"),
+        "{err}"
+    );
 }
 
 #[test]

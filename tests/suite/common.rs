@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 
 /// The repository root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// Every example model file, sorted.
@@ -22,8 +25,12 @@ pub fn examples() -> Vec<PathBuf> {
 
 /// Parses and checks a model's text, panicking with rendered diagnostics on failure.
 pub fn load(text: &str, overrides: &Overrides) -> Module {
-    ppc::pipeline::frontend(text, overrides)
-        .unwrap_or_else(|d| panic!("model does not load:\n{}", ppc_dialect::diag::render("<test>", text, &d)))
+    ppc::pipeline::frontend(text, overrides).unwrap_or_else(|d| {
+        panic!(
+            "model does not load:\n{}",
+            ppc_dialect::diag::render("<test>", text, &d)
+        )
+    })
 }
 
 /// Runs `ppc ARGS...` in-process: (exit status, stdout, stderr).
@@ -32,7 +39,11 @@ pub fn ppc(args: &[&str]) -> (i32, String, String) {
     let mut argv = vec!["ppc"];
     argv.extend(args);
     let code = ppc::cli::run(argv, &mut out, &mut err);
-    (code, String::from_utf8(out).expect("utf-8 stdout"), String::from_utf8(err).expect("utf-8 stderr"))
+    (
+        code,
+        String::from_utf8(out).expect("utf-8 stdout"),
+        String::from_utf8(err).expect("utf-8 stderr"),
+    )
 }
 
 /// A path under the repository root, as a string.

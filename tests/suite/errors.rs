@@ -23,24 +23,39 @@ fn diagnose(text: &str) -> Option<Diagnostics> {
 fn malformed_models_get_spanned_diagnostics() {
     insta::glob!("..", "errors/*.ppc", |path| {
         let text = std::fs::read_to_string(path).expect("readable case");
-        let name = format!("tests/errors/{}", path.file_name().expect("file name").to_string_lossy());
+        let name = format!(
+            "tests/errors/{}",
+            path.file_name().expect("file name").to_string_lossy()
+        );
         let diags = diagnose(&text).unwrap_or_else(|| panic!("{name} was accepted"));
         assert!(!diags.is_empty());
         for d in &diags {
-            assert!(!d.labels.is_empty(), "{name}: diagnostic without a source span: {}", d.message);
+            assert!(
+                !d.labels.is_empty(),
+                "{name}: diagnostic without a source span: {}",
+                d.message
+            );
             for l in &d.labels {
-                assert!((l.span.end as usize) <= text.len(), "{name}: span past the end of the file");
+                assert!(
+                    (l.span.end as usize) <= text.len(),
+                    "{name}: span past the end of the file"
+                );
             }
         }
         let rendered = render(&name, &text, &diags);
         assert!(rendered.starts_with("error"), "{rendered}");
-        assert!(rendered.contains(&format!("{name}:")), "no file:line:col in\n{rendered}");
+        assert!(
+            rendered.contains(&format!("{name}:")),
+            "no file:line:col in\n{rendered}"
+        );
         insta::assert_snapshot!(rendered);
     });
 }
 
 #[test]
 fn the_error_corpus_covers_every_class() {
-    let count = std::fs::read_dir(root().join("tests/errors")).expect("tests/errors").count();
+    let count = std::fs::read_dir(root().join("tests/errors"))
+        .expect("tests/errors")
+        .count();
     assert!(count >= 25, "only {count} error cases");
 }

@@ -26,13 +26,25 @@ struct Run {
 }
 
 fn parse_run(line: &str) -> Run {
-    let rest = line.strip_prefix("// RUN:").unwrap_or_else(|| panic!("first line must be `// RUN: <pass> ...`, got {line:?}"));
+    let rest = line
+        .strip_prefix("// RUN:")
+        .unwrap_or_else(|| panic!("first line must be `// RUN: <pass> ...`, got {line:?}"));
     let mut words = rest.split_whitespace();
     let pass = words.next().expect("a pass name").to_string();
     assert!(ppc::passes::find(&pass).is_some(), "unknown pass {pass}");
-    let mut run = Run { pass, input: None, overrides: Overrides::default(), opts: Options::default() };
+    let mut run = Run {
+        pass,
+        input: None,
+        overrides: Overrides::default(),
+        opts: Options::default(),
+    };
     while let Some(w) = words.next() {
-        let mut num = || words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or_else(|| panic!("{w} needs a number"));
+        let mut num = || {
+            words
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{w} needs a number"))
+        };
         match w {
             "--stages" => run.overrides.stages = Some(num()),
             "--microbatches" => run.overrides.microbatches = Some(num()),
@@ -42,7 +54,9 @@ fn parse_run(line: &str) -> Run {
             "--dim" => {
                 let kv = words.next().expect("--dim N=V");
                 let (k, v) = kv.split_once('=').expect("N=V");
-                run.overrides.dims.push((k.to_string(), v.parse().expect("number")));
+                run.overrides
+                    .dims
+                    .push((k.to_string(), v.parse().expect("number")));
             }
             other => panic!("unknown RUN option {other}"),
         }
@@ -57,14 +71,31 @@ fn pass_cases() {
         let mut lines = case.lines();
         let run = parse_run(lines.next().unwrap_or_default());
         let intent = lines.next().unwrap_or_default();
-        assert!(intent.starts_with("//") && intent.len() > 10, "second line must say what the case checks");
-        let dir = path.parent().and_then(|p| p.file_name()).expect("pass dir").to_string_lossy();
+        assert!(
+            intent.starts_with("//") && intent.len() > 10,
+            "second line must say what the case checks"
+        );
+        let dir = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .expect("pass dir")
+            .to_string_lossy();
         assert_eq!(dir, run.pass, "case {path:?} lives under the wrong pass");
         let (name, text) = match &run.input {
-            Some(file) => (file.clone(), std::fs::read_to_string(root().join(file)).expect("readable --input")),
-            None => (path.strip_prefix(root()).expect("under the root").display().to_string(), case.clone()),
+            Some(file) => (
+                file.clone(),
+                std::fs::read_to_string(root().join(file)).expect("readable --input"),
+            ),
+            None => (
+                path.strip_prefix(root())
+                    .expect("under the root")
+                    .display()
+                    .to_string(),
+                case.clone(),
+            ),
         };
-        let mut m = frontend(&text, &run.overrides).unwrap_or_else(|d| panic!("{}", render(&name, &text, &d)));
+        let mut m = frontend(&text, &run.overrides)
+            .unwrap_or_else(|d| panic!("{}", render(&name, &text, &d)));
         let before = m.clone();
         match compile(&mut m, &run.opts, Some(&run.pass), None) {
             Ok(()) => {
@@ -87,7 +118,9 @@ fn check_meaning(before: &Module, after: &Module) {
         let mut a = Interp::new(before, seed);
         let inputs = a.synthetic_inputs();
         let want = a.sequential(&inputs).expect("sequential runs");
-        let got = Interp::new(after, seed).forward(&inputs).expect("pipeline runs");
+        let got = Interp::new(after, seed)
+            .forward(&inputs)
+            .expect("pipeline runs");
         assert_bits_eq(&want, &got, "pipelined vs sequential");
     } else if after.func(names::STAGE).is_some() {
         check_stage_program(after, seed);
@@ -97,14 +130,25 @@ fn check_meaning(before: &Module, after: &Module) {
 /// Each stage slice of `@stage` equals the stage's `k` layers applied one by one with `@layer`.
 pub fn check_stage_program(m: &Module, seed: u64) {
     let p = m.pipeline;
-    let (stage, layer) = (m.func(names::STAGE).expect("@stage"), m.func(names::LAYER).expect("@layer"));
+    let (stage, layer) = (
+        m.func(names::STAGE).expect("@stage"),
+        m.func(names::LAYER).expect("@layer"),
+    );
     let x_ty = stage.arg_types()[0].clone();
     let n = x_ty.elements() as usize;
-    let x = Tensor::new(x_ty.dtype, x_ty.shape_usize(), Rng::stream(seed, "stage-test", 0).fill(Init::Normal(1.0), n));
+    let x = Tensor::new(
+        x_ty.dtype,
+        x_ty.shape_usize(),
+        Rng::stream(seed, "stage-test", 0).fill(Init::Normal(1.0), n),
+    );
     let mut args = vec![x.clone()];
     let repeats: Vec<u64> = (0..p.stages).map(|s| (s * 7 + 3) % p.repeats).collect();
     if p.repeats > 1 {
-        args.push(Tensor::new(DType::I32, vec![p.stages as usize], repeats.iter().map(|&r| r as f32).collect()));
+        args.push(Tensor::new(
+            DType::I32,
+            vec![p.stages as usize],
+            repeats.iter().map(|&r| r as f32).collect(),
+        ));
     }
     let mut interp = Interp::new(m, seed);
     let got = interp.call(stage, args, 0).expect("@stage runs").remove(0);
@@ -114,7 +158,10 @@ pub fn check_stage_program(m: &Module, seed: u64) {
             let mut y = microbatch(&x, s as usize);
             for j in 0..k {
                 let l = (repeats[s as usize] * p.stages + s) * k + j;
-                y = interp.call(layer, vec![y], l).expect("@layer runs").remove(0);
+                y = interp
+                    .call(layer, vec![y], l)
+                    .expect("@layer runs")
+                    .remove(0);
             }
             y
         })
@@ -124,8 +171,15 @@ pub fn check_stage_program(m: &Module, seed: u64) {
 
 pub fn assert_bits_eq(want: &Tensor, got: &Tensor, what: &str) {
     assert_eq!(want.shape, got.shape, "{what}: shapes differ");
-    let bad = want.data.iter().zip(&got.data).position(|(a, b)| a.to_bits() != b.to_bits());
+    let bad = want
+        .data
+        .iter()
+        .zip(&got.data)
+        .position(|(a, b)| a.to_bits() != b.to_bits());
     if let Some(i) = bad {
-        panic!("{what}: element {i} differs: {} vs {}", want.data[i], got.data[i]);
+        panic!(
+            "{what}: element {i} differs: {} vs {}",
+            want.data[i], got.data[i]
+        );
     }
 }

@@ -49,29 +49,59 @@ fn pipelined_equals_sequential_bit_for_bit() {
     let mut rng = Rng::stream(2026, "property", 0);
     let (mut ran, mut rejected) = (0, 0);
     for case in 0..80 {
-        let (s, m, r, k) = (pick(&mut rng, 1, 6), pick(&mut rng, 1, 9), pick(&mut rng, 1, 3), pick(&mut rng, 1, 3));
-        let (b, d, h) = (pick(&mut rng, 1, 3), pick(&mut rng, 1, 5), pick(&mut rng, 1, 6));
+        let (s, m, r, k) = (
+            pick(&mut rng, 1, 6),
+            pick(&mut rng, 1, 9),
+            pick(&mut rng, 1, 3),
+            pick(&mut rng, 1, 3),
+        );
+        let (b, d, h) = (
+            pick(&mut rng, 1, 3),
+            pick(&mut rng, 1, 5),
+            pick(&mut rng, 1, 6),
+        );
         let text = model(s, m, r, k, b, d, h);
         let base = load(&text, &Overrides::default());
         for poison in [false, true] {
-            let what = format!("case {case}: S={s} M={m} R={r} k={k} b={b} d={d} h={h} poison={poison}");
+            let what =
+                format!("case {case}: S={s} M={m} R={r} k={k} b={b} d={d} h={h} poison={poison}");
             let mut piped = base.clone();
-            match compile(&mut piped, &Options { poison_bubbles: poison }, None, None) {
+            match compile(
+                &mut piped,
+                &Options {
+                    poison_bubbles: poison,
+                },
+                None,
+                None,
+            ) {
                 Ok(()) => {}
                 Err(PipelineError::Pass("gpipe-loop", d)) if r > 1 && m < s => {
-                    assert!(d[0].message.contains("at least as many microbatches as stages"), "{what}: {}", d[0].message);
+                    assert!(
+                        d[0].message
+                            .contains("at least as many microbatches as stages"),
+                        "{what}: {}",
+                        d[0].message
+                    );
                     rejected += 1;
                     continue;
                 }
                 Err(e) => panic!("{what}: {e:?}"),
             }
-            assert!(!(r > 1 && m < s), "{what}: an unroutable circular pipeline was accepted");
+            assert!(
+                !(r > 1 && m < s),
+                "{what}: an unroutable circular pipeline was accepted"
+            );
             let seed = case as u64;
             let mut seq = Interp::new(&base, seed);
             let inputs = seq.synthetic_inputs();
             let want = seq.sequential(&inputs).expect("sequential");
-            let got = Interp::new(&piped, seed).forward(&inputs).expect("pipelined");
-            assert!(want.data.iter().all(|v| v.is_finite()), "{what}: the reference itself is not finite");
+            let got = Interp::new(&piped, seed)
+                .forward(&inputs)
+                .expect("pipelined");
+            assert!(
+                want.data.iter().all(|v| v.is_finite()),
+                "{what}: the reference itself is not finite"
+            );
             assert_bits_eq(&want, &got, &what);
             check_stage_program(&piped, seed);
             let report = ppc::report::report(&piped).expect("report");
@@ -81,26 +111,83 @@ fn pipelined_equals_sequential_bit_for_bit() {
             ran += 1;
         }
     }
-    assert!(ran >= 100 && rejected >= 4, "ran {ran}, rejected {rejected}: the generator should hit both");
+    assert!(
+        ran >= 100 && rejected >= 4,
+        "ran {ran}, rejected {rejected}: the generator should hit both"
+    );
 }
 
 /// The examples themselves, across configurations including circular ones and poisoned bubbles.
 #[test]
 fn examples_pipeline_bit_exact_across_configurations() {
     let configs: &[(&str, Overrides)] = &[
-        ("examples/tiny.ppc", Overrides { stages: Some(3), microbatches: Some(5), repeats: Some(2), ..Default::default() }),
-        ("examples/tiny.ppc", Overrides { stages: Some(2), microbatches: Some(2), repeats: Some(3), ..Default::default() }),
-        ("examples/mlp.ppc", Overrides { dims: vec![("d".into(), 32), ("h".into(), 64)], repeats: Some(2), ..Default::default() }),
-        ("examples/mlp.ppc", Overrides { dims: vec![("d".into(), 16), ("h".into(), 16)], stages: Some(2), microbatches: Some(3), ..Default::default() }),
-        ("examples/transformer.ppc", Overrides { dims: vec![("t".into(), 4), ("dh".into(), 4)], repeats: Some(2), ..Default::default() }),
-        ("examples/transformer.ppc", Overrides { dims: vec![("t".into(), 4)], stages: Some(2), microbatches: Some(4), ..Default::default() }),
+        (
+            "examples/tiny.ppc",
+            Overrides {
+                stages: Some(3),
+                microbatches: Some(5),
+                repeats: Some(2),
+                ..Default::default()
+            },
+        ),
+        (
+            "examples/tiny.ppc",
+            Overrides {
+                stages: Some(2),
+                microbatches: Some(2),
+                repeats: Some(3),
+                ..Default::default()
+            },
+        ),
+        (
+            "examples/mlp.ppc",
+            Overrides {
+                dims: vec![("d".into(), 32), ("h".into(), 64)],
+                repeats: Some(2),
+                ..Default::default()
+            },
+        ),
+        (
+            "examples/mlp.ppc",
+            Overrides {
+                dims: vec![("d".into(), 16), ("h".into(), 16)],
+                stages: Some(2),
+                microbatches: Some(3),
+                ..Default::default()
+            },
+        ),
+        (
+            "examples/transformer.ppc",
+            Overrides {
+                dims: vec![("t".into(), 4), ("dh".into(), 4)],
+                repeats: Some(2),
+                ..Default::default()
+            },
+        ),
+        (
+            "examples/transformer.ppc",
+            Overrides {
+                dims: vec![("t".into(), 4)],
+                stages: Some(2),
+                microbatches: Some(4),
+                ..Default::default()
+            },
+        ),
     ];
     for (file, ov) in configs {
         let text = std::fs::read_to_string(crate::common::root().join(file)).expect("example");
         let base = load(&text, ov);
         for poison in [false, true] {
             let mut piped = base.clone();
-            compile(&mut piped, &Options { poison_bubbles: poison }, None, None).expect("compiles");
+            compile(
+                &mut piped,
+                &Options {
+                    poison_bubbles: poison,
+                },
+                None,
+                None,
+            )
+            .expect("compiles");
             let mut seq = Interp::new(&base, 11);
             let inputs = seq.synthetic_inputs();
             let want = seq.sequential(&inputs).expect("sequential");

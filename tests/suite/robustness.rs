@@ -10,7 +10,17 @@ use ppc_dialect::Overrides;
 use ppc_runtime::Rng;
 use std::time::{Duration, Instant};
 
-const HUGE: &[&str] = &["0", "18446744073709551615", "18446744073709551616", "99999999999999999999999", "4294967296", "65537", "-1", "1e308", "nan"];
+const HUGE: &[&str] = &[
+    "0",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999999",
+    "4294967296",
+    "65537",
+    "-1",
+    "1e308",
+    "nan",
+];
 
 fn tokens(s: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
@@ -39,7 +49,11 @@ fn mutate(src: &str, rng: &mut Rng) -> String {
             // Flip a few bytes to random printable (or any) bytes.
             for _ in 0..1 + pick(rng, 3) {
                 let i = pick(rng, bytes.len());
-                bytes[i] = if rng.next_u64() % 4 == 0 { rng.next_u64() as u8 } else { b' ' + pick(rng, 95) as u8 };
+                bytes[i] = if rng.next_u64().is_multiple_of(4) {
+                    rng.next_u64() as u8
+                } else {
+                    b' ' + pick(rng, 95) as u8
+                };
             }
         }
         1 => bytes.truncate(pick(rng, bytes.len())),
@@ -59,11 +73,19 @@ fn mutate(src: &str, rng: &mut Rng) -> String {
         }
         3 => {
             // Replace a number with a huge or degenerate one.
-            let nums: Vec<(usize, usize)> = tokens(src).into_iter().filter(|&(a, _)| src.as_bytes()[a].is_ascii_digit()).collect();
+            let nums: Vec<(usize, usize)> = tokens(src)
+                .into_iter()
+                .filter(|&(a, _)| src.as_bytes()[a].is_ascii_digit())
+                .collect();
             if !nums.is_empty() {
                 let (a, b) = nums[pick(rng, nums.len())];
                 let digits_end = a + src[a..b].bytes().take_while(|c| c.is_ascii_digit()).count();
-                return format!("{}{}{}", &src[..a], HUGE[pick(rng, HUGE.len())], &src[digits_end..]);
+                return format!(
+                    "{}{}{}",
+                    &src[..a],
+                    HUGE[pick(rng, HUGE.len())],
+                    &src[digits_end..]
+                );
             }
         }
         4 => {
@@ -99,22 +121,36 @@ fn mutated_examples_never_panic_or_hang() {
         for i in 0..800 {
             let text = mutate(&src, &mut rng);
             let start = Instant::now();
-            let outcome = std::panic::catch_unwind(|| match frontend(&text, &Overrides::default()) {
-                Ok(mut m) => {
-                    let _ = compile(&mut m, &Options::default(), None, None);
-                    true
-                }
-                Err(d) => {
-                    assert!(!d.is_empty(), "an error without diagnostics");
-                    // Rendering must not panic either, whatever the spans.
-                    assert!(render("mutant.ppc", &text, &d).contains("error"));
-                    false
-                }
-            });
-            let ok = outcome.unwrap_or_else(|_| panic!("panic on mutation {i} of {}:\n{text}", path.display()));
-            if ok { accepted += 1 } else { rejected += 1 }
-            assert!(start.elapsed() < Duration::from_secs(5), "mutation {i} of {} took {:?}:\n{text}", path.display(), start.elapsed());
+            let outcome =
+                std::panic::catch_unwind(|| match frontend(&text, &Overrides::default()) {
+                    Ok(mut m) => {
+                        let _ = compile(&mut m, &Options::default(), None, None);
+                        true
+                    }
+                    Err(d) => {
+                        assert!(!d.is_empty(), "an error without diagnostics");
+                        // Rendering must not panic either, whatever the spans.
+                        assert!(render("mutant.ppc", &text, &d).contains("error"));
+                        false
+                    }
+                });
+            let ok = outcome
+                .unwrap_or_else(|_| panic!("panic on mutation {i} of {}:\n{text}", path.display()));
+            if ok {
+                accepted += 1
+            } else {
+                rejected += 1
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "mutation {i} of {} took {:?}:\n{text}",
+                path.display(),
+                start.elapsed()
+            );
         }
     }
-    assert!(accepted > 50 && rejected > 1000, "accepted {accepted}, rejected {rejected}");
+    assert!(
+        accepted > 50 && rejected > 1000,
+        "accepted {accepted}, rejected {rejected}"
+    );
 }

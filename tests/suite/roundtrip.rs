@@ -7,8 +7,12 @@ use ppc_dialect::{parse, print, verify, Overrides};
 /// Checks the law for one module's text; returns the canonical text.
 pub fn assert_roundtrip(m: &ppc_dialect::Module) -> String {
     let text = print(m);
-    let again = parse(&text, &Overrides::default())
-        .unwrap_or_else(|d| panic!("printed IR does not parse:\n{}\n{text}", ppc_dialect::diag::render("<printed>", &text, &d)));
+    let again = parse(&text, &Overrides::default()).unwrap_or_else(|d| {
+        panic!(
+            "printed IR does not parse:\n{}\n{text}",
+            ppc_dialect::diag::render("<printed>", &text, &d)
+        )
+    });
     assert_eq!(&again, m, "parse(print(m)) != m for\n{text}");
     assert_eq!(print(&again), text, "printing is not a fixed point");
     text
@@ -28,7 +32,11 @@ fn pass_snapshots_round_trip() {
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).expect("snapshots exist") {
         let path = entry.expect("entry").path();
-        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         if !name.starts_with("suite__passes__") || !name.ends_with(".snap") {
             continue;
         }
@@ -38,9 +46,14 @@ fn pass_snapshots_round_trip() {
         if body.starts_with("error") {
             continue;
         }
-        let m = parse(body, &Overrides::default()).unwrap_or_else(|d| panic!("{name}: {}", ppc_dialect::diag::render(&name, body, &d)));
+        let m = parse(body, &Overrides::default())
+            .unwrap_or_else(|d| panic!("{name}: {}", ppc_dialect::diag::render(&name, body, &d)));
         verify(&m).unwrap_or_else(|d| panic!("{name}: {d:?}"));
-        assert_eq!(assert_roundtrip(&m).trim_end(), body.trim_end(), "{name}: the snapshot is not canonical text");
+        assert_eq!(
+            assert_roundtrip(&m).trim_end(),
+            body.trim_end(),
+            "{name}: the snapshot is not canonical text"
+        );
         checked += 1;
     }
     assert!(checked >= 10, "only {checked} pass snapshots");

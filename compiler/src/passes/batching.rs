@@ -34,14 +34,18 @@ impl Ctx<'_> {
     /// `v` (batched) with unit axes inserted after the stage axis up to rank `rank` + 1.
     fn align(&mut self, v: ValueId, rank: usize) -> Result<ValueId, Diagnostic> {
         let t = self.b.ty(v).clone();
-        if t.rank() >= rank + 1 {
+        if t.rank() > rank {
             return Ok(v);
         }
         let mut dims = vec![t.dims[0].clone()];
         dims.extend((0..rank + 1 - t.rank()).map(|_| Dim::lit(1)));
         dims.extend(t.dims[1..].iter().cloned());
         let name = self.b.func.values[v].name.clone();
-        self.b.op(&format!("{name}_aligned"), OpKind::Reshape { x: v }, Some(Type::new(t.dtype, dims)))
+        self.b.op(
+            &format!("{name}_aligned"),
+            OpKind::Reshape { x: v },
+            Some(Type::new(t.dtype, dims)),
+        )
     }
 
     /// `v` with the stage axis, broadcasting it if it is unbatched.
@@ -51,42 +55,87 @@ impl Ctx<'_> {
         }
         let t = self.stacked(self.b.ty(v.value));
         let name = self.b.func.values[v.value].name.clone();
-        self.b.op(&format!("{name}_stages"), OpKind::Broadcast { x: v.value }, Some(t))
+        self.b.op(
+            &format!("{name}_stages"),
+            OpKind::Broadcast { x: v.value },
+            Some(t),
+        )
     }
 
     /// Operands of an elementwise op, batched ones aligned to `rank` (the result's rank).
     fn elementwise(&mut self, xs: &[Batched], rank: usize) -> Result<Vec<ValueId>, Diagnostic> {
-        xs.iter().map(|x| if x.batched { self.align(x.value, rank) } else { Ok(x.value) }).collect()
+        xs.iter()
+            .map(|x| {
+                if x.batched {
+                    self.align(x.value, rank)
+                } else {
+                    Ok(x.value)
+                }
+            })
+            .collect()
     }
 }
 
 /// Rewrites one op of the layer. `ins` are its operands in the stage program, `result` the
 /// op's result type in the layer. Returns the result in the stage program.
-pub fn batch(cx: &mut Ctx, hint: &str, kind: &OpKind, ins: &[Batched], result: &Type) -> Result<Batched, Diagnostic> {
+pub fn batch(
+    cx: &mut Ctx,
+    hint: &str,
+    kind: &OpKind,
+    ins: &[Batched],
+    result: &Type,
+) -> Result<Batched, Diagnostic> {
     let any = ins.iter().any(|x| x.batched);
-    let declared = |cx: &Ctx, any: bool| Some(if any { cx.stacked(result) } else { result.clone() });
+    let declared = |cx: &Ctx, any: bool| {
+        Some(if any {
+            cx.stacked(result)
+        } else {
+            result.clone()
+        })
+    };
     let rank = result.rank();
     let v = |i: usize| ins[i].value;
     let kind = match kind {
         OpKind::Unary { op, .. } => OpKind::Unary { op: *op, x: v(0) },
         OpKind::Binary { op, .. } => {
             let a = cx.elementwise(ins, rank)?;
-            OpKind::Binary { op: *op, lhs: a[0], rhs: a[1] }
+            OpKind::Binary {
+                op: *op,
+                lhs: a[0],
+                rhs: a[1],
+            }
         }
         OpKind::Compare { pred, .. } => {
             let a = cx.elementwise(ins, rank)?;
-            OpKind::Compare { pred: *pred, lhs: a[0], rhs: a[1] }
+            OpKind::Compare {
+                pred: *pred,
+                lhs: a[0],
+                rhs: a[1],
+            }
         }
         OpKind::Select { .. } => {
             let a = cx.elementwise(ins, rank)?;
-            OpKind::Select { cond: a[0], on_true: a[1], on_false: a[2] }
+            OpKind::Select {
+                cond: a[0],
+                on_true: a[1],
+                on_false: a[2],
+            }
         }
         OpKind::MatMul { .. } => {
             let a = cx.elementwise(ins, rank)?;
-            OpKind::MatMul { lhs: a[0], rhs: a[1] }
+            OpKind::MatMul {
+                lhs: a[0],
+                rhs: a[1],
+            }
         }
         OpKind::Transpose { perm, .. } => {
-            let perm = if any { std::iter::once(0).chain(perm.iter().map(|p| p + 1)).collect() } else { perm.clone() };
+            let perm = if any {
+                std::iter::once(0)
+                    .chain(perm.iter().map(|p| p + 1))
+                    .collect()
+            } else {
+                perm.clone()
+            };
             OpKind::Transpose { x: v(0), perm }
         }
         OpKind::Reshape { .. } => OpKind::Reshape { x: v(0) },
@@ -101,41 +150,104 @@ pub fn batch(cx: &mut Ctx, hint: &str, kind: &OpKind, ins: &[Batched], result: &
                 s.insert(0, 0);
                 e.insert(0, cx.stage.size);
             }
-            OpKind::Slice { x: v(0), start: s, end: e }
+            OpKind::Slice {
+                x: v(0),
+                start: s,
+                end: e,
+            }
         }
         OpKind::Concat { axis, .. } => {
-            let xs = if any { ins.iter().map(|&x| cx.ensure(x)).collect::<Result<_, _>>()? } else { ins.iter().map(|x| x.value).collect() };
-            OpKind::Concat { xs, axis: axis + usize::from(any) }
+            let xs = if any {
+                ins.iter()
+                    .map(|&x| cx.ensure(x))
+                    .collect::<Result<_, _>>()?
+            } else {
+                ins.iter().map(|x| x.value).collect()
+            };
+            OpKind::Concat {
+                xs,
+                axis: axis + usize::from(any),
+            }
         }
         OpKind::Reduce { op, axes, .. } => {
             let axes = axes.iter().map(|a| a + usize::from(any)).collect();
-            OpKind::Reduce { op: *op, x: v(0), axes }
+            OpKind::Reduce {
+                op: *op,
+                x: v(0),
+                axes,
+            }
         }
-        OpKind::Softmax { axis, .. } => OpKind::Softmax { x: v(0), axis: axis + usize::from(any) },
-        OpKind::LayerNorm { axis, eps, .. } => OpKind::LayerNorm { x: v(0), axis: axis + usize::from(any), eps: *eps },
+        OpKind::Softmax { axis, .. } => OpKind::Softmax {
+            x: v(0),
+            axis: axis + usize::from(any),
+        },
+        OpKind::LayerNorm { axis, eps, .. } => OpKind::LayerNorm {
+            x: v(0),
+            axis: axis + usize::from(any),
+            eps: *eps,
+        },
         OpKind::Iota { axis } => OpKind::Iota { axis: *axis },
         OpKind::Constant { value } => OpKind::Constant { value: *value },
-        OpKind::Pad { axis, low, high, fill, .. } => OpKind::Pad { x: v(0), axis: axis + usize::from(any), low: *low, high: *high, fill: *fill },
-        OpKind::Shift { axis, fill, .. } => OpKind::Shift { x: v(0), axis: axis + usize::from(any), fill: *fill },
+        OpKind::Pad {
+            axis,
+            low,
+            high,
+            fill,
+            ..
+        } => OpKind::Pad {
+            x: v(0),
+            axis: axis + usize::from(any),
+            low: *low,
+            high: *high,
+            fill: *fill,
+        },
+        OpKind::Shift { axis, fill, .. } => OpKind::Shift {
+            x: v(0),
+            axis: axis + usize::from(any),
+            fill: *fill,
+        },
         OpKind::Index { axis, .. } => {
-            let (x, index) = if any { (cx.ensure(ins[0])?, cx.ensure(ins[1])?) } else { (v(0), v(1)) };
-            OpKind::Index { x, index, axis: axis + usize::from(any) }
+            let (x, index) = if any {
+                (cx.ensure(ins[0])?, cx.ensure(ins[1])?)
+            } else {
+                (v(0), v(1))
+            };
+            OpKind::Index {
+                x,
+                index,
+                axis: axis + usize::from(any),
+            }
         }
         OpKind::Update { axis, .. } => {
-            let (x, update, index) =
-                if any { (cx.ensure(ins[0])?, cx.ensure(ins[1])?, cx.ensure(ins[2])?) } else { (v(0), v(1), v(2)) };
-            OpKind::Update { x, update, index, axis: axis + usize::from(any) }
+            let (x, update, index) = if any {
+                (cx.ensure(ins[0])?, cx.ensure(ins[1])?, cx.ensure(ins[2])?)
+            } else {
+                (v(0), v(1), v(2))
+            };
+            OpKind::Update {
+                x,
+                update,
+                index,
+                axis: axis + usize::from(any),
+            }
         }
-        OpKind::Call { .. } | OpKind::Loop { .. } => {
-            return Err(Diagnostic::error(
-                format!("`{}` cannot be vectorized over stages", kind.name()),
-                cx.b.span,
-                "inside `@layer`",
-            )
-            .with_note("the one-stage compute must be straight-line ops; loops and calls belong to the passes"))
-        }
+        OpKind::Call { .. } | OpKind::Loop { .. } => return Err(Diagnostic::error(
+            format!("`{}` cannot be vectorized over stages", kind.name()),
+            cx.b.span,
+            "inside `@layer`",
+        )
+        .with_note(
+            "the one-stage compute must be straight-line ops; loops and calls belong to the passes",
+        )),
     };
-    let declared = if kind.has_declared_type() { declared(cx, any) } else { None };
+    let declared = if kind.has_declared_type() {
+        declared(cx, any)
+    } else {
+        None
+    };
     let value = cx.b.op(hint, kind, declared)?;
-    Ok(Batched { value, batched: any })
+    Ok(Batched {
+        value,
+        batched: any,
+    })
 }

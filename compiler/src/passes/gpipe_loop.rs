@@ -44,7 +44,9 @@ use ppc_dialect::{DType, Dim, Type};
 pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let p = m.pipeline;
     if m.func(names::PIPELINE).is_some() {
-        return Err(vec![Diagnostic::plain("the module already has a `@pipeline`: `gpipe-loop` has run")]);
+        return Err(vec![Diagnostic::plain(
+            "the module already has a `@pipeline`: `gpipe-loop` has run",
+        )]);
     }
     if p.repeats > 1 && p.microbatches < p.stages {
         let span = m.spans.get(&"pipeline".to_string());
@@ -59,13 +61,21 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         .with_note("microbatch m comes back to stage 0 for repeat r+1 at iteration (r+1)·M + m, but leaves the last stage only at iteration r·M + m + S - 1")
         .with_note(format!("use --microbatches {} or more, or --repeats 1", p.stages))]);
     }
-    let stage = m.func(names::STAGE).ok_or_else(|| vec![Diagnostic::plain("`gpipe-loop` needs `@stage`: run `vmap-stages` first")])?;
+    let stage = m.func(names::STAGE).ok_or_else(|| {
+        vec![Diagnostic::plain(
+            "`gpipe-loop` needs `@stage`: run `vmap-stages` first",
+        )]
+    })?;
     let pipeline = build(m, stage, opts).map_err(|d| vec![d])?;
     m.funcs.push(pipeline);
     Ok(())
 }
 
-fn build(m: &Module, stage: &ppc_dialect::Func, opts: &Options) -> Result<ppc_dialect::Func, Diagnostic> {
+fn build(
+    m: &Module,
+    stage: &ppc_dialect::Func,
+    opts: &Options,
+) -> Result<ppc_dialect::Func, Diagnostic> {
     let p = m.pipeline;
     let (s, mb, r) = (p.stages, p.microbatches, p.repeats);
     let trips = p.iterations();
@@ -78,71 +88,219 @@ fn build(m: &Module, stage: &ppc_dialect::Func, opts: &Options) -> Result<ppc_di
     let mut b = Builder::new(names::PIPELINE);
     b.span = m.spans.get(&"pipeline".to_string());
     let x = b.arg("x", stacked(Dim::named("microbatches", mb)));
-    let int = |b: &mut Builder, hint: &str, v: u64| b.op(hint, OpKind::Constant { value: Float(v as f64) }, Some(scalar_i32.clone()));
+    let int = |b: &mut Builder, hint: &str, v: u64| {
+        b.op(
+            hint,
+            OpKind::Constant {
+                value: Float(v as f64),
+            },
+            Some(scalar_i32.clone()),
+        )
+    };
 
     // Loop-invariant set-up: padded inputs, zero (or NaN) state, the stage-0 mask.
-    let inputs = b.op("inputs", OpKind::Pad { x, axis: 0, low: 0, high: trips - mb, fill }, None)?;
-    let state0 = b.op("state0", OpKind::Constant { value: fill }, Some(stacked(Dim::named("stages", s))))?;
-    let outputs0 = b.op("outputs0", OpKind::Constant { value: fill }, Some(stacked(Dim::named("microbatches", mb))))?;
+    let inputs = b.op(
+        "inputs",
+        OpKind::Pad {
+            x,
+            axis: 0,
+            low: 0,
+            high: trips - mb,
+            fill,
+        },
+        None,
+    )?;
+    let state0 = b.op(
+        "state0",
+        OpKind::Constant { value: fill },
+        Some(stacked(Dim::named("stages", s))),
+    )?;
+    let outputs0 = b.op(
+        "outputs0",
+        OpKind::Constant { value: fill },
+        Some(stacked(Dim::named("microbatches", mb))),
+    )?;
     let stage_ids = b.op("stage_ids", OpKind::Iota { axis: 0 }, Some(s_ty.clone()))?;
     let zero = int(&mut b, "zero", 0)?;
-    let is_first = b.op("is_first", OpKind::Compare { pred: CmpPred::Eq, lhs: stage_ids, rhs: zero }, None)?;
+    let is_first = b.op(
+        "is_first",
+        OpKind::Compare {
+            pred: CmpPred::Eq,
+            lhs: stage_ids,
+            rhs: zero,
+        },
+        None,
+    )?;
     let mut mask_dims = vec![Dim::named("stages", s)];
     mask_dims.extend((0..x_ty.rank()).map(|_| Dim::lit(1)));
-    let first = b.op("first", OpKind::Reshape { x: is_first }, Some(Type::new(DType::I1, mask_dims)))?;
+    let first = b.op(
+        "first",
+        OpKind::Reshape { x: is_first },
+        Some(Type::new(DType::I1, mask_dims)),
+    )?;
     let last_stage = int(&mut b, "last_stage", s - 1)?;
     // Circular pipelines: M, the number of work items R*M, and the last item R*M - 1.
     let circular = (r > 1).then(|| -> Result<[ValueId; 3], Diagnostic> {
-        Ok([int(&mut b, "num_microbatches", mb)?, int(&mut b, "all_items", r * mb)?, int(&mut b, "last_item", r * mb - 1)?])
+        Ok([
+            int(&mut b, "num_microbatches", mb)?,
+            int(&mut b, "all_items", r * mb)?,
+            int(&mut b, "last_item", r * mb - 1)?,
+        ])
     });
     let circular = circular.transpose()?;
 
-    let outs = b.loop_op(trips, vec![state0, outputs0], &["state", "outputs"], |b, t, carried| {
-        let (state, outputs) = (carried[0], carried[1]);
-        let bin = |b: &mut Builder, hint: &str, op, lhs, rhs| b.op(hint, OpKind::Binary { op, lhs, rhs }, None);
-        let cmp = |b: &mut Builder, hint: &str, pred, lhs, rhs| b.op(hint, OpKind::Compare { pred, lhs, rhs }, None);
-        // 1. What enters stage 0.
-        let mut next = b.op("next", OpKind::Index { x: inputs, index: t, axis: 0 }, None)?;
-        if let Some([num_mb, all_items, _]) = circular {
-            // Items t in M..R*M are microbatch t mod M coming back for another repeat.
-            let slot = modulo(b, t, num_mb)?;
-            let back = b.op("back_edge", OpKind::Index { x: outputs, index: slot, axis: 0 }, None)?;
-            let not_first = cmp(b, "not_first_pass", CmpPred::Ge, t, num_mb)?;
-            let in_range = cmp(b, "not_drained", CmpPred::Lt, t, all_items)?;
-            // i1 has no `and`: select(a, b, a) is a && b.
-            let both = b.op("again", OpKind::Select { cond: not_first, on_true: in_range, on_false: not_first }, None)?;
-            next = b.op("next_in", OpKind::Select { cond: both, on_true: back, on_false: next }, None)?;
-        }
-        let stage_in = b.op("stage_in", OpKind::Select { cond: first, on_true: next, on_false: state }, None)?;
-        // 2. Every stage computes.
-        let mut args = vec![stage_in];
-        if let Some([num_mb, _, last_item]) = circular {
-            let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
-            let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
-            let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
-            args.push(bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?);
-        }
-        let out = b.call("out", stage, args)?;
-        // 3. The last stage finishes item t - (S-1) once the pipe is full.
-        let last = b.op("last", OpKind::Index { x: out, index: last_stage, axis: 0 }, None)?;
-        let done = bin(b, "done_item", BinaryOp::Sub, t, last_stage)?;
-        let slot = match circular {
-            Some([num_mb, _, _]) => modulo(b, done, num_mb)?,
-            None => done,
-        };
-        let written = b.op("written", OpKind::Update { x: outputs, update: last, index: slot, axis: 0 }, None)?;
-        let full = cmp(b, "full", CmpPred::Ge, done, zero)?;
-        let outputs = b.op("outputs_next", OpKind::Select { cond: full, on_true: written, on_false: outputs }, None)?;
-        // 4. Shift: stage s feeds stage s+1.
-        let shifted = b.op("shifted", OpKind::Shift { x: out, axis: 0, fill }, None)?;
-        Ok(vec![shifted, outputs])
-    })?;
+    let outs = b.loop_op(
+        trips,
+        vec![state0, outputs0],
+        &["state", "outputs"],
+        |b, t, carried| {
+            let (state, outputs) = (carried[0], carried[1]);
+            let bin = |b: &mut Builder, hint: &str, op, lhs, rhs| {
+                b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
+            };
+            let cmp = |b: &mut Builder, hint: &str, pred, lhs, rhs| {
+                b.op(hint, OpKind::Compare { pred, lhs, rhs }, None)
+            };
+            // 1. What enters stage 0.
+            let mut next = b.op(
+                "next",
+                OpKind::Index {
+                    x: inputs,
+                    index: t,
+                    axis: 0,
+                },
+                None,
+            )?;
+            if let Some([num_mb, all_items, _]) = circular {
+                // Items t in M..R*M are microbatch t mod M coming back for another repeat.
+                let slot = modulo(b, t, num_mb)?;
+                let back = b.op(
+                    "back_edge",
+                    OpKind::Index {
+                        x: outputs,
+                        index: slot,
+                        axis: 0,
+                    },
+                    None,
+                )?;
+                let not_first = cmp(b, "not_first_pass", CmpPred::Ge, t, num_mb)?;
+                let in_range = cmp(b, "not_drained", CmpPred::Lt, t, all_items)?;
+                // i1 has no `and`: select(a, b, a) is a && b.
+                let both = b.op(
+                    "again",
+                    OpKind::Select {
+                        cond: not_first,
+                        on_true: in_range,
+                        on_false: not_first,
+                    },
+                    None,
+                )?;
+                next = b.op(
+                    "next_in",
+                    OpKind::Select {
+                        cond: both,
+                        on_true: back,
+                        on_false: next,
+                    },
+                    None,
+                )?;
+            }
+            let stage_in = b.op(
+                "stage_in",
+                OpKind::Select {
+                    cond: first,
+                    on_true: next,
+                    on_false: state,
+                },
+                None,
+            )?;
+            // 2. Every stage computes.
+            let mut args = vec![stage_in];
+            if let Some([num_mb, _, last_item]) = circular {
+                let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
+                let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
+                let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
+                args.push(bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?);
+            }
+            let out = b.call("out", stage, args)?;
+            // 3. The last stage finishes item t - (S-1) once the pipe is full.
+            let last = b.op(
+                "last",
+                OpKind::Index {
+                    x: out,
+                    index: last_stage,
+                    axis: 0,
+                },
+                None,
+            )?;
+            let done = bin(b, "done_item", BinaryOp::Sub, t, last_stage)?;
+            let slot = match circular {
+                Some([num_mb, _, _]) => modulo(b, done, num_mb)?,
+                None => done,
+            };
+            let written = b.op(
+                "written",
+                OpKind::Update {
+                    x: outputs,
+                    update: last,
+                    index: slot,
+                    axis: 0,
+                },
+                None,
+            )?;
+            let full = cmp(b, "full", CmpPred::Ge, done, zero)?;
+            let outputs = b.op(
+                "outputs_next",
+                OpKind::Select {
+                    cond: full,
+                    on_true: written,
+                    on_false: outputs,
+                },
+                None,
+            )?;
+            // 4. Shift: stage s feeds stage s+1.
+            let shifted = b.op(
+                "shifted",
+                OpKind::Shift {
+                    x: out,
+                    axis: 0,
+                    fill,
+                },
+                None,
+            )?;
+            Ok(vec![shifted, outputs])
+        },
+    )?;
     Ok(b.finish(vec![outs[1]]))
 }
 
 /// `a mod n` for `a >= -n` with a non-negative result: `a - floor(a / n) * n`.
 fn modulo(b: &mut Builder, a: ValueId, n: ValueId) -> Result<ValueId, Diagnostic> {
-    let q = b.op("q", OpKind::Binary { op: BinaryOp::Div, lhs: a, rhs: n }, None)?;
-    let qn = b.op("qn", OpKind::Binary { op: BinaryOp::Mul, lhs: q, rhs: n }, None)?;
-    b.op("slot", OpKind::Binary { op: BinaryOp::Sub, lhs: a, rhs: qn }, None)
+    let q = b.op(
+        "q",
+        OpKind::Binary {
+            op: BinaryOp::Div,
+            lhs: a,
+            rhs: n,
+        },
+        None,
+    )?;
+    let qn = b.op(
+        "qn",
+        OpKind::Binary {
+            op: BinaryOp::Mul,
+            lhs: q,
+            rhs: n,
+        },
+        None,
+    )?;
+    b.op(
+        "slot",
+        OpKind::Binary {
+            op: BinaryOp::Sub,
+            lhs: a,
+            rhs: qn,
+        },
+        None,
+    )
 }

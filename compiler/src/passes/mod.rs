@@ -35,7 +35,8 @@ pub const PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "gpipe-loop",
-        summary: "wrap @stage in the GPipe loop @pipeline: shifting state, zero padding, stage-0 select",
+        summary:
+            "wrap @stage in the GPipe loop @pipeline: shifting state, zero padding, stage-0 select",
         run: gpipe_loop,
     },
 ];

@@ -28,9 +28,13 @@ use std::collections::HashMap;
 
 pub fn vmap_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
     if m.func(names::STAGE).is_some() {
-        return Err(vec![Diagnostic::plain("the module already has a `@stage`: `vmap-stages` has run")]);
+        return Err(vec![Diagnostic::plain(
+            "the module already has a `@stage`: `vmap-stages` has run",
+        )]);
     }
-    let layer = m.func(names::LAYER).ok_or_else(|| vec![Diagnostic::plain("`vmap-stages` needs a `@layer`")])?;
+    let layer = m
+        .func(names::LAYER)
+        .ok_or_else(|| vec![Diagnostic::plain("`vmap-stages` needs a `@layer`")])?;
     let stage = build_stage(m, layer).map_err(|d| vec![d])?;
     m.funcs.push(stage);
     Ok(())
@@ -42,8 +46,12 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     let mut b = Builder::new(names::STAGE);
     let x_arg = layer.body.args[0];
     b.span = layer.value_spans.get(&x_arg);
-    let x = b.arg(&layer.values[x_arg].name, layer.ty(x_arg).insert(0, s_dim.clone()));
-    let repeat = (p.repeats > 1).then(|| b.arg("repeat", Type::new(DType::I32, vec![s_dim.clone()])));
+    let x = b.arg(
+        &layer.values[x_arg].name,
+        layer.ty(x_arg).insert(0, s_dim.clone()),
+    );
+    let repeat =
+        (p.repeats > 1).then(|| b.arg("repeat", Type::new(DType::I32, vec![s_dim.clone()])));
 
     // Stacked parameters: [R?, S, k?, ...].
     let mut lead = Vec::new();
@@ -60,7 +68,12 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
         let t = layer.ty(prm.value);
         let mut dims = lead.clone();
         dims.extend(t.dims.iter().cloned());
-        let v = b.param(&layer.values[prm.value].name, Type::new(t.dtype, dims), prm.init, lead.len());
+        let v = b.param(
+            &layer.values[prm.value].name,
+            Type::new(t.dtype, dims),
+            prm.init,
+            lead.len(),
+        );
         stacked.push(v);
     }
 
@@ -75,8 +88,20 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
                 let t = b.ty(w).clone();
                 let mut perm: Vec<usize> = (0..t.rank()).collect();
                 perm.swap(0, 1);
-                let wt = b.op(&format!("{name}_by_stage"), OpKind::Transpose { x: w, perm }, None)?;
-                b.op(&format!("{name}_r"), OpKind::Index { x: wt, index: r, axis: 1 }, None)?
+                let wt = b.op(
+                    &format!("{name}_by_stage"),
+                    OpKind::Transpose { x: w, perm },
+                    None,
+                )?;
+                b.op(
+                    &format!("{name}_r"),
+                    OpKind::Index {
+                        x: wt,
+                        index: r,
+                        axis: 1,
+                    },
+                    None,
+                )?
             }
         });
     }
@@ -84,10 +109,22 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     let mut act = x;
     for j in 0..k {
         let mut env: HashMap<ValueId, Batched> = HashMap::new();
-        env.insert(x_arg, Batched { value: act, batched: true });
+        env.insert(
+            x_arg,
+            Batched {
+                value: act,
+                batched: true,
+            },
+        );
         let j_index = if k > 1 && !layer.params.is_empty() {
             let t = Type::new(DType::I32, vec![s_dim.clone()]);
-            Some(b.op(&format!("layer{j}"), OpKind::Constant { value: Float(j as f64) }, Some(t))?)
+            Some(b.op(
+                &format!("layer{j}"),
+                OpKind::Constant {
+                    value: Float(j as f64),
+                },
+                Some(t),
+            )?)
         } else {
             None
         };
@@ -96,11 +133,25 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
             let value = match j_index {
                 Some(index) => {
                     let name = &layer.values[prm.value].name;
-                    b.op(&format!("{name}_{j}"), OpKind::Index { x: w, index, axis: 1 }, None)?
+                    b.op(
+                        &format!("{name}_{j}"),
+                        OpKind::Index {
+                            x: w,
+                            index,
+                            axis: 1,
+                        },
+                        None,
+                    )?
                 }
                 None => w,
             };
-            env.insert(prm.value, Batched { value, batched: true });
+            env.insert(
+                prm.value,
+                Batched {
+                    value,
+                    batched: true,
+                },
+            );
         }
         let out = batch_block(&mut b, layer, &layer.body, &mut env, &s_dim)?;
         act = out;
@@ -108,14 +159,29 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     Ok(b.finish(vec![act]))
 }
 
-fn batch_block(b: &mut Builder, layer: &Func, block: &Block, env: &mut HashMap<ValueId, Batched>, s_dim: &Dim) -> Result<ValueId, Diagnostic> {
-    let mut cx = Ctx { b, stage: s_dim.clone() };
+fn batch_block(
+    b: &mut Builder,
+    layer: &Func,
+    block: &Block,
+    env: &mut HashMap<ValueId, Batched>,
+    s_dim: &Dim,
+) -> Result<ValueId, Diagnostic> {
+    let mut cx = Ctx {
+        b,
+        stage: s_dim.clone(),
+    };
     for &id in &block.ops {
         let op = &layer.ops[id];
         cx.b.span = layer.op_spans.get(&id);
         let ins: Vec<Batched> = op.kind.operands().iter().map(|v| env[v]).collect();
         let result = op.results[0];
-        let out = batch(&mut cx, &layer.values[result].name, &op.kind, &ins, layer.ty(result))?;
+        let out = batch(
+            &mut cx,
+            &layer.values[result].name,
+            &op.kind,
+            &ins,
+            layer.ty(result),
+        )?;
         env.insert(result, out);
     }
     let ret = env[&block.results[0]];

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ppc needs, skipping those already installed.
+# Used by `make run`, `make test` and .ci/run; safe to run again.
+set -euo pipefail
+
+# LLVM/MLIR 22 for the MLIR lowering (melior / mlir-sys 220) and what they link against;
+# MPICH for the multi-rank executables.
+PACKAGES=(
+  llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev
+  libzstd-dev libz3-dev libxml2-dev
+  mpich libmpich-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then SUDO="sudo"; else
+    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
