@@ -4,10 +4,14 @@
 //! ```text
 //! model.ppc ──frontend──▶ Module ──vmap-stages──▶ @stage ──gpipe-loop──▶ @pipeline
 //! ```
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+pub mod backend;
 pub mod cli;
+pub mod commands;
+pub mod compare;
 pub mod files;
+pub mod lower;
 pub mod passes;
 pub mod pipeline;
 pub mod report;

@@ -10,11 +10,8 @@
 use crate::ir::{names, Block, Func, Module, Param, ValueId};
 use crate::kernels as k;
 use crate::op::OpKind;
-use ppc_runtime::{Init, Rng, Tensor};
+use ppc_runtime::Tensor;
 use std::collections::HashMap;
-
-/// How synthetic inputs are drawn: normal with standard deviation 1.
-pub const INPUT_INIT: Init = Init::Normal(1.0);
 
 /// The fill used for poisoned bubbles, as a number the text format can hold.
 pub const POISON: f64 = f64::NAN;
@@ -208,37 +205,13 @@ fn take(env: &[Option<Tensor>], v: ValueId) -> &Tensor {
 }
 
 /// A parameter's values: each layer's slice drawn from the stream `(name, layer)`.
-pub fn materialize(
-    seed: u64,
-    name: &str,
-    ty: &crate::types::Type,
-    p: &Param,
-    layer: u64,
-) -> Tensor {
-    let shape = ty.shape_usize();
-    let layers: usize = shape[..p.layer_axes].iter().product();
-    let inner: usize = shape[p.layer_axes..].iter().product();
-    let mut data = Vec::with_capacity(layers * inner);
-    for l in 0..layers {
-        let index = if p.layer_axes == 0 { layer } else { l as u64 };
-        data.extend(Rng::stream(seed, name, index).fill(p.init, inner));
-    }
-    Tensor::new(ty.dtype, shape, data)
+pub fn materialize(seed: u64, name: &str, ty: &crate::types::Type, p: &Param, layer: u64) -> Tensor {
+    ppc_runtime::init::param(seed, name, ty.dtype, &ty.shape_usize(), p.layer_axes, p.init, layer)
 }
 
 /// `[M, ...input]` synthetic inputs for `seed`: microbatch `m` from the stream `("input", m)`.
 pub fn synthetic_inputs(m: &Module, seed: u64) -> Tensor {
-    let mb: Vec<Tensor> = (0..m.pipeline.microbatches)
-        .map(|i| {
-            let n = m.input.elements() as usize;
-            Tensor::new(
-                m.input.dtype,
-                m.input.shape_usize(),
-                Rng::stream(seed, "input", i).fill(INPUT_INIT, n),
-            )
-        })
-        .collect();
-    stack(&mb)
+    ppc_runtime::init::synthetic_inputs(seed, m.input.dtype, &m.input.shape_usize(), m.pipeline.microbatches as usize)
 }
 
 /// Slice `i` of the leading axis.

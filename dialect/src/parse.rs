@@ -28,6 +28,8 @@ pub struct Overrides {
     pub stages: Option<u64>,
     pub microbatches: Option<u64>,
     pub repeats: Option<u64>,
+    /// Every f32 type in the file becomes this dtype (bf16 or f16 storage).
+    pub float_dtype: Option<DType>,
 }
 
 /// The most stages, microbatches, repeats or layers a pipeline may have.
@@ -559,6 +561,10 @@ impl ModuleBuilder<'_> {
                 }
             });
         }
+        let dtype = match (dtype, self.overrides.float_dtype) {
+            (DType::F32, Some(d)) => d,
+            _ => dtype,
+        };
         let t = Type::new(dtype, dims);
         checked_elements(&t.shape())
             .map_err(|m| Diagnostic::error(format!("bad type {t}: {m}"), span, "this type"))?;

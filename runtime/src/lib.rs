@@ -3,9 +3,18 @@
 //! Today that is host tensors ([`Tensor`], f32/bf16/f16/i32/i1 storage) and the seeded
 //! generator ([`rng`]) that draws parameters and synthetic inputs. The reference interpreter in
 //! `ppc-dialect` uses the same generator, so every backend sees identical numbers for one seed.
-//! This crate never depends on the compiler.
+//! It also holds what generated code calls and needs: memref buffers and descriptors, the GEMM
+//! behind `matmul`, the manifest, safetensors I/O and the run driver. It never depends on the
+//! compiler.
+#![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod exec;
+pub mod gemm;
+pub mod init;
+pub mod manifest;
+pub mod memref;
 pub mod rng;
+pub mod safetensors;
 pub mod tensor;
 
 pub use rng::{Init, Rng};

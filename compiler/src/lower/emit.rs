@@ -1,0 +1,264 @@
+//! The MLIR text writer behind `lower-mlir`: SSA names, buffers, locations, `linalg.generic`.
+//!
+//! Every IR value lives in one statically shaped buffer (`memref`), allocated once at function
+//! entry and freed at exit, so values computed in a loop body reuse their buffer each iteration.
+//! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
+
+use ppc_dialect::span::Span;
+use ppc_dialect::{DType, Type};
+use std::fmt::Write;
+
+/// A buffer holding one value: the SSA name of its memref and its type. `layout` is set for
+/// strided views (subviews), which have a non-identity memref type.
+#[derive(Clone, Debug)]
+pub struct Buf {
+    pub name: String,
+    pub ty: Type,
+    pub layout: Option<String>,
+}
+
+/// MLIR's element type for a dtype.
+pub fn elt(d: DType) -> &'static str {
+    d.name()
+}
+
+/// `memref<2x3xf32>` (or `memref<f32>` for a scalar), with an optional strided layout.
+pub fn memref_type(ty: &Type, layout: Option<&str>) -> String {
+    let mut s = String::from("memref<");
+    for d in ty.shape() {
+        let _ = write!(s, "{d}x");
+    }
+    s.push_str(elt(ty.dtype));
+    if let Some(l) = layout {
+        let _ = write!(s, ", {l}");
+    }
+    s.push('>');
+    s
+}
+
+impl Buf {
+    pub fn mty(&self) -> String {
+        memref_type(&self.ty, self.layout.as_deref())
+    }
+}
+
+/// Line and column (1-based) of byte offsets in the source, for MLIR locations.
+pub struct Lines {
+    starts: Vec<usize>,
+}
+
+impl Lines {
+    pub fn new(src: &str) -> Lines {
+        let mut starts = vec![0];
+        starts.extend(src.match_indices('\n').map(|(i, _)| i + 1));
+        Lines { starts }
+    }
+
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let line = self.starts.partition_point(|&s| s <= offset);
+        (line, offset - self.starts[line - 1] + 1)
+    }
+}
+
+/// Writes one function's body.
+pub struct Emitter<'a> {
+    file: &'a str,
+    lines: &'a Lines,
+    pub allocs: Vec<String>,
+    pub frees: Vec<String>,
+    pub body: Vec<String>,
+    next: usize,
+    indent: usize,
+    loc: String,
+}
+
+impl<'a> Emitter<'a> {
+    pub fn new(file: &'a str, lines: &'a Lines) -> Emitter<'a> {
+        Emitter { file, lines, allocs: vec![], frees: vec![], body: vec![], next: 0, indent: 2, loc: String::new() }
+    }
+
+    /// Locations of everything emitted until the next call point at `span` of the model file.
+    pub fn at(&mut self, span: Span) {
+        let (l, c) = self.lines.line_col(span.start as usize);
+        self.loc = format!(" loc(\"{}\":{l}:{c})", escape(self.file));
+    }
+
+    pub fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%v{}", self.next)
+    }
+
+    /// An op line, with the current location.
+    pub fn op(&mut self, text: &str) {
+        let line = format!("{}{text}{}", "  ".repeat(self.indent), self.loc);
+        self.body.push(line);
+    }
+
+    /// A line without a location (block headers).
+    pub fn raw(&mut self, text: &str) {
+        let line = format!("{}{text}", "  ".repeat(self.indent));
+        self.body.push(line);
+    }
+
+    /// `%r = <rhs>`, returning `%r`.
+    pub fn let_(&mut self, rhs: &str) -> String {
+        let r = self.fresh();
+        self.op(&format!("{r} = {rhs}"));
+        r
+    }
+
+    /// A new buffer of `ty`, allocated at function entry.
+    pub fn alloc(&mut self, ty: &Type) -> Buf {
+        let name = self.fresh();
+        let mty = memref_type(ty, None);
+        self.allocs.push(format!("    {name} = memref.alloc() {{alignment = 64 : i64}} : {mty}"));
+        self.frees.push(format!("    memref.dealloc {name} : {mty}"));
+        Buf { name, ty: ty.clone(), layout: None }
+    }
+
+    pub fn index(&mut self, v: u64) -> String {
+        self.let_(&format!("arith.constant {v} : index"))
+    }
+
+    /// A scalar constant of an MLIR element type given by name.
+    pub fn constant(&mut self, value: f64, ty: &str) -> String {
+        let lit = match ty {
+            "i1" => (if value != 0.0 { "true" } else { "false" }).to_string(),
+            "i32" | "index" => format!("{}", value as i64),
+            _ => float_literal(value as f32),
+        };
+        self.let_(&format!("arith.constant {lit} : {ty}"))
+    }
+
+    /// `linalg.generic` over `out`'s shape. `ins` are buffers with their indexing maps (as
+    /// `(d0, ..) -> (..)` bodies); `iters` the iterator types of the domain `dims`. `body` gets
+    /// the block argument names (inputs, then the output) and returns the yielded value.
+    pub fn generic(
+        &mut self,
+        dims: usize,
+        ins: &[(&Buf, String)],
+        out: (&Buf, String),
+        iters: &[&str],
+        body: impl FnOnce(&mut Emitter, &[String]) -> String,
+    ) {
+        let domain: Vec<String> = (0..dims).map(|i| format!("d{i}")).collect();
+        let domain = domain.join(", ");
+        let maps: Vec<String> = ins.iter().map(|(_, m)| m.clone()).chain([out.1.clone()]).map(|m| format!("affine_map<({domain}) -> ({m})>")).collect();
+        let iters: Vec<String> = iters.iter().map(|i| format!("\"{i}\"")).collect();
+        let ins_names: Vec<&str> = ins.iter().map(|(b, _)| b.name.as_str()).collect();
+        let ins_types: Vec<String> = ins.iter().map(|(b, _)| b.mty()).collect();
+        let ins_clause = if ins.is_empty() { String::new() } else { format!(" ins({} : {})", ins_names.join(", "), ins_types.join(", ")) };
+        self.raw(&format!(
+            "linalg.generic {{indexing_maps = [{}], iterator_types = [{}]}}{ins_clause} outs({} : {}) {{",
+            maps.join(", "),
+            iters.join(", "),
+            out.0.name,
+            out.0.mty()
+        ));
+        let args: Vec<String> = (0..=ins.len()).map(|_| self.fresh()).collect();
+        let decls: Vec<String> = args
+            .iter()
+            .zip(ins.iter().map(|(b, _)| b.ty.dtype).chain([out.0.ty.dtype]))
+            .map(|(a, d)| format!("{a}: {}", elt(d)))
+            .collect();
+        self.raw(&format!("^bb0({}):", decls.join(", ")));
+        self.indent += 1;
+        let y = body(self, &args);
+        self.op(&format!("linalg.yield {y} : {}", elt(out.0.ty.dtype)));
+        self.indent -= 1;
+        let close = format!("}}{}", self.loc);
+        self.raw(&close);
+    }
+
+    /// Fills `out` with a scalar SSA value of its element type.
+    pub fn fill(&mut self, value: &str, out: &Buf) {
+        self.op(&format!("linalg.fill ins({value} : {}) outs({} : {})", elt(out.ty.dtype), out.name, out.mty()));
+    }
+
+    /// `dst = src` elementwise over `dst`'s shape (both identity-indexed).
+    pub fn copy(&mut self, src: &Buf, dst: &Buf) {
+        let r = dst.ty.rank();
+        let id = identity(r);
+        self.generic(r, &[(src, id.clone())], (dst, id), &vec!["parallel"; r], |_, a| a[0].clone());
+    }
+
+    /// A strided view of `b` starting at `offsets` with `sizes`.
+    pub fn subview(&mut self, b: &Buf, offsets: &[u64], sizes: &[u64]) -> Buf {
+        let strides = ppc_runtime::tensor::strides(&b.ty.shape_usize());
+        let offset: u64 = offsets.iter().zip(&strides).map(|(&o, &s)| o * s as u64).sum();
+        let ty = Type::of(b.ty.dtype, sizes);
+        let layout = format!("strided<[{}], offset: {offset}>", list(&strides));
+        let name = self.fresh();
+        let view = Buf { name: name.clone(), ty, layout: Some(layout) };
+        self.op(&format!(
+            "{name} = memref.subview {}[{}] [{}] [{}] : {} to {}",
+            b.name,
+            list(offsets),
+            list(sizes),
+            list(&vec![1; sizes.len()]),
+            b.mty(),
+            view.mty()
+        ));
+        view
+    }
+
+    /// Enters an `scf.for %i = 0 to trips`; returns the induction variable.
+    pub fn begin_for(&mut self, trips: u64) -> String {
+        let (lo, hi, one) = (self.index(0), self.index(trips), self.index(1));
+        let iv = self.fresh();
+        self.raw(&format!("scf.for {iv} = {lo} to {hi} step {one} {{"));
+        self.indent += 1;
+        iv
+    }
+
+    pub fn end_for(&mut self) {
+        self.indent -= 1;
+        let close = format!("}}{}", self.loc);
+        self.raw(&close);
+    }
+}
+
+/// `d0, d1, ...` for an identity map of rank `r`.
+pub fn identity(r: usize) -> String {
+    (0..r).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The map reading an operand of shape `src` (NumPy-broadcast) at each index of `dst`.
+pub fn broadcast_map(src: &[u64], dst: &[u64]) -> String {
+    let off = dst.len() - src.len();
+    (0..src.len())
+        .map(|i| if src[i] == 1 && dst[i + off] != 1 { "0".to_string() } else { format!("d{}", i + off) })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn list<T: ToString>(xs: &[T]) -> String {
+    xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// An f32 literal MLIR reads back to the same bits.
+pub fn float_literal(x: f32) -> String {
+    if x.is_finite() {
+        // MLIR's float literals need a `.` in the mantissa: `1e0` must be `1.0e0`.
+        let s = format!("{x:e}");
+        match s.split_once('e') {
+            Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
+            _ => s,
+        }
+    } else {
+        format!("0x{:08X}", x.to_bits())
+    }
+}
+
+/// A string for an MLIR string literal.
+pub fn escape(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_graphic() && b != b'"' && b != b'\\' || b == b' ' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "\\{b:02X}");
+        }
+    }
+    out
+}

@@ -1,0 +1,241 @@
+//! `lower-mlir`: the pipelined program `@pipeline` becomes an MLIR module (func, arith, math,
+//! memref, linalg, scf), with its manifest. The only code that uses melior is `mlir.rs`.
+//!
+//! Preconditions: `gpipe-loop` has run. Postconditions: one entry
+//! `@ppc_forward(inputs, params..., output)` with `llvm.emit_c_interface`, every value in a
+//! statically shaped buffer, calls inlined (so `@stage`'s weights become entry arguments), loops
+//! as `scf.for` over buffers updated in place, and every op located at its model-file span, so
+//! an MLIR error points at the `.ppc` line that caused it.
+//!
+//! ```text
+//! %out = call @stage, %stage_in : f32[stages, b, d]      ──▶   linalg.generic ... loc("mlp.ppc":12:3)
+//! %state_out, ... = loop ..., trips = 11 { ... }          ──▶   scf.for %i = 0 to 11 { ... }
+//! ```
+
+pub mod emit;
+pub mod mlir;
+mod ops;
+
+use emit::{escape, Buf, Emitter, Lines};
+use ppc_dialect::ir::{names, Block, Func, Module, ValueId};
+use ppc_dialect::op::OpKind;
+use ppc_dialect::{Diagnostic, Type};
+use ppc_runtime::manifest::{Arg, Manifest, Role};
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// How `matmul` is computed on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gemm {
+    /// A call into the runtime's tuned GEMM (`matrixmultiply`): fast; equal to the interpreter
+    /// up to rounding.
+    Runtime,
+    /// `linalg.generic` loops in the interpreter's order: slow; bit-identical.
+    Loops,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub gemm: Gemm,
+    /// Also emit `main` (calling the runtime's `ppc_main`) for a standalone executable.
+    pub executable: bool,
+}
+
+/// The MLIR module text and the manifest of its entry.
+pub struct Lowered {
+    pub mlir: String,
+    pub manifest: Manifest,
+}
+
+/// Name of the entry function.
+pub const ENTRY: &str = "ppc_forward";
+
+/// Lowers a module that went through `gpipe-loop`. `file` and `source` give locations.
+pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Lowered, Diagnostic> {
+    let pipeline = m.func(names::PIPELINE).ok_or_else(|| Diagnostic::plain("lower-mlir needs `@pipeline`: run `gpipe-loop` first"))?;
+    let lines = Lines::new(source);
+    let mut w = Walker { m, e: Emitter::new(file, &lines), gemm: opts.gemm, params: Vec::new(), param_bufs: HashMap::new() };
+    let input = Buf { name: "%input".into(), ty: pipeline.ty(pipeline.body.args[0]).clone(), layout: None };
+    let results = w.func(pipeline, vec![input.clone()])?;
+    let output = Buf { name: "%output".into(), ty: pipeline.result_types()[0].clone(), layout: None };
+    w.e.at(m.spans.get(&"pipeline".to_string()));
+    w.e.copy(&results[0], &output);
+
+    let mut args = vec![arg(Role::Input, "input", &input.ty, None)];
+    let mut sig = vec![format!("%input: {}", input.mty())];
+    for (name, buf, p) in &w.params {
+        args.push(arg(Role::Param, name, &buf.ty, Some(p)));
+        sig.push(format!("{}: {}", buf.name, buf.mty()));
+    }
+    args.push(arg(Role::Output, "output", &output.ty, None));
+    sig.push(format!("%output: {}", output.mty()));
+    let p = m.pipeline;
+    let manifest = Manifest {
+        model: file.to_string(),
+        stages: p.stages,
+        microbatches: p.microbatches,
+        repeats: p.repeats,
+        layers: p.layers,
+        flops: model_flops(m),
+        args,
+    };
+
+    let mut out = String::new();
+    let _ = writeln!(out, "module {{");
+    out.push_str("  func.func private @ppc_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) attributes {llvm.emit_c_interface}\n");
+    let _ = writeln!(out, "  func.func @{ENTRY}({}) attributes {{llvm.emit_c_interface}} {{", sig.join(", "));
+    for l in w.e.allocs.iter().chain(&w.e.body).chain(&w.e.frees) {
+        let _ = writeln!(out, "{l}");
+    }
+    out.push_str("    return\n  }\n");
+    if opts.executable {
+        let text = format!("{}\0", manifest.to_text());
+        let _ = writeln!(out, "  llvm.mlir.global internal constant @ppc_manifest_text(\"{}\") {{addr_space = 0 : i32}} : !llvm.array<{} x i8>", escape(&text), text.len());
+        out.push_str("  func.func @ppc_manifest() -> !llvm.ptr {\n    %p = llvm.mlir.addressof @ppc_manifest_text : !llvm.ptr\n    return %p : !llvm.ptr\n  }\n");
+        out.push_str("  func.func private @ppc_main(i32, !llvm.ptr) -> i32\n");
+        out.push_str("  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {\n    %r = func.call @ppc_main(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }\n");
+    }
+    out.push_str("}\n");
+    Ok(Lowered { mlir: out, manifest })
+}
+
+fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) -> Arg {
+    Arg {
+        role,
+        name: name.to_string(),
+        dtype: ty.dtype,
+        shape: ty.shape_usize(),
+        init: p.map_or(ppc_runtime::Init::Zeros, |p| p.init),
+        layer_axes: p.map_or(0, |p| p.layer_axes),
+    }
+}
+
+/// Useful floating-point work of one forward step: the matmuls of every layer on every
+/// microbatch, as the sequential model does them (no bubbles).
+fn model_flops(m: &Module) -> u64 {
+    let Some(layer) = m.func(names::LAYER) else { return 0 };
+    let per_layer: u64 = layer
+        .ops
+        .iter()
+        .filter_map(|(_, op)| match &op.kind {
+            OpKind::MatMul { lhs, .. } => {
+                let out = layer.ty(op.results[0]);
+                let k = layer.ty(*lhs).dims.last().map_or(0, |d| d.size);
+                Some(2 * out.elements() * k)
+            }
+            _ => None,
+        })
+        .sum();
+    per_layer * m.pipeline.layers * m.pipeline.microbatches
+}
+
+/// Walks functions, inlining calls; values map to buffers.
+struct Walker<'m, 'a> {
+    m: &'m Module,
+    e: Emitter<'a>,
+    gemm: Gemm,
+    /// Entry arguments for parameters, in first-use order: (name, buffer, param).
+    params: Vec<(String, Buf, ppc_dialect::ir::Param)>,
+    param_bufs: HashMap<(String, usize), Buf>,
+}
+
+impl Walker<'_, '_> {
+    /// Emits `f`'s body with `args` bound; returns its result buffers.
+    fn func(&mut self, f: &Func, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
+        let mut env: HashMap<ValueId, Buf> = f.body.args.iter().copied().zip(args).collect();
+        for (i, p) in f.params.iter().enumerate() {
+            let key = (f.name.clone(), i);
+            let buf = match self.param_bufs.get(&key) {
+                Some(b) => b.clone(),
+                None => {
+                    let name = f.values[p.value].name.clone();
+                    let b = Buf { name: format!("%p{}", self.params.len()), ty: f.ty(p.value).clone(), layout: None };
+                    let unique = if self.params.iter().any(|(n, _, _)| *n == name) { format!("{}.{name}", f.name) } else { name };
+                    self.params.push((unique, b.clone(), p.clone()));
+                    self.param_bufs.insert(key, b.clone());
+                    b
+                }
+            };
+            env.insert(p.value, buf);
+        }
+        self.block(f, &f.body, &mut env)?;
+        Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
+    }
+
+    fn block(&mut self, f: &Func, block: &Block, env: &mut HashMap<ValueId, Buf>) -> Result<(), Diagnostic> {
+        for &id in &block.ops {
+            let op = &f.ops[id];
+            self.e.at(f.op_spans.get(&id));
+            let ins: Vec<Buf> = op.kind.operands().iter().map(|v| env[v].clone()).collect();
+            match &op.kind {
+                OpKind::Reshape { .. } => {
+                    let ty = f.ty(op.results[0]).clone();
+                    let strides = ppc_runtime::tensor::strides(&ty.shape_usize());
+                    let view = Buf { name: self.e.fresh(), ty, layout: None };
+                    self.e.op(&format!(
+                        "{} = memref.reinterpret_cast {} to offset: [0], sizes: [{}], strides: [{}] : {} to {}",
+                        view.name,
+                        ins[0].name,
+                        emit::list(&view.ty.shape()),
+                        emit::list(&strides),
+                        ins[0].mty(),
+                        view.mty()
+                    ));
+                    env.insert(op.results[0], view);
+                }
+                OpKind::Call { callee, .. } => {
+                    let g = self.m.func(callee).ok_or_else(|| Diagnostic::plain(format!("unknown function `@{callee}`")))?;
+                    let outs = self.func(g, ins)?;
+                    env.extend(op.results.iter().copied().zip(outs));
+                }
+                OpKind::Loop { trips, body, .. } => {
+                    let carried: Vec<Buf> = ins.iter().map(|b| self.e.alloc(&b.ty)).collect();
+                    for (src, dst) in ins.iter().zip(&carried) {
+                        self.e.copy(src, dst);
+                    }
+                    let t = self.e.alloc(&f.ty(body.args[0]).clone());
+                    let iv = self.e.begin_for(*trips);
+                    let ti = self.e.let_(&format!("arith.index_cast {iv} : index to i32"));
+                    self.e.op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
+                    env.insert(body.args[0], t);
+                    env.extend(body.args[1..].iter().copied().zip(carried.iter().cloned()));
+                    self.block(f, body, env)?;
+                    self.e.at(f.op_spans.get(&id));
+                    let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
+                    self.carry(&yields, &carried);
+                    self.e.end_for();
+                    env.extend(op.results.iter().copied().zip(carried));
+                }
+                _ => {
+                    let out = self.e.alloc(f.ty(op.results[0]));
+                    ops::lower(&mut self.e, self.gemm, &op.kind, &ins, &out);
+                    env.insert(op.results[0], out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the yielded values into the carried buffers for the next iteration. A yield that
+    /// is itself another carried buffer goes through a scratch copy first.
+    fn carry(&mut self, yields: &[Buf], carried: &[Buf]) {
+        let staged: Vec<Buf> = yields
+            .iter()
+            .enumerate()
+            .map(|(i, y)| {
+                if carried.iter().enumerate().any(|(j, c)| j != i && c.name == y.name) {
+                    let s = self.e.alloc(&y.ty);
+                    self.e.copy(y, &s);
+                    s
+                } else {
+                    y.clone()
+                }
+            })
+            .collect();
+        for (y, c) in staged.iter().zip(carried) {
+            if y.name != c.name {
+                self.e.copy(y, c);
+            }
+        }
+    }
+}

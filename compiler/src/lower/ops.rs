@@ -1,0 +1,454 @@
+//! The lowering rules: one arm per op, each writing its result buffer with `linalg` ops.
+//!
+//! Floating-point math runs in f32: bf16 and f16 operands are extended on load and the result
+//! is rounded on store, exactly as the interpreter does, and multi-step ops (matmul, reductions,
+//! softmax, layernorm) accumulate into f32 scratch buffers. Accumulation orders follow the
+//! interpreter's, so that with `--gemm=loops` the CPU result is the interpreter's bit for bit.
+
+use super::emit::{broadcast_map, elt, identity, Buf, Emitter};
+use super::Gemm;
+use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
+use ppc_dialect::{DType, Type};
+
+/// The value of a float block argument in f32.
+fn ext(e: &mut Emitter, v: &str, d: DType) -> String {
+    match d {
+        DType::F32 => v.to_string(),
+        DType::BF16 | DType::F16 => e.let_(&format!("arith.extf {v} : {} to f32", elt(d))),
+        DType::I32 | DType::I1 => unreachable!("invariant: float op on {d}"),
+    }
+}
+
+/// An f32 value rounded to a float dtype.
+fn trunc(e: &mut Emitter, v: &str, d: DType) -> String {
+    match d {
+        DType::F32 => v.to_string(),
+        DType::BF16 | DType::F16 => e.let_(&format!("arith.truncf {v} : f32 to {}", elt(d))),
+        DType::I32 | DType::I1 => unreachable!("invariant: float op on {d}"),
+    }
+}
+
+/// `b` as an f32 buffer (itself, or an extended copy).
+fn to_f32(e: &mut Emitter, b: &Buf) -> Buf {
+    if b.ty.dtype == DType::F32 {
+        return b.clone();
+    }
+    let t = e.alloc(&b.ty.with_dtype(DType::F32));
+    convert(e, b, &t);
+    t
+}
+
+/// Result buffer for f32 accumulation: `out` itself if it is f32, else scratch.
+fn f32_scratch(e: &mut Emitter, out: &Buf) -> Buf {
+    if out.ty.dtype == DType::F32 { out.clone() } else { e.alloc(&out.ty.with_dtype(DType::F32)) }
+}
+
+/// Stores an f32 scratch buffer into `out` (a no-op when they are the same buffer).
+fn store(e: &mut Emitter, scratch: &Buf, out: &Buf) {
+    if scratch.name != out.name {
+        convert(e, scratch, out);
+    }
+}
+
+/// One scalar conversion between element types, with the interpreter's rounding.
+fn convert_value(e: &mut Emitter, v: &str, from: DType, to: DType) -> String {
+    use DType::*;
+    match (from, to) {
+        (a, b) if a == b => v.to_string(),
+        (F32 | BF16 | F16, F32 | BF16 | F16) => {
+            let x = ext(e, v, from);
+            trunc(e, &x, to)
+        }
+        (F32 | BF16 | F16, I32) => {
+            let x = ext(e, v, from);
+            e.let_(&format!("arith.fptosi {x} : f32 to i32"))
+        }
+        (F32 | BF16 | F16, I1) => {
+            let x = ext(e, v, from);
+            let z = e.constant(0.0, "f32");
+            e.let_(&format!("arith.cmpf une, {x}, {z} : f32"))
+        }
+        (I32, F32 | BF16 | F16) => {
+            let x = e.let_(&format!("arith.sitofp {v} : i32 to f32"));
+            trunc(e, &x, to)
+        }
+        (I1, F32 | BF16 | F16) => {
+            let x = e.let_(&format!("arith.uitofp {v} : i1 to f32"));
+            trunc(e, &x, to)
+        }
+        (I32, I1) => {
+            let z = e.constant(0.0, "i32");
+            e.let_(&format!("arith.cmpi ne, {v}, {z} : i32"))
+        }
+        (I1, I32) => e.let_(&format!("arith.extui {v} : i1 to i32")),
+        (I32, I32) | (I1, I1) => unreachable!("invariant: equal dtypes are handled first"),
+    }
+}
+
+fn convert(e: &mut Emitter, src: &Buf, dst: &Buf) {
+    let r = dst.ty.rank();
+    let (from, to) = (src.ty.dtype, dst.ty.dtype);
+    e.generic(r, &[(src, identity(r))], (dst, identity(r)), &vec!["parallel"; r], |e, a| convert_value(e, &a[0], from, to));
+}
+
+fn unary_value(e: &mut Emitter, op: UnaryOp, x: &str) -> String {
+    match op {
+        UnaryOp::Neg => e.let_(&format!("arith.negf {x} : f32")),
+        UnaryOp::Abs => e.let_(&format!("math.absf {x} : f32")),
+        UnaryOp::Exp => e.let_(&format!("math.exp {x} : f32")),
+        UnaryOp::Log => e.let_(&format!("math.log {x} : f32")),
+        UnaryOp::Tanh => e.let_(&format!("math.tanh {x} : f32")),
+        UnaryOp::Sqrt => e.let_(&format!("math.sqrt {x} : f32")),
+        UnaryOp::Rsqrt => {
+            let s = e.let_(&format!("math.sqrt {x} : f32"));
+            let one = e.constant(1.0, "f32");
+            e.let_(&format!("arith.divf {one}, {s} : f32"))
+        }
+        UnaryOp::Sigmoid => {
+            // 1 / (1 + exp(-x))
+            let n = e.let_(&format!("arith.negf {x} : f32"));
+            let ex = e.let_(&format!("math.exp {n} : f32"));
+            let one = e.constant(1.0, "f32");
+            let d = e.let_(&format!("arith.addf {one}, {ex} : f32"));
+            e.let_(&format!("arith.divf {one}, {d} : f32"))
+        }
+        UnaryOp::Relu => {
+            // x > 0 ? x : 0 (NaN gives 0, as in the interpreter)
+            let z = e.constant(0.0, "f32");
+            let c = e.let_(&format!("arith.cmpf ogt, {x}, {z} : f32"));
+            e.let_(&format!("arith.select {c}, {x}, {z} : f32"))
+        }
+        UnaryOp::Gelu => {
+            // ((0.5 * x) * (1 + tanh(C * (x + ((0.044715 * x) * x) * x))))
+            let (half, c, k, one) = (e.constant(0.5, "f32"), e.constant(f64::from(0.797_884_6f32), "f32"), e.constant(f64::from(0.044_715f32), "f32"), e.constant(1.0, "f32"));
+            let kx = e.let_(&format!("arith.mulf {k}, {x} : f32"));
+            let kxx = e.let_(&format!("arith.mulf {kx}, {x} : f32"));
+            let kxxx = e.let_(&format!("arith.mulf {kxx}, {x} : f32"));
+            let inner = e.let_(&format!("arith.addf {x}, {kxxx} : f32"));
+            let scaled = e.let_(&format!("arith.mulf {c}, {inner} : f32"));
+            let t = e.let_(&format!("math.tanh {scaled} : f32"));
+            let onet = e.let_(&format!("arith.addf {one}, {t} : f32"));
+            let hx = e.let_(&format!("arith.mulf {half}, {x} : f32"));
+            e.let_(&format!("arith.mulf {hx}, {onet} : f32"))
+        }
+    }
+}
+
+fn binary_value(e: &mut Emitter, op: BinaryOp, a: &str, b: &str, d: DType) -> String {
+    if d == DType::I32 {
+        return match op {
+            BinaryOp::Add => e.let_(&format!("arith.addi {a}, {b} : i32")),
+            BinaryOp::Sub => e.let_(&format!("arith.subi {a}, {b} : i32")),
+            BinaryOp::Mul => e.let_(&format!("arith.muli {a}, {b} : i32")),
+            BinaryOp::Max => e.let_(&format!("arith.maxsi {a}, {b} : i32")),
+            BinaryOp::Min => e.let_(&format!("arith.minsi {a}, {b} : i32")),
+            BinaryOp::Div => {
+                // Floor division; dividing by zero gives 0 (never executes a trapping divide).
+                let (zero, one) = (e.constant(0.0, "i32"), e.constant(1.0, "i32"));
+                let is0 = e.let_(&format!("arith.cmpi eq, {b}, {zero} : i32"));
+                let safe = e.let_(&format!("arith.select {is0}, {one}, {b} : i32"));
+                let q = e.let_(&format!("arith.floordivsi {a}, {safe} : i32"));
+                e.let_(&format!("arith.select {is0}, {zero}, {q} : i32"))
+            }
+        };
+    }
+    let (x, y) = (ext(e, a, d), ext(e, b, d));
+    let r = match op {
+        BinaryOp::Add => e.let_(&format!("arith.addf {x}, {y} : f32")),
+        BinaryOp::Sub => e.let_(&format!("arith.subf {x}, {y} : f32")),
+        BinaryOp::Mul => e.let_(&format!("arith.mulf {x}, {y} : f32")),
+        BinaryOp::Div => e.let_(&format!("arith.divf {x}, {y} : f32")),
+        BinaryOp::Max => e.let_(&format!("arith.maximumf {x}, {y} : f32")),
+        BinaryOp::Min => e.let_(&format!("arith.minimumf {x}, {y} : f32")),
+    };
+    trunc(e, &r, d)
+}
+
+fn compare_value(e: &mut Emitter, pred: CmpPred, a: &str, b: &str, d: DType) -> String {
+    let (f, s, u) = match pred {
+        CmpPred::Lt => ("olt", "slt", "ult"),
+        CmpPred::Le => ("ole", "sle", "ule"),
+        CmpPred::Eq => ("oeq", "eq", "eq"),
+        CmpPred::Gt => ("ogt", "sgt", "ugt"),
+        CmpPred::Ge => ("oge", "sge", "uge"),
+        CmpPred::Ne => ("une", "ne", "ne"),
+    };
+    match d {
+        DType::I32 => e.let_(&format!("arith.cmpi {s}, {a}, {b} : i32")),
+        DType::I1 => e.let_(&format!("arith.cmpi {u}, {a}, {b} : i1")),
+        DType::F32 | DType::BF16 | DType::F16 => {
+            let (x, y) = (ext(e, a, d), ext(e, b, d));
+            e.let_(&format!("arith.cmpf {f}, {x}, {y} : f32"))
+        }
+    }
+}
+
+/// An elementwise generic: `out[i] = f(ins[j][broadcast(i)]...)`.
+fn elementwise(e: &mut Emitter, ins: &[&Buf], out: &Buf, f: impl FnOnce(&mut Emitter, &[String]) -> String) {
+    let r = out.ty.rank();
+    let dst = out.ty.shape();
+    let maps: Vec<(&Buf, String)> = ins.iter().map(|b| (*b, broadcast_map(&b.ty.shape(), &dst))).collect();
+    e.generic(r, &maps, (out, identity(r)), &vec!["parallel"; r], f);
+}
+
+/// The clamped position `[0, n)` of an i32 index value, as an `index`.
+fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
+    let i = e.let_(&format!("arith.index_cast {v} : i32 to index"));
+    let (zero, last) = (e.index(0), e.index(n - 1));
+    let lo = e.let_(&format!("arith.maxsi {i}, {zero} : index"));
+    e.let_(&format!("arith.minsi {lo}, {last} : index"))
+}
+
+/// Reduces `x` (f32) over `axes` into `acc` (f32, shape without those axes).
+fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
+    let r = x.ty.rank();
+    let init = if max { f64::NEG_INFINITY } else { 0.0 };
+    let init = if acc.ty.dtype == DType::I32 { e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, "i32") } else { e.constant(init, "f32") };
+    e.fill(&init, acc);
+    let keep: Vec<String> = (0..r).filter(|a| !axes.contains(a)).map(|a| format!("d{a}")).collect();
+    let iters: Vec<&str> = (0..r).map(|a| if axes.contains(&a) { "reduction" } else { "parallel" }).collect();
+    let int = acc.ty.dtype == DType::I32;
+    e.generic(r, &[(x, identity(r))], (acc, keep.join(", ")), &iters, |e, a| match (max, int) {
+        (true, true) => e.let_(&format!("arith.maxsi {}, {} : i32", a[1], a[0])),
+        (true, false) => e.let_(&format!("arith.maximumf {}, {} : f32", a[1], a[0])),
+        (false, _) => e.let_(&format!("arith.addf {}, {} : f32", a[1], a[0])),
+    });
+}
+
+/// `out = x / n` elementwise (f32).
+fn scale_down(e: &mut Emitter, x: &Buf, n: u64, out: &Buf) {
+    let r = out.ty.rank();
+    let c = e.constant(n as f64, "f32");
+    e.generic(r, &[(x, identity(r))], (out, identity(r)), &vec!["parallel"; r], |e, a| e.let_(&format!("arith.divf {}, {c} : f32", a[0])));
+}
+
+/// Lowers one op whose result is a fresh buffer `out`.
+pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf) {
+    let d = out.ty.dtype;
+    let r = out.ty.rank();
+    let par = vec!["parallel"; r];
+    match kind {
+        OpKind::Unary { op, .. } => elementwise(e, &[&ins[0]], out, |e, a| {
+            let x = ext(e, &a[0], d);
+            let y = unary_value(e, *op, &x);
+            trunc(e, &y, d)
+        }),
+        OpKind::Binary { op, .. } => elementwise(e, &[&ins[0], &ins[1]], out, |e, a| binary_value(e, *op, &a[0], &a[1], d)),
+        OpKind::Compare { pred, .. } => {
+            let od = ins[0].ty.dtype;
+            elementwise(e, &[&ins[0], &ins[1]], out, |e, a| compare_value(e, *pred, &a[0], &a[1], od))
+        }
+        OpKind::Select { .. } => elementwise(e, &[&ins[0], &ins[1], &ins[2]], out, |e, a| e.let_(&format!("arith.select {}, {}, {} : {}", a[0], a[1], a[2], elt(d)))),
+        OpKind::Broadcast { .. } => elementwise(e, &[&ins[0]], out, |_, a| a[0].clone()),
+        OpKind::Convert { .. } => convert(e, &ins[0], out),
+        OpKind::MatMul { .. } => matmul(e, gemm, &ins[0], &ins[1], out),
+        OpKind::Transpose { perm, .. } => {
+            let mut m = vec![String::new(); r];
+            for (i, &p) in perm.iter().enumerate() {
+                m[p] = format!("d{i}");
+            }
+            e.generic(r, &[(&ins[0], m.join(", "))], (out, identity(r)), &par, |_, a| a[0].clone());
+        }
+        OpKind::Slice { start, .. } => {
+            let m: Vec<String> = start.iter().enumerate().map(|(i, s)| if *s == 0 { format!("d{i}") } else { format!("d{i} + {s}") }).collect();
+            e.generic(r, &[(&ins[0], m.join(", "))], (out, identity(r)), &par, |_, a| a[0].clone());
+        }
+        OpKind::Concat { axis, .. } => {
+            let mut at = 0;
+            for x in ins {
+                let mut offs = vec![0; r];
+                offs[*axis] = at;
+                let view = e.subview(out, &offs, &x.ty.shape());
+                e.copy(x, &view);
+                at += x.ty.dims[*axis].size;
+            }
+        }
+        OpKind::Reduce { op, axes, .. } => {
+            let int = d == DType::I32;
+            let x = if int { ins[0].clone() } else { to_f32(e, &ins[0]) };
+            let acc = if int { out.clone() } else { f32_scratch(e, out) };
+            reduce_into(e, &x, axes, &acc, *op == ReduceOp::Max);
+            if *op == ReduceOp::Mean {
+                let n = ins[0].ty.elements() / out.ty.elements().max(1);
+                scale_down(e, &acc.clone(), n, &acc);
+            }
+            store(e, &acc, out);
+        }
+        OpKind::Softmax { axis, .. } => softmax(e, &ins[0], *axis, out),
+        OpKind::LayerNorm { axis, eps, .. } => layernorm(e, &ins[0], *axis, eps.0, out),
+        OpKind::Iota { axis } => {
+            let axis = *axis;
+            e.generic(r, &[], (out, identity(r)), &par, |e, _| {
+                let i = e.let_(&format!("linalg.index {axis} : index"));
+                let v = e.let_(&format!("arith.index_cast {i} : index to i32"));
+                convert_value(e, &v, DType::I32, d)
+            });
+        }
+        OpKind::Constant { value } => {
+            let v = match d {
+                DType::F32 | DType::I32 | DType::I1 => e.constant(value.0, elt(d)),
+                DType::BF16 | DType::F16 => {
+                    let c = e.constant(value.0, "f32");
+                    trunc(e, &c, d)
+                }
+            };
+            e.fill(&v, out);
+        }
+        OpKind::Pad { axis, low, fill, .. } => {
+            let f = fill_value(e, fill.0, d);
+            e.fill(&f, out);
+            let mut offs = vec![0; r];
+            offs[*axis] = *low;
+            let view = e.subview(out, &offs, &ins[0].ty.shape());
+            e.copy(&ins[0], &view);
+        }
+        OpKind::Shift { axis, fill, .. } => {
+            let f = fill_value(e, fill.0, d);
+            let shape = out.ty.shape();
+            let n = shape[*axis];
+            let mut first = shape.clone();
+            first[*axis] = 1;
+            let head = e.subview(out, &vec![0; r], &first);
+            e.fill(&f, &head);
+            if n > 1 {
+                let mut rest = shape.clone();
+                rest[*axis] = n - 1;
+                let mut offs = vec![0; r];
+                offs[*axis] = 1;
+                let src = e.subview(&ins[0], &vec![0; r], &rest);
+                let dst = e.subview(out, &offs, &rest);
+                e.copy(&src, &dst);
+            }
+        }
+        OpKind::Index { axis, .. } => {
+            let (x, idx, axis) = (&ins[0], &ins[1], *axis);
+            let n = x.ty.dims[axis].size;
+            let (xname, xty) = (x.name.clone(), x.mty());
+            e.generic(r, &[(idx, identity(axis))], (out, identity(r)), &par, |e, a| {
+                let k = clamp_index(e, &a[0], n);
+                let mut at: Vec<String> = (0..r).map(|i| e.let_(&format!("linalg.index {i} : index"))).collect();
+                at.insert(axis, k);
+                e.let_(&format!("memref.load {xname}[{}] : {xty}", at.join(", ")))
+            });
+        }
+        OpKind::Update { axis, .. } => {
+            let (x, upd, idx, axis) = (&ins[0], &ins[1], &ins[2], *axis);
+            let n = x.ty.dims[axis].size;
+            let upd_map: Vec<String> = (0..r).filter(|&i| i != axis).map(|i| format!("d{i}")).collect();
+            e.generic(r, &[(x, identity(r)), (upd, upd_map.join(", ")), (idx, identity(axis))], (out, identity(r)), &par, |e, a| {
+                let k = clamp_index(e, &a[2], n);
+                let here = e.let_(&format!("linalg.index {axis} : index"));
+                let hit = e.let_(&format!("arith.cmpi eq, {here}, {k} : index"));
+                e.let_(&format!("arith.select {hit}, {}, {} : {}", a[1], a[0], elt(d)))
+            });
+        }
+        OpKind::Reshape { .. } | OpKind::Call { .. } | OpKind::Loop { .. } => {
+            unreachable!("invariant: {} is lowered by the function walker", kind.name())
+        }
+    }
+}
+
+fn fill_value(e: &mut Emitter, v: f64, d: DType) -> String {
+    match d {
+        DType::BF16 | DType::F16 => {
+            let c = e.constant(v, "f32");
+            trunc(e, &c, d)
+        }
+        DType::F32 | DType::I32 | DType::I1 => e.constant(v, elt(d)),
+    }
+}
+
+fn matmul(e: &mut Emitter, gemm: Gemm, a: &Buf, b: &Buf, out: &Buf) {
+    let acc = f32_scratch(e, out);
+    match gemm {
+        Gemm::Runtime => {
+            let (fa, fb) = (to_f32(e, a), to_f32(e, b));
+            let cast = |e: &mut Emitter, x: &Buf| e.let_(&format!("memref.cast {} : {} to memref<*xf32>", x.name, x.mty()));
+            let (ua, ub, uc) = (cast(e, &fa), cast(e, &fb), cast(e, &acc));
+            e.op(&format!("func.call @ppc_matmul_f32({ua}, {ub}, {uc}) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> ()"));
+        }
+        Gemm::Loops => {
+            let r = out.ty.rank();
+            let nb = r - 2;
+            let zero = e.constant(0.0, "f32");
+            e.fill(&zero, &acc);
+            let (m, n, k) = (format!("d{nb}"), format!("d{}", nb + 1), format!("d{}", nb + 2));
+            let batch = |x: &Buf| {
+                let xs = x.ty.shape();
+                let mut m = broadcast_map(&xs[..xs.len() - 2], &out.ty.shape()[..nb]);
+                if !m.is_empty() {
+                    m.push_str(", ");
+                }
+                m
+            };
+            let la = format!("{}{m}, {k}", batch(a));
+            let lb = format!("{}{k}, {n}", batch(b));
+            let lo = format!("{}{m}, {n}", (0..nb).map(|i| format!("d{i}, ")).collect::<String>());
+            let mut iters = vec!["parallel"; r];
+            iters.push("reduction");
+            let (da, db) = (a.ty.dtype, b.ty.dtype);
+            e.generic(r + 1, &[(a, la), (b, lb)], (&acc, lo), &iters, |e, v| {
+                let (x, y) = (ext(e, &v[0], da), ext(e, &v[1], db));
+                let p = e.let_(&format!("arith.mulf {x}, {y} : f32"));
+                e.let_(&format!("arith.addf {}, {p} : f32", v[2]))
+            });
+        }
+    }
+    store(e, &acc, out);
+}
+
+/// The type of `x` without `axis`, in f32.
+fn without(x: &Type, axis: usize) -> Type {
+    x.remove(axis).with_dtype(DType::F32)
+}
+
+/// The map from `x`'s domain to a buffer without `axis`.
+fn drop_axis(r: usize, axis: usize) -> String {
+    (0..r).filter(|&i| i != axis).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")
+}
+
+fn softmax(e: &mut Emitter, x: &Buf, axis: usize, out: &Buf) {
+    let r = x.ty.rank();
+    let par = vec!["parallel"; r];
+    let xf = to_f32(e, x);
+    let max = e.alloc(&without(&x.ty, axis));
+    reduce_into(e, &xf, &[axis], &max, true);
+    let ex = f32_scratch(e, out);
+    e.generic(r, &[(&xf, identity(r)), (&max, drop_axis(r, axis))], (&ex, identity(r)), &par, |e, a| {
+        let s = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
+        e.let_(&format!("math.exp {s} : f32"))
+    });
+    let sum = e.alloc(&without(&x.ty, axis));
+    reduce_into(e, &ex, &[axis], &sum, false);
+    e.generic(r, &[(&sum, drop_axis(r, axis))], (&ex, identity(r)), &par, |e, a| e.let_(&format!("arith.divf {}, {} : f32", a[1], a[0])));
+    store(e, &ex, out);
+}
+
+fn layernorm(e: &mut Emitter, x: &Buf, axis: usize, eps: f64, out: &Buf) {
+    let r = x.ty.rank();
+    let par = vec!["parallel"; r];
+    let n = x.ty.dims[axis].size;
+    let xf = to_f32(e, x);
+    let mean = e.alloc(&without(&x.ty, axis));
+    reduce_into(e, &xf, &[axis], &mean, false);
+    scale_down(e, &mean.clone(), n, &mean);
+    let sq = e.alloc(&x.ty.with_dtype(DType::F32));
+    e.generic(r, &[(&xf, identity(r)), (&mean, drop_axis(r, axis))], (&sq, identity(r)), &par, |e, a| {
+        let c = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
+        e.let_(&format!("arith.mulf {c}, {c} : f32"))
+    });
+    let var = e.alloc(&without(&x.ty, axis));
+    reduce_into(e, &sq, &[axis], &var, false);
+    scale_down(e, &var.clone(), n, &var);
+    let y = f32_scratch(e, out);
+    let eps = e.constant(f64::from(eps as f32), "f32");
+    let one = e.constant(1.0, "f32");
+    e.generic(r, &[(&xf, identity(r)), (&mean, drop_axis(r, axis)), (&var, drop_axis(r, axis))], (&y, identity(r)), &par, |e, a| {
+        let ve = e.let_(&format!("arith.addf {}, {eps} : f32", a[2]));
+        let s = e.let_(&format!("math.sqrt {ve} : f32"));
+        let inv = e.let_(&format!("arith.divf {one}, {s} : f32"));
+        let c = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
+        e.let_(&format!("arith.mulf {c}, {inv} : f32"))
+    });
+    store(e, &y, out);
+}

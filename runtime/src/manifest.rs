@@ -1,0 +1,170 @@
+//! The manifest: what a compiled pipeline takes and returns, embedded as text in every
+//! executable (and handed to the JIT), so the runtime can build its buffers without the compiler.
+//!
+//! ```text
+//! ppc-manifest 1
+//! model examples/mlp.ppc
+//! pipeline 4 8 1 4
+//! flops 1073741824
+//! arg input x f32 8,16,256
+//! arg param w1 f32 4,256,1024 normal 0.0625 layer_axes 1
+//! arg output y f32 8,16,256
+//! ```
+//! `pipeline` is stages, microbatches, repeats, layers. Arguments are listed in the order the
+//! entry function takes them.
+
+use crate::rng::Init;
+use crate::tensor::DType;
+use std::fmt::Write;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Input,
+    Param,
+    Output,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arg {
+    pub role: Role,
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Parameters only.
+    pub init: Init,
+    pub layer_axes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Manifest {
+    pub model: String,
+    pub stages: u64,
+    pub microbatches: u64,
+    pub repeats: u64,
+    pub layers: u64,
+    /// Floating-point operations of one forward step of the sequential model (no bubbles).
+    pub flops: u64,
+    pub args: Vec<Arg>,
+}
+
+impl Manifest {
+    pub fn input(&self) -> &Arg {
+        self.args.iter().find(|a| a.role == Role::Input).expect("invariant: a manifest has an input")
+    }
+
+    pub fn output(&self) -> &Arg {
+        self.args.iter().find(|a| a.role == Role::Output).expect("invariant: a manifest has an output")
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut s = String::from("ppc-manifest 1\n");
+        let _ = writeln!(s, "model {}", self.model);
+        let _ = writeln!(s, "pipeline {} {} {} {}", self.stages, self.microbatches, self.repeats, self.layers);
+        let _ = writeln!(s, "flops {}", self.flops);
+        for a in &self.args {
+            let role = match a.role {
+                Role::Input => "input",
+                Role::Param => "param",
+                Role::Output => "output",
+            };
+            let shape: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
+            let _ = write!(s, "arg {role} {} {} {}", a.name, a.dtype, shape.join(","));
+            if a.role == Role::Param {
+                let init = match a.init {
+                    Init::Zeros => "zeros".to_string(),
+                    Init::Ones => "ones".to_string(),
+                    Init::Normal(std) => format!("normal {std:?}"),
+                    Init::Uniform(lo, hi) => format!("uniform {lo:?} {hi:?}"),
+                };
+                let _ = write!(s, " {init} layer_axes {}", a.layer_axes);
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    pub fn parse(text: &str) -> Result<Manifest, String> {
+        let mut lines = text.lines();
+        if lines.next() != Some("ppc-manifest 1") {
+            return Err("not a ppc manifest (version 1)".into());
+        }
+        let mut m = Manifest { model: String::new(), stages: 0, microbatches: 0, repeats: 0, layers: 0, flops: 0, args: vec![] };
+        let num = |w: Option<&str>| -> Result<u64, String> { w.and_then(|w| w.parse().ok()).ok_or_else(|| format!("bad number in manifest: {w:?}")) };
+        let float = |w: Option<&str>| -> Result<f64, String> { w.and_then(|w| w.parse().ok()).ok_or_else(|| format!("bad number in manifest: {w:?}")) };
+        for line in lines {
+            let mut w = line.split(' ');
+            match w.next() {
+                Some("model") => m.model = w.collect::<Vec<_>>().join(" "),
+                Some("pipeline") => {
+                    m.stages = num(w.next())?;
+                    m.microbatches = num(w.next())?;
+                    m.repeats = num(w.next())?;
+                    m.layers = num(w.next())?;
+                }
+                Some("flops") => m.flops = num(w.next())?,
+                Some("arg") => {
+                    let role = match w.next() {
+                        Some("input") => Role::Input,
+                        Some("param") => Role::Param,
+                        Some("output") => Role::Output,
+                        other => return Err(format!("bad argument role {other:?}")),
+                    };
+                    let name = w.next().ok_or("argument without a name")?.to_string();
+                    let dtype = w.next().and_then(DType::from_name).ok_or("bad dtype")?;
+                    let shape_text = w.next().ok_or("argument without a shape")?;
+                    let shape = if shape_text.is_empty() {
+                        vec![]
+                    } else {
+                        shape_text.split(',').map(|d| num(Some(d)).map(|v| v as usize)).collect::<Result<_, _>>()?
+                    };
+                    let (mut init, mut layer_axes) = (Init::Zeros, 0);
+                    if role == Role::Param {
+                        init = match w.next() {
+                            Some("zeros") => Init::Zeros,
+                            Some("ones") => Init::Ones,
+                            Some("normal") => Init::Normal(float(w.next())?),
+                            Some("uniform") => Init::Uniform(float(w.next())?, float(w.next())?),
+                            other => return Err(format!("bad initializer {other:?}")),
+                        };
+                        if w.next() != Some("layer_axes") {
+                            return Err("expected layer_axes".into());
+                        }
+                        layer_axes = num(w.next())? as usize;
+                    }
+                    m.args.push(Arg { role, name, dtype, shape, init, layer_axes });
+                }
+                Some("") | None => {}
+                Some(other) => return Err(format!("unknown manifest line `{other}`")),
+            }
+        }
+        if m.args.iter().filter(|a| a.role == Role::Input).count() != 1 || m.args.iter().filter(|a| a.role == Role::Output).count() != 1 {
+            return Err("a manifest needs exactly one input and one output".into());
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let m = Manifest {
+            model: "examples/my model.ppc".into(),
+            stages: 4,
+            microbatches: 8,
+            repeats: 2,
+            layers: 8,
+            flops: 123,
+            args: vec![
+                Arg { role: Role::Input, name: "x".into(), dtype: DType::F32, shape: vec![8, 16], init: Init::Zeros, layer_axes: 0 },
+                Arg { role: Role::Param, name: "w".into(), dtype: DType::BF16, shape: vec![2, 4, 16, 16], init: Init::Uniform(-0.5, 0.25), layer_axes: 2 },
+                Arg { role: Role::Param, name: "s".into(), dtype: DType::F32, shape: vec![], init: Init::Normal(0.02), layer_axes: 0 },
+                Arg { role: Role::Output, name: "y".into(), dtype: DType::F32, shape: vec![8, 16], init: Init::Zeros, layer_axes: 0 },
+            ],
+        };
+        assert_eq!(Manifest::parse(&m.to_text()), Ok(m));
+        assert!(Manifest::parse("nonsense").is_err());
+    }
+}

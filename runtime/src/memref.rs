@@ -1,0 +1,114 @@
+//! Host buffers in the memory layout MLIR code expects, and the memref descriptors that point
+//! at them.
+//!
+//! A [`HostBuffer`] holds the bytes of one dense row-major tensor in its dtype's storage format
+//! (f32, bf16 and f16 bits, i32, and i1 as one byte), 64-byte aligned. Its descriptor is MLIR's
+//! ranked memref struct `{allocated, aligned, offset, sizes[rank], strides[rank]}`, all 8-byte
+//! words, so one `Vec<i64>` represents any rank.
+
+use crate::tensor::{strides, DType, Tensor};
+use half::{bf16, f16};
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+/// A tensor's bytes, laid out for generated code.
+#[derive(Clone)]
+pub struct HostBuffer {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl HostBuffer {
+    pub fn zeros(dtype: DType, shape: &[usize]) -> HostBuffer {
+        let len = shape.iter().product::<usize>() * dtype.size_bytes() as usize;
+        HostBuffer { dtype, shape: shape.to_vec(), lines: vec![Line([0; 64]); len.div_ceil(64)], len }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        let all: &[u8] = bytemuck_lines(&self.lines);
+        &all[..self.len]
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        let all = bytemuck_lines_mut(&mut self.lines);
+        &mut all[..len]
+    }
+
+    /// Encodes a tensor (whose values are already rounded to its dtype).
+    pub fn from_tensor(t: &Tensor) -> HostBuffer {
+        let mut b = HostBuffer::zeros(t.dtype, &t.shape);
+        let w = t.dtype.size_bytes() as usize;
+        for (chunk, &x) in b.bytes_mut().chunks_exact_mut(w).zip(&t.data) {
+            match t.dtype {
+                DType::F32 => chunk.copy_from_slice(&x.to_le_bytes()),
+                DType::BF16 => chunk.copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
+                DType::F16 => chunk.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
+                DType::I32 => chunk.copy_from_slice(&(x as i32).to_le_bytes()),
+                DType::I1 => chunk[0] = u8::from(x != 0.0),
+            }
+        }
+        b
+    }
+
+    /// Decodes the bytes into a tensor.
+    pub fn to_tensor(&self) -> Tensor {
+        let w = self.dtype.size_bytes() as usize;
+        let data = self
+            .bytes()
+            .chunks_exact(w)
+            .map(|c| match self.dtype {
+                DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                DType::BF16 => bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+                DType::F16 => f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+                DType::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32,
+                DType::I1 => f32::from(c[0] & 1),
+            })
+            .collect();
+        Tensor::new(self.dtype, self.shape.clone(), data)
+    }
+
+    /// MLIR's ranked memref descriptor for this buffer. It points into `self`: keep the buffer
+    /// alive and unmoved while generated code uses the descriptor.
+    pub fn descriptor(&mut self) -> Vec<i64> {
+        let ptr = self.lines.as_mut_ptr() as i64;
+        let mut d = vec![ptr, ptr, 0];
+        d.extend(self.shape.iter().map(|&s| s as i64));
+        d.extend(strides(&self.shape).iter().map(|&s| s as i64));
+        d
+    }
+}
+
+fn bytemuck_lines(lines: &[Line]) -> &[u8] {
+    // SAFETY: `Line` is `repr(C)` plain bytes with no padding; the slice covers exactly the
+    // lines' memory, which stays borrowed for the returned lifetime.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr().cast::<u8>(), lines.len() * 64) }
+}
+
+fn bytemuck_lines_mut(lines: &mut [Line]) -> &mut [u8] {
+    // SAFETY: as above, with the unique borrow passed on.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), lines.len() * 64) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_and_decodes_every_dtype() {
+        for dtype in DType::ALL {
+            let t = Tensor::new(dtype, vec![2, 3], vec![0.0, 1.0, -2.0, 3.5, 1.0, -0.25]);
+            let b = HostBuffer::from_tensor(&t);
+            assert_eq!(b.bytes().len(), 6 * dtype.size_bytes() as usize);
+            assert_eq!(b.to_tensor(), t, "{dtype}");
+        }
+        let mut b = HostBuffer::zeros(DType::F32, &[2, 3]);
+        let d = b.descriptor();
+        assert_eq!(d[0] % 64, 0, "aligned");
+        assert_eq!(&d[2..], &[0, 2, 3, 3, 1]);
+    }
+}
