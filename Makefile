@@ -7,15 +7,17 @@ MODEL ?= examples/mlp.ppc
 setup:
 	@scripts/setup.sh
 
+## The compiler and the runtime library that executables link (target/release/).
 build: setup
-	$(CARGO) build --release -p ppc
+	$(CARGO) build --release -p ppc -p ppc-exe
 
-## The main job: run the MLP example on the CPU.
-run: setup
-	$(CARGO) run --release -q -p ppc -- run $(MODEL)
+## The main job: compile the MLP example through MLIR and run it on the CPU.
+run: build
+	target/release/ppc run $(MODEL)
 
-## Every test: unit tests, the file-driven suite, snapshots (CI=true: missing snapshots fail).
+## Every test (CI=true: missing or changed snapshots fail). Executables link target/debug/libppc_exe.a.
 test: setup
+	$(CARGO) build -p ppc-exe
 	$(CARGO) test --workspace
 
 lint: setup
@@ -27,7 +29,12 @@ fmt:
 
 ## Accept changed snapshots; review every .snap diff before committing.
 bless:
+	$(CARGO) build -p ppc-exe
 	INSTA_UPDATE=always $(CARGO) test --workspace
+
+## ppc against JAX (installed from PyPI into bench/.venv) on examples/mlp.ppc and a wider variant.
+bench: build
+	bench/run.sh
 
 ci: lint test
 

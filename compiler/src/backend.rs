@@ -13,16 +13,26 @@ pub struct Source<'a> {
     pub text: &'a str,
 }
 
-pub fn lower(m: &Module, src: &Source, gemm: Gemm, executable: bool) -> Result<Lowered, Diagnostics> {
+pub fn lower(
+    m: &Module,
+    src: &Source,
+    gemm: Gemm,
+    executable: bool,
+) -> Result<Lowered, Diagnostics> {
     lower::lower(m, &lower::Options { gemm, executable }, src.file, src.text).map_err(|d| vec![d])
 }
 
-/// The MLIR module (`--emit=mlir`), verified by MLIR.
+/// The MLIR module (`--emit=mlir`), verified by MLIR, with its model-file locations.
 pub fn emit_mlir(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnostics> {
+    use melior::ir::operation::{OperationLike, OperationPrintingFlags};
     let l = lower(m, src, gemm, false)?;
     let ctx = mlir::context();
     let module = mlir::parse(&ctx, &l.mlir, src.text)?;
-    Ok(module.as_operation().to_string())
+    let flags = OperationPrintingFlags::new().enable_debug_info(true, false);
+    module
+        .as_operation()
+        .to_string_with_flags(flags)
+        .map_err(|e| vec![Diagnostic::plain(format!("cannot print MLIR: {e}"))])
 }
 
 /// The LLVM dialect after the CPU pipeline (`--emit=llvm`).
@@ -35,7 +45,12 @@ pub fn emit_llvm(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnos
 }
 
 /// JIT-compiles the pipeline for this process.
-pub fn jit(m: &Module, src: &Source, gemm: Gemm, opt_level: usize) -> Result<mlir::Jit, Diagnostics> {
+pub fn jit(
+    m: &Module,
+    src: &Source,
+    gemm: Gemm,
+    opt_level: usize,
+) -> Result<mlir::Jit, Diagnostics> {
     let l = lower(m, src, gemm, false)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
@@ -49,7 +64,8 @@ pub fn runtime_library() -> Result<PathBuf, Diagnostic> {
     if let Some(p) = std::env::var_os("PPC_EXE_LIB") {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().map_err(|e| Diagnostic::plain(format!("cannot locate the ppc binary: {e}")))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Diagnostic::plain(format!("cannot locate the ppc binary: {e}")))?;
     let mut dirs = exe.ancestors().skip(1).take(3);
     dirs.find_map(|d| Some(d.join("libppc_exe.a")).filter(|p| p.exists())).ok_or_else(|| {
         Diagnostic::plain("cannot find the runtime library libppc_exe.a next to ppc")
@@ -75,20 +91,53 @@ pub fn executable(m: &Module, src: &Source, gemm: Gemm, out: &Path) -> Result<()
         .args(["-lm", "-lpthread", "-ldl", "-lgcc_s", "-lrt", "-o"])
         .arg(&linked)
         .output()
-        .map_err(|e| vec![Diagnostic::plain(format!("cannot run the C compiler to link: {e}"))])?;
+        .map_err(|e| {
+            vec![Diagnostic::plain(format!(
+                "cannot run the C compiler to link: {e}"
+            ))]
+        })?;
     if !status.status.success() {
-        return Err(vec![Diagnostic::plain(format!("linking failed:\n{}", String::from_utf8_lossy(&status.stderr)))]);
+        return Err(vec![Diagnostic::plain(format!(
+            "linking failed:\n{}",
+            String::from_utf8_lossy(&status.stderr)
+        ))]);
     }
-    let bytes = std::fs::read(&linked).map_err(|e| vec![Diagnostic::plain(format!("cannot read the linked executable: {e}"))])?;
-    write_atomic(out, &bytes).map_err(|e| vec![Diagnostic::plain(format!("cannot write {}: {e}", out.display()))])?;
-    set_executable(out).map_err(|e| vec![Diagnostic::plain(format!("cannot make {} executable: {e}", out.display()))])?;
+    let bytes = std::fs::read(&linked).map_err(|e| {
+        vec![Diagnostic::plain(format!(
+            "cannot read the linked executable: {e}"
+        ))]
+    })?;
+    write_atomic(out, &bytes).map_err(|e| {
+        vec![Diagnostic::plain(format!(
+            "cannot write {}: {e}",
+            out.display()
+        ))]
+    })?;
+    set_executable(out).map_err(|e| {
+        vec![Diagnostic::plain(format!(
+            "cannot make {} executable: {e}",
+            out.display()
+        ))]
+    })?;
     let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 fn tempdir() -> Result<PathBuf, Diagnostics> {
-    let d = std::env::temp_dir().join(format!("ppc-build-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|t| t.as_nanos()).unwrap_or(0)));
-    std::fs::create_dir_all(&d).map_err(|e| vec![Diagnostic::plain(format!("cannot create {}: {e}", d.display()))])?;
+    let d = std::env::temp_dir().join(format!(
+        "ppc-build-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|t| t.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&d).map_err(|e| {
+        vec![Diagnostic::plain(format!(
+            "cannot create {}: {e}",
+            d.display()
+        ))]
+    })?;
     Ok(d)
 }
 

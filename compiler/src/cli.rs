@@ -175,7 +175,7 @@ pub struct CodegenArgs {
     #[arg(long, value_enum, default_value_t = GemmArg::Runtime)]
     pub gemm: GemmArg,
     /// LLVM optimization level of the JIT (0-3).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub opt_level: u8,
 }
 
@@ -208,8 +208,13 @@ pub enum ReportFormat {
 }
 
 fn dim_override(s: &str) -> Result<(String, u64), String> {
-    let (name, value) = s.split_once('=').ok_or("expected NAME=VALUE, as in --dim d=512")?;
-    let v = value.trim().parse::<u64>().map_err(|_| format!("`{value}` is not a non-negative integer"))?;
+    let (name, value) = s
+        .split_once('=')
+        .ok_or("expected NAME=VALUE, as in --dim d=512")?;
+    let v = value
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| format!("`{value}` is not a non-negative integer"))?;
     Ok((name.trim().to_string(), v))
 }
 
@@ -219,14 +224,19 @@ fn emit_name(s: &str) -> Result<String, String> {
     }
     passes::find(s).map(|p| p.name.to_string()).ok_or_else(|| {
         let names: Vec<&str> = passes::PASSES.iter().map(|p| p.name).collect();
-        format!("unknown pass `{s}`; passes: {}, then mlir and llvm", names.join(", "))
+        format!(
+            "unknown pass `{s}`; passes: {}, then mlir and llvm",
+            names.join(", ")
+        )
     })
 }
 
 fn float_dtype(s: &str) -> Result<DType, String> {
     match DType::from_name(s) {
         Some(d) if d.is_float() => Ok(d),
-        _ => Err(format!("`{s}` is not a floating-point dtype (f32, bf16, f16)")),
+        _ => Err(format!(
+            "`{s}` is not a floating-point dtype (f32, bf16, f16)"
+        )),
     }
 }
 
@@ -241,7 +251,11 @@ where
         Ok(c) => c,
         Err(e) => {
             let text = e.render().to_string();
-            let _ = if e.use_stderr() { err.write_all(text.as_bytes()) } else { out.write_all(text.as_bytes()) };
+            let _ = if e.use_stderr() {
+                err.write_all(text.as_bytes())
+            } else {
+                out.write_all(text.as_bytes())
+            };
             return if e.use_stderr() { 2 } else { 0 };
         }
     };

@@ -42,7 +42,8 @@ struct Loaded {
 
 fn load(args: &ModelArgs) -> Result<Loaded, Failure> {
     let path = args.file.display().to_string();
-    let text = std::fs::read_to_string(&args.file).map_err(|e| Failure(format!("error: cannot read {path}: {e}\n")))?;
+    let text = std::fs::read_to_string(&args.file)
+        .map_err(|e| Failure(format!("error: cannot read {path}: {e}\n")))?;
     match frontend(&text, &args.overrides()) {
         Ok(module) => Ok(Loaded { path, text, module }),
         Err(d) => Err(Failure(render(&path, &text, &d))),
@@ -55,10 +56,18 @@ impl Loaded {
     }
 
     fn source(&self) -> Source<'_> {
-        Source { file: &self.path, text: &self.text }
+        Source {
+            file: &self.path,
+            text: &self.text,
+        }
     }
 
-    fn compile(&mut self, opts: &Options, until: Option<&str>, dump: Option<&Path>) -> Result<(), Failure> {
+    fn compile(
+        &mut self,
+        opts: &Options,
+        until: Option<&str>,
+        dump: Option<&Path>,
+    ) -> Result<(), Failure> {
         compile(&mut self.module, opts, until, dump).map_err(|e| match e {
             PipelineError::Pass(_, d) => self.fail(&d),
             PipelineError::Invalid(pass, d) => {
@@ -71,7 +80,13 @@ impl Loaded {
     }
 
     fn jit(&self, codegen: &CodegenArgs) -> Result<crate::lower::mlir::Jit, Failure> {
-        backend::jit(&self.module, &self.source(), codegen.gemm.into(), codegen.opt_level.into()).map_err(|d| self.fail(&d))
+        backend::jit(
+            &self.module,
+            &self.source(),
+            codegen.gemm.into(),
+            codegen.opt_level.into(),
+        )
+        .map_err(|d| self.fail(&d))
     }
 }
 
@@ -80,25 +95,46 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
         Command::Check(model) => {
             let l = load(&model)?;
             let p = l.module.pipeline;
-            writeln!(out, "ok: {} ({} stages, {} layers, {} microbatches, {} repeats)", l.path, p.stages, p.layers, p.microbatches, p.repeats)
-                .map_err(io)?;
+            writeln!(
+                out,
+                "ok: {} ({} stages, {} layers, {} microbatches, {} repeats)",
+                l.path, p.stages, p.layers, p.microbatches, p.repeats
+            )
+            .map_err(io)?;
         }
         Command::Fmt { model, write } => {
             let l = load(&model)?;
             let text = print(&l.module);
             if write {
-                write_atomic(&model.file, text.as_bytes()).map_err(|e| Failure(format!("error: cannot write {}: {e}\n", l.path)))?;
+                write_atomic(&model.file, text.as_bytes())
+                    .map_err(|e| Failure(format!("error: cannot write {}: {e}\n", l.path)))?;
             } else {
                 out.write_all(text.as_bytes()).map_err(io)?;
             }
         }
-        Command::Run { model, backend: Backend::Interp, io: args, .. } => run_interp(&load(&model)?, &args, out, err)?,
-        Command::Run { model, backend: Backend::Cpu, io: args, codegen } => {
+        Command::Run {
+            model,
+            backend: Backend::Interp,
+            io: args,
+            ..
+        } => run_interp(&load(&model)?, &args, out, err)?,
+        Command::Run {
+            model,
+            backend: Backend::Cpu,
+            io: args,
+            codegen,
+        } => {
             let mut l = load(&model)?;
             let t = Instant::now();
             l.compile(&Options::default(), None, None)?;
             let jit = l.jit(&codegen)?;
-            writeln!(err, "compiled {} in {:.2} s", l.path, t.elapsed().as_secs_f64()).map_err(io)?;
+            writeln!(
+                err,
+                "compiled {} in {:.2} s",
+                l.path,
+                t.elapsed().as_secs_f64()
+            )
+            .map_err(io)?;
             let opts = RunOptions {
                 seed: args.seed,
                 steps: args.steps,
@@ -109,34 +145,68 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             };
             drive(&jit.program, &opts, out, err)?;
         }
-        Command::Compile { model, emit, output, print_after_all, report: fmt, pass, codegen } => {
+        Command::Compile {
+            model,
+            emit,
+            output,
+            print_after_all,
+            report: fmt,
+            pass,
+            codegen,
+        } => {
             let mut l = load(&model)?;
-            let opts = Options { poison_bubbles: pass.poison_bubbles };
-            let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm")) || output.is_some() || fmt.is_some();
-            l.compile(&opts, if lowering { None } else { emit.as_deref() }, print_after_all.as_deref())?;
+            let opts = Options {
+                poison_bubbles: pass.poison_bubbles,
+            };
+            let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm"))
+                || output.is_some()
+                || fmt.is_some();
+            l.compile(
+                &opts,
+                if lowering { None } else { emit.as_deref() },
+                print_after_all.as_deref(),
+            )?;
             let gemm: Gemm = codegen.gemm.into();
             if let Some(path) = &output {
                 let t = Instant::now();
                 backend::executable(&l.module, &l.source(), gemm, path).map_err(|d| l.fail(&d))?;
-                writeln!(err, "wrote {} in {:.2} s", path.display(), t.elapsed().as_secs_f64()).map_err(io)?;
+                writeln!(
+                    err,
+                    "wrote {} in {:.2} s",
+                    path.display(),
+                    t.elapsed().as_secs_f64()
+                )
+                .map_err(io)?;
             }
             let text = match (fmt, emit.as_deref()) {
                 (Some(ReportFormat::Json), _) => format!("{}\n", report(&l.module)?),
-                (None, Some("mlir")) => backend::emit_mlir(&l.module, &l.source(), gemm).map_err(|d| l.fail(&d))?,
-                (None, Some("llvm")) => backend::emit_llvm(&l.module, &l.source(), gemm).map_err(|d| l.fail(&d))?,
+                (None, Some("mlir")) => {
+                    backend::emit_mlir(&l.module, &l.source(), gemm).map_err(|d| l.fail(&d))?
+                }
+                (None, Some("llvm")) => {
+                    backend::emit_llvm(&l.module, &l.source(), gemm).map_err(|d| l.fail(&d))?
+                }
                 (None, _) if output.is_none() => print(&l.module),
                 (None, _) => String::new(),
             };
             out.write_all(text.as_bytes()).map_err(io)?;
         }
-        Command::Verify { model, backend, seed, pass, codegen } => return verify(&model, backend, seed, &pass, &codegen, out, err),
+        Command::Verify {
+            model,
+            backend,
+            seed,
+            pass,
+            codegen,
+        } => return verify(&model, backend, seed, &pass, &codegen, out, err),
         Command::Schedule { model, svg } => {
             let mut l = load(&model)?;
             l.compile(&Options::default(), None, None)?;
             let s = Schedule::of(&l.module)?;
             out.write_all(s.text().as_bytes()).map_err(io)?;
             if let Some(path) = svg {
-                write_atomic(&path, s.svg().as_bytes()).map_err(|e| Failure(format!("error: cannot write {}: {e}\n", path.display())))?;
+                write_atomic(&path, s.svg().as_bytes()).map_err(|e| {
+                    Failure(format!("error: cannot write {}: {e}\n", path.display()))
+                })?;
                 writeln!(err, "wrote {}", path.display()).map_err(io)?;
             }
         }
@@ -145,9 +215,16 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
 }
 
 /// `ppc run --backend interp`: the model as written, each microbatch through every layer.
-fn run_interp(l: &Loaded, args: &RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Failure> {
+fn run_interp(
+    l: &Loaded,
+    args: &RunArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), Failure> {
     if args.bench.is_some() || args.input.is_some() {
-        return Err(Failure("error: --bench and --input need the cpu backend\n".into()));
+        return Err(Failure(
+            "error: --bench and --input need the cpu backend\n".into(),
+        ));
     }
     let p = l.module.pipeline;
     let mut interp = Interp::new(&l.module, args.seed);
@@ -164,11 +241,21 @@ fn run_interp(l: &Loaded, args: &RunArgs, out: &mut dyn Write, err: &mut dyn Wri
     let secs = start.elapsed().as_secs_f64() / f64::from(steps);
     let y = result.expect("invariant: at least one step ran");
     writeln!(out, "model       {}", l.path).map_err(io)?;
-    writeln!(out, "pipeline    {} stages, {} microbatches, {} repeats, {} layers", p.stages, p.microbatches, p.repeats, p.layers).map_err(io)?;
+    writeln!(
+        out,
+        "pipeline    {} stages, {} microbatches, {} repeats, {} layers",
+        p.stages, p.microbatches, p.repeats, p.layers
+    )
+    .map_err(io)?;
     writeln!(out, "input       {}", shape_of(&inputs)).map_err(io)?;
     writeln!(out, "output      {}", shape_of(&y)).map_err(io)?;
     writeln!(out, "checksum    {:.6e}", y.checksum()).map_err(io)?;
-    writeln!(out, "step time   {secs:.4} s (interp, sequential, seed {})", args.seed).map_err(io)?;
+    writeln!(
+        out,
+        "step time   {secs:.4} s (interp, sequential, seed {})",
+        args.seed
+    )
+    .map_err(io)?;
     if let Some(path) = &args.output {
         ppc_runtime::safetensors::write(path, &[(OUTPUT_TENSOR, &HostBuffer::from_tensor(&y))])?;
         writeln!(err, "wrote {}", path.display()).map_err(io)?;
@@ -177,22 +264,54 @@ fn run_interp(l: &Loaded, args: &RunArgs, out: &mut dyn Write, err: &mut dyn Wri
 }
 
 /// `ppc verify`: the pipelined program (interpreted or compiled) against the sequential model.
-fn verify(model: &ModelArgs, backend: Backend, seed: u64, pass: &PassArgs, codegen: &CodegenArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32, Failure> {
+fn verify(
+    model: &ModelArgs,
+    backend: Backend,
+    seed: u64,
+    pass: &PassArgs,
+    codegen: &CodegenArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, Failure> {
     let mut l = load(model)?;
-    l.compile(&Options { poison_bubbles: pass.poison_bubbles }, None, None)?;
+    l.compile(
+        &Options {
+            poison_bubbles: pass.poison_bubbles,
+        },
+        None,
+        None,
+    )?;
     let p = l.module.pipeline;
     let dtype = l.module.input.dtype;
-    let poison = if pass.poison_bubbles { ", poisoned bubbles" } else { "" };
-    writeln!(err, "verify: {} stages, {} microbatches, {} repeats, {} layers, {dtype} (seed {seed}{poison})", p.stages, p.microbatches, p.repeats, p.layers)
-        .map_err(io)?;
+    let poison = if pass.poison_bubbles {
+        ", poisoned bubbles"
+    } else {
+        ""
+    };
+    writeln!(
+        err,
+        "verify: {} stages, {} microbatches, {} repeats, {} layers, {dtype} (seed {seed}{poison})",
+        p.stages, p.microbatches, p.repeats, p.layers
+    )
+    .map_err(io)?;
     let mut interp = Interp::new(&l.module, seed);
     let inputs = interp.synthetic_inputs();
     let t = Instant::now();
     let want = interp.sequential(&inputs)?;
-    writeln!(err, "sequential model (interp): {:.3} s", t.elapsed().as_secs_f64()).map_err(io)?;
+    writeln!(
+        err,
+        "sequential model (interp): {:.3} s",
+        t.elapsed().as_secs_f64()
+    )
+    .map_err(io)?;
     let t = Instant::now();
     let piped = interp.forward(&inputs)?;
-    writeln!(err, "pipelined program (interp): {:.3} s", t.elapsed().as_secs_f64()).map_err(io)?;
+    writeln!(
+        err,
+        "pipelined program (interp): {:.3} s",
+        t.elapsed().as_secs_f64()
+    )
+    .map_err(io)?;
     let (got, tol) = match backend {
         Backend::Interp => (piped.clone(), 0.0),
         Backend::Cpu => {
@@ -202,13 +321,22 @@ fn verify(model: &ModelArgs, backend: Backend, seed: u64, pass: &PassArgs, codeg
             let mut params = jit.program.params(seed);
             let mut y = jit.program.output_buffer();
             jit.program.run(&mut x, &mut params, &mut y)?;
-            writeln!(err, "pipelined program (cpu, compile and run): {:.3} s", t.elapsed().as_secs_f64()).map_err(io)?;
+            writeln!(
+                err,
+                "pipelined program (cpu, compile and run): {:.3} s",
+                t.elapsed().as_secs_f64()
+            )
+            .map_err(io)?;
             let exact = matches!(codegen.gemm.into(), Gemm::Loops);
             (y.to_tensor(), if exact { 0.0 } else { tolerance(dtype) })
         }
     };
     let (vs_seq, vs_interp) = (compare(&want, &got), compare(&piped, &got));
-    let ok = if tol == 0.0 { vs_seq.bit_exact && vs_interp.bit_exact } else { vs_seq.max_rel <= tol && vs_interp.max_rel <= tol };
+    let ok = if tol == 0.0 {
+        vs_seq.bit_exact && vs_interp.bit_exact
+    } else {
+        vs_seq.max_rel <= tol && vs_interp.max_rel <= tol
+    };
     let json = serde_json::json!({
         "backend": match backend { Backend::Cpu => "cpu", Backend::Interp => "interp" },
         "dtype": dtype.name(),

@@ -15,7 +15,11 @@ pub struct Comparison {
 /// Compares `got` with the reference `want`. A NaN on one side only counts as infinitely far.
 pub fn compare(want: &Tensor, got: &Tensor) -> Comparison {
     if want.shape != got.shape {
-        return Comparison { max_abs: f64::INFINITY, max_rel: f64::INFINITY, bit_exact: false };
+        return Comparison {
+            max_abs: f64::INFINITY,
+            max_rel: f64::INFINITY,
+            bit_exact: false,
+        };
     }
     let (mut max_abs, mut scale) = (0.0f64, 0.0f64);
     for (&a, &b) in want.data.iter().zip(&got.data) {
@@ -31,9 +35,21 @@ pub fn compare(want: &Tensor, got: &Tensor) -> Comparison {
             scale = scale.max(f64::from(a).abs());
         }
     }
-    let max_rel = if max_abs == 0.0 { 0.0 } else { max_abs / scale.max(f64::MIN_POSITIVE) };
-    let bit_exact = want.data.iter().zip(&got.data).all(|(a, b)| a.to_bits() == b.to_bits());
-    Comparison { max_abs, max_rel, bit_exact }
+    let max_rel = if max_abs == 0.0 {
+        0.0
+    } else {
+        max_abs / scale.max(f64::MIN_POSITIVE)
+    };
+    let bit_exact = want
+        .data
+        .iter()
+        .zip(&got.data)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    Comparison {
+        max_abs,
+        max_rel,
+        bit_exact,
+    }
 }
 
 /// The largest normwise relative difference `ppc verify --backend cpu` accepts from a compiled

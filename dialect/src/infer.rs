@@ -209,6 +209,14 @@ pub fn infer(
             let mut dims = batch.dims;
             dims.push(m.clone());
             dims.push(n.clone());
+            if let Some(mask) = operands.get(2) {
+                if dims.len() < 3 || mask.dtype != DType::I1 || mask.shape() != [dims[0].size] {
+                    return err(
+                        format!("the mask of a batched `matmul` must be i1[{}] over its first batch axis, got {}", dims[0].size, sizes(mask)),
+                        Some(2),
+                    );
+                }
+            }
             one(Type::new(a.dtype, dims))
         }
         OpKind::Transpose { perm, .. } => {

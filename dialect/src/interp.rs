@@ -132,7 +132,9 @@ impl<'m> Interp<'m> {
                     on_true,
                     on_false,
                 } => vec![k::select(get(*cond), get(*on_true), get(*on_false), &shape)],
-                OpKind::MatMul { lhs, rhs } => vec![k::matmul(get(*lhs), get(*rhs), &shape)],
+                OpKind::MatMul { lhs, rhs, mask } => {
+                    vec![k::matmul(get(*lhs), get(*rhs), mask.map(get), &shape)]
+                }
                 OpKind::Transpose { x, perm } => vec![k::transpose(get(*x), perm)],
                 OpKind::Reshape { x } => vec![Tensor::new(ty.dtype, shape, get(*x).data.clone())],
                 OpKind::Broadcast { x } => vec![k::broadcast(get(*x), ty.dtype, &shape)],
@@ -205,13 +207,32 @@ fn take(env: &[Option<Tensor>], v: ValueId) -> &Tensor {
 }
 
 /// A parameter's values: each layer's slice drawn from the stream `(name, layer)`.
-pub fn materialize(seed: u64, name: &str, ty: &crate::types::Type, p: &Param, layer: u64) -> Tensor {
-    ppc_runtime::init::param(seed, name, ty.dtype, &ty.shape_usize(), p.layer_axes, p.init, layer)
+pub fn materialize(
+    seed: u64,
+    name: &str,
+    ty: &crate::types::Type,
+    p: &Param,
+    layer: u64,
+) -> Tensor {
+    ppc_runtime::init::param(
+        seed,
+        name,
+        ty.dtype,
+        &ty.shape_usize(),
+        p.layer_axes,
+        p.init,
+        layer,
+    )
 }
 
 /// `[M, ...input]` synthetic inputs for `seed`: microbatch `m` from the stream `("input", m)`.
 pub fn synthetic_inputs(m: &Module, seed: u64) -> Tensor {
-    ppc_runtime::init::synthetic_inputs(seed, m.input.dtype, &m.input.shape_usize(), m.pipeline.microbatches as usize)
+    ppc_runtime::init::synthetic_inputs(
+        seed,
+        m.input.dtype,
+        &m.input.shape_usize(),
+        m.pipeline.microbatches as usize,
+    )
 }
 
 /// Slice `i` of the leading axis.

@@ -161,7 +161,8 @@ pub fn select(c: &Tensor, t: &Tensor, f: &Tensor, shape: &[usize]) -> Tensor {
 }
 
 /// `[..., m, k] x [..., k, n]`: for each output element, `sum_k a[i,k] * b[k,j]` in k order.
-pub fn matmul(a: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
+/// Where `mask` (over the first axis) is false, the result is zero.
+pub fn matmul(a: &Tensor, b: &Tensor, mask: Option<&Tensor>, shape: &[usize]) -> Tensor {
     let r = shape.len();
     let (m, n) = (shape[r - 2], shape[r - 1]);
     let k = a.shape[a.shape.len() - 1];
@@ -169,7 +170,11 @@ pub fn matmul(a: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
     let sa = broadcast_strides(&a.shape[..a.shape.len() - 2], batch);
     let sb = broadcast_strides(&b.shape[..b.shape.len() - 2], batch);
     let mut data = vec![0.0f32; shape.iter().product()];
+    let per_first: usize = batch.iter().skip(1).product();
     walk(batch, &[sa, sb], |o, offs| {
+        if mask.is_some_and(|mk| mk.data[o / per_first] == 0.0) {
+            return;
+        }
         let (pa, pb) = (offs[0] * m * k, offs[1] * k * n);
         let out = &mut data[o * m * n..(o + 1) * m * n];
         for i in 0..m {

@@ -85,9 +85,13 @@ pub enum OpKind {
         on_false: ValueId,
     },
     /// `[..., m, k] x [..., k, n] -> [..., m, n]`, batch axes broadcast; f32 accumulation.
+    /// With a `mask` (i1 over the result's first axis, which must be a batch axis), entries
+    /// whose mask is false are zero and need not be computed: this is how the GPipe loop
+    /// predicates bubble slots away.
     MatMul {
         lhs: ValueId,
         rhs: ValueId,
+        mask: Option<ValueId>,
     },
     /// Result axis `i` is input axis `perm[i]`.
     Transpose {
@@ -309,7 +313,16 @@ impl OpKind {
             | OpKind::Shift { x, .. } => vec![*x],
             OpKind::Binary { lhs, rhs, .. }
             | OpKind::Compare { lhs, rhs, .. }
-            | OpKind::MatMul { lhs, rhs } => vec![*lhs, *rhs],
+            | OpKind::MatMul {
+                lhs,
+                rhs,
+                mask: None,
+            } => vec![*lhs, *rhs],
+            OpKind::MatMul {
+                lhs,
+                rhs,
+                mask: Some(m),
+            } => vec![*lhs, *rhs, *m],
             OpKind::Select {
                 cond,
                 on_true,

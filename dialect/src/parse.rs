@@ -925,8 +925,10 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     OpKind::Select { cond: ids[0], on_true: ids[1], on_false: ids[2] }
                 }
                 "matmul" => {
-                    arity(2)?;
-                    OpKind::MatMul { lhs: ids[0], rhs: ids[1] }
+                    if ids.len() != 3 {
+                        arity(2)?;
+                    }
+                    OpKind::MatMul { lhs: ids[0], rhs: ids[1], mask: ids.get(2).copied() }
                 }
                 "transpose" => {
                     arity(1)?;

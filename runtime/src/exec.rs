@@ -34,14 +34,29 @@ impl Program {
             .args
             .iter()
             .filter(|a| a.role == Role::Param)
-            .map(|a| HostBuffer::from_tensor(&init::param(seed, &a.name, a.dtype, &a.shape, a.layer_axes, a.init, 0)))
+            .map(|a| {
+                HostBuffer::from_tensor(&init::param(
+                    seed,
+                    &a.name,
+                    a.dtype,
+                    &a.shape,
+                    a.layer_axes,
+                    a.init,
+                    0,
+                ))
+            })
             .collect()
     }
 
     /// Seeded synthetic input microbatches.
     pub fn synthetic_input(&self, seed: u64) -> HostBuffer {
         let a = self.manifest.input();
-        HostBuffer::from_tensor(&init::synthetic_inputs(seed, a.dtype, &a.shape[1..], a.shape[0]))
+        HostBuffer::from_tensor(&init::synthetic_inputs(
+            seed,
+            a.dtype,
+            &a.shape[1..],
+            a.shape[0],
+        ))
     }
 
     /// A zeroed output buffer.
@@ -51,7 +66,12 @@ impl Program {
     }
 
     /// Runs the pipeline once: `output = f(input, params)`.
-    pub fn run(&self, input: &mut HostBuffer, params: &mut [HostBuffer], output: &mut HostBuffer) -> Result<(), String> {
+    pub fn run(
+        &self,
+        input: &mut HostBuffer,
+        params: &mut [HostBuffer],
+        output: &mut HostBuffer,
+    ) -> Result<(), String> {
         let mut bufs: Vec<&mut HostBuffer> = Vec::with_capacity(self.manifest.args.len());
         let mut params = params.iter_mut();
         let (mut input, mut output) = (Some(input), Some(output));
@@ -63,13 +83,19 @@ impl Program {
             }
             .ok_or_else(|| format!("missing buffer for argument `{}`", a.name))?;
             if b.dtype != a.dtype || b.shape != a.shape {
-                return Err(format!("argument `{}` must be {}{:?}, got {}{:?}", a.name, a.dtype, a.shape, b.dtype, b.shape));
+                return Err(format!(
+                    "argument `{}` must be {}{:?}, got {}{:?}",
+                    a.name, a.dtype, a.shape, b.dtype, b.shape
+                ));
             }
             bufs.push(b);
         }
         let mut descriptors: Vec<Vec<i64>> = bufs.iter_mut().map(|b| b.descriptor()).collect();
         let mut desc_ptrs: Vec<*mut i64> = descriptors.iter_mut().map(|d| d.as_mut_ptr()).collect();
-        let mut packed: Vec<*mut c_void> = desc_ptrs.iter_mut().map(|p| (p as *mut *mut i64).cast::<c_void>()).collect();
+        let mut packed: Vec<*mut c_void> = desc_ptrs
+            .iter_mut()
+            .map(|p| (p as *mut *mut i64).cast::<c_void>())
+            .collect();
         // SAFETY: `Program::new`'s contract says `entry` takes exactly these memrefs; each packed
         // slot points to a pointer to a descriptor of a live buffer with the checked dtype and
         // shape, and all of them outlive the call.
@@ -96,7 +122,12 @@ pub const INPUT_TENSOR: &str = "input";
 pub const OUTPUT_TENSOR: &str = "output";
 
 /// Runs `program` as `opts` says, printing the summary to `out` and progress to `err`.
-pub fn drive(program: &Program, opts: &RunOptions, out: &mut dyn Write, err: &mut dyn Write) -> Result<HostBuffer, String> {
+pub fn drive(
+    program: &Program,
+    opts: &RunOptions,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<HostBuffer, String> {
     let m = &program.manifest;
     let io = |e: std::io::Error| e.to_string();
     let mut input = match &opts.input {
@@ -126,20 +157,49 @@ pub fn drive(program: &Program, opts: &RunOptions, out: &mut dyn Write, err: &mu
         program.run(&mut input, &mut params, &mut output)?;
         times.push(t.elapsed().as_secs_f64());
         if steps > 1 {
-            writeln!(err, "step {}/{steps}: {:.4} s", step + 1, times[times.len() - 1]).map_err(io)?;
+            writeln!(
+                err,
+                "step {}/{steps}: {:.4} s",
+                step + 1,
+                times[times.len() - 1]
+            )
+            .map_err(io)?;
         }
     }
     let step_s = times.iter().sum::<f64>() / times.len() as f64;
     let y = output.to_tensor();
     let bubble = (m.stages - 1) as f64 / (m.repeats * m.microbatches + m.stages - 1) as f64;
     writeln!(out, "model       {}", m.model).map_err(io)?;
-    writeln!(out, "pipeline    {} stages, {} microbatches, {} repeats, {} layers", m.stages, m.microbatches, m.repeats, m.layers).map_err(io)?;
+    writeln!(
+        out,
+        "pipeline    {} stages, {} microbatches, {} repeats, {} layers",
+        m.stages, m.microbatches, m.repeats, m.layers
+    )
+    .map_err(io)?;
     writeln!(out, "input       {}{:?}", m.input().dtype, m.input().shape).map_err(io)?;
     writeln!(out, "output      {}{:?}", y.dtype, y.shape).map_err(io)?;
     writeln!(out, "checksum    {:.6e}", y.checksum()).map_err(io)?;
-    writeln!(out, "step time   {step_s:.6} s ({}, seed {}, {steps} step{})", opts.backend, opts.seed, if steps == 1 { "" } else { "s" }).map_err(io)?;
-    writeln!(out, "throughput  {:.1} microbatches/s, {:.2} GFLOP/s useful", m.microbatches as f64 / step_s, m.flops as f64 / step_s / 1e9).map_err(io)?;
-    writeln!(out, "bubble      {:.1}% of stage-iterations idle", 100.0 * bubble).map_err(io)?;
+    writeln!(
+        out,
+        "step time   {step_s:.6} s ({}, seed {}, {steps} step{})",
+        opts.backend,
+        opts.seed,
+        if steps == 1 { "" } else { "s" }
+    )
+    .map_err(io)?;
+    writeln!(
+        out,
+        "throughput  {:.1} microbatches/s, {:.2} GFLOP/s useful",
+        m.microbatches as f64 / step_s,
+        m.flops as f64 / step_s / 1e9
+    )
+    .map_err(io)?;
+    writeln!(
+        out,
+        "bubble      {:.1}% of stage-iterations idle",
+        100.0 * bubble
+    )
+    .map_err(io)?;
     if let Some(n) = opts.bench {
         // Warm up (page in weights, fill caches), then time n steps and report the median.
         for _ in 0..2 {
@@ -148,7 +208,9 @@ pub fn drive(program: &Program, opts: &RunOptions, out: &mut dyn Write, err: &mu
         let mut t: Vec<f64> = (0..n.max(1))
             .map(|_| {
                 let s = Instant::now();
-                program.run(&mut input, &mut params, &mut output).map(|_| s.elapsed().as_secs_f64())
+                program
+                    .run(&mut input, &mut params, &mut output)
+                    .map(|_| s.elapsed().as_secs_f64())
             })
             .collect::<Result<_, _>>()?;
         t.sort_by(f64::total_cmp);

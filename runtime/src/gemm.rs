@@ -1,5 +1,6 @@
 //! The GEMM that generated CPU code calls for f32 `matmul`: `C = A · B` over any batch axes,
-//! with NumPy broadcasting of the batch axes, on `matrixmultiply`'s tuned kernels.
+//! with NumPy broadcasting of the batch axes: the packing-free kernel of `small_m.rs` for the
+//! few-row products of pipeline stages, `matrixmultiply`'s tuned kernels otherwise.
 //!
 //! It is called through MLIR's C interface with unranked memrefs (`memref<*xf32>`), so one
 //! symbol serves every rank. The summation order differs from the reference interpreter's
@@ -20,6 +21,17 @@ struct View {
     strides: Vec<isize>,
 }
 
+impl View {
+    /// The first element (a method, so closures capture the whole `Sync` view).
+    fn base(&self) -> *mut f32 {
+        self.ptr
+    }
+}
+
+// SAFETY: a view is only a description of memory; `_mlir_ciface_ppc_matmul_f32` guarantees
+// that concurrent users write disjoint elements.
+unsafe impl Sync for View {}
+
 /// # Safety
 /// `u` points to a live unranked memref descriptor of f32 elements.
 unsafe fn view(u: *const Unranked) -> View {
@@ -31,8 +43,14 @@ unsafe fn view(u: *const Unranked) -> View {
         let aligned = *words.add(1) as *mut f32;
         let offset = *words.add(2) as isize;
         let sizes = (0..rank).map(|i| *words.add(3 + i) as usize).collect();
-        let strides = (0..rank).map(|i| *words.add(3 + rank + i) as isize).collect();
-        View { ptr: aligned.offset(offset), sizes, strides }
+        let strides = (0..rank)
+            .map(|i| *words.add(3 + rank + i) as isize)
+            .collect();
+        View {
+            ptr: aligned.offset(offset),
+            sizes,
+            strides,
+        }
     }
 }
 
@@ -41,7 +59,15 @@ unsafe fn view(u: *const Unranked) -> View {
 fn batch_offset(v: &View, idx: &[usize]) -> isize {
     let nb = v.sizes.len() - 2;
     let skip = idx.len() - nb;
-    (0..nb).map(|i| if v.sizes[i] == 1 { 0 } else { idx[skip + i] as isize * v.strides[i] }).sum()
+    (0..nb)
+        .map(|i| {
+            if v.sizes[i] == 1 {
+                0
+            } else {
+                idx[skip + i] as isize * v.strides[i]
+            }
+        })
+        .sum()
 }
 
 /// `c = a · b`.
@@ -50,7 +76,52 @@ fn batch_offset(v: &View, idx: &[usize]) -> isize {
 /// All three point to live f32 memref descriptors whose shapes `matmul` type-checked:
 /// `a: [..., m, k]`, `b: [..., k, n]`, `c: [batch..., m, n]`, and `c` does not overlap `a` or `b`.
 #[no_mangle]
-pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32(a: *const Unranked, b: *const Unranked, c: *const Unranked) {
+pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32(
+    a: *const Unranked,
+    b: *const Unranked,
+    c: *const Unranked,
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { matmul(a, b, c, None) }
+}
+
+/// `c = a · b` where `mask[i]` (over `c`'s first axis) is true; zero elsewhere. Used by stage
+/// programs: entries of stages in a bubble slot are skipped.
+///
+/// # Safety
+/// As [`_mlir_ciface_ppc_matmul_f32`], and `mask` points to a live i1 memref of `c`'s first axis.
+#[no_mangle]
+pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32_masked(
+    a: *const Unranked,
+    b: *const Unranked,
+    c: *const Unranked,
+    mask: *const Unranked,
+) {
+    // SAFETY: forwarded from this function's contract; i1 memrefs hold one byte per element.
+    unsafe {
+        let words = (*mask).descriptor.cast::<i64>();
+        let (ptr, offset, n, stride) = (
+            *words.add(1) as *const u8,
+            *words.add(2) as isize,
+            *words.add(3) as usize,
+            *words.add(4) as isize,
+        );
+        let active: Vec<bool> = (0..n)
+            .map(|i| *ptr.offset(offset + i as isize * stride) & 1 == 1)
+            .collect();
+        matmul(a, b, c, Some(&active))
+    }
+}
+
+/// # Safety
+/// As [`_mlir_ciface_ppc_matmul_f32`]; `active`, if given, has one entry per index of `c`'s
+/// first axis.
+unsafe fn matmul(
+    a: *const Unranked,
+    b: *const Unranked,
+    c: *const Unranked,
+    active: Option<&[bool]>,
+) {
     // SAFETY: forwarded from this function's contract.
     let (a, b, c) = unsafe { (view(a), view(b), view(c)) };
     let r = c.sizes.len();
@@ -58,41 +129,117 @@ pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32(a: *const Unranked, b: *con
     let k = a.sizes[a.sizes.len() - 1];
     let batch = &c.sizes[..r - 2];
     let count: usize = batch.iter().product();
-    let mut idx = vec![0usize; batch.len()];
+    let per_first = batch.iter().skip(1).product::<usize>().max(1);
     let (ra, rb) = (a.sizes.len(), b.sizes.len());
-    for _ in 0..count {
-        let oc: isize = idx.iter().zip(&c.strides).map(|(&i, &s)| i as isize * s).sum();
-        // SAFETY: offsets stay inside each operand (broadcast axes use offset 0); matrixmultiply
-        // reads `a` and `b` and writes `c` through the given strides only.
+    // One GEMM per batch entry (per stage, in a stage program), each cut into column blocks so
+    // that the threads share the work evenly however many stages are active.
+    let threads = crate::pool::threads();
+    let blocks = if n >= 64 * threads { threads } else { 1 };
+    let width = n.div_ceil(blocks).next_multiple_of(16).min(n);
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    for flat in 0..count {
+        let skip = active.is_some_and(|act| !act[flat / per_first]);
+        for j0 in (0..n).step_by(width) {
+            tasks.push((flat, j0, (j0 + width).min(n)));
+        }
+        if skip {
+            tasks.truncate(tasks.len() - n.div_ceil(width));
+            // A skipped entry is zero.
+            let (cp, (rs, cs)) = (entry(&c, flat, batch), (c.strides[r - 2], c.strides[r - 1]));
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: inside this entry's [m, n] block of `c`.
+                    unsafe { *cp.offset(i as isize * rs + j as isize * cs) = 0.0 };
+                }
+            }
+        }
+    }
+    let one = |t: usize| {
+        let (flat, j0, j1) = tasks[t];
+        let idx = unflatten(flat, batch);
+        let (cs, bs) = (c.strides[r - 1], b.strides[rb - 1]);
+        // SAFETY: offsets stay inside each operand (broadcast axes use offset 0); each task
+        // writes only columns j0..j1 of its own entry's block of `c`, so tasks never write the
+        // same element; the kernels read `a` and `b` and write `c` through the given strides.
         unsafe {
+            let cp = entry(&c, flat, batch).offset(j0 as isize * cs);
+            let ap = a.base().offset(batch_offset(&a, &idx));
+            let bp = b.base().offset(batch_offset(&b, &idx) + j0 as isize * bs);
+            let unit = a.strides[ra - 1] == 1 && bs == 1 && cs == 1;
+            if unit && m <= SMALL_M && small_m_available() {
+                crate::small_m::sgemm(
+                    m,
+                    k,
+                    j1 - j0,
+                    ap,
+                    a.strides[ra - 2] as usize,
+                    bp,
+                    b.strides[rb - 2] as usize,
+                    cp,
+                    c.strides[r - 2] as usize,
+                );
+                return;
+            }
             matrixmultiply::sgemm(
                 m,
                 k,
-                n,
+                j1 - j0,
                 1.0,
-                a.ptr.offset(batch_offset(&a, &idx)),
+                ap,
                 a.strides[ra - 2],
                 a.strides[ra - 1],
-                b.ptr.offset(batch_offset(&b, &idx)),
+                bp,
                 b.strides[rb - 2],
-                b.strides[rb - 1],
+                bs,
                 0.0,
-                c.ptr.offset(oc),
+                cp,
                 c.strides[r - 2],
-                c.strides[r - 1],
+                cs,
             );
         }
-        for ax in (0..batch.len()).rev() {
-            idx[ax] += 1;
-            if idx[ax] < batch[ax] {
-                break;
-            }
-            idx[ax] = 0;
-        }
-    }
+    };
+    crate::pool::parallel_for(tasks.len(), &one);
 }
 
-/// The address of [`_mlir_ciface_ppc_matmul_f32`], for registering it with a JIT.
-pub fn matmul_f32_symbol() -> *mut () {
-    _mlir_ciface_ppc_matmul_f32 as *mut ()
+/// The batch index of flat entry `flat` (row-major over `batch`).
+fn unflatten(flat: usize, batch: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0usize; batch.len()];
+    let mut rest = flat;
+    for ax in (0..batch.len()).rev() {
+        idx[ax] = rest % batch[ax];
+        rest /= batch[ax];
+    }
+    idx
+}
+
+/// The first element of `c`'s block for flat batch entry `flat`.
+fn entry(c: &View, flat: usize, batch: &[usize]) -> *mut f32 {
+    let oc: isize = unflatten(flat, batch)
+        .iter()
+        .zip(&c.strides)
+        .map(|(&i, &s)| i as isize * s)
+        .sum();
+    c.base().wrapping_offset(oc)
+}
+
+/// Up to this many rows, the packing-free kernel of `small_m.rs` beats `matrixmultiply`.
+const SMALL_M: usize = 64;
+
+fn small_m_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(crate::small_m::available)
+}
+
+/// The runtime functions generated code calls, by symbol, for registering with a JIT.
+pub fn symbols() -> [(&'static str, *mut ()); 2] {
+    [
+        (
+            "_mlir_ciface_ppc_matmul_f32",
+            _mlir_ciface_ppc_matmul_f32 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_f32_masked",
+            _mlir_ciface_ppc_matmul_f32_masked as *mut (),
+        ),
+    ]
 }

@@ -12,7 +12,15 @@ pub const INPUT_INIT: Init = Init::Normal(1.0);
 /// A parameter of `shape` whose first `layer_axes` axes enumerate layers (row-major): the slice
 /// of layer `l` comes from the stream `(name, l)`. With `layer_axes = 0` the whole tensor
 /// belongs to layer `layer`.
-pub fn param(seed: u64, name: &str, dtype: DType, shape: &[usize], layer_axes: usize, init: Init, layer: u64) -> Tensor {
+pub fn param(
+    seed: u64,
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    layer_axes: usize,
+    init: Init,
+    layer: u64,
+) -> Tensor {
     let layers: usize = shape[..layer_axes].iter().product();
     let inner: usize = shape[layer_axes..].iter().product();
     let mut data = Vec::with_capacity(layers * inner);

@@ -13,8 +13,10 @@ pub mod gemm;
 pub mod init;
 pub mod manifest;
 pub mod memref;
+pub mod pool;
 pub mod rng;
 pub mod safetensors;
+pub mod small_m;
 pub mod tensor;
 
 pub use rng::{Init, Rng};

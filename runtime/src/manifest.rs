@@ -49,17 +49,27 @@ pub struct Manifest {
 
 impl Manifest {
     pub fn input(&self) -> &Arg {
-        self.args.iter().find(|a| a.role == Role::Input).expect("invariant: a manifest has an input")
+        self.args
+            .iter()
+            .find(|a| a.role == Role::Input)
+            .expect("invariant: a manifest has an input")
     }
 
     pub fn output(&self) -> &Arg {
-        self.args.iter().find(|a| a.role == Role::Output).expect("invariant: a manifest has an output")
+        self.args
+            .iter()
+            .find(|a| a.role == Role::Output)
+            .expect("invariant: a manifest has an output")
     }
 
     pub fn to_text(&self) -> String {
         let mut s = String::from("ppc-manifest 1\n");
         let _ = writeln!(s, "model {}", self.model);
-        let _ = writeln!(s, "pipeline {} {} {} {}", self.stages, self.microbatches, self.repeats, self.layers);
+        let _ = writeln!(
+            s,
+            "pipeline {} {} {} {}",
+            self.stages, self.microbatches, self.repeats, self.layers
+        );
         let _ = writeln!(s, "flops {}", self.flops);
         for a in &self.args {
             let role = match a.role {
@@ -88,9 +98,23 @@ impl Manifest {
         if lines.next() != Some("ppc-manifest 1") {
             return Err("not a ppc manifest (version 1)".into());
         }
-        let mut m = Manifest { model: String::new(), stages: 0, microbatches: 0, repeats: 0, layers: 0, flops: 0, args: vec![] };
-        let num = |w: Option<&str>| -> Result<u64, String> { w.and_then(|w| w.parse().ok()).ok_or_else(|| format!("bad number in manifest: {w:?}")) };
-        let float = |w: Option<&str>| -> Result<f64, String> { w.and_then(|w| w.parse().ok()).ok_or_else(|| format!("bad number in manifest: {w:?}")) };
+        let mut m = Manifest {
+            model: String::new(),
+            stages: 0,
+            microbatches: 0,
+            repeats: 0,
+            layers: 0,
+            flops: 0,
+            args: vec![],
+        };
+        let num = |w: Option<&str>| -> Result<u64, String> {
+            w.and_then(|w| w.parse().ok())
+                .ok_or_else(|| format!("bad number in manifest: {w:?}"))
+        };
+        let float = |w: Option<&str>| -> Result<f64, String> {
+            w.and_then(|w| w.parse().ok())
+                .ok_or_else(|| format!("bad number in manifest: {w:?}"))
+        };
         for line in lines {
             let mut w = line.split(' ');
             match w.next() {
@@ -115,7 +139,10 @@ impl Manifest {
                     let shape = if shape_text.is_empty() {
                         vec![]
                     } else {
-                        shape_text.split(',').map(|d| num(Some(d)).map(|v| v as usize)).collect::<Result<_, _>>()?
+                        shape_text
+                            .split(',')
+                            .map(|d| num(Some(d)).map(|v| v as usize))
+                            .collect::<Result<_, _>>()?
                     };
                     let (mut init, mut layer_axes) = (Init::Zeros, 0);
                     if role == Role::Param {
@@ -131,13 +158,22 @@ impl Manifest {
                         }
                         layer_axes = num(w.next())? as usize;
                     }
-                    m.args.push(Arg { role, name, dtype, shape, init, layer_axes });
+                    m.args.push(Arg {
+                        role,
+                        name,
+                        dtype,
+                        shape,
+                        init,
+                        layer_axes,
+                    });
                 }
                 Some("") | None => {}
                 Some(other) => return Err(format!("unknown manifest line `{other}`")),
             }
         }
-        if m.args.iter().filter(|a| a.role == Role::Input).count() != 1 || m.args.iter().filter(|a| a.role == Role::Output).count() != 1 {
+        if m.args.iter().filter(|a| a.role == Role::Input).count() != 1
+            || m.args.iter().filter(|a| a.role == Role::Output).count() != 1
+        {
             return Err("a manifest needs exactly one input and one output".into());
         }
         Ok(m)
@@ -158,10 +194,38 @@ mod tests {
             layers: 8,
             flops: 123,
             args: vec![
-                Arg { role: Role::Input, name: "x".into(), dtype: DType::F32, shape: vec![8, 16], init: Init::Zeros, layer_axes: 0 },
-                Arg { role: Role::Param, name: "w".into(), dtype: DType::BF16, shape: vec![2, 4, 16, 16], init: Init::Uniform(-0.5, 0.25), layer_axes: 2 },
-                Arg { role: Role::Param, name: "s".into(), dtype: DType::F32, shape: vec![], init: Init::Normal(0.02), layer_axes: 0 },
-                Arg { role: Role::Output, name: "y".into(), dtype: DType::F32, shape: vec![8, 16], init: Init::Zeros, layer_axes: 0 },
+                Arg {
+                    role: Role::Input,
+                    name: "x".into(),
+                    dtype: DType::F32,
+                    shape: vec![8, 16],
+                    init: Init::Zeros,
+                    layer_axes: 0,
+                },
+                Arg {
+                    role: Role::Param,
+                    name: "w".into(),
+                    dtype: DType::BF16,
+                    shape: vec![2, 4, 16, 16],
+                    init: Init::Uniform(-0.5, 0.25),
+                    layer_axes: 2,
+                },
+                Arg {
+                    role: Role::Param,
+                    name: "s".into(),
+                    dtype: DType::F32,
+                    shape: vec![],
+                    init: Init::Normal(0.02),
+                    layer_axes: 0,
+                },
+                Arg {
+                    role: Role::Output,
+                    name: "y".into(),
+                    dtype: DType::F32,
+                    shape: vec![8, 16],
+                    init: Init::Zeros,
+                    layer_axes: 0,
+                },
             ],
         };
         assert_eq!(Manifest::parse(&m.to_text()), Ok(m));

@@ -25,7 +25,12 @@ pub struct HostBuffer {
 impl HostBuffer {
     pub fn zeros(dtype: DType, shape: &[usize]) -> HostBuffer {
         let len = shape.iter().product::<usize>() * dtype.size_bytes() as usize;
-        HostBuffer { dtype, shape: shape.to_vec(), lines: vec![Line([0; 64]); len.div_ceil(64)], len }
+        HostBuffer {
+            dtype,
+            shape: shape.to_vec(),
+            lines: vec![Line([0; 64]); len.div_ceil(64)],
+            len,
+        }
     }
 
     pub fn bytes(&self) -> &[u8] {

@@ -31,7 +31,7 @@ pub fn encode(tensors: &[(&str, &HostBuffer)]) -> Vec<u8> {
         offset += n;
     }
     let mut text = Value::Object(header).to_string().into_bytes();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
@@ -44,17 +44,25 @@ pub fn encode(tensors: &[(&str, &HostBuffer)]) -> Vec<u8> {
 
 /// The tensors of a safetensors file, in header order, or what is wrong with it.
 pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
-    let len = bytes.get(..8).ok_or("the file is shorter than a safetensors header")?;
+    let len = bytes
+        .get(..8)
+        .ok_or("the file is shorter than a safetensors header")?;
     let len = u64::from_le_bytes(len.try_into().map_err(|_| "bad header length")?) as usize;
-    let header = bytes.get(8..8usize.saturating_add(len)).ok_or("the header length points past the end of the file")?;
+    let header = bytes
+        .get(8..8usize.saturating_add(len))
+        .ok_or("the header length points past the end of the file")?;
     let data = &bytes[8 + len..];
-    let header: Map<String, Value> = serde_json::from_slice(header).map_err(|e| format!("the header is not JSON: {e}"))?;
+    let header: Map<String, Value> =
+        serde_json::from_slice(header).map_err(|e| format!("the header is not JSON: {e}"))?;
     let mut out = Vec::new();
     for (name, v) in header {
         if name == "__metadata__" {
             continue;
         }
-        let dtype = v["dtype"].as_str().and_then(dtype_of).ok_or_else(|| format!("tensor `{name}`: unsupported dtype {}", v["dtype"]))?;
+        let dtype = v["dtype"]
+            .as_str()
+            .and_then(dtype_of)
+            .ok_or_else(|| format!("tensor `{name}`: unsupported dtype {}", v["dtype"]))?;
         let shape: Vec<usize> = v["shape"]
             .as_array()
             .ok_or_else(|| format!("tensor `{name}`: no shape"))?
@@ -62,10 +70,21 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
             .map(|d| d.as_u64().map(|d| d as usize))
             .collect::<Option<_>>()
             .ok_or_else(|| format!("tensor `{name}`: bad shape"))?;
-        let offs = v["data_offsets"].as_array().filter(|o| o.len() == 2).ok_or_else(|| format!("tensor `{name}`: no data_offsets"))?;
-        let (a, b) = (offs[0].as_u64().unwrap_or(u64::MAX) as usize, offs[1].as_u64().unwrap_or(u64::MAX) as usize);
-        let elements = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| format!("tensor `{name}`: shape overflows"))?;
-        let want = elements.checked_mul(dtype.size_bytes() as usize).ok_or_else(|| format!("tensor `{name}`: size overflows"))?;
+        let offs = v["data_offsets"]
+            .as_array()
+            .filter(|o| o.len() == 2)
+            .ok_or_else(|| format!("tensor `{name}`: no data_offsets"))?;
+        let (a, b) = (
+            offs[0].as_u64().unwrap_or(u64::MAX) as usize,
+            offs[1].as_u64().unwrap_or(u64::MAX) as usize,
+        );
+        let elements = shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| format!("tensor `{name}`: shape overflows"))?;
+        let want = elements
+            .checked_mul(dtype.size_bytes() as usize)
+            .ok_or_else(|| format!("tensor `{name}`: size overflows"))?;
         if b < a || b - a != want || b > data.len() {
             return Err(format!("tensor `{name}`: data_offsets {a}..{b} do not fit a {} tensor of shape {shape:?} in {} data bytes", dtype_name(dtype), data.len()));
         }
@@ -79,19 +98,31 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
 /// Reads one tensor by name from a file.
 pub fn read_tensor(path: &Path, name: &str) -> Result<HostBuffer, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let tensors = decode(&bytes).map_err(|e| format!("{} is not a valid safetensors file: {e}", path.display()))?;
+    let tensors = decode(&bytes)
+        .map_err(|e| format!("{} is not a valid safetensors file: {e}", path.display()))?;
     let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
     let names = names.join(", ");
     tensors
         .into_iter()
         .find(|(n, _)| n == name)
         .map(|(_, b)| b)
-        .ok_or_else(|| format!("{} has no tensor `{name}` (it has: {names})", path.display()))
+        .ok_or_else(|| {
+            format!(
+                "{} has no tensor `{name}` (it has: {names})",
+                path.display()
+            )
+        })
 }
 
 /// Writes a file atomically: a temporary sibling, then a rename.
 pub fn write(path: &Path, tensors: &[(&str, &HostBuffer)]) -> Result<(), String> {
-    let tmp = path.with_file_name(format!(".{}.tmp{}", path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), std::process::id()));
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
     std::fs::write(&tmp, encode(tensors))
         .and_then(|_| std::fs::rename(&tmp, path))
         .map_err(|e| {
@@ -107,7 +138,11 @@ mod tests {
 
     #[test]
     fn round_trips_and_rejects_garbage() {
-        let a = HostBuffer::from_tensor(&Tensor::new(DType::F32, vec![2, 2], vec![1.0, -2.0, 3.0, 4.5]));
+        let a = HostBuffer::from_tensor(&Tensor::new(
+            DType::F32,
+            vec![2, 2],
+            vec![1.0, -2.0, 3.0, 4.5],
+        ));
         let b = HostBuffer::from_tensor(&Tensor::new(DType::BF16, vec![3], vec![1.0, 0.5, -8.0]));
         let bytes = encode(&[("a", &a), ("b", &b)]);
         let back = decode(&bytes).expect("decodes");

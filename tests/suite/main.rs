@@ -4,6 +4,7 @@
 
 mod cli;
 mod common;
+mod cpu;
 mod errors;
 mod interp_ops;
 mod passes;

@@ -141,7 +141,8 @@ pub fn check_stage_program(m: &Module, seed: u64) {
         x_ty.shape_usize(),
         Rng::stream(seed, "stage-test", 0).fill(Init::Normal(1.0), n),
     );
-    let mut args = vec![x.clone()];
+    let active = Tensor::splat(DType::I1, vec![p.stages as usize], 1.0);
+    let mut args = vec![x.clone(), active];
     let repeats: Vec<u64> = (0..p.stages).map(|s| (s * 7 + 3) % p.repeats).collect();
     if p.repeats > 1 {
         args.push(Tensor::new(

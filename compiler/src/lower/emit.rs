@@ -74,7 +74,16 @@ pub struct Emitter<'a> {
 
 impl<'a> Emitter<'a> {
     pub fn new(file: &'a str, lines: &'a Lines) -> Emitter<'a> {
-        Emitter { file, lines, allocs: vec![], frees: vec![], body: vec![], next: 0, indent: 2, loc: String::new() }
+        Emitter {
+            file,
+            lines,
+            allocs: vec![],
+            frees: vec![],
+            body: vec![],
+            next: 0,
+            indent: 2,
+            loc: String::new(),
+        }
     }
 
     /// Locations of everything emitted until the next call point at `span` of the model file.
@@ -111,9 +120,17 @@ impl<'a> Emitter<'a> {
     pub fn alloc(&mut self, ty: &Type) -> Buf {
         let name = self.fresh();
         let mty = memref_type(ty, None);
-        self.allocs.push(format!("    {name} = memref.alloc() {{alignment = 64 : i64}} : {mty}"));
-        self.frees.push(format!("    memref.dealloc {name} : {mty}"));
-        Buf { name, ty: ty.clone(), layout: None }
+        let loc = &self.loc;
+        self.allocs.push(format!(
+            "    {name} = memref.alloc() {{alignment = 64 : i64}} : {mty}{loc}"
+        ));
+        self.frees
+            .push(format!("    memref.dealloc {name} : {mty}{loc}"));
+        Buf {
+            name,
+            ty: ty.clone(),
+            layout: None,
+        }
     }
 
     pub fn index(&mut self, v: u64) -> String {
@@ -143,11 +160,20 @@ impl<'a> Emitter<'a> {
     ) {
         let domain: Vec<String> = (0..dims).map(|i| format!("d{i}")).collect();
         let domain = domain.join(", ");
-        let maps: Vec<String> = ins.iter().map(|(_, m)| m.clone()).chain([out.1.clone()]).map(|m| format!("affine_map<({domain}) -> ({m})>")).collect();
+        let maps: Vec<String> = ins
+            .iter()
+            .map(|(_, m)| m.clone())
+            .chain([out.1.clone()])
+            .map(|m| format!("affine_map<({domain}) -> ({m})>"))
+            .collect();
         let iters: Vec<String> = iters.iter().map(|i| format!("\"{i}\"")).collect();
         let ins_names: Vec<&str> = ins.iter().map(|(b, _)| b.name.as_str()).collect();
         let ins_types: Vec<String> = ins.iter().map(|(b, _)| b.mty()).collect();
-        let ins_clause = if ins.is_empty() { String::new() } else { format!(" ins({} : {})", ins_names.join(", "), ins_types.join(", ")) };
+        let ins_clause = if ins.is_empty() {
+            String::new()
+        } else {
+            format!(" ins({} : {})", ins_names.join(", "), ins_types.join(", "))
+        };
         self.raw(&format!(
             "linalg.generic {{indexing_maps = [{}], iterator_types = [{}]}}{ins_clause} outs({} : {}) {{",
             maps.join(", "),
@@ -159,7 +185,7 @@ impl<'a> Emitter<'a> {
         let decls: Vec<String> = args
             .iter()
             .zip(ins.iter().map(|(b, _)| b.ty.dtype).chain([out.0.ty.dtype]))
-            .map(|(a, d)| format!("{a}: {}", elt(d)))
+            .map(|(a, d)| format!("{a}: {}{}", elt(d), self.loc))
             .collect();
         self.raw(&format!("^bb0({}):", decls.join(", ")));
         self.indent += 1;
@@ -172,24 +198,43 @@ impl<'a> Emitter<'a> {
 
     /// Fills `out` with a scalar SSA value of its element type.
     pub fn fill(&mut self, value: &str, out: &Buf) {
-        self.op(&format!("linalg.fill ins({value} : {}) outs({} : {})", elt(out.ty.dtype), out.name, out.mty()));
+        self.op(&format!(
+            "linalg.fill ins({value} : {}) outs({} : {})",
+            elt(out.ty.dtype),
+            out.name,
+            out.mty()
+        ));
     }
 
     /// `dst = src` elementwise over `dst`'s shape (both identity-indexed).
     pub fn copy(&mut self, src: &Buf, dst: &Buf) {
         let r = dst.ty.rank();
         let id = identity(r);
-        self.generic(r, &[(src, id.clone())], (dst, id), &vec!["parallel"; r], |_, a| a[0].clone());
+        self.generic(
+            r,
+            &[(src, id.clone())],
+            (dst, id),
+            &vec!["parallel"; r],
+            |_, a| a[0].clone(),
+        );
     }
 
     /// A strided view of `b` starting at `offsets` with `sizes`.
     pub fn subview(&mut self, b: &Buf, offsets: &[u64], sizes: &[u64]) -> Buf {
         let strides = ppc_runtime::tensor::strides(&b.ty.shape_usize());
-        let offset: u64 = offsets.iter().zip(&strides).map(|(&o, &s)| o * s as u64).sum();
+        let offset: u64 = offsets
+            .iter()
+            .zip(&strides)
+            .map(|(&o, &s)| o * s as u64)
+            .sum();
         let ty = Type::of(b.ty.dtype, sizes);
         let layout = format!("strided<[{}], offset: {offset}>", list(&strides));
         let name = self.fresh();
-        let view = Buf { name: name.clone(), ty, layout: Some(layout) };
+        let view = Buf {
+            name: name.clone(),
+            ty,
+            layout: Some(layout),
+        };
         self.op(&format!(
             "{name} = memref.subview {}[{}] [{}] [{}] : {} to {}",
             b.name,
@@ -220,20 +265,32 @@ impl<'a> Emitter<'a> {
 
 /// `d0, d1, ...` for an identity map of rank `r`.
 pub fn identity(r: usize) -> String {
-    (0..r).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")
+    (0..r)
+        .map(|i| format!("d{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The map reading an operand of shape `src` (NumPy-broadcast) at each index of `dst`.
 pub fn broadcast_map(src: &[u64], dst: &[u64]) -> String {
     let off = dst.len() - src.len();
     (0..src.len())
-        .map(|i| if src[i] == 1 && dst[i + off] != 1 { "0".to_string() } else { format!("d{}", i + off) })
+        .map(|i| {
+            if src[i] == 1 && dst[i + off] != 1 {
+                "0".to_string()
+            } else {
+                format!("d{}", i + off)
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 pub fn list<T: ToString>(xs: &[T]) -> String {
-    xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+    xs.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// An f32 literal MLIR reads back to the same bits.

@@ -12,7 +12,9 @@ use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
 use melior::ir::{BlockLike, Module};
 use melior::pass::PassManager;
-use melior::utility::{parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes};
+use melior::utility::{
+    parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes,
+};
 use melior::{Context, ExecutionEngine};
 use ppc_dialect::span::Span;
 use ppc_dialect::{Diagnostic, Diagnostics};
@@ -49,7 +51,8 @@ impl Collector {
         let messages: Rc<RefCell<Vec<(String, String)>>> = Rc::default();
         let sink = messages.clone();
         ctx.attach_diagnostic_handler(move |d| {
-            sink.borrow_mut().push((d.location().to_string(), d.to_string()));
+            sink.borrow_mut()
+                .push((d.location().to_string(), d.to_string()));
             true
         });
         Collector { messages }
@@ -64,7 +67,9 @@ impl Collector {
         }
         msgs.into_iter()
             .map(|(loc, msg)| match span_of(&loc, &lines, source) {
-                Some(span) => Diagnostic::error(format!("MLIR: {msg}"), span, "while lowering this"),
+                Some(span) => {
+                    Diagnostic::error(format!("MLIR: {msg}"), span, "while lowering this")
+                }
                 None => Diagnostic::plain(format!("MLIR: {msg} (at {loc})")),
             })
             .collect()
@@ -77,7 +82,9 @@ fn span_of(loc: &str, lines: &Lines, source: &str) -> Option<Span> {
     let mut parts = tail.trim_end_matches(')').split(':');
     let (line, col): (usize, usize) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
     let start = (0..source.len()).find(|&o| lines.line_col(o) == (line, col))?;
-    let end = source[start..].find('\n').map_or(source.len(), |n| start + n);
+    let end = source[start..]
+        .find('\n')
+        .map_or(source.len(), |n| start + n);
     Some(Span::new(start, end))
 }
 
@@ -88,7 +95,8 @@ pub fn parse<'c>(ctx: &'c Context, text: &str, source: &str) -> Result<Module<'c
         let _ = std::fs::write(path, text);
     }
     let diags = Collector::attach(ctx);
-    let module = Module::parse(ctx, text).ok_or_else(|| diags.take(source, "MLIR could not parse the lowered module"))?;
+    let module = Module::parse(ctx, text)
+        .ok_or_else(|| diags.take(source, "MLIR could not parse the lowered module"))?;
     if !module.as_operation().verify() {
         return Err(diags.take(source, "the lowered module does not verify"));
     }
@@ -99,15 +107,24 @@ pub fn parse<'c>(ctx: &'c Context, text: &str, source: &str) -> Result<Module<'c
 pub fn lower_to_llvm(ctx: &Context, module: &mut Module, source: &str) -> Result<(), Diagnostics> {
     let diags = Collector::attach(ctx);
     let pm = PassManager::new(ctx);
-    parse_pass_pipeline(pm.as_operation_pass_manager(), CPU_PIPELINE).map_err(|e| vec![Diagnostic::plain(format!("bad pass pipeline: {e}"))])?;
-    pm.run(module).map_err(|_| diags.take(source, "the CPU pass pipeline failed"))?;
+    parse_pass_pipeline(pm.as_operation_pass_manager(), CPU_PIPELINE)
+        .map_err(|e| vec![Diagnostic::plain(format!("bad pass pipeline: {e}"))])?;
+    pm.run(module)
+        .map_err(|_| diags.take(source, "the CPU pass pipeline failed"))?;
     // The execution engine crashes on anything but the LLVM dialect: check before handing over.
     let body = module.body();
     let mut op = body.first_operation();
     while let Some(o) = op {
-        let name = o.name().as_string_ref().as_str().unwrap_or_default().to_string();
+        let name = o
+            .name()
+            .as_string_ref()
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         if !name.starts_with("llvm.") {
-            return Err(vec![Diagnostic::plain(format!("internal compiler error: `{name}` survived lowering to LLVM"))]);
+            return Err(vec![Diagnostic::plain(format!(
+                "internal compiler error: `{name}` survived lowering to LLVM"
+            ))]);
         }
         op = o.next_in_block();
     }
@@ -124,12 +141,13 @@ pub struct Jit {
 /// JIT-compiles a module lowered to LLVM at `opt_level` (0–3).
 pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit, Diagnostics> {
     let engine = ExecutionEngine::new(module, opt_level, &[], false, false);
-    // SAFETY: the symbol is the runtime's `extern "C"` GEMM with the signature the lowered
-    // module declares for `ppc_matmul_f32` (three unranked f32 memrefs).
-    unsafe { engine.register_symbol("_mlir_ciface_ppc_matmul_f32", ppc_runtime::gemm::matmul_f32_symbol()) };
+    // SAFETY: the lowered module declares the runtime's functions with their signatures.
+    unsafe { register_runtime(&engine) };
     let ptr = engine.lookup(&format!("_mlir__mlir_ciface_{ENTRY}"));
     if ptr.is_null() {
-        return Err(vec![Diagnostic::plain("the JIT did not produce the entry point")]);
+        return Err(vec![Diagnostic::plain(
+            "the JIT did not produce the entry point",
+        )]);
     }
     // SAFETY: `ptr` is the packed wrapper MLIR generates for the C interface of `ENTRY`, whose
     // arguments are the manifest's, in order (both come from the same `lower` call).
@@ -137,19 +155,52 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
         let entry: PackedFn = std::mem::transmute::<*mut (), PackedFn>(ptr);
         Program::new(manifest, entry)
     };
-    Ok(Jit { program, _engine: engine })
+    Ok(Jit {
+        program,
+        _engine: engine,
+    })
+}
+
+/// Makes the runtime functions generated code calls visible to `engine`.
+///
+/// # Safety
+/// The lowered module must declare them with the signatures the runtime defines.
+unsafe fn register_runtime(engine: &ExecutionEngine) {
+    for (name, ptr) in ppc_runtime::gemm::symbols() {
+        // SAFETY: each is an `extern "C"` function of the runtime with its C-interface signature.
+        unsafe { engine.register_symbol(name, ptr) };
+    }
+}
+
+/// Stands in for `ppc_main` while generating an executable's object code.
+extern "C" fn placeholder() -> i32 {
+    1
 }
 
 /// Compiles a module lowered to LLVM into an object file at `path`.
 pub fn object_file(module: &Module, path: &str) -> Result<(), Diagnostics> {
-    let engine = ExecutionEngine::new(module, 3, &[], true, true);
+    let engine = ExecutionEngine::new(module, 2, &[], true, true);
+    // Generating the object links it in-process too; the symbols the executable gets from the
+    // runtime library must resolve here, though this copy of the code never runs.
+    // SAFETY: the addresses are valid functions and are never called through the engine.
+    unsafe {
+        register_runtime(&engine);
+        engine.register_symbol("ppc_main", placeholder as *mut ());
+    }
     // Looking up a symbol makes the engine generate the code it then dumps.
-    if engine.lookup(&format!("_mlir__mlir_ciface_{ENTRY}")).is_null() {
-        return Err(vec![Diagnostic::plain("code generation produced no entry point")]);
+    if engine
+        .lookup(&format!("_mlir__mlir_ciface_{ENTRY}"))
+        .is_null()
+    {
+        return Err(vec![Diagnostic::plain(
+            "code generation produced no entry point",
+        )]);
     }
     engine.dump_to_object_file(path);
     if !std::path::Path::new(path).exists() {
-        return Err(vec![Diagnostic::plain(format!("could not write the object file {path}"))]);
+        return Err(vec![Diagnostic::plain(format!(
+            "could not write the object file {path}"
+        ))]);
     }
     Ok(())
 }

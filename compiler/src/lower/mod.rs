@@ -52,23 +52,42 @@ pub const ENTRY: &str = "ppc_forward";
 
 /// Lowers a module that went through `gpipe-loop`. `file` and `source` give locations.
 pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Lowered, Diagnostic> {
-    let pipeline = m.func(names::PIPELINE).ok_or_else(|| Diagnostic::plain("lower-mlir needs `@pipeline`: run `gpipe-loop` first"))?;
+    let pipeline = m
+        .func(names::PIPELINE)
+        .ok_or_else(|| Diagnostic::plain("lower-mlir needs `@pipeline`: run `gpipe-loop` first"))?;
     let lines = Lines::new(source);
-    let mut w = Walker { m, e: Emitter::new(file, &lines), gemm: opts.gemm, params: Vec::new(), param_bufs: HashMap::new() };
-    let input = Buf { name: "%input".into(), ty: pipeline.ty(pipeline.body.args[0]).clone(), layout: None };
+    let mut w = Walker {
+        m,
+        e: Emitter::new(file, &lines),
+        gemm: opts.gemm,
+        params: Vec::new(),
+        param_bufs: HashMap::new(),
+    };
+    let input = Buf {
+        name: "%input".into(),
+        ty: pipeline.ty(pipeline.body.args[0]).clone(),
+        layout: None,
+    };
     let results = w.func(pipeline, vec![input.clone()])?;
-    let output = Buf { name: "%output".into(), ty: pipeline.result_types()[0].clone(), layout: None };
+    let output = Buf {
+        name: "%output".into(),
+        ty: pipeline.result_types()[0].clone(),
+        layout: None,
+    };
     w.e.at(m.spans.get(&"pipeline".to_string()));
     w.e.copy(&results[0], &output);
 
     let mut args = vec![arg(Role::Input, "input", &input.ty, None)];
-    let mut sig = vec![format!("%input: {}", input.mty())];
+    // Entry arguments are located at the pipeline block, return and frees at the end.
+    let (l, c) = lines.line_col(m.spans.get(&"pipeline".to_string()).start as usize);
+    let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
+    let mut sig = vec![format!("%input: {}{loc}", input.mty())];
     for (name, buf, p) in &w.params {
         args.push(arg(Role::Param, name, &buf.ty, Some(p)));
-        sig.push(format!("{}: {}", buf.name, buf.mty()));
+        sig.push(format!("{}: {}{loc}", buf.name, buf.mty()));
     }
     args.push(arg(Role::Output, "output", &output.ty, None));
-    sig.push(format!("%output: {}", output.mty()));
+    sig.push(format!("%output: {}{loc}", output.mty()));
     let p = m.pipeline;
     let manifest = Manifest {
         model: file.to_string(),
@@ -83,11 +102,16 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     let mut out = String::new();
     let _ = writeln!(out, "module {{");
     out.push_str("  func.func private @ppc_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) attributes {llvm.emit_c_interface}\n");
-    let _ = writeln!(out, "  func.func @{ENTRY}({}) attributes {{llvm.emit_c_interface}} {{", sig.join(", "));
+    out.push_str("  func.func private @ppc_matmul_f32_masked(memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) attributes {llvm.emit_c_interface}\n");
+    let _ = writeln!(
+        out,
+        "  func.func @{ENTRY}({}) attributes {{llvm.emit_c_interface}} {{",
+        sig.join(", ")
+    );
     for l in w.e.allocs.iter().chain(&w.e.body).chain(&w.e.frees) {
         let _ = writeln!(out, "{l}");
     }
-    out.push_str("    return\n  }\n");
+    let _ = writeln!(out, "    return{loc}\n  }}{loc}");
     if opts.executable {
         let text = format!("{}\0", manifest.to_text());
         let _ = writeln!(out, "  llvm.mlir.global internal constant @ppc_manifest_text(\"{}\") {{addr_space = 0 : i32}} : !llvm.array<{} x i8>", escape(&text), text.len());
@@ -96,7 +120,10 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         out.push_str("  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {\n    %r = func.call @ppc_main(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }\n");
     }
     out.push_str("}\n");
-    Ok(Lowered { mlir: out, manifest })
+    Ok(Lowered {
+        mlir: out,
+        manifest,
+    })
 }
 
 fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) -> Arg {
@@ -113,7 +140,9 @@ fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) ->
 /// Useful floating-point work of one forward step: the matmuls of every layer on every
 /// microbatch, as the sequential model does them (no bubbles).
 fn model_flops(m: &Module) -> u64 {
-    let Some(layer) = m.func(names::LAYER) else { return 0 };
+    let Some(layer) = m.func(names::LAYER) else {
+        return 0;
+    };
     let per_layer: u64 = layer
         .ops
         .iter()
@@ -149,8 +178,16 @@ impl Walker<'_, '_> {
                 Some(b) => b.clone(),
                 None => {
                     let name = f.values[p.value].name.clone();
-                    let b = Buf { name: format!("%p{}", self.params.len()), ty: f.ty(p.value).clone(), layout: None };
-                    let unique = if self.params.iter().any(|(n, _, _)| *n == name) { format!("{}.{name}", f.name) } else { name };
+                    let b = Buf {
+                        name: format!("%p{}", self.params.len()),
+                        ty: f.ty(p.value).clone(),
+                        layout: None,
+                    };
+                    let unique = if self.params.iter().any(|(n, _, _)| *n == name) {
+                        format!("{}.{name}", f.name)
+                    } else {
+                        name
+                    };
                     self.params.push((unique, b.clone(), p.clone()));
                     self.param_bufs.insert(key, b.clone());
                     b
@@ -162,7 +199,12 @@ impl Walker<'_, '_> {
         Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
     }
 
-    fn block(&mut self, f: &Func, block: &Block, env: &mut HashMap<ValueId, Buf>) -> Result<(), Diagnostic> {
+    fn block(
+        &mut self,
+        f: &Func,
+        block: &Block,
+        env: &mut HashMap<ValueId, Buf>,
+    ) -> Result<(), Diagnostic> {
         for &id in &block.ops {
             let op = &f.ops[id];
             self.e.at(f.op_spans.get(&id));
@@ -171,7 +213,11 @@ impl Walker<'_, '_> {
                 OpKind::Reshape { .. } => {
                     let ty = f.ty(op.results[0]).clone();
                     let strides = ppc_runtime::tensor::strides(&ty.shape_usize());
-                    let view = Buf { name: self.e.fresh(), ty, layout: None };
+                    let view = Buf {
+                        name: self.e.fresh(),
+                        ty,
+                        layout: None,
+                    };
                     self.e.op(&format!(
                         "{} = memref.reinterpret_cast {} to offset: [0], sizes: [{}], strides: [{}] : {} to {}",
                         view.name,
@@ -184,7 +230,9 @@ impl Walker<'_, '_> {
                     env.insert(op.results[0], view);
                 }
                 OpKind::Call { callee, .. } => {
-                    let g = self.m.func(callee).ok_or_else(|| Diagnostic::plain(format!("unknown function `@{callee}`")))?;
+                    let g = self.m.func(callee).ok_or_else(|| {
+                        Diagnostic::plain(format!("unknown function `@{callee}`"))
+                    })?;
                     let outs = self.func(g, ins)?;
                     env.extend(op.results.iter().copied().zip(outs));
                 }
@@ -195,8 +243,11 @@ impl Walker<'_, '_> {
                     }
                     let t = self.e.alloc(&f.ty(body.args[0]).clone());
                     let iv = self.e.begin_for(*trips);
-                    let ti = self.e.let_(&format!("arith.index_cast {iv} : index to i32"));
-                    self.e.op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
+                    let ti = self
+                        .e
+                        .let_(&format!("arith.index_cast {iv} : index to i32"));
+                    self.e
+                        .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
                     env.insert(body.args[0], t);
                     env.extend(body.args[1..].iter().copied().zip(carried.iter().cloned()));
                     self.block(f, body, env)?;
@@ -223,7 +274,11 @@ impl Walker<'_, '_> {
             .iter()
             .enumerate()
             .map(|(i, y)| {
-                if carried.iter().enumerate().any(|(j, c)| j != i && c.name == y.name) {
+                if carried
+                    .iter()
+                    .enumerate()
+                    .any(|(j, c)| j != i && c.name == y.name)
+                {
                     let s = self.e.alloc(&y.ty);
                     self.e.copy(y, &s);
                     s

@@ -40,7 +40,11 @@ fn to_f32(e: &mut Emitter, b: &Buf) -> Buf {
 
 /// Result buffer for f32 accumulation: `out` itself if it is f32, else scratch.
 fn f32_scratch(e: &mut Emitter, out: &Buf) -> Buf {
-    if out.ty.dtype == DType::F32 { out.clone() } else { e.alloc(&out.ty.with_dtype(DType::F32)) }
+    if out.ty.dtype == DType::F32 {
+        out.clone()
+    } else {
+        e.alloc(&out.ty.with_dtype(DType::F32))
+    }
 }
 
 /// Stores an f32 scratch buffer into `out` (a no-op when they are the same buffer).
@@ -88,7 +92,13 @@ fn convert_value(e: &mut Emitter, v: &str, from: DType, to: DType) -> String {
 fn convert(e: &mut Emitter, src: &Buf, dst: &Buf) {
     let r = dst.ty.rank();
     let (from, to) = (src.ty.dtype, dst.ty.dtype);
-    e.generic(r, &[(src, identity(r))], (dst, identity(r)), &vec!["parallel"; r], |e, a| convert_value(e, &a[0], from, to));
+    e.generic(
+        r,
+        &[(src, identity(r))],
+        (dst, identity(r)),
+        &vec!["parallel"; r],
+        |e, a| convert_value(e, &a[0], from, to),
+    );
 }
 
 fn unary_value(e: &mut Emitter, op: UnaryOp, x: &str) -> String {
@@ -120,7 +130,12 @@ fn unary_value(e: &mut Emitter, op: UnaryOp, x: &str) -> String {
         }
         UnaryOp::Gelu => {
             // ((0.5 * x) * (1 + tanh(C * (x + ((0.044715 * x) * x) * x))))
-            let (half, c, k, one) = (e.constant(0.5, "f32"), e.constant(f64::from(0.797_884_6f32), "f32"), e.constant(f64::from(0.044_715f32), "f32"), e.constant(1.0, "f32"));
+            let (half, c, k, one) = (
+                e.constant(0.5, "f32"),
+                e.constant(f64::from(0.797_884_6f32), "f32"),
+                e.constant(f64::from(0.044_715f32), "f32"),
+                e.constant(1.0, "f32"),
+            );
             let kx = e.let_(&format!("arith.mulf {k}, {x} : f32"));
             let kxx = e.let_(&format!("arith.mulf {kx}, {x} : f32"));
             let kxxx = e.let_(&format!("arith.mulf {kxx}, {x} : f32"));
@@ -184,10 +199,18 @@ fn compare_value(e: &mut Emitter, pred: CmpPred, a: &str, b: &str, d: DType) -> 
 }
 
 /// An elementwise generic: `out[i] = f(ins[j][broadcast(i)]...)`.
-fn elementwise(e: &mut Emitter, ins: &[&Buf], out: &Buf, f: impl FnOnce(&mut Emitter, &[String]) -> String) {
+fn elementwise(
+    e: &mut Emitter,
+    ins: &[&Buf],
+    out: &Buf,
+    f: impl FnOnce(&mut Emitter, &[String]) -> String,
+) {
     let r = out.ty.rank();
     let dst = out.ty.shape();
-    let maps: Vec<(&Buf, String)> = ins.iter().map(|b| (*b, broadcast_map(&b.ty.shape(), &dst))).collect();
+    let maps: Vec<(&Buf, String)> = ins
+        .iter()
+        .map(|b| (*b, broadcast_map(&b.ty.shape(), &dst)))
+        .collect();
     e.generic(r, &maps, (out, identity(r)), &vec!["parallel"; r], f);
 }
 
@@ -203,23 +226,50 @@ fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
 fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
     let r = x.ty.rank();
     let init = if max { f64::NEG_INFINITY } else { 0.0 };
-    let init = if acc.ty.dtype == DType::I32 { e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, "i32") } else { e.constant(init, "f32") };
+    let init = if acc.ty.dtype == DType::I32 {
+        e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, "i32")
+    } else {
+        e.constant(init, "f32")
+    };
     e.fill(&init, acc);
-    let keep: Vec<String> = (0..r).filter(|a| !axes.contains(a)).map(|a| format!("d{a}")).collect();
-    let iters: Vec<&str> = (0..r).map(|a| if axes.contains(&a) { "reduction" } else { "parallel" }).collect();
+    let keep: Vec<String> = (0..r)
+        .filter(|a| !axes.contains(a))
+        .map(|a| format!("d{a}"))
+        .collect();
+    let iters: Vec<&str> = (0..r)
+        .map(|a| {
+            if axes.contains(&a) {
+                "reduction"
+            } else {
+                "parallel"
+            }
+        })
+        .collect();
     let int = acc.ty.dtype == DType::I32;
-    e.generic(r, &[(x, identity(r))], (acc, keep.join(", ")), &iters, |e, a| match (max, int) {
-        (true, true) => e.let_(&format!("arith.maxsi {}, {} : i32", a[1], a[0])),
-        (true, false) => e.let_(&format!("arith.maximumf {}, {} : f32", a[1], a[0])),
-        (false, _) => e.let_(&format!("arith.addf {}, {} : f32", a[1], a[0])),
-    });
+    e.generic(
+        r,
+        &[(x, identity(r))],
+        (acc, keep.join(", ")),
+        &iters,
+        |e, a| match (max, int) {
+            (true, true) => e.let_(&format!("arith.maxsi {}, {} : i32", a[1], a[0])),
+            (true, false) => e.let_(&format!("arith.maximumf {}, {} : f32", a[1], a[0])),
+            (false, _) => e.let_(&format!("arith.addf {}, {} : f32", a[1], a[0])),
+        },
+    );
 }
 
 /// `out = x / n` elementwise (f32).
 fn scale_down(e: &mut Emitter, x: &Buf, n: u64, out: &Buf) {
     let r = out.ty.rank();
     let c = e.constant(n as f64, "f32");
-    e.generic(r, &[(x, identity(r))], (out, identity(r)), &vec!["parallel"; r], |e, a| e.let_(&format!("arith.divf {}, {c} : f32", a[0])));
+    e.generic(
+        r,
+        &[(x, identity(r))],
+        (out, identity(r)),
+        &vec!["parallel"; r],
+        |e, a| e.let_(&format!("arith.divf {}, {c} : f32", a[0])),
+    );
 }
 
 /// Lowers one op whose result is a fresh buffer `out`.
@@ -233,25 +283,59 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
             let y = unary_value(e, *op, &x);
             trunc(e, &y, d)
         }),
-        OpKind::Binary { op, .. } => elementwise(e, &[&ins[0], &ins[1]], out, |e, a| binary_value(e, *op, &a[0], &a[1], d)),
+        OpKind::Binary { op, .. } => elementwise(e, &[&ins[0], &ins[1]], out, |e, a| {
+            binary_value(e, *op, &a[0], &a[1], d)
+        }),
         OpKind::Compare { pred, .. } => {
             let od = ins[0].ty.dtype;
-            elementwise(e, &[&ins[0], &ins[1]], out, |e, a| compare_value(e, *pred, &a[0], &a[1], od))
+            elementwise(e, &[&ins[0], &ins[1]], out, |e, a| {
+                compare_value(e, *pred, &a[0], &a[1], od)
+            })
         }
-        OpKind::Select { .. } => elementwise(e, &[&ins[0], &ins[1], &ins[2]], out, |e, a| e.let_(&format!("arith.select {}, {}, {} : {}", a[0], a[1], a[2], elt(d)))),
+        OpKind::Select { .. } => elementwise(e, &[&ins[0], &ins[1], &ins[2]], out, |e, a| {
+            e.let_(&format!(
+                "arith.select {}, {}, {} : {}",
+                a[0],
+                a[1],
+                a[2],
+                elt(d)
+            ))
+        }),
         OpKind::Broadcast { .. } => elementwise(e, &[&ins[0]], out, |_, a| a[0].clone()),
         OpKind::Convert { .. } => convert(e, &ins[0], out),
-        OpKind::MatMul { .. } => matmul(e, gemm, &ins[0], &ins[1], out),
+        OpKind::MatMul { .. } => matmul(e, gemm, &ins[0], &ins[1], ins.get(2), out),
         OpKind::Transpose { perm, .. } => {
             let mut m = vec![String::new(); r];
             for (i, &p) in perm.iter().enumerate() {
                 m[p] = format!("d{i}");
             }
-            e.generic(r, &[(&ins[0], m.join(", "))], (out, identity(r)), &par, |_, a| a[0].clone());
+            e.generic(
+                r,
+                &[(&ins[0], m.join(", "))],
+                (out, identity(r)),
+                &par,
+                |_, a| a[0].clone(),
+            );
         }
         OpKind::Slice { start, .. } => {
-            let m: Vec<String> = start.iter().enumerate().map(|(i, s)| if *s == 0 { format!("d{i}") } else { format!("d{i} + {s}") }).collect();
-            e.generic(r, &[(&ins[0], m.join(", "))], (out, identity(r)), &par, |_, a| a[0].clone());
+            let m: Vec<String> = start
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    if *s == 0 {
+                        format!("d{i}")
+                    } else {
+                        format!("d{i} + {s}")
+                    }
+                })
+                .collect();
+            e.generic(
+                r,
+                &[(&ins[0], m.join(", "))],
+                (out, identity(r)),
+                &par,
+                |_, a| a[0].clone(),
+            );
         }
         OpKind::Concat { axis, .. } => {
             let mut at = 0;
@@ -265,8 +349,16 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
         }
         OpKind::Reduce { op, axes, .. } => {
             let int = d == DType::I32;
-            let x = if int { ins[0].clone() } else { to_f32(e, &ins[0]) };
-            let acc = if int { out.clone() } else { f32_scratch(e, out) };
+            let x = if int {
+                ins[0].clone()
+            } else {
+                to_f32(e, &ins[0])
+            };
+            let acc = if int {
+                out.clone()
+            } else {
+                f32_scratch(e, out)
+            };
             reduce_into(e, &x, axes, &acc, *op == ReduceOp::Max);
             if *op == ReduceOp::Mean {
                 let n = ins[0].ty.elements() / out.ty.elements().max(1);
@@ -294,7 +386,9 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
             };
             e.fill(&v, out);
         }
-        OpKind::Pad { axis, low, fill, .. } => {
+        OpKind::Pad {
+            axis, low, fill, ..
+        } => {
             let f = fill_value(e, fill.0, d);
             e.fill(&f, out);
             let mut offs = vec![0; r];
@@ -324,26 +418,55 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
             let (x, idx, axis) = (&ins[0], &ins[1], *axis);
             let n = x.ty.dims[axis].size;
             let (xname, xty) = (x.name.clone(), x.mty());
-            e.generic(r, &[(idx, identity(axis))], (out, identity(r)), &par, |e, a| {
-                let k = clamp_index(e, &a[0], n);
-                let mut at: Vec<String> = (0..r).map(|i| e.let_(&format!("linalg.index {i} : index"))).collect();
-                at.insert(axis, k);
-                e.let_(&format!("memref.load {xname}[{}] : {xty}", at.join(", ")))
-            });
+            e.generic(
+                r,
+                &[(idx, identity(axis))],
+                (out, identity(r)),
+                &par,
+                |e, a| {
+                    let k = clamp_index(e, &a[0], n);
+                    let mut at: Vec<String> = (0..r)
+                        .map(|i| e.let_(&format!("linalg.index {i} : index")))
+                        .collect();
+                    at.insert(axis, k);
+                    e.let_(&format!("memref.load {xname}[{}] : {xty}", at.join(", ")))
+                },
+            );
         }
         OpKind::Update { axis, .. } => {
             let (x, upd, idx, axis) = (&ins[0], &ins[1], &ins[2], *axis);
             let n = x.ty.dims[axis].size;
-            let upd_map: Vec<String> = (0..r).filter(|&i| i != axis).map(|i| format!("d{i}")).collect();
-            e.generic(r, &[(x, identity(r)), (upd, upd_map.join(", ")), (idx, identity(axis))], (out, identity(r)), &par, |e, a| {
-                let k = clamp_index(e, &a[2], n);
-                let here = e.let_(&format!("linalg.index {axis} : index"));
-                let hit = e.let_(&format!("arith.cmpi eq, {here}, {k} : index"));
-                e.let_(&format!("arith.select {hit}, {}, {} : {}", a[1], a[0], elt(d)))
-            });
+            let upd_map: Vec<String> = (0..r)
+                .filter(|&i| i != axis)
+                .map(|i| format!("d{i}"))
+                .collect();
+            e.generic(
+                r,
+                &[
+                    (x, identity(r)),
+                    (upd, upd_map.join(", ")),
+                    (idx, identity(axis)),
+                ],
+                (out, identity(r)),
+                &par,
+                |e, a| {
+                    let k = clamp_index(e, &a[2], n);
+                    let here = e.let_(&format!("linalg.index {axis} : index"));
+                    let hit = e.let_(&format!("arith.cmpi eq, {here}, {k} : index"));
+                    e.let_(&format!(
+                        "arith.select {hit}, {}, {} : {}",
+                        a[1],
+                        a[0],
+                        elt(d)
+                    ))
+                },
+            );
         }
         OpKind::Reshape { .. } | OpKind::Call { .. } | OpKind::Loop { .. } => {
-            unreachable!("invariant: {} is lowered by the function walker", kind.name())
+            unreachable!(
+                "invariant: {} is lowered by the function walker",
+                kind.name()
+            )
         }
     }
 }
@@ -358,21 +481,44 @@ fn fill_value(e: &mut Emitter, v: f64, d: DType) -> String {
     }
 }
 
-fn matmul(e: &mut Emitter, gemm: Gemm, a: &Buf, b: &Buf, out: &Buf) {
+/// `out = a · b`, skipping (and zeroing) the first-axis entries where `mask` is false.
+fn matmul(e: &mut Emitter, gemm: Gemm, a: &Buf, b: &Buf, mask: Option<&Buf>, out: &Buf) {
     let acc = f32_scratch(e, out);
     match gemm {
         Gemm::Runtime => {
             let (fa, fb) = (to_f32(e, a), to_f32(e, b));
-            let cast = |e: &mut Emitter, x: &Buf| e.let_(&format!("memref.cast {} : {} to memref<*xf32>", x.name, x.mty()));
-            let (ua, ub, uc) = (cast(e, &fa), cast(e, &fb), cast(e, &acc));
-            e.op(&format!("func.call @ppc_matmul_f32({ua}, {ub}, {uc}) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> ()"));
+            let cast = |e: &mut Emitter, x: &Buf, t: &str| {
+                e.let_(&format!(
+                    "memref.cast {} : {} to memref<*x{t}>",
+                    x.name,
+                    x.mty()
+                ))
+            };
+            let (ua, ub, uc) = (
+                cast(e, &fa, "f32"),
+                cast(e, &fb, "f32"),
+                cast(e, &acc, "f32"),
+            );
+            match mask {
+                None => e.op(&format!("func.call @ppc_matmul_f32({ua}, {ub}, {uc}) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> ()")),
+                Some(m) => {
+                    let um = cast(e, m, "i1");
+                    e.op(&format!(
+                        "func.call @ppc_matmul_f32_masked({ua}, {ub}, {uc}, {um}) : (memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) -> ()"
+                    ));
+                }
+            }
         }
         Gemm::Loops => {
             let r = out.ty.rank();
             let nb = r - 2;
             let zero = e.constant(0.0, "f32");
             e.fill(&zero, &acc);
-            let (m, n, k) = (format!("d{nb}"), format!("d{}", nb + 1), format!("d{}", nb + 2));
+            let (m, n, k) = (
+                format!("d{nb}"),
+                format!("d{}", nb + 1),
+                format!("d{}", nb + 2),
+            );
             let batch = |x: &Buf| {
                 let xs = x.ty.shape();
                 let mut m = broadcast_map(&xs[..xs.len() - 2], &out.ty.shape()[..nb]);
@@ -383,14 +529,28 @@ fn matmul(e: &mut Emitter, gemm: Gemm, a: &Buf, b: &Buf, out: &Buf) {
             };
             let la = format!("{}{m}, {k}", batch(a));
             let lb = format!("{}{k}, {n}", batch(b));
-            let lo = format!("{}{m}, {n}", (0..nb).map(|i| format!("d{i}, ")).collect::<String>());
+            let lo = format!(
+                "{}{m}, {n}",
+                (0..nb).map(|i| format!("d{i}, ")).collect::<String>()
+            );
             let mut iters = vec!["parallel"; r];
             iters.push("reduction");
             let (da, db) = (a.ty.dtype, b.ty.dtype);
-            e.generic(r + 1, &[(a, la), (b, lb)], (&acc, lo), &iters, |e, v| {
+            let mut ins = vec![(a, la), (b, lb)];
+            if let Some(m) = mask {
+                ins.push((m, "d0".to_string()));
+            }
+            let masked = mask.is_some();
+            e.generic(r + 1, &ins, (&acc, lo), &iters, |e, v| {
                 let (x, y) = (ext(e, &v[0], da), ext(e, &v[1], db));
                 let p = e.let_(&format!("arith.mulf {x}, {y} : f32"));
-                e.let_(&format!("arith.addf {}, {p} : f32", v[2]))
+                let acc = v.last().expect("the output block argument");
+                let sum = e.let_(&format!("arith.addf {acc}, {p} : f32"));
+                if masked {
+                    e.let_(&format!("arith.select {}, {sum}, {acc} : f32", v[2]))
+                } else {
+                    sum
+                }
             });
         }
     }
@@ -404,7 +564,11 @@ fn without(x: &Type, axis: usize) -> Type {
 
 /// The map from `x`'s domain to a buffer without `axis`.
 fn drop_axis(r: usize, axis: usize) -> String {
-    (0..r).filter(|&i| i != axis).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")
+    (0..r)
+        .filter(|&i| i != axis)
+        .map(|i| format!("d{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn softmax(e: &mut Emitter, x: &Buf, axis: usize, out: &Buf) {
@@ -414,13 +578,25 @@ fn softmax(e: &mut Emitter, x: &Buf, axis: usize, out: &Buf) {
     let max = e.alloc(&without(&x.ty, axis));
     reduce_into(e, &xf, &[axis], &max, true);
     let ex = f32_scratch(e, out);
-    e.generic(r, &[(&xf, identity(r)), (&max, drop_axis(r, axis))], (&ex, identity(r)), &par, |e, a| {
-        let s = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
-        e.let_(&format!("math.exp {s} : f32"))
-    });
+    e.generic(
+        r,
+        &[(&xf, identity(r)), (&max, drop_axis(r, axis))],
+        (&ex, identity(r)),
+        &par,
+        |e, a| {
+            let s = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
+            e.let_(&format!("math.exp {s} : f32"))
+        },
+    );
     let sum = e.alloc(&without(&x.ty, axis));
     reduce_into(e, &ex, &[axis], &sum, false);
-    e.generic(r, &[(&sum, drop_axis(r, axis))], (&ex, identity(r)), &par, |e, a| e.let_(&format!("arith.divf {}, {} : f32", a[1], a[0])));
+    e.generic(
+        r,
+        &[(&sum, drop_axis(r, axis))],
+        (&ex, identity(r)),
+        &par,
+        |e, a| e.let_(&format!("arith.divf {}, {} : f32", a[1], a[0])),
+    );
     store(e, &ex, out);
 }
 
@@ -433,22 +609,38 @@ fn layernorm(e: &mut Emitter, x: &Buf, axis: usize, eps: f64, out: &Buf) {
     reduce_into(e, &xf, &[axis], &mean, false);
     scale_down(e, &mean.clone(), n, &mean);
     let sq = e.alloc(&x.ty.with_dtype(DType::F32));
-    e.generic(r, &[(&xf, identity(r)), (&mean, drop_axis(r, axis))], (&sq, identity(r)), &par, |e, a| {
-        let c = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
-        e.let_(&format!("arith.mulf {c}, {c} : f32"))
-    });
+    e.generic(
+        r,
+        &[(&xf, identity(r)), (&mean, drop_axis(r, axis))],
+        (&sq, identity(r)),
+        &par,
+        |e, a| {
+            let c = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
+            e.let_(&format!("arith.mulf {c}, {c} : f32"))
+        },
+    );
     let var = e.alloc(&without(&x.ty, axis));
     reduce_into(e, &sq, &[axis], &var, false);
     scale_down(e, &var.clone(), n, &var);
     let y = f32_scratch(e, out);
     let eps = e.constant(f64::from(eps as f32), "f32");
     let one = e.constant(1.0, "f32");
-    e.generic(r, &[(&xf, identity(r)), (&mean, drop_axis(r, axis)), (&var, drop_axis(r, axis))], (&y, identity(r)), &par, |e, a| {
-        let ve = e.let_(&format!("arith.addf {}, {eps} : f32", a[2]));
-        let s = e.let_(&format!("math.sqrt {ve} : f32"));
-        let inv = e.let_(&format!("arith.divf {one}, {s} : f32"));
-        let c = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
-        e.let_(&format!("arith.mulf {c}, {inv} : f32"))
-    });
+    e.generic(
+        r,
+        &[
+            (&xf, identity(r)),
+            (&mean, drop_axis(r, axis)),
+            (&var, drop_axis(r, axis)),
+        ],
+        (&y, identity(r)),
+        &par,
+        |e, a| {
+            let ve = e.let_(&format!("arith.addf {}, {eps} : f32", a[2]));
+            let s = e.let_(&format!("math.sqrt {ve} : f32"));
+            let inv = e.let_(&format!("arith.divf {one}, {s} : f32"));
+            let c = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
+            e.let_(&format!("arith.mulf {c}, {inv} : f32"))
+        },
+    );
     store(e, &y, out);
 }

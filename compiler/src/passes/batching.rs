@@ -20,10 +20,12 @@ pub struct Batched {
     pub batched: bool,
 }
 
-/// The stage axis, and the builder of the stage program.
+/// The stage axis, the builder of the stage program, and the stage program's `%active` mask
+/// (false for stages in a bubble slot), which batched matmuls take so bubbles cost nothing.
 pub struct Ctx<'b> {
     pub b: &'b mut Builder,
     pub stage: Dim,
+    pub active: ValueId,
 }
 
 impl Ctx<'_> {
@@ -121,11 +123,22 @@ pub fn batch(
                 on_false: a[2],
             }
         }
-        OpKind::MatMul { .. } => {
+        OpKind::MatMul { mask: Some(_), .. } => {
+            return Err(Diagnostic::error(
+                "a masked `matmul` cannot be vectorized over stages",
+                cx.b.span,
+                "inside `@layer`",
+            )
+            .with_note(
+                "masks are how the pipeline skips bubbles; write the plain `matmul %a, %b`",
+            ))
+        }
+        OpKind::MatMul { mask: None, .. } => {
             let a = cx.elementwise(ins, rank)?;
             OpKind::MatMul {
                 lhs: a[0],
                 rhs: a[1],
+                mask: if any { Some(cx.active) } else { None },
             }
         }
         OpKind::Transpose { perm, .. } => {

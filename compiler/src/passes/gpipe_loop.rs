@@ -139,11 +139,13 @@ fn build(
         Some(Type::new(DType::I1, mask_dims)),
     )?;
     let last_stage = int(&mut b, "last_stage", s - 1)?;
+    // Work items (microbatch m in repeat r is item r*M + m) number R*M.
+    let all_items = int(&mut b, "all_items", r * mb)?;
     // Circular pipelines: M, the number of work items R*M, and the last item R*M - 1.
     let circular = (r > 1).then(|| -> Result<[ValueId; 3], Diagnostic> {
         Ok([
             int(&mut b, "num_microbatches", mb)?,
-            int(&mut b, "all_items", r * mb)?,
+            all_items,
             int(&mut b, "last_item", r * mb - 1)?,
         ])
     });
@@ -215,9 +217,21 @@ fn build(
                 None,
             )?;
             // 2. Every stage computes.
-            let mut args = vec![stage_in];
+            // Stage s works on item t - s; outside 0..R*M it is in a bubble and skips its work.
+            let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
+            let started = cmp(b, "started", CmpPred::Ge, item, zero)?;
+            let unfinished = cmp(b, "unfinished", CmpPred::Lt, item, all_items)?;
+            let active = b.op(
+                "active",
+                OpKind::Select {
+                    cond: started,
+                    on_true: unfinished,
+                    on_false: started,
+                },
+                None,
+            )?;
+            let mut args = vec![stage_in, active];
             if let Some([num_mb, _, last_item]) = circular {
-                let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
                 let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
                 let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
                 args.push(bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?);

@@ -2,8 +2,10 @@
 //! `@stage`.
 //!
 //! Preconditions: a checked model (`@layer` maps the input type to itself).
-//! Postconditions: the module also holds `@stage(%x: [S, ...input]) -> [S, ...input]` (with an
-//! extra `%repeat: i32[S]` argument when `repeats > 1`). Each parameter of `@layer` becomes one of
+//! Postconditions: the module also holds `@stage(%x: [S, ...input], %active: i1[S]) -> [S, ...input]`
+//! (with an extra `%repeat: i32[S]` argument when `repeats > 1`). Stage `s` computes only where
+//! `%active[s]`: batched matmuls take it as their mask, so bubble slots skip the expensive work
+//! (their results are never read). Each parameter of `@layer` becomes one of
 //! `@stage` with leading axes `[R, S, k]` (`R` only when `repeats > 1`, `k` only when more than
 //! one layer runs per stage) that enumerate layers: element `(r, s, j)` holds the weights of layer
 //! `(r*S + s)*k + j`. The `k` layers of a stage run one after the other inside `@stage`. Every op
@@ -50,6 +52,7 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
         &layer.values[x_arg].name,
         layer.ty(x_arg).insert(0, s_dim.clone()),
     );
+    let active = b.arg("active", Type::new(DType::I1, vec![s_dim.clone()]));
     let repeat =
         (p.repeats > 1).then(|| b.arg("repeat", Type::new(DType::I32, vec![s_dim.clone()])));
 
@@ -153,7 +156,7 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
                 },
             );
         }
-        let out = batch_block(&mut b, layer, &layer.body, &mut env, &s_dim)?;
+        let out = batch_block(&mut b, layer, &layer.body, &mut env, &s_dim, active)?;
         act = out;
     }
     Ok(b.finish(vec![act]))
@@ -165,10 +168,12 @@ fn batch_block(
     block: &Block,
     env: &mut HashMap<ValueId, Batched>,
     s_dim: &Dim,
+    active: ValueId,
 ) -> Result<ValueId, Diagnostic> {
     let mut cx = Ctx {
         b,
         stage: s_dim.clone(),
+        active,
     };
     for &id in &block.ops {
         let op = &layer.ops[id];

@@ -25,16 +25,35 @@ Runs the pipeline-parallel forward pass that ppc compiled into this executable.
   --help         print this and exit";
 
 fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
-    let mut o = RunOptions { steps: 1, backend: "cpu executable".into(), ..Default::default() };
+    let mut o = RunOptions {
+        steps: 1,
+        backend: "cpu executable".into(),
+        ..Default::default()
+    };
     let mut it = args.iter().skip(1);
     while let Some(a) = it.next() {
-        let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
-        let number = |name: &str, v: String| v.parse::<u64>().map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"));
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        let number = |name: &str, v: String| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"))
+        };
         match a.as_str() {
             "--help" | "-h" => return Ok(None),
             "--seed" => o.seed = number("--seed", value("--seed")?)?,
-            "--steps" => o.steps = u32::try_from(number("--steps", value("--steps")?)?).map_err(|_| "--steps is too large")?,
-            "--bench" => o.bench = Some(u32::try_from(number("--bench", value("--bench")?)?).map_err(|_| "--bench is too large")?),
+            "--steps" => {
+                o.steps = u32::try_from(number("--steps", value("--steps")?)?)
+                    .map_err(|_| "--steps is too large")?
+            }
+            "--bench" => {
+                o.bench = Some(
+                    u32::try_from(number("--bench", value("--bench")?)?)
+                        .map_err(|_| "--bench is too large")?,
+                )
+            }
             "--input" => o.input = Some(PathBuf::from(value("--input")?)),
             "--output" => o.output = Some(PathBuf::from(value("--output")?)),
             other => return Err(format!("unknown argument `{other}`")),
@@ -61,7 +80,9 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
         }
     };
     // SAFETY: the generated object defines `ppc_manifest` returning a NUL-terminated static string.
-    let text = unsafe { CStr::from_ptr(ppc_manifest()) }.to_string_lossy().into_owned();
+    let text = unsafe { CStr::from_ptr(ppc_manifest()) }
+        .to_string_lossy()
+        .into_owned();
     let manifest = match Manifest::parse(&text) {
         Ok(m) => m,
         Err(e) => {
@@ -72,7 +93,12 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
     let entry: PackedFn = _mlir__mlir_ciface_ppc_forward;
     // SAFETY: the object that defines the entry was compiled together with this manifest.
     let program = unsafe { Program::new(manifest, entry) };
-    match drive(&program, &opts, &mut std::io::stdout(), &mut std::io::stderr()) {
+    match drive(
+        &program,
+        &opts,
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    ) {
         Ok(_) => 0,
         Err(e) => {
             eprintln!("{prog}: error: {e}");

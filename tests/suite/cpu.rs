@@ -1,0 +1,271 @@
+//! The CPU backend: the lowered MLIR (snapshots; verified by MLIR), JIT runs of every example
+//! against the interpreter, and standalone executables from `ppc compile -o` with their
+//! command-line errors. JIT at opt level 0 here: these tests check meaning, not speed.
+
+use crate::common::{examples, load, path, ppc};
+use ppc_dialect::interp::Interp;
+use ppc_dialect::Overrides;
+use ppc_runtime::memref::HostBuffer;
+use ppc_runtime::{safetensors, DType};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn json_last_line(out: &str) -> serde_json::Value {
+    serde_json::from_str(out.lines().last().expect("some output")).expect("the last line is JSON")
+}
+
+fn small_dims(file: &str) -> Vec<&'static str> {
+    let mut v = vec!["--dim", "b=2"];
+    if file.ends_with("transformer.ppc") {
+        v.extend(["--dim", "t=4"]);
+    }
+    if file.ends_with("mlp.ppc") {
+        v.extend(["--dim", "d=32", "--dim", "h=64"]);
+    }
+    v
+}
+
+#[test]
+fn emitted_mlir_is_verified_and_stable() {
+    for name in ["tiny", "mlp"] {
+        // A path relative to the test's working directory (tests/), so snapshots do not depend
+        // on where the checkout is.
+        let (code, out, err) = ppc(&["compile", &format!("../examples/{name}.ppc"), "--emit=mlir"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("llvm.emit_c_interface") && out.contains("func.func @ppc_forward("));
+        insta::assert_snapshot!(format!("mlir_{name}"), out);
+    }
+    // The transformer's module is long (1,200 lines): checked by MLIR's verifier, not snapshotted.
+    let (code, out, err) = ppc(&["compile", &path("examples/transformer.ppc"), "--emit=mlir"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("math.tanh") && out.contains("memref.load"));
+    let (code, out, err) = ppc(&["compile", &path("examples/tiny.ppc"), "--emit=llvm"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("llvm.func @_mlir_ciface_ppc_forward") && !out.contains("linalg."),
+        "not lowered to LLVM"
+    );
+}
+
+#[test]
+fn mlir_locations_point_into_the_model_file() {
+    let file = path("examples/tiny.ppc");
+    let (_, mlir, _) = ppc(&["compile", &file, "--emit=mlir"]);
+    // The matmul of @layer's line 8 (`%y = matmul %x, %w`) keeps its place after inlining.
+    assert!(
+        mlir.contains(&format!("loc(\"{file}\":8:3)")),
+        "no model-file locations in the MLIR:\n{mlir}"
+    );
+}
+
+#[test]
+fn every_example_runs_on_the_cpu_and_matches_the_interpreter() {
+    for ex in examples() {
+        let ex = ex.display().to_string();
+        let configs: [&[&str]; 4] = [
+            &[],
+            &["--repeats", "2", "--poison-bubbles"],
+            &["--dtype", "bf16"],
+            &[
+                "--dtype",
+                "f16",
+                "--stages",
+                "2",
+                "--microbatches",
+                "2",
+                "--repeats",
+                "2",
+            ],
+        ];
+        for extra in configs {
+            for gemm in ["loops", "runtime"] {
+                let mut args = vec![
+                    "verify",
+                    ex.as_str(),
+                    "--backend",
+                    "cpu",
+                    "--gemm",
+                    gemm,
+                    "--opt-level",
+                    "0",
+                ];
+                args.extend(small_dims(&ex));
+                args.extend(extra);
+                let (code, out, err) = ppc(&args);
+                assert_eq!(code, 0, "{args:?}\n{out}\n{err}");
+                let j = json_last_line(&out);
+                assert_eq!(j["ok"], true, "{args:?}: {j}");
+                if gemm == "loops" {
+                    // Loops in the interpreter's order: the compiled program is bit-identical.
+                    assert_eq!(j["bit_exact"], true, "{args:?}: {j}");
+                }
+            }
+        }
+    }
+}
+
+/// A scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ppc-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// Builds an executable of `model` (small dims) with the given extra compile flags.
+fn build(model: &str, dir: &std::path::Path, extra: &[&str]) -> PathBuf {
+    let exe = dir.join("model");
+    let file = path(model);
+    let mut args = vec!["compile", file.as_str(), "-o"];
+    let exe_s = exe.display().to_string();
+    args.push(&exe_s);
+    args.extend(small_dims(model));
+    args.extend(extra);
+    let (code, out, err) = ppc(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(exe.exists());
+    exe
+}
+
+fn run(exe: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(exe)
+        .args(args)
+        .output()
+        .expect("the executable starts");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn executables_match_the_interpreter_and_read_inputs() {
+    let dir = scratch("exe");
+    for (model, extra) in [
+        (
+            "examples/mlp.ppc",
+            &["--gemm", "loops", "--repeats", "2"][..],
+        ),
+        (
+            "examples/transformer.ppc",
+            &["--gemm", "loops", "--dtype", "bf16"][..],
+        ),
+    ] {
+        let exe = build(model, &dir, extra);
+        // Seeded synthetic inputs: the output equals the interpreter's pipelined result.
+        let out = dir.join("out.safetensors");
+        let (code, stdout, err) = run(
+            &exe,
+            &["--seed", "5", "--output", &out.display().to_string()],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(stdout.contains("checksum") && stdout.contains("bubble"));
+        let text = std::fs::read_to_string(path(model)).expect("model");
+        let mut ov = Overrides::default();
+        for pair in small_dims(model).chunks(2) {
+            let (k, v) = pair[1].split_once('=').expect("N=V");
+            ov.dims.push((k.into(), v.parse().expect("number")));
+        }
+        ov.repeats = extra.contains(&"--repeats").then_some(2);
+        ov.float_dtype = extra.contains(&"bf16").then_some(DType::BF16);
+        let mut m = load(&text, &ov);
+        ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None)
+            .expect("compiles");
+        let mut interp = Interp::new(&m, 5);
+        let inputs = interp.synthetic_inputs();
+        let want = interp.forward(&inputs).expect("interp");
+        let got = safetensors::read_tensor(&out, "output")
+            .expect("output file")
+            .to_tensor();
+        crate::passes::assert_bits_eq(&want, &got, model);
+
+        // --input: other numbers in, the interpreter's answer for them out.
+        let other = Interp::new(&m, 9).synthetic_inputs();
+        let input = dir.join("in.safetensors");
+        safetensors::write(&input, &[("input", &HostBuffer::from_tensor(&other))])
+            .expect("write input");
+        let (code, _, err) = run(
+            &exe,
+            &[
+                "--seed",
+                "5",
+                "--input",
+                &input.display().to_string(),
+                "--output",
+                &out.display().to_string(),
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        let got = safetensors::read_tensor(&out, "output")
+            .expect("output file")
+            .to_tensor();
+        crate::passes::assert_bits_eq(&interp.forward(&other).expect("interp"), &got, model);
+
+        // --bench prints one JSON line with the median step time and the useful rate.
+        let (code, stdout, err) = run(&exe, &["--bench", "3"]);
+        assert_eq!(code, 0, "{err}");
+        let j = json_last_line(&stdout);
+        assert!(
+            j["median_step_s"].as_f64().is_some_and(|t| t > 0.0)
+                && j["useful_gflops"].as_f64().is_some()
+        );
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[test]
+fn executables_reject_bad_arguments_and_inputs() {
+    let dir = scratch("exe-errors");
+    let exe = build("examples/tiny.ppc", &dir, &[]);
+    let (code, out, _) = run(&exe, &["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("--input FILE") && out.contains("--bench N"));
+    let (code, _, err) = run(&exe, &["--frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown argument `--frobnicate`"), "{err}");
+    let (code, _, err) = run(&exe, &["--steps", "many"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--steps needs a non-negative integer"),
+        "{err}"
+    );
+    let (code, _, err) = run(&exe, &["--input", "/no/such/file.safetensors"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cannot read /no/such/file.safetensors"),
+        "{err}"
+    );
+    let garbage = dir.join("garbage.safetensors");
+    std::fs::write(&garbage, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}").expect("write");
+    let (code, _, err) = run(&exe, &["--input", &garbage.display().to_string()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+    let wrong = dir.join("wrong.safetensors");
+    let t = ppc_runtime::Tensor::splat(DType::F32, vec![3, 4, 2], 1.0);
+    safetensors::write(&wrong, &[("input", &HostBuffer::from_tensor(&t))]).expect("write");
+    let (code, _, err) = run(&exe, &["--input", &wrong.display().to_string()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("is f32[3, 4, 2], but this model takes f32[3, 2, 4]"),
+        "{err}"
+    );
+    let unnamed = dir.join("unnamed.safetensors");
+    safetensors::write(&unnamed, &[("x", &HostBuffer::from_tensor(&t))]).expect("write");
+    let (code, _, err) = run(&exe, &["--input", &unnamed.display().to_string()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("has no tensor `input` (it has: x)"), "{err}");
+    // A failed run writes no output file.
+    let out = dir.join("never.safetensors");
+    let (code, _, _) = run(
+        &exe,
+        &[
+            "--input",
+            &wrong.display().to_string(),
+            "--output",
+            &out.display().to_string(),
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(!out.exists());
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
