@@ -1,0 +1,173 @@
+//! Op attributes (`axis = 1`, `perm = [1, 0]`, `fill = nan`), numbers and initializers.
+
+use super::{span_of, PResult, Rule};
+use crate::diag::Diagnostic;
+use crate::ir::Init;
+use crate::span::Span;
+use pest::iterators::Pair;
+
+/// An attribute as written: `axis = 1`, `perm = [1, 0]`, `fill = nan`.
+pub(super) enum Attr {
+    Num(String),
+    List(Vec<String>),
+    Ident(String),
+}
+
+/// Keyword attributes of one op, consumed by name; leftovers are an error.
+pub(super) struct Args<'a> {
+    pub(super) op: &'a str,
+    pub(super) span: Span,
+    pub(super) attrs: Vec<(String, Attr, Span)>,
+    pub(super) used: Vec<String>,
+}
+
+impl Args<'_> {
+    pub(super) fn take(&mut self, key: &str) -> PResult<(&Attr, Span)> {
+        self.used.push(key.to_string());
+        let (op, span) = (self.op, self.span);
+        let Some(i) = self.attrs.iter().position(|(k, _, _)| k == key) else {
+            let mut d = Diagnostic::error(
+                format!("`{op}` needs `{key} = ...`"),
+                span,
+                format!("missing `{key}`"),
+            );
+            for (k, _, s) in self.attrs.iter().filter(|(k, _, _)| !self.used.contains(k)) {
+                d = d.with_label(*s, format!("`{op}` has no attribute `{k}`"));
+            }
+            return Err(d);
+        };
+        let (_, a, s) = &self.attrs[i];
+        Ok((a, *s))
+    }
+
+    pub(super) fn int(&mut self, key: &str) -> PResult<usize> {
+        let (a, span) = self.take(key)?;
+        match a {
+            Attr::Num(n) => parse_index(n, span),
+            Attr::Ident(w) => Err(Diagnostic::error(
+                format!("`{key}` must be an integer, not `{w}`"),
+                span,
+                "not an integer",
+            )),
+            Attr::List(_) => Err(Diagnostic::error(
+                format!("`{key}` must be an integer, not a list"),
+                span,
+                "not an integer",
+            )),
+        }
+    }
+
+    pub(super) fn ints(&mut self, key: &str) -> PResult<Vec<usize>> {
+        let (a, span) = self.take(key)?;
+        match a {
+            Attr::List(ns) => ns.iter().map(|n| parse_index(n, span)).collect(),
+            Attr::Num(w) | Attr::Ident(w) => Err(Diagnostic::error(
+                format!("`{key}` must be a list like `[0, 1]`, not `{w}`"),
+                span,
+                "not a list",
+            )),
+        }
+    }
+
+    pub(super) fn float(&mut self, key: &str) -> PResult<f64> {
+        let (a, span) = self.take(key)?;
+        match a {
+            Attr::Num(n) => parse_f64(n, span),
+            Attr::Ident(w) => Err(Diagnostic::error(
+                format!("`{key}` must be a number, not `{w}`"),
+                span,
+                "not a number",
+            )),
+            Attr::List(_) => Err(Diagnostic::error(
+                format!("`{key}` must be a number, not a list"),
+                span,
+                "not a number",
+            )),
+        }
+    }
+
+    pub(super) fn finish(&self) -> PResult<()> {
+        for (k, _, s) in &self.attrs {
+            if !self.used.contains(k) {
+                return Err(Diagnostic::error(
+                    format!("`{}` has no attribute `{k}`", self.op),
+                    *s,
+                    "unknown attribute",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A non-negative integer attribute that indexes or sizes something (at most 2^32).
+fn parse_index(text: &str, span: Span) -> PResult<usize> {
+    match text.parse::<u64>() {
+        Ok(v) if v <= crate::infer::MAX_ELEMENTS => Ok(v as usize),
+        Ok(_) | Err(_) if text.bytes().all(|b| b.is_ascii_digit()) => Err(Diagnostic::error(
+            format!("`{text}` is too large"),
+            span,
+            "integer overflow",
+        )),
+        _ => Err(Diagnostic::error(
+            format!("`{text}` is not a non-negative integer"),
+            span,
+            "expected an integer",
+        )),
+    }
+}
+
+pub(super) fn parse_f64(text: &str, span: Span) -> PResult<f64> {
+    let v = match text {
+        "nan" | "-nan" => f64::NAN,
+        "inf" => f64::INFINITY,
+        "-inf" => f64::NEG_INFINITY,
+        t => t
+            .parse::<f64>()
+            .map_err(|_| Diagnostic::error(format!("`{t}` is not a number"), span, "bad number"))?,
+    };
+    if v.is_infinite() && !text.contains("inf") {
+        return Err(Diagnostic::error(
+            format!("`{text}` is too large for a number"),
+            span,
+            "overflow",
+        ));
+    }
+    Ok(v)
+}
+
+pub(super) fn parse_init(p: Pair<Rule>) -> PResult<Init> {
+    let span = span_of(&p);
+    let mut it = p.into_inner();
+    let name = it.next().expect("init name");
+    let args = it
+        .map(|n| parse_f64(n.as_str(), span_of(&n)))
+        .collect::<PResult<Vec<_>>>()?;
+    let bad = |msg: &str| Diagnostic::error(msg.to_string(), span, "bad initializer");
+    let init = match (name.as_str(), args.as_slice()) {
+        ("zeros", []) => Init::Zeros,
+        ("ones", []) => Init::Ones,
+        ("normal", [std]) if std.is_finite() && *std >= 0.0 => Init::Normal(*std),
+        ("normal", _) => {
+            return Err(bad(
+                "`normal` takes one finite, non-negative standard deviation: `normal(0.02)`",
+            ))
+        }
+        ("uniform", [a, b]) if a.is_finite() && b.is_finite() && a < b => Init::Uniform(*a, *b),
+        ("uniform", _) => {
+            return Err(bad(
+                "`uniform` takes two finite bounds, low < high: `uniform(-0.1, 0.1)`",
+            ))
+        }
+        ("zeros" | "ones", _) => return Err(bad("`zeros` and `ones` take no arguments")),
+        (other, _) => {
+            return Err(Diagnostic::error(
+                format!("unknown initializer `{other}`"),
+                span_of(&name),
+                "not an initializer",
+            )
+            .with_note("initializers are zeros, ones, normal(std) and uniform(low, high)"))
+        }
+    };
+    Ok(init)
+}

@@ -1,0 +1,467 @@
+//! Module-level items: named dimensions, the pipeline block, types, and the overrides from the
+//! command line that replace what the file says.
+
+use super::func::FuncBuilder;
+use super::{parse_u64, span_of, Overrides, PResult, Rule, MAX_PIPELINE_SETTING};
+use crate::diag::Diagnostic;
+use crate::infer::checked_elements;
+use crate::ir::{Depth, DimDef, DimFactor, Func, Loss, Module, Pipeline};
+use crate::span::{Span, SpanTable};
+use crate::types::{DType, Dim, Type};
+use pest::iterators::Pair;
+
+pub(super) struct ModuleBuilder<'a> {
+    pub(super) overrides: &'a Overrides,
+    pub(super) dims: Vec<DimDef>,
+    /// Settings as written, with spans, until the pipeline is resolved.
+    pub(super) pipeline: Vec<(String, u64, Span)>,
+    pub(super) input: Option<Type>,
+    pub(super) target: Option<Type>,
+    pub(super) loss: Option<Loss>,
+    pub(super) funcs: Vec<Func>,
+    pub(super) spans: SpanTable<String>,
+    /// The pipeline, once `dims` and `pipeline` are both known (needed to resolve shapes).
+    pub(super) resolved: Option<Pipeline>,
+}
+
+impl ModuleBuilder<'_> {
+    fn once(&mut self, key: &str, span: Span, seen: bool) -> PResult<()> {
+        if seen {
+            return Err(Diagnostic::error(
+                format!("`{key}` is given twice"),
+                span,
+                "second one here",
+            )
+            .with_label(self.spans.get(&key.to_string()), "first one here"));
+        }
+        self.spans.set(key.to_string(), span);
+        Ok(())
+    }
+
+    pub(super) fn item(&mut self, item: Pair<Rule>) -> PResult<()> {
+        let span = span_of(&item);
+        match item.as_rule() {
+            Rule::dims => {
+                let seen = !self.dims.is_empty();
+                self.once("dims", span, seen)?;
+                if self.resolved.is_some() || !self.funcs.is_empty() {
+                    return Err(Diagnostic::error(
+                        "`dims` must come before `pipeline`, types and functions",
+                        span,
+                        "too late",
+                    ));
+                }
+                for d in item.into_inner() {
+                    self.dim_def(d)?;
+                }
+                self.apply_dim_overrides()
+            }
+            Rule::pipeline => {
+                let seen = !self.pipeline.is_empty();
+                self.once("pipeline", span, seen)?;
+                for s in item.into_inner() {
+                    let mut it = s.into_inner();
+                    let (name, value) = (
+                        it.next().expect("setting name"),
+                        it.next().expect("setting value"),
+                    );
+                    let v = parse_u64(&value, "setting")?;
+                    if self.pipeline.iter().any(|(n, _, _)| n == name.as_str()) {
+                        return Err(Diagnostic::error(
+                            format!("pipeline setting `{}` is given twice", name.as_str()),
+                            span_of(&name),
+                            "again here",
+                        ));
+                    }
+                    self.pipeline
+                        .push((name.as_str().to_string(), v, span_of(&value)));
+                }
+                self.resolve_pipeline(span).map(|_| ())
+            }
+            Rule::input | Rule::target => {
+                let key = if item.as_rule() == Rule::input {
+                    "input"
+                } else {
+                    "target"
+                };
+                let seen = if key == "input" {
+                    self.input.is_some()
+                } else {
+                    self.target.is_some()
+                };
+                self.once(key, span, seen)?;
+                let t = self.ty(item.into_inner().next().expect("type"))?;
+                if key == "input" {
+                    self.input = Some(t);
+                } else {
+                    self.target = Some(t);
+                }
+                Ok(())
+            }
+            Rule::loss => {
+                self.once("loss", span, self.loss.is_some())?;
+                let name = item.into_inner().next().expect("loss name");
+                self.loss = Some(match name.as_str() {
+                    "mse" => Loss::Mse,
+                    "softmax_cross_entropy" => Loss::SoftmaxCrossEntropy,
+                    other => {
+                        return Err(Diagnostic::error(
+                            format!("unknown loss `{other}`"),
+                            span_of(&name),
+                            "not a loss",
+                        )
+                        .with_note("expected `mse` or `softmax_cross_entropy`"))
+                    }
+                });
+                Ok(())
+            }
+            Rule::func => {
+                let f = FuncBuilder::build(self, item)?;
+                if self.funcs.iter().any(|g| g.name == f.name) {
+                    return Err(Diagnostic::error(
+                        format!("function `@{}` is defined twice", f.name),
+                        span,
+                        "second definition",
+                    ));
+                }
+                self.funcs.push(f);
+                Ok(())
+            }
+            other => unreachable!("invariant: grammar yields only items here, got {other:?}"),
+        }
+    }
+
+    fn dim_def(&mut self, d: Pair<Rule>) -> PResult<()> {
+        let mut it = d.into_inner();
+        let name = it.next().expect("dim name");
+        let expr = it.next().expect("dim expr");
+        if self.dims.iter().any(|x| x.name == name.as_str()) {
+            return Err(Diagnostic::error(
+                format!("dimension `{}` is declared twice", name.as_str()),
+                span_of(&name),
+                "again here",
+            )
+            .with_label(
+                self.spans.get(&format!("dim.{}", name.as_str())),
+                "first declared here",
+            ));
+        }
+        if is_pipeline_name(name.as_str()) {
+            return Err(Diagnostic::error(
+                format!("`{}` is a pipeline setting, not a dimension", name.as_str()),
+                span_of(&name),
+                "reserved name",
+            )
+            .with_note("set it in the `pipeline { ... }` block"));
+        }
+        let mut factors = Vec::new();
+        let mut value = 1u64;
+        for term in expr.into_inner() {
+            let t = term.into_inner().next().expect("dim term");
+            let (f, v) = match t.as_rule() {
+                Rule::int => {
+                    let v = parse_u64(&t, &format!("dimension `{}` =", name.as_str()))?;
+                    (DimFactor::Lit(v), v)
+                }
+                _ => {
+                    let v = self
+                        .dims
+                        .iter()
+                        .find(|x| x.name == t.as_str())
+                        .map(|x| x.value)
+                        .ok_or_else(|| {
+                            Diagnostic::error(
+                                format!("unknown dimension `{}`", t.as_str()),
+                                span_of(&t),
+                                "not declared before this point",
+                            )
+                        })?;
+                    (DimFactor::Name(t.as_str().to_string()), v)
+                }
+            };
+            value = value.checked_mul(v).ok_or_else(|| {
+                Diagnostic::error(
+                    format!("dimension `{}` overflows 64 bits", name.as_str()),
+                    span_of(&t),
+                    "integer overflow",
+                )
+            })?;
+            factors.push(f);
+        }
+        self.check_dim_size(name.as_str(), value, span_of(&name))?;
+        self.spans
+            .set(format!("dim.{}", name.as_str()), span_of(&name));
+        self.dims.push(DimDef {
+            name: name.as_str().to_string(),
+            factors,
+            value,
+        });
+        Ok(())
+    }
+
+    fn check_dim_size(&self, name: &str, value: u64, span: Span) -> PResult<()> {
+        if value == 0 {
+            return Err(Diagnostic::error(
+                format!("dimension `{name}` is zero"),
+                span,
+                "must be at least 1",
+            ));
+        }
+        if value > crate::infer::MAX_ELEMENTS {
+            return Err(Diagnostic::error(
+                format!("dimension `{name}` = {value} is absurdly large"),
+                span,
+                "too large",
+            )
+            .with_note(format!(
+                "a dimension may be at most {}",
+                crate::infer::MAX_ELEMENTS
+            )));
+        }
+        Ok(())
+    }
+
+    /// `--dim NAME=VALUE`: replace a declared dimension's value, then recompute those that
+    /// are products of it.
+    fn apply_dim_overrides(&mut self) -> PResult<()> {
+        for (name, v) in &self.overrides.dims {
+            let Some(d) = self.dims.iter_mut().find(|d| &d.name == name) else {
+                let known: Vec<&str> = self.dims.iter().map(|d| d.name.as_str()).collect();
+                return Err(Diagnostic::plain(format!(
+                    "--dim {name}={v}: the model declares no dimension `{name}`"
+                ))
+                .with_note(format!("declared dimensions: {}", known.join(", "))));
+            };
+            d.factors = vec![DimFactor::Lit(*v)];
+        }
+        for i in 0..self.dims.len() {
+            let mut value = 1u64;
+            for f in &self.dims[i].factors {
+                let v = match f {
+                    DimFactor::Lit(v) => *v,
+                    DimFactor::Name(n) => self.dims[..i]
+                        .iter()
+                        .find(|d| &d.name == n)
+                        .map(|d| d.value)
+                        .expect("invariant: checked at parse"),
+                };
+                value = value.checked_mul(v).ok_or_else(|| {
+                    Diagnostic::plain(format!(
+                        "dimension `{}` overflows 64 bits",
+                        self.dims[i].name
+                    ))
+                })?;
+            }
+            let span = self.spans.get(&format!("dim.{}", self.dims[i].name));
+            self.check_dim_size(&self.dims[i].name.clone(), value, span)?;
+            self.dims[i].value = value;
+        }
+        Ok(())
+    }
+
+    fn resolve_pipeline(&mut self, block: Span) -> PResult<Pipeline> {
+        let get = |name: &str| -> PResult<Option<(u64, Span)>> {
+            Ok(self
+                .pipeline
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, v, s)| (*v, *s)))
+        };
+        for (name, _, span) in &self.pipeline {
+            if ![
+                "stages",
+                "layers",
+                "layers_per_stage",
+                "microbatches",
+                "repeats",
+            ]
+            .contains(&name.as_str())
+            {
+                return Err(Diagnostic::error(format!("unknown pipeline setting `{name}`"), *span, "unknown")
+                    .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches` and `repeats`"));
+            }
+        }
+        let ov = self.overrides;
+        let pick =
+            |written: Option<(u64, Span)>, over: Option<u64>| over.map(|v| (v, block)).or(written);
+        let stages = pick(get("stages")?, ov.stages);
+        let micro = pick(get("microbatches")?, ov.microbatches);
+        let repeats = pick(get("repeats")?, ov.repeats).unwrap_or((1, block));
+        let layers = get("layers")?;
+        let per_stage = get("layers_per_stage")?;
+        let (Some(stages), Some(micro)) = (stages, micro) else {
+            return Err(Diagnostic::error(
+                "the pipeline needs `stages` and `microbatches`",
+                block,
+                "incomplete pipeline",
+            ));
+        };
+        for (name, (v, span)) in [
+            ("stages", stages),
+            ("microbatches", micro),
+            ("repeats", repeats),
+        ]
+        .into_iter()
+        .chain(layers.map(|l| ("layers", l)))
+        .chain(per_stage.map(|l| ("layers_per_stage", l)))
+        {
+            if v == 0 {
+                return Err(Diagnostic::error(
+                    format!("`{name}` is zero"),
+                    span,
+                    "must be at least 1",
+                ));
+            }
+            if v > MAX_PIPELINE_SETTING {
+                return Err(Diagnostic::error(
+                    format!("`{name}` = {v} is absurdly large"),
+                    span,
+                    "too large",
+                )
+                .with_note(format!(
+                    "pipeline settings may be at most {MAX_PIPELINE_SETTING}"
+                )));
+            }
+        }
+        let groups = stages.0 * repeats.0;
+        let depth = if layers.is_some() {
+            Depth::Layers
+        } else {
+            Depth::PerStage
+        };
+        let layers = match (layers, per_stage) {
+            (Some(_), Some((_, s))) => {
+                return Err(Diagnostic::error(
+                    "give either `layers` or `layers_per_stage`, not both",
+                    s,
+                    "second way to say it",
+                ))
+            }
+            (None, None) => groups,
+            (None, Some((k, _))) => groups.checked_mul(k).ok_or_else(|| {
+                Diagnostic::error("layer count overflows", block, "too many layers")
+            })?,
+            (Some((l, span)), None) => {
+                if l % groups != 0 {
+                    return Err(Diagnostic::error(
+                        format!(
+                            "{} stages × {} repeats = {groups} does not divide {l} layers",
+                            stages.0, repeats.0
+                        ),
+                        span,
+                        "not a multiple of stages × repeats",
+                    )
+                    .with_label(stages.1, "stages set here")
+                    .with_note("each stage must hold the same number of layers in every repeat"));
+                }
+                l
+            }
+        };
+        if layers > MAX_PIPELINE_SETTING {
+            return Err(Diagnostic::error(
+                format!("{layers} layers is absurdly many"),
+                block,
+                "too many layers",
+            ));
+        }
+        let p = Pipeline {
+            stages: stages.0,
+            layers,
+            microbatches: micro.0,
+            repeats: repeats.0,
+            depth,
+        };
+        self.resolved = Some(p);
+        Ok(p)
+    }
+
+    fn dim_size(&self, name: &str) -> Option<u64> {
+        self.dims
+            .iter()
+            .find(|d| d.name == name)
+            .map(|d| d.value)
+            .or_else(|| {
+                let p = self.resolved?;
+                p.dim_names()
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| *v)
+            })
+    }
+
+    pub(super) fn ty(&self, t: Pair<Rule>) -> PResult<Type> {
+        let span = span_of(&t);
+        let mut it = t.into_inner();
+        let dt = it.next().expect("dtype");
+        let dtype = DType::from_name(dt.as_str()).ok_or_else(|| {
+            Diagnostic::error(
+                format!("unknown dtype `{}`", dt.as_str()),
+                span_of(&dt),
+                "not a dtype",
+            )
+            .with_note("dtypes are f32, bf16, f16, i32 and i1")
+        })?;
+        let mut dims = Vec::new();
+        for d in it {
+            let d = d.into_inner().next().expect("dim");
+            dims.push(match d.as_rule() {
+                Rule::int => Dim::lit(parse_u64(&d, "dimension")?),
+                _ => {
+                    let size = self.dim_size(d.as_str()).ok_or_else(|| {
+                        let mut diag = Diagnostic::error(format!("unknown dimension `{}`", d.as_str()), span_of(&d), "not declared");
+                        if self.resolved.is_none() && is_pipeline_name(d.as_str()) {
+                            diag = diag.with_note("pipeline settings can be used as dimensions after the `pipeline` block");
+                        }
+                        diag
+                    })?;
+                    Dim::named(d.as_str(), size)
+                }
+            });
+        }
+        let dtype = match (dtype, self.overrides.float_dtype) {
+            (DType::F32, Some(d)) => d,
+            _ => dtype,
+        };
+        let t = Type::new(dtype, dims);
+        checked_elements(&t.shape())
+            .map_err(|m| Diagnostic::error(format!("bad type {t}: {m}"), span, "this type"))?;
+        Ok(t)
+    }
+
+    pub(super) fn finish(self, end: Span) -> PResult<Module> {
+        let pipeline = self.resolved.ok_or_else(|| {
+            Diagnostic::error(
+                "the model has no `pipeline { ... }` block",
+                end,
+                "expected before the end of the file",
+            )
+        })?;
+        let input = self.input.ok_or_else(|| {
+            Diagnostic::error(
+                "the model has no `input` type",
+                end,
+                "expected before the end of the file",
+            )
+        })?;
+        Ok(Module {
+            dims: self.dims,
+            pipeline,
+            input,
+            target: self.target,
+            loss: self.loss,
+            funcs: self.funcs,
+            spans: self.spans,
+        })
+    }
+}
+
+pub(super) fn is_pipeline_name(s: &str) -> bool {
+    [
+        "stages",
+        "layers",
+        "layers_per_stage",
+        "microbatches",
+        "repeats",
+    ]
+    .contains(&s)
+}
