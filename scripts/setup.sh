@@ -3,12 +3,11 @@
 # Used by `make run`, `make test` and .ci/run; safe to run again.
 set -euo pipefail
 
-# LLVM/MLIR 22 for the MLIR lowering (melior / mlir-sys 220) and what they link against;
-# MPICH for the multi-rank executables.
+# LLVM/MLIR 22 for the MLIR lowering (melior / mlir-sys 220) and what they link against
+# (tblgen links Polly).
 PACKAGES=(
   llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
   libzstd-dev libz3-dev libxml2-dev
-  mpich libmpich-dev
 )
 
 missing=()

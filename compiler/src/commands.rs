@@ -13,7 +13,7 @@ use crate::schedule::Schedule;
 use ppc_dialect::diag::render;
 use ppc_dialect::interp::Interp;
 use ppc_dialect::{print, Diagnostic, Module};
-use ppc_runtime::exec::{drive, RunOptions, OUTPUT_TENSOR};
+use ppc_runtime::exec::{drive, write_summary, RunOptions, OUTPUT_TENSOR};
 use ppc_runtime::memref::HostBuffer;
 use ppc_runtime::Tensor;
 use std::io::Write;
@@ -240,20 +240,14 @@ fn run_interp(
     }
     let secs = start.elapsed().as_secs_f64() / f64::from(steps);
     let y = result.expect("invariant: at least one step ran");
-    writeln!(out, "model       {}", l.path).map_err(io)?;
-    writeln!(
+    let step = format!("{secs:.4} s (interp, sequential, seed {})", args.seed);
+    write_summary(
         out,
-        "pipeline    {} stages, {} microbatches, {} repeats, {} layers",
-        p.stages, p.microbatches, p.repeats, p.layers
-    )
-    .map_err(io)?;
-    writeln!(out, "input       {}", shape_of(&inputs)).map_err(io)?;
-    writeln!(out, "output      {}", shape_of(&y)).map_err(io)?;
-    writeln!(out, "checksum    {:.6e}", y.checksum()).map_err(io)?;
-    writeln!(
-        out,
-        "step time   {secs:.4} s (interp, sequential, seed {})",
-        args.seed
+        &l.path,
+        [p.stages, p.microbatches, p.repeats, p.layers],
+        &shape_of(&inputs),
+        &y,
+        &step,
     )
     .map_err(io)?;
     if let Some(path) = &args.output {

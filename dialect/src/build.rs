@@ -107,16 +107,18 @@ impl Builder {
             )
         })?;
         let ids: Vec<ValueId> = results.into_iter().map(|t| self.value(hint, t)).collect();
-        let id = self.func.ops.push(Op {
-            kind,
-            results: ids.clone(),
-        });
+        self.push(kind, ids.clone());
+        Ok(ids)
+    }
+
+    /// Appends an op to the innermost open block, at the current span.
+    fn push(&mut self, kind: OpKind, results: Vec<ValueId>) {
+        let id = self.func.ops.push(Op { kind, results });
         self.func.op_spans.set(id, self.span);
         self.open
             .last_mut()
             .expect("invariant: a block is open")
             .push(id);
-        Ok(ids)
     }
 
     /// Appends a loop of `trips` iterations carrying `inits`; `body` receives the iteration
@@ -154,19 +156,14 @@ impl Builder {
             .zip(&out_hints)
             .map(|(ty, h)| self.value(h, ty))
             .collect();
-        let id = self.func.ops.push(Op {
-            kind: OpKind::Loop {
+        self.push(
+            OpKind::Loop {
                 trips,
                 inits,
                 body: block,
             },
-            results: ids.clone(),
-        });
-        self.func.op_spans.set(id, self.span);
-        self.open
-            .last_mut()
-            .expect("invariant: a block is open")
-            .push(id);
+            ids.clone(),
+        );
         Ok(ids)
     }
 

@@ -6,6 +6,7 @@ use crate::init;
 use crate::manifest::{Manifest, Role};
 use crate::memref::HostBuffer;
 use crate::safetensors;
+use crate::tensor::Tensor;
 use std::ffi::c_void;
 use std::io::Write;
 use std::path::PathBuf;
@@ -121,6 +122,28 @@ pub struct RunOptions {
 pub const INPUT_TENSOR: &str = "input";
 pub const OUTPUT_TENSOR: &str = "output";
 
+/// The summary `ppc run` and executables print: what ran, on what shapes, the result's checksum
+/// and the step time. `pipeline` is stages, microbatches, repeats, layers.
+pub fn write_summary(
+    out: &mut dyn Write,
+    model: &str,
+    pipeline: [u64; 4],
+    input: &str,
+    y: &Tensor,
+    step: &str,
+) -> std::io::Result<()> {
+    let [s, mb, r, l] = pipeline;
+    writeln!(out, "model       {model}")?;
+    writeln!(
+        out,
+        "pipeline    {s} stages, {mb} microbatches, {r} repeats, {l} layers"
+    )?;
+    writeln!(out, "input       {input}")?;
+    writeln!(out, "output      {}{:?}", y.dtype, y.shape)?;
+    writeln!(out, "checksum    {:.6e}", y.checksum())?;
+    writeln!(out, "step time   {step}")
+}
+
 /// Runs `program` as `opts` says, printing the summary to `out` and progress to `err`.
 pub fn drive(
     program: &Program,
@@ -169,22 +192,21 @@ pub fn drive(
     let step_s = times.iter().sum::<f64>() / times.len() as f64;
     let y = output.to_tensor();
     let bubble = (m.stages - 1) as f64 / (m.repeats * m.microbatches + m.stages - 1) as f64;
-    writeln!(out, "model       {}", m.model).map_err(io)?;
-    writeln!(
-        out,
-        "pipeline    {} stages, {} microbatches, {} repeats, {} layers",
-        m.stages, m.microbatches, m.repeats, m.layers
-    )
-    .map_err(io)?;
-    writeln!(out, "input       {}{:?}", m.input().dtype, m.input().shape).map_err(io)?;
-    writeln!(out, "output      {}{:?}", y.dtype, y.shape).map_err(io)?;
-    writeln!(out, "checksum    {:.6e}", y.checksum()).map_err(io)?;
-    writeln!(
-        out,
-        "step time   {step_s:.6} s ({}, seed {}, {steps} step{})",
+    let step = format!(
+        "{step_s:.6} s ({}, seed {}, {steps} step{})",
         opts.backend,
         opts.seed,
         if steps == 1 { "" } else { "s" }
+    );
+    let shape = |dtype, shape: &[usize]| format!("{dtype}{shape:?}");
+    let input_shape = shape(m.input().dtype, &m.input().shape);
+    write_summary(
+        out,
+        &m.model,
+        [m.stages, m.microbatches, m.repeats, m.layers],
+        &input_shape,
+        &y,
+        &step,
     )
     .map_err(io)?;
     writeln!(
