@@ -201,6 +201,27 @@ fn executables_match_the_interpreter_and_read_inputs() {
             .to_tensor();
         crate::passes::assert_bits_eq(&interp.forward(&other).expect("interp"), &got, model);
 
+        // `ppc run --output` with the same model and seed writes the very same bytes.
+        let jit_out = dir.join("jit.safetensors");
+        let file = path(model);
+        let mut args = vec!["run", file.as_str(), "--seed", "5", "--opt-level", "0"];
+        let jit_s = jit_out.display().to_string();
+        args.extend(["--output", jit_s.as_str()]);
+        args.extend(small_dims(model));
+        args.extend(extra);
+        let (code, _, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = run(
+            &exe,
+            &["--seed", "5", "--output", &out.display().to_string()],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            std::fs::read(&jit_out).expect("jit output"),
+            std::fs::read(&out).expect("exe output"),
+            "{model}: ppc run and the executable disagree"
+        );
+
         // --bench prints one JSON line with the median step time and the useful rate.
         let (code, stdout, err) = run(&exe, &["--bench", "3"]);
         assert_eq!(code, 0, "{err}");
