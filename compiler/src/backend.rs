@@ -1,9 +1,9 @@
 //! The CPU backend: lower the pipelined module through MLIR, then JIT it for `ppc run` or link
 //! it with the runtime into a standalone executable for `ppc compile -o`.
 
-use crate::files::write_atomic;
 use crate::lower::{self, mlir, Gemm, Lowered};
 use ppc_dialect::{Diagnostic, Diagnostics, Module};
+use ppc_runtime::files::write_atomic;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -4,7 +4,6 @@
 use crate::backend::{self, Source};
 use crate::cli::{Backend, CodegenArgs, Command, ModelArgs, PassArgs, ReportFormat, RunArgs};
 use crate::compare::{compare, tolerance};
-use crate::files::write_atomic;
 use crate::lower::Gemm;
 use crate::passes::Options;
 use crate::pipeline::{compile, frontend, PipelineError};
@@ -14,6 +13,7 @@ use ppc_dialect::diag::render;
 use ppc_dialect::interp::Interp;
 use ppc_dialect::{print, Diagnostic, Module};
 use ppc_runtime::exec::{drive, write_summary, RunOptions, OUTPUT_TENSOR};
+use ppc_runtime::files::write_atomic;
 use ppc_runtime::memref::HostBuffer;
 use ppc_runtime::Tensor;
 use std::io::Write;

@@ -10,7 +10,6 @@ pub mod backend;
 pub mod cli;
 pub mod commands;
 pub mod compare;
-pub mod files;
 pub mod lower;
 pub mod passes;
 pub mod pipeline;

@@ -25,7 +25,7 @@ pub fn compile(
         verify(m).map_err(|d| PipelineError::Invalid(pass.name, d))?;
         if let Some(dir) = dump {
             let path = dir.join(format!("{:02}-{}.ppc", i + 1, pass.name));
-            crate::files::write_atomic(&path, print(m).as_bytes())
+            ppc_runtime::files::write_atomic(&path, print(m).as_bytes())
                 .map_err(|e| PipelineError::Io(path.display().to_string(), e))?;
         }
         if until == Some(pass.name) {

@@ -138,12 +138,7 @@ unsafe fn matmul(
     let width = n.div_ceil(blocks).next_multiple_of(16).min(n);
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for flat in 0..count {
-        let skip = active.is_some_and(|act| !act[flat / per_first]);
-        for j0 in (0..n).step_by(width) {
-            tasks.push((flat, j0, (j0 + width).min(n)));
-        }
-        if skip {
-            tasks.truncate(tasks.len() - n.div_ceil(width));
+        if active.is_some_and(|act| !act[flat / per_first]) {
             // A skipped entry is zero.
             let (cp, (rs, cs)) = (entry(&c, flat, batch), (c.strides[r - 2], c.strides[r - 1]));
             for i in 0..m {
@@ -152,7 +147,13 @@ unsafe fn matmul(
                     unsafe { *cp.offset(i as isize * rs + j as isize * cs) = 0.0 };
                 }
             }
+            continue;
         }
+        tasks.extend(
+            (0..n)
+                .step_by(width)
+                .map(|j0| (flat, j0, (j0 + width).min(n))),
+        );
     }
     let one = |t: usize| {
         let (flat, j0, j1) = tasks[t];

@@ -9,6 +9,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod exec;
+pub mod files;
 pub mod gemm;
 pub mod init;
 pub mod manifest;

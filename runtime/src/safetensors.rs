@@ -114,21 +114,10 @@ pub fn read_tensor(path: &Path, name: &str) -> Result<HostBuffer, String> {
         })
 }
 
-/// Writes a file atomically: a temporary sibling, then a rename.
+/// Writes a file atomically (see [`crate::files::write_atomic`]).
 pub fn write(path: &Path, tensors: &[(&str, &HostBuffer)]) -> Result<(), String> {
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, encode(tensors))
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", path.display())
-        })
+    crate::files::write_atomic(path, &encode(tensors))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -147,6 +147,22 @@ fn matmul_by_hand_and_batched() {
 }
 
 #[test]
+fn masked_matmul_zeroes_the_entries_it_skips() {
+    // Two batch entries of [1, 2] · [2, 1]; the mask keeps only the second.
+    let y = eval(
+        "%a: f32[2, 1, 2], %b: f32[2, 2, 1], %m: i1[2]",
+        "f32[2, 1, 1]",
+        "%y = matmul %a, %b, %m\nreturn %y",
+        vec![
+            t(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]),
+            t(&[2, 2, 1], &[5.0, 6.0, 7.0, 8.0]),
+            Tensor::new(DType::I1, vec![2], vec![0.0, 1.0]),
+        ],
+    );
+    assert_eq!(y.data, [0.0, 53.0]);
+}
+
+#[test]
 fn matmul_matches_an_f64_loop() {
     let (m, k, n) = (5, 7, 3);
     let a: Vec<f32> = Rng::stream(1, "a", 0).fill(Init::Normal(1.0), m * k);

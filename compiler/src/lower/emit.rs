@@ -54,6 +54,11 @@ impl Lines {
         Lines { starts }
     }
 
+    /// The byte offset of a 1-based line and column, if the source has it.
+    pub fn offset(&self, line: usize, col: usize) -> Option<usize> {
+        Some(self.starts.get(line.checked_sub(1)?)? + col.checked_sub(1)?)
+    }
+
     pub fn line_col(&self, offset: usize) -> (usize, usize) {
         let line = self.starts.partition_point(|&s| s <= offset);
         (line, offset - self.starts[line - 1] + 1)

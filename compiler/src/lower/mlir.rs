@@ -81,7 +81,7 @@ fn span_of(loc: &str, lines: &Lines, source: &str) -> Option<Span> {
     let tail = loc.rsplit("\":").next()?;
     let mut parts = tail.trim_end_matches(')').split(':');
     let (line, col): (usize, usize) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
-    let start = (0..source.len()).find(|&o| lines.line_col(o) == (line, col))?;
+    let start = lines.offset(line, col).filter(|&o| o < source.len())?;
     let end = source[start..]
         .find('\n')
         .map_or(source.len(), |n| start + n);

@@ -187,16 +187,7 @@ fn build(
                 )?;
                 let not_first = cmp(b, "not_first_pass", CmpPred::Ge, t, num_mb)?;
                 let in_range = cmp(b, "not_drained", CmpPred::Lt, t, all_items)?;
-                // i1 has no `and`: select(a, b, a) is a && b.
-                let both = b.op(
-                    "again",
-                    OpKind::Select {
-                        cond: not_first,
-                        on_true: in_range,
-                        on_false: not_first,
-                    },
-                    None,
-                )?;
+                let both = and(b, "again", not_first, in_range)?;
                 next = b.op(
                     "next_in",
                     OpKind::Select {
@@ -221,15 +212,7 @@ fn build(
             let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
             let started = cmp(b, "started", CmpPred::Ge, item, zero)?;
             let unfinished = cmp(b, "unfinished", CmpPred::Lt, item, all_items)?;
-            let active = b.op(
-                "active",
-                OpKind::Select {
-                    cond: started,
-                    on_true: unfinished,
-                    on_false: started,
-                },
-                None,
-            )?;
+            let active = and(b, "active", started, unfinished)?;
             let mut args = vec![stage_in, active];
             if let Some([num_mb, _, last_item]) = circular {
                 let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
@@ -286,6 +269,19 @@ fn build(
         },
     )?;
     Ok(b.finish(vec![outs[1]]))
+}
+
+/// `a && b` on i1 values, which have no `and` op: `select(a, b, a)`.
+fn and(b: &mut Builder, hint: &str, x: ValueId, y: ValueId) -> Result<ValueId, Diagnostic> {
+    b.op(
+        hint,
+        OpKind::Select {
+            cond: x,
+            on_true: y,
+            on_false: x,
+        },
+        None,
+    )
 }
 
 /// `a mod n` for `a >= -n` with a non-negative result: `a - floor(a / n) * n`.
