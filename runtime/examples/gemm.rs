@@ -22,7 +22,7 @@ fn main() {
             let t = Instant::now();
             for r in 0..reps {
                 let b = &bs[r % 4];
-                // SAFETY: the buffers have exactly the sizes passed; AVX2/FMA was checked above.
+                // SAFETY: the buffers have exactly the sizes passed; AVX-512 was checked above.
                 unsafe {
                     if small {
                         ppc_runtime::small_m::sgemm(

@@ -1,35 +1,95 @@
 //! A tiny persistent thread pool for the runtime's parallel loops (the GEMMs of a batched
-//! matmul, one per stage, are independent). Threads start once and wait for work, so a
-//! parallel call costs a wake-up, not a thread spawn.
+//! matmul, one per stage, are independent). Threads start once and wait for work.
+//!
+//! A stage program calls a parallel GEMM twice per pipeline iteration, a few hundred microseconds
+//! apart. Putting threads to sleep between calls cost two context switches per call and left a
+//! third of the CPU idle (measured with `perf stat`), so threads spin for a while
+//! (`SPIN_ROUNDS`) before they sleep, as OpenMP runtimes do; indices are handed out one at a
+//! time from a shared counter, so a thread that starts late takes fewer.
 //!
 //! The number of threads is `PPC_NUM_THREADS` if set, else the machine's available
 //! parallelism; 1 runs everything on the calling thread.
 
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// Spin-loop rounds a thread waits for the next job before it sleeps (tens of microseconds).
+const SPIN_ROUNDS: u32 = 1 << 15;
+
+/// One `parallel_for` call: indices `0..n` of `task`.
+struct Work {
+    task: Task,
+    n: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl Work {
+    /// Runs indices until none are left.
+    fn help(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.n {
+                return;
+            }
+            // SAFETY: `parallel_for` does not return before `done` reaches `n`, and this index
+            // counts only after the call, so the closure behind the pointer is alive.
+            unsafe { (*self.task.0)(i) };
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
 
 struct Pool {
-    workers: Vec<Mutex<Sender<Job>>>,
+    /// The latest job; threads pick it up when `epoch` moves.
+    current: Mutex<Option<Arc<Work>>>,
+    epoch: AtomicU64,
+    sleepers: AtomicUsize,
+    wake: Condvar,
+    helpers: usize,
+}
+
+impl Pool {
+    fn worker(&self) {
+        let mut seen = 0;
+        loop {
+            let mut spins = 0;
+            while self.epoch.load(Ordering::Acquire) == seen && spins < SPIN_ROUNDS {
+                std::hint::spin_loop();
+                spins += 1;
+            }
+            let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+            if self.epoch.load(Ordering::Acquire) == seen {
+                self.sleepers.fetch_add(1, Ordering::SeqCst);
+                while self.epoch.load(Ordering::Acquire) == seen {
+                    current = self.wake.wait(current).unwrap_or_else(|e| e.into_inner());
+                }
+                self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            }
+            seen = self.epoch.load(Ordering::Acquire);
+            let work = current.clone();
+            drop(current);
+            if let Some(work) = work {
+                work.help();
+            }
+        }
+    }
 }
 
 fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
+    static POOL: OnceLock<&'static Pool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let n = threads();
-        let workers = (1..n)
-            .map(|_| {
-                let (tx, rx): (Sender<Job>, Receiver<Job>) = channel();
-                std::thread::spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        job();
-                    }
-                });
-                Mutex::new(tx)
-            })
-            .collect();
-        Pool { workers }
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
+            current: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            sleepers: AtomicUsize::new(0),
+            wake: Condvar::new(),
+            helpers: threads() - 1,
+        }));
+        for _ in 0..pool.helpers {
+            std::thread::spawn(|| pool.worker());
+        }
+        pool
     })
 }
 
@@ -46,13 +106,12 @@ pub fn threads() -> usize {
 /// done. `f` must be safe to call from several threads at once.
 pub fn parallel_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let p = pool();
-    let parts = (p.workers.len() + 1).min(n);
-    if parts <= 1 {
+    if p.helpers == 0 || n <= 1 {
         (0..n).for_each(f);
         return;
     }
-    // The jobs need `'static` closures; `f` lives until this function returns, which is after
-    // every job has reported back, so its lifetime may be erased for the jobs' sake.
+    // Threads need a `'static` job; `f` lives until this function returns, which is after every
+    // index has run (see `Work::help`), so its lifetime may be erased for the job's sake.
     // SAFETY: same fat pointer, only the trait object's lifetime bound changes (see above).
     let task = Task(unsafe {
         std::mem::transmute::<
@@ -60,38 +119,38 @@ pub fn parallel_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
             *const (dyn Fn(usize) + Sync + 'static),
         >(f)
     });
-    let (tx, rx) = channel::<()>();
-    let chunk = n.div_ceil(parts);
-    for (w, worker) in p.workers.iter().take(parts - 1).enumerate() {
-        let lo = (w + 1) * chunk;
-        let hi = ((w + 2) * chunk).min(n);
-        let tx = tx.clone();
-        let job: Job = Box::new(move || {
-            let task = task;
-            for i in lo..hi {
-                // SAFETY: `parallel_for` does not return before this job has sent its
-                // completion, so the closure behind the pointer is alive.
-                unsafe { (*task.0)(i) };
-            }
-            let _ = tx.send(());
-        });
-        worker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(job)
-            .expect("invariant: pool threads live for the process");
+    let work = Arc::new(Work {
+        task,
+        n,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+    });
+    {
+        let mut current = p.current.lock().unwrap_or_else(|e| e.into_inner());
+        *current = Some(work.clone());
+        p.epoch.fetch_add(1, Ordering::Release);
     }
-    (0..chunk.min(n)).for_each(f);
-    for _ in 0..parts - 1 {
-        rx.recv().expect("invariant: every job reports back");
+    if p.sleepers.load(Ordering::SeqCst) > 0 {
+        p.wake.notify_all();
+    }
+    work.help();
+    let mut spins = 0u32;
+    while work.done.load(Ordering::Acquire) < n {
+        if spins < SPIN_ROUNDS {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 
 /// A closure pointer that may cross to a pool thread.
 #[derive(Clone, Copy)]
 struct Task(*const (dyn Fn(usize) + Sync));
-// SAFETY: the pointee is `Sync`, and `parallel_for` keeps it alive until all jobs finished.
+// SAFETY: the pointee is `Sync`, and `parallel_for` keeps it alive until every index has run.
 unsafe impl Send for Task {}
+unsafe impl Sync for Task {}
 
 #[cfg(test)]
 mod tests {
