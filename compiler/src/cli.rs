@@ -123,6 +123,10 @@ pub struct ModelArgs {
     /// Override the number of circular repeats (layer r·S+s runs on stage s in repeat r).
     #[arg(long)]
     pub repeats: Option<u64>,
+    /// Split the stage axis over this many MPI ranks (must divide the stages); executables
+    /// built with it run under `mpirun -n RANKS`.
+    #[arg(long)]
+    pub ranks: Option<u64>,
     /// Store every f32 tensor of the model in this dtype instead (bf16 or f16; math stays f32).
     #[arg(long, value_parser = float_dtype)]
     pub dtype: Option<DType>,
@@ -135,6 +139,7 @@ impl ModelArgs {
             stages: self.stages,
             microbatches: self.microbatches,
             repeats: self.repeats,
+            ranks: self.ranks,
             float_dtype: self.dtype,
         }
     }

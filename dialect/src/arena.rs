@@ -81,6 +81,10 @@ impl<T> Arena<T> {
             .enumerate()
             .map(|(i, t)| (Id(i as u32, PhantomData), t))
     }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.items.iter_mut()
+    }
 }
 
 impl<T> std::ops::Index<Id<T>> for Arena<T> {

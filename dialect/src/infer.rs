@@ -385,6 +385,8 @@ pub fn infer(
             axis_in(name, x(), *axis, 0)?;
             one(x().clone())
         }
+        OpKind::Rank => one(Type::of(DType::I32, &[])),
+        OpKind::Exchange { .. } => one(x().clone()),
         OpKind::Index { axis, .. } | OpKind::Update { axis, .. } => {
             let idx = *operands
                 .last()

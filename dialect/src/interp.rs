@@ -10,25 +10,46 @@
 use crate::ir::{names, Block, Func, Module, Param, ValueId};
 use crate::kernels as k;
 use crate::op::OpKind;
+use crate::types::{DType, Type};
+use ppc_runtime::init::Shard;
 use ppc_runtime::Tensor;
 use std::collections::HashMap;
 
 /// The fill used for poisoned bubbles, as a number the text format can hold.
 pub const POISON: f64 = f64::NAN;
 
-/// An interpreter for one module and one seed; caches materialized parameters.
+/// How one rank of a sharded program reaches the others: `exchange` sends to the next rank
+/// and returns what the previous one sent.
+pub type Exchange<'m> = Box<dyn FnMut(Tensor) -> Tensor + 'm>;
+
+/// An interpreter for one module and one seed (and one rank of a sharded module); caches
+/// materialized parameters.
 pub struct Interp<'m> {
     module: &'m Module,
     seed: u64,
+    rank: u64,
+    exchange: Option<Exchange<'m>>,
     params: HashMap<(String, usize, u64), Tensor>,
 }
 
 impl<'m> Interp<'m> {
+    /// The whole program in one process (rank 0 of 1: `exchange` returns its operand).
     pub fn new(module: &'m Module, seed: u64) -> Interp<'m> {
         Interp {
             module,
             seed,
+            rank: 0,
+            exchange: None,
             params: HashMap::new(),
+        }
+    }
+
+    /// Rank `rank` of a module sharded over `module.pipeline.ranks` ranks.
+    pub fn on_rank(module: &'m Module, seed: u64, rank: u64, exchange: Exchange<'m>) -> Interp<'m> {
+        Interp {
+            rank,
+            exchange: Some(exchange),
+            ..Interp::new(module, seed)
         }
     }
 
@@ -102,7 +123,14 @@ impl<'m> Interp<'m> {
         if let Some(t) = self.params.get(&key) {
             return t.clone();
         }
-        let t = materialize(self.seed, &f.values[p.value].name, f.ty(p.value), p, layer);
+        let t = materialize(
+            self.seed,
+            &f.values[p.value].name,
+            f.ty(p.value),
+            p,
+            layer,
+            shard(self.module, f.ty(p.value), self.rank),
+        );
         self.params.insert(key, t.clone());
         t
     }
@@ -170,6 +198,14 @@ impl<'m> Interp<'m> {
                     index,
                     axis,
                 } => vec![k::update(get(*x), get(*update), get(*index), *axis)],
+                OpKind::Rank => vec![Tensor::scalar(DType::I32, self.rank as f32)],
+                OpKind::Exchange { x } => {
+                    let x = get(*x).clone();
+                    vec![match &mut self.exchange {
+                        Some(exchange) => exchange(x),
+                        None => x,
+                    }]
+                }
                 OpKind::Call { callee, args } => {
                     let g = self
                         .module
@@ -181,8 +217,7 @@ impl<'m> Interp<'m> {
                 OpKind::Loop { trips, inits, body } => {
                     let mut carried: Vec<Tensor> = inits.iter().map(|&v| get(v).clone()).collect();
                     for t in 0..*trips {
-                        env[body.args[0].index()] =
-                            Some(Tensor::scalar(crate::types::DType::I32, t as f32));
+                        env[body.args[0].index()] = Some(Tensor::scalar(DType::I32, t as f32));
                         for (&a, c) in body.args[1..].iter().zip(carried) {
                             env[a.index()] = Some(c);
                         }
@@ -210,9 +245,10 @@ fn take(env: &[Option<Tensor>], v: ValueId) -> &Tensor {
 pub fn materialize(
     seed: u64,
     name: &str,
-    ty: &crate::types::Type,
+    ty: &Type,
     p: &Param,
     layer: u64,
+    shard: Option<Shard>,
 ) -> Tensor {
     ppc_runtime::init::param(
         seed,
@@ -222,7 +258,58 @@ pub fn materialize(
         p.layer_axes,
         p.init,
         layer,
+        shard,
     )
+}
+
+/// The part of the full parameter that rank `rank` holds, for a parameter of type `ty` of a
+/// sharded module: its `stages_per_rank` axis is that rank's slice of the stage axis.
+pub fn shard(m: &Module, ty: &Type, rank: u64) -> Option<Shard> {
+    let axis = ty
+        .dims
+        .iter()
+        .position(|d| d.name.as_deref() == Some(names::STAGES_PER_RANK))?;
+    let p = m.pipeline;
+    Some(Shard {
+        axis,
+        full: p.stages as usize,
+        offset: (rank * p.stages_per_rank()) as usize,
+    })
+}
+
+/// Runs a module sharded over `ranks` ranks, one thread per rank, `exchange` passing tensors
+/// around the ring, and returns the last rank's result (the rank that holds the last stage).
+pub fn forward_on_ranks(m: &Module, seed: u64, inputs: &Tensor) -> Result<Tensor, String> {
+    use std::sync::mpsc::channel;
+    let ranks = m.pipeline.ranks as usize;
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..ranks).map(|_| channel::<Tensor>()).unzip();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = receivers
+            .into_iter()
+            .enumerate()
+            .map(|(rank, from_prev)| {
+                let to_next = senders[(rank + 1) % ranks].clone();
+                scope.spawn(move || {
+                    let exchange: Exchange = Box::new(move |x| {
+                        to_next
+                            .send(x)
+                            .expect("invariant: every rank runs the same loop");
+                        from_prev
+                            .recv()
+                            .expect("invariant: every rank runs the same loop")
+                    });
+                    Interp::on_rank(m, seed, rank as u64, exchange).forward(inputs)
+                })
+            })
+            .collect();
+        // Only the ranks hold senders now: a rank that stops early ends its neighbours' waits.
+        drop(senders);
+        let mut results: Vec<Result<Tensor, String>> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect();
+        results.pop().expect("invariant: at least one rank")
+    })
 }
 
 /// `[M, ...input]` synthetic inputs for `seed`: microbatch `m` from the stream `("input", m)`.

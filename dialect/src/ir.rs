@@ -52,6 +52,8 @@ pub struct Pipeline {
     pub microbatches: u64,
     /// Circular repeats: layer `(r*S + s)*k + j` runs on stage `s` in repeat `r`.
     pub repeats: u64,
+    /// Processes the stage axis is split over (`shard-stages`); divides `stages`.
+    pub ranks: u64,
     /// How the file gave the depth; kept so that printing keeps the meaning of overrides
     /// (`layers = 8` stays 8 under `--stages 2`; `layers_per_stage = 1` scales with it).
     pub depth: Depth,
@@ -76,28 +78,39 @@ impl Pipeline {
         self.repeats * self.microbatches + self.stages - 1
     }
 
-    /// The settings as printed, in canonical order.
-    pub fn settings(&self) -> [(&'static str, u64); 4] {
+    /// Stages each rank holds.
+    pub fn stages_per_rank(&self) -> u64 {
+        self.stages / self.ranks
+    }
+
+    /// The settings as printed, in canonical order; `ranks` only when it is not 1.
+    pub fn settings(&self) -> Vec<(&'static str, u64)> {
         let depth = match self.depth {
             Depth::Layers => ("layers", self.layers),
             Depth::PerStage => ("layers_per_stage", self.layers_per_stage()),
         };
-        [
+        let mut s = vec![
             ("stages", self.stages),
             depth,
             ("microbatches", self.microbatches),
             ("repeats", self.repeats),
-        ]
+        ];
+        if self.ranks != 1 {
+            s.push(("ranks", self.ranks));
+        }
+        s
     }
 
     /// Settings usable as dimension names in shapes.
-    pub fn dim_names(&self) -> [(&'static str, u64); 5] {
+    pub fn dim_names(&self) -> [(&'static str, u64); 7] {
         [
             ("stages", self.stages),
             ("layers", self.layers),
             ("layers_per_stage", self.layers_per_stage()),
             ("microbatches", self.microbatches),
             ("repeats", self.repeats),
+            ("ranks", self.ranks),
+            (names::STAGES_PER_RANK, self.stages_per_rank()),
         ]
     }
 }
@@ -202,6 +215,8 @@ pub mod names {
     pub const STAGE: &str = "stage";
     /// The GPipe loop over all microbatches (`gpipe-loop`).
     pub const PIPELINE: &str = "pipeline";
+    /// The stage axis of a program sharded over ranks (`shard-stages`): this rank's stages.
+    pub const STAGES_PER_RANK: &str = "stages_per_rank";
 }
 
 impl Module {

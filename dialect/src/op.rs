@@ -172,6 +172,13 @@ pub enum OpKind {
         index: ValueId,
         axis: usize,
     },
+    /// This process's rank, `0..ranks` (an i32 scalar). Only `shard-stages` creates it.
+    Rank,
+    /// The ring exchange of a program sharded over ranks: the result is the operand of the
+    /// previous rank (rank `ranks - 1` for rank 0); with one rank, the operand itself.
+    Exchange {
+        x: ValueId,
+    },
     /// Call of another function of the module; its parameters are its own.
     Call {
         callee: String,
@@ -292,6 +299,8 @@ impl OpKind {
             OpKind::Shift { .. } => "shift",
             OpKind::Index { .. } => "index",
             OpKind::Update { .. } => "update",
+            OpKind::Rank => "rank",
+            OpKind::Exchange { .. } => "exchange",
             OpKind::Call { .. } => "call",
             OpKind::Loop { .. } => "loop",
         }
@@ -310,7 +319,8 @@ impl OpKind {
             | OpKind::Softmax { x, .. }
             | OpKind::LayerNorm { x, .. }
             | OpKind::Pad { x, .. }
-            | OpKind::Shift { x, .. } => vec![*x],
+            | OpKind::Shift { x, .. }
+            | OpKind::Exchange { x } => vec![*x],
             OpKind::Binary { lhs, rhs, .. }
             | OpKind::Compare { lhs, rhs, .. }
             | OpKind::MatMul {
@@ -335,7 +345,7 @@ impl OpKind {
             OpKind::Concat { xs, .. } => xs.clone(),
             OpKind::Call { args, .. } => args.clone(),
             OpKind::Loop { inits, .. } => inits.clone(),
-            OpKind::Iota { .. } | OpKind::Constant { .. } => vec![],
+            OpKind::Iota { .. } | OpKind::Constant { .. } | OpKind::Rank => vec![],
         }
     }
 

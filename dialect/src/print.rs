@@ -196,6 +196,8 @@ fn attrs(kind: &OpKind) -> Vec<String> {
         | OpKind::Broadcast { .. }
         | OpKind::Convert { .. }
         | OpKind::Constant { .. }
+        | OpKind::Rank
+        | OpKind::Exchange { .. }
         | OpKind::Call { .. } => vec![],
     }
 }

@@ -44,6 +44,7 @@ impl Program {
                     a.layer_axes,
                     a.init,
                     0,
+                    None,
                 ))
             })
             .collect()

@@ -9,9 +9,19 @@ use crate::tensor::{DType, Tensor};
 /// How synthetic inputs are drawn: normal with standard deviation 1.
 pub const INPUT_INIT: Init = Init::Normal(1.0);
 
+/// Which part of a full parameter a rank holds: along `axis` (one of the layer axes), entries
+/// `offset..offset + shape[axis]` of a full axis of `full` entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub axis: usize,
+    pub full: usize,
+    pub offset: usize,
+}
+
 /// A parameter of `shape` whose first `layer_axes` axes enumerate layers (row-major): the slice
 /// of layer `l` comes from the stream `(name, l)`. With `layer_axes = 0` the whole tensor
-/// belongs to layer `layer`.
+/// belongs to layer `layer`. A `shard` is numbered by its place in the full parameter, so a
+/// rank draws exactly the numbers the one-process program has in its slice.
 pub fn param(
     seed: u64,
     name: &str,
@@ -20,15 +30,38 @@ pub fn param(
     layer_axes: usize,
     init: Init,
     layer: u64,
+    shard: Option<Shard>,
 ) -> Tensor {
-    let layers: usize = shape[..layer_axes].iter().product();
+    let layer_shape = &shape[..layer_axes];
+    let layers: usize = layer_shape.iter().product();
     let inner: usize = shape[layer_axes..].iter().product();
     let mut data = Vec::with_capacity(layers * inner);
     for l in 0..layers {
-        let index = if layer_axes == 0 { layer } else { l as u64 };
+        let index = if layer_axes == 0 {
+            layer
+        } else {
+            global_layer(l, layer_shape, shard) as u64
+        };
         data.extend(Rng::stream(seed, name, index).fill(init, inner));
     }
     Tensor::new(dtype, shape.to_vec(), data)
+}
+
+/// The row-major index, in the full layer axes, of local layer `l`.
+fn global_layer(l: usize, local: &[usize], shard: Option<Shard>) -> usize {
+    let Some(s) = shard else { return l };
+    let (mut rest, mut flat, mut scale) = (l, 0, 1);
+    for ax in (0..local.len()).rev() {
+        let (i, full) = if ax == s.axis {
+            (rest % local[ax] + s.offset, s.full)
+        } else {
+            (rest % local[ax], local[ax])
+        };
+        rest /= local[ax];
+        flat += i * scale;
+        scale *= full;
+    }
+    flat
 }
 
 /// `microbatches` synthetic microbatches of `shape`, stacked as `[microbatches, ...shape]`:
@@ -42,4 +75,37 @@ pub fn synthetic_inputs(seed: u64, dtype: DType, shape: &[usize], microbatches: 
     let mut full = vec![microbatches];
     full.extend(shape);
     Tensor::new(dtype, full, data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_slices_of_the_full_parameter() {
+        // [repeats 2, stages 4, k 3] layers, 5 values each; rank 1 of 2 holds stages 2..4.
+        let full = param(7, "w", DType::F32, &[2, 4, 3, 5], 3, INPUT_INIT, 0, None);
+        let shard = Shard {
+            axis: 1,
+            full: 4,
+            offset: 2,
+        };
+        let part = param(
+            7,
+            "w",
+            DType::F32,
+            &[2, 2, 3, 5],
+            3,
+            INPUT_INIT,
+            0,
+            Some(shard),
+        );
+        for (r, s, k) in
+            (0..2).flat_map(|r| (0..2).flat_map(move |s| (0..3).map(move |k| (r, s, k))))
+        {
+            let local = ((r * 2 + s) * 3 + k) * 5;
+            let global = ((r * 4 + s + 2) * 3 + k) * 5;
+            assert_eq!(part.data[local..local + 5], full.data[global..global + 5]);
+        }
+    }
 }

@@ -12,7 +12,8 @@ fn eval(sig: &str, ret: &str, body: &str, args: Vec<Tensor>) -> Tensor {
         .unwrap_or_else(|d| panic!("{}", ppc_dialect::diag::render("t", &text, &d)));
     verify(&m).expect("verifies");
     let f = m.func("f").expect("@f");
-    Interp::new(&m, 0).call(f, args, 0).expect("runs").remove(0)
+    let mut interp = Interp::new(&m, 0);
+    interp.call(f, args, 0).expect("runs").remove(0)
 }
 
 fn t(shape: &[usize], data: &[f32]) -> Tensor {

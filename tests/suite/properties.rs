@@ -1,13 +1,13 @@
 //! The pipelining property: for random stages S, microbatches M, repeats R, layers per stage k
 //! and small dimensions, the pipelined program equals the sequential model bit for bit, with
-//! and without poisoned bubbles; the report's bubble fraction is (S-1)/(R·M+S-1); and the
+//! and without poisoned bubbles, in one process and sharded over ranks; the report's bubble fraction is (S-1)/(R·M+S-1); and the
 //! configurations the loop cannot route (R > 1 with M < S) are rejected with a diagnostic.
 
 use crate::common::load;
 use crate::passes::{assert_bits_eq, check_stage_program};
 use ppc::passes::Options;
 use ppc::pipeline::{compile, PipelineError};
-use ppc_dialect::interp::Interp;
+use ppc_dialect::interp::{forward_on_ranks, Interp};
 use ppc_dialect::Overrides;
 use ppc_runtime::Rng;
 
@@ -47,8 +47,8 @@ fn pick(rng: &mut Rng, lo: u64, hi: u64) -> u64 {
 #[test]
 fn pipelined_equals_sequential_bit_for_bit() {
     let mut rng = Rng::stream(2026, "property", 0);
-    let (mut ran, mut rejected) = (0, 0);
-    for case in 0..80 {
+    let (mut ran, mut rejected, mut sharded_cases) = (0, 0, 0);
+    for case in 0..80usize {
         let (s, m, r, k) = (
             pick(&mut rng, 1, 6),
             pick(&mut rng, 1, 9),
@@ -103,6 +103,22 @@ fn pipelined_equals_sequential_bit_for_bit() {
                 "{what}: the reference itself is not finite"
             );
             assert_bits_eq(&want, &got, &what);
+            // The same program split over ranks (one thread each) gives the same bits.
+            let divisors: Vec<u64> = (2..=s).filter(|q| s % q == 0).collect();
+            if let Some(&ranks) = divisors.get(case % divisors.len().max(1)) {
+                let over = Overrides {
+                    ranks: Some(ranks),
+                    ..Overrides::default()
+                };
+                let mut sharded = load(&text, &over);
+                let opts = Options {
+                    poison_bubbles: poison,
+                };
+                compile(&mut sharded, &opts, None, None).expect("sharded compile");
+                let got = forward_on_ranks(&sharded, seed, &inputs).expect("sharded");
+                assert_bits_eq(&want, &got, &format!("{what} ranks={ranks}"));
+                sharded_cases += 1;
+            }
             check_stage_program(&piped, seed);
             let report = ppc::report::report(&piped).expect("report");
             let formula = (s - 1) as f64 / (r * m + s - 1) as f64;
@@ -112,8 +128,8 @@ fn pipelined_equals_sequential_bit_for_bit() {
         }
     }
     assert!(
-        ran >= 100 && rejected >= 4,
-        "ran {ran}, rejected {rejected}: the generator should hit both"
+        ran >= 100 && rejected >= 4 && sharded_cases >= 40,
+        "ran {ran}, rejected {rejected}, sharded {sharded_cases}: the generator should hit all"
     );
 }
 

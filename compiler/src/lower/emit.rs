@@ -72,6 +72,8 @@ pub struct Emitter<'a> {
     pub allocs: Vec<String>,
     pub frees: Vec<String>,
     pub body: Vec<String>,
+    /// Runtime functions the body calls besides the GEMMs, declared once at module level.
+    pub declarations: std::collections::BTreeSet<String>,
     next: usize,
     indent: usize,
     loc: String,
@@ -85,6 +87,7 @@ impl<'a> Emitter<'a> {
             allocs: vec![],
             frees: vec![],
             body: vec![],
+            declarations: Default::default(),
             next: 0,
             indent: 2,
             loc: String::new(),

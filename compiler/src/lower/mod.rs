@@ -103,6 +103,9 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     let _ = writeln!(out, "module {{");
     out.push_str("  func.func private @ppc_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) attributes {llvm.emit_c_interface}\n");
     out.push_str("  func.func private @ppc_matmul_f32_masked(memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) attributes {llvm.emit_c_interface}\n");
+    for d in &w.e.declarations {
+        let _ = writeln!(out, "  {d}");
+    }
     let _ = writeln!(
         out,
         "  func.func @{ENTRY}({}) attributes {{llvm.emit_c_interface}} {{",

@@ -368,6 +368,34 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
         }
         OpKind::Softmax { axis, .. } => softmax(e, &ins[0], *axis, out),
         OpKind::LayerNorm { axis, eps, .. } => layernorm(e, &ins[0], *axis, eps.0, out),
+        OpKind::Rank => {
+            e.declarations.insert(
+                "func.func private @ppc_rank() -> i32 attributes {llvm.emit_c_interface}".into(),
+            );
+            let v = e.let_("func.call @ppc_rank() : () -> i32");
+            e.fill(&v, out);
+        }
+        OpKind::Exchange { .. } => {
+            let t = elt(d);
+            let f = format!("ppc_exchange_{t}");
+            e.declarations.insert(format!(
+                "func.func private @{f}(memref<*x{t}>, memref<*x{t}>) attributes {{llvm.emit_c_interface}}"
+            ));
+            let (send, recv) = (&ins[0], out);
+            let us = e.let_(&format!(
+                "memref.cast {} : {} to memref<*x{t}>",
+                send.name,
+                send.mty()
+            ));
+            let ur = e.let_(&format!(
+                "memref.cast {} : {} to memref<*x{t}>",
+                recv.name,
+                recv.mty()
+            ));
+            e.op(&format!(
+                "func.call @{f}({us}, {ur}) : (memref<*x{t}>, memref<*x{t}>) -> ()"
+            ));
+        }
         OpKind::Iota { axis } => {
             let axis = *axis;
             e.generic(r, &[], (out, identity(r)), &par, |e, _| {

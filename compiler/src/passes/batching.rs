@@ -244,13 +244,13 @@ pub fn batch(
                 axis: axis + usize::from(any),
             }
         }
-        OpKind::Call { .. } | OpKind::Loop { .. } => return Err(Diagnostic::error(
+        OpKind::Call { .. } | OpKind::Loop { .. } | OpKind::Rank | OpKind::Exchange { .. } => return Err(Diagnostic::error(
             format!("`{}` cannot be vectorized over stages", kind.name()),
             cx.b.span,
             "inside `@layer`",
         )
         .with_note(
-            "the one-stage compute must be straight-line ops; loops and calls belong to the passes",
+            "the one-stage compute must be straight-line ops; loops, calls, ranks and exchanges belong to the passes",
         )),
     };
     let declared = if kind.has_declared_type() {

@@ -21,6 +21,14 @@
 //! when `M == S` (gspmd-pipeline.md §2.6). Filler values (padding, initial state, shift fill) are
 //! zeros, or NaN with `--poison-bubbles`, which proves that no bubble reaches an output.
 //!
+//! After `shard-stages` (`ranks > 1`) the loop is this rank's part of the same program: the state
+//! holds `stages_per_rank` stages, whose global indices are `rank * S/R + iota`; step 4 moves
+//! stages inside the rank and `exchange`s the rank's last stage around the ring, so the first
+//! local stage receives the previous rank's boundary (rank 0 keeps the fill, as stage 0 does
+//! in one process). The same exchange brings the last stage's result to rank 0, which needs it
+//! for the circular back edge; the last rank uses its own. Each rank's output buffer is thus
+//! exact on rank 0 and the last rank, which is the one whose output is the result.
+//!
 //! ```text
 //! %o_out... = loop %state0, %outputs0, trips = 11 {
 //! ^body(%t, %state, %outputs):
@@ -83,7 +91,13 @@ fn build(
     let x_ty = m.input.clone();
     let stacked = |lead: Dim| x_ty.insert(0, lead);
     let scalar_i32 = Type::scalar(DType::I32);
-    let s_ty = Type::new(DType::I32, vec![Dim::named("stages", s)]);
+    let sharded = p.ranks > 1;
+    let stage_dim = if sharded {
+        Dim::named(names::STAGES_PER_RANK, p.stages_per_rank())
+    } else {
+        Dim::named("stages", s)
+    };
+    let s_ty = Type::new(DType::I32, vec![stage_dim.clone()]);
 
     let mut b = Builder::new(names::PIPELINE);
     b.span = m.spans.get(&"pipeline".to_string());
@@ -113,15 +127,34 @@ fn build(
     let state0 = b.op(
         "state0",
         OpKind::Constant { value: fill },
-        Some(stacked(Dim::named("stages", s))),
+        Some(stacked(stage_dim.clone())),
     )?;
     let outputs0 = b.op(
         "outputs0",
         OpKind::Constant { value: fill },
         Some(stacked(Dim::named("microbatches", mb))),
     )?;
-    let stage_ids = b.op("stage_ids", OpKind::Iota { axis: 0 }, Some(s_ty.clone()))?;
+    let mut stage_ids = b.op("stage_ids", OpKind::Iota { axis: 0 }, Some(s_ty.clone()))?;
     let zero = int(&mut b, "zero", 0)?;
+    // This rank, whether it is the first or the last, and the global stage indices it holds.
+    let rank = sharded
+        .then(|| -> Result<[ValueId; 3], Diagnostic> {
+            let rank = b.op("rank", OpKind::Rank, None)?;
+            let per_rank = int(&mut b, "stages_per_rank", p.stages_per_rank())?;
+            let offset = binary(&mut b, "first_stage", BinaryOp::Mul, rank, per_rank)?;
+            stage_ids = binary(&mut b, "global_stage_ids", BinaryOp::Add, stage_ids, offset)?;
+            let last_rank = int(&mut b, "last_rank", p.ranks - 1)?;
+            Ok([
+                rank,
+                compare(&mut b, "is_first_rank", CmpPred::Eq, rank, zero)?,
+                compare(&mut b, "is_last_rank", CmpPred::Eq, rank, last_rank)?,
+            ])
+        })
+        .transpose()?;
+    let last_local = match rank {
+        Some(_) => int(&mut b, "last_local_stage", p.stages_per_rank() - 1)?,
+        None => int(&mut b, "last_stage", s - 1)?,
+    };
     let is_first = b.op(
         "is_first",
         OpKind::Compare {
@@ -131,14 +164,17 @@ fn build(
         },
         None,
     )?;
-    let mut mask_dims = vec![Dim::named("stages", s)];
+    let mut mask_dims = vec![stage_dim];
     mask_dims.extend((0..x_ty.rank()).map(|_| Dim::lit(1)));
     let first = b.op(
         "first",
         OpKind::Reshape { x: is_first },
         Some(Type::new(DType::I1, mask_dims)),
     )?;
-    let last_stage = int(&mut b, "last_stage", s - 1)?;
+    let last_stage = match rank {
+        Some(_) => int(&mut b, "last_stage", s - 1)?,
+        None => last_local,
+    };
     // Work items (microbatch m in repeat r is item r*M + m) number R*M.
     let all_items = int(&mut b, "all_items", r * mb)?;
     // Circular pipelines: M, the number of work items R*M, and the last item R*M - 1.
@@ -157,12 +193,7 @@ fn build(
         &["state", "outputs"],
         |b, t, carried| {
             let (state, outputs) = (carried[0], carried[1]);
-            let bin = |b: &mut Builder, hint: &str, op, lhs, rhs| {
-                b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
-            };
-            let cmp = |b: &mut Builder, hint: &str, pred, lhs, rhs| {
-                b.op(hint, OpKind::Compare { pred, lhs, rhs }, None)
-            };
+            let (bin, cmp) = (binary, compare);
             // 1. What enters stage 0.
             let mut next = b.op(
                 "next",
@@ -221,15 +252,32 @@ fn build(
             }
             let out = b.call("out", stage, args)?;
             // 3. The last stage finishes item t - (S-1) once the pipe is full.
-            let last = b.op(
-                "last",
+            let boundary = b.op(
+                if rank.is_some() { "boundary" } else { "last" },
                 OpKind::Index {
                     x: out,
-                    index: last_stage,
+                    index: last_local,
                     axis: 0,
                 },
                 None,
             )?;
+            // Sharded: the previous rank's last stage arrives; rank 0's is the global last.
+            let from_prev = match rank {
+                Some(_) => Some(b.op("from_prev", OpKind::Exchange { x: boundary }, None)?),
+                None => None,
+            };
+            let last = match (rank, from_prev) {
+                (Some([_, _, is_last_rank]), Some(from_prev)) => b.op(
+                    "last",
+                    OpKind::Select {
+                        cond: is_last_rank,
+                        on_true: boundary,
+                        on_false: from_prev,
+                    },
+                    None,
+                )?,
+                _ => boundary,
+            };
             let done = bin(b, "done_item", BinaryOp::Sub, t, last_stage)?;
             let slot = match circular {
                 Some([num_mb, _, _]) => modulo(b, done, num_mb)?,
@@ -256,8 +304,8 @@ fn build(
                 None,
             )?;
             // 4. Shift: stage s feeds stage s+1.
-            let shifted = b.op(
-                "shifted",
+            let moved = b.op(
+                if rank.is_some() { "moved" } else { "shifted" },
                 OpKind::Shift {
                     x: out,
                     axis: 0,
@@ -265,10 +313,54 @@ fn build(
                 },
                 None,
             )?;
+            let shifted = match (rank, from_prev) {
+                (Some([_, is_first_rank, _]), Some(from_prev)) => {
+                    let received = b.op(
+                        "received",
+                        OpKind::Update {
+                            x: moved,
+                            update: from_prev,
+                            index: zero,
+                            axis: 0,
+                        },
+                        None,
+                    )?;
+                    b.op(
+                        "shifted",
+                        OpKind::Select {
+                            cond: is_first_rank,
+                            on_true: moved,
+                            on_false: received,
+                        },
+                        None,
+                    )?
+                }
+                _ => moved,
+            };
             Ok(vec![shifted, outputs])
         },
     )?;
     Ok(b.finish(vec![outs[1]]))
+}
+
+fn binary(
+    b: &mut Builder,
+    hint: &str,
+    op: BinaryOp,
+    lhs: ValueId,
+    rhs: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
+}
+
+fn compare(
+    b: &mut Builder,
+    hint: &str,
+    pred: CmpPred,
+    lhs: ValueId,
+    rhs: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    b.op(hint, OpKind::Compare { pred, lhs, rhs }, None)
 }
 
 /// `a && b` on i1 values, which have no `and` op: `select(a, b, a)`.

@@ -4,9 +4,11 @@
 
 mod batching;
 mod gpipe_loop;
+mod shard_stages;
 mod vmap_stages;
 
 pub use gpipe_loop::gpipe_loop;
+pub use shard_stages::shard_stages;
 pub use vmap_stages::vmap_stages;
 
 use ppc_dialect::{Diagnostics, Module};
@@ -32,6 +34,11 @@ pub const PASSES: &[PassInfo] = &[
         name: "vmap-stages",
         summary: "vectorize the one-stage compute @layer over a leading stage axis into @stage",
         run: vmap_stages,
+    },
+    PassInfo {
+        name: "shard-stages",
+        summary: "split @stage's stage axis over `ranks` processes (S/R consecutive stages each)",
+        run: shard_stages,
     },
     PassInfo {
         name: "gpipe-loop",

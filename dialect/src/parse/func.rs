@@ -388,6 +388,14 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     arity(3)?;
                     OpKind::Update { x: ids[0], update: ids[1], index: ids[2], axis: a.int("axis")? }
                 }
+                "rank" => {
+                    arity(0)?;
+                    OpKind::Rank
+                }
+                "exchange" => {
+                    arity(1)?;
+                    OpKind::Exchange { x: ids[0] }
+                }
                 "call" => {
                     let (callee, _) = symbol.clone().ok_or_else(|| Diagnostic::error("`call` needs a function, as in `call @stage, %x`", span, "no callee"))?;
                     OpKind::Call { callee, args: ids.clone() }
@@ -405,7 +413,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     return Err(Diagnostic::error(format!("unknown op `{other}`"), name_span, "not an op").with_note(
                         "ops: add sub mul div max min neg abs exp log tanh sigmoid relu gelu sqrt rsqrt lt le eq gt ge ne select matmul \
                          transpose reshape broadcast convert slice concat reduce_sum reduce_mean reduce_max softmax layernorm iota constant \
-                         pad shift index update call loop",
+                         pad shift index update rank exchange call loop",
                     ))
                 }
             }

@@ -28,6 +28,7 @@ pub struct Overrides {
     pub stages: Option<u64>,
     pub microbatches: Option<u64>,
     pub repeats: Option<u64>,
+    pub ranks: Option<u64>,
     /// Every f32 type in the file becomes this dtype (bf16 or f16 storage).
     pub float_dtype: Option<DType>,
 }

@@ -274,11 +274,12 @@ impl ModuleBuilder<'_> {
                 "layers_per_stage",
                 "microbatches",
                 "repeats",
+                "ranks",
             ]
             .contains(&name.as_str())
             {
                 return Err(Diagnostic::error(format!("unknown pipeline setting `{name}`"), *span, "unknown")
-                    .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches` and `repeats`"));
+                    .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches`, `repeats` and `ranks`"));
             }
         }
         let ov = self.overrides;
@@ -287,6 +288,7 @@ impl ModuleBuilder<'_> {
         let stages = pick(get("stages")?, ov.stages);
         let micro = pick(get("microbatches")?, ov.microbatches);
         let repeats = pick(get("repeats")?, ov.repeats).unwrap_or((1, block));
+        let ranks = pick(get("ranks")?, ov.ranks).unwrap_or((1, block));
         let layers = get("layers")?;
         let per_stage = get("layers_per_stage")?;
         let (Some(stages), Some(micro)) = (stages, micro) else {
@@ -300,6 +302,7 @@ impl ModuleBuilder<'_> {
             ("stages", stages),
             ("microbatches", micro),
             ("repeats", repeats),
+            ("ranks", ranks),
         ]
         .into_iter()
         .chain(layers.map(|l| ("layers", l)))
@@ -322,6 +325,15 @@ impl ModuleBuilder<'_> {
                     "pipeline settings may be at most {MAX_PIPELINE_SETTING}"
                 )));
             }
+        }
+        if stages.0 % ranks.0 != 0 {
+            return Err(Diagnostic::error(
+                format!("{} ranks do not divide {} stages", ranks.0, stages.0),
+                ranks.1,
+                "not a divisor of `stages`",
+            )
+            .with_label(stages.1, "stages set here")
+            .with_note("each rank holds the same number of consecutive stages"));
         }
         let groups = stages.0 * repeats.0;
         let depth = if layers.is_some() {
@@ -369,6 +381,7 @@ impl ModuleBuilder<'_> {
             layers,
             microbatches: micro.0,
             repeats: repeats.0,
+            ranks: ranks.0,
             depth,
         };
         self.resolved = Some(p);
@@ -462,6 +475,8 @@ pub(super) fn is_pipeline_name(s: &str) -> bool {
         "layers_per_stage",
         "microbatches",
         "repeats",
+        "ranks",
+        crate::ir::names::STAGES_PER_RANK,
     ]
     .contains(&s)
 }
