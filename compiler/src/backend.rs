@@ -88,7 +88,15 @@ pub fn executable(m: &Module, src: &Source, gemm: Gemm, out: &Path) -> Result<()
     let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .arg(&obj)
         .arg(&lib)
-        .args(["-lm", "-lpthread", "-ldl", "-lgcc_s", "-lrt", "-o"])
+        .args([
+            "-lmpich",
+            "-lm",
+            "-lpthread",
+            "-ldl",
+            "-lgcc_s",
+            "-lrt",
+            "-o",
+        ])
         .arg(&linked)
         .output()
         .map_err(|e| {

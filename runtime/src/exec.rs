@@ -1,8 +1,14 @@
 //! Running a compiled pipeline: buffers from the manifest, a call into generated code, and the
 //! driver that `ppc run` and generated executables share (seeded or file inputs, steps, timing,
 //! the printed summary, the benchmark line, safetensors output).
+//!
+//! In a program sharded over ranks every rank runs the same driver: rank 0 alone reads or draws
+//! the inputs (the others pass zeros, which their stages never select), each rank draws the
+//! weights of its own stages, and the last rank, which holds the last stage, prints the summary
+//! and writes `--output`. With `--bench`, rank 0 prints one JSON line for the whole job.
 
-use crate::init;
+use crate::comm;
+use crate::init::{self, Shard};
 use crate::manifest::{Manifest, Role};
 use crate::memref::HostBuffer;
 use crate::safetensors;
@@ -29,13 +35,19 @@ impl Program {
         Program { manifest, entry }
     }
 
-    /// Parameters drawn from the seeded generator, in manifest order.
+    /// This rank's parameters, drawn from the seeded generator, in manifest order.
     pub fn params(&self, seed: u64) -> Vec<HostBuffer> {
+        let rank = comm::rank();
         self.manifest
             .args
             .iter()
             .filter(|a| a.role == Role::Param)
             .map(|a| {
+                let shard = a.shard_axis.map(|axis| Shard {
+                    axis,
+                    full: self.manifest.stages as usize,
+                    offset: rank * a.shape[axis],
+                });
                 HostBuffer::from_tensor(&init::param(
                     seed,
                     &a.name,
@@ -44,7 +56,7 @@ impl Program {
                     a.layer_axes,
                     a.init,
                     0,
-                    None,
+                    shard,
                 ))
             })
             .collect()
@@ -59,6 +71,11 @@ impl Program {
             &a.shape[1..],
             a.shape[0],
         ))
+    }
+
+    /// The rank that holds the last stage, whose output is the result.
+    pub fn output_rank(&self) -> usize {
+        self.manifest.ranks as usize - 1
     }
 
     /// A zeroed output buffer.
@@ -154,7 +171,9 @@ pub fn drive(
 ) -> Result<HostBuffer, String> {
     let m = &program.manifest;
     let io = |e: std::io::Error| e.to_string();
+    let (rank, speaks) = (comm::rank(), comm::rank() == program.output_rank());
     let mut input = match &opts.input {
+        _ if rank != 0 => HostBuffer::zeros(m.input().dtype, &m.input().shape),
         None => program.synthetic_input(opts.seed),
         Some(path) => {
             let b = safetensors::read_tensor(path, INPUT_TENSOR)?;
@@ -180,7 +199,7 @@ pub fn drive(
         let t = Instant::now();
         program.run(&mut input, &mut params, &mut output)?;
         times.push(t.elapsed().as_secs_f64());
-        if steps > 1 {
+        if steps > 1 && speaks {
             writeln!(
                 err,
                 "step {}/{steps}: {:.4} s",
@@ -201,56 +220,112 @@ pub fn drive(
     );
     let shape = |dtype, shape: &[usize]| format!("{dtype}{shape:?}");
     let input_shape = shape(m.input().dtype, &m.input().shape);
-    write_summary(
-        out,
-        &m.model,
-        [m.stages, m.microbatches, m.repeats, m.layers],
-        &input_shape,
-        &y,
-        &step,
-    )
-    .map_err(io)?;
-    writeln!(
-        out,
-        "throughput  {:.1} microbatches/s, {:.2} GFLOP/s useful",
-        m.microbatches as f64 / step_s,
-        m.flops as f64 / step_s / 1e9
-    )
-    .map_err(io)?;
-    writeln!(
-        out,
-        "bubble      {:.1}% of stage-iterations idle",
-        100.0 * bubble
-    )
-    .map_err(io)?;
-    if let Some(n) = opts.bench {
-        // Warm up (page in weights, fill caches), then time n steps and report the median.
-        for _ in 0..2 {
-            program.run(&mut input, &mut params, &mut output)?;
-        }
-        let mut t: Vec<f64> = (0..n.max(1))
-            .map(|_| {
-                let s = Instant::now();
-                program
-                    .run(&mut input, &mut params, &mut output)
-                    .map(|_| s.elapsed().as_secs_f64())
-            })
-            .collect::<Result<_, _>>()?;
-        t.sort_by(f64::total_cmp);
-        let median = t[t.len() / 2];
+    if speaks {
+        write_summary(
+            out,
+            &m.model,
+            [m.stages, m.microbatches, m.repeats, m.layers],
+            &input_shape,
+            &y,
+            &step,
+        )
+        .map_err(io)?;
         writeln!(
             out,
-            "{{\"median_step_s\":{median:e},\"min_step_s\":{:e},\"useful_gflops\":{:.3},\"microbatches_per_s\":{:.3},\"steps\":{},\"bubble_fraction\":{bubble}}}",
-            t[0],
-            m.flops as f64 / median / 1e9,
-            m.microbatches as f64 / median,
-            t.len()
+            "throughput  {:.1} microbatches/s, {:.2} GFLOP/s useful",
+            m.microbatches as f64 / step_s,
+            m.flops as f64 / step_s / 1e9
+        )
+        .map_err(io)?;
+        writeln!(
+            out,
+            "bubble      {:.1}% of stage-iterations idle",
+            100.0 * bubble
         )
         .map_err(io)?;
     }
-    if let Some(path) = &opts.output {
+    if let Some(n) = opts.bench {
+        bench(program, n, [&mut input, &mut output], &mut params, out)?;
+    }
+    if let (true, Some(path)) = (speaks, &opts.output) {
         safetensors::write(path, &[(OUTPUT_TENSOR, &output)])?;
         writeln!(err, "wrote {}", path.display()).map_err(io)?;
     }
     Ok(output)
+}
+
+/// Warms up (pages in weights, fills caches), times `n` steps on every rank, and prints on
+/// rank 0 one JSON line: the job's median step (the slowest rank's), throughput, and per rank
+/// the time computing, the time waiting in exchanges and the bubble the masked GEMMs met.
+fn bench(
+    program: &Program,
+    n: u32,
+    [input, output]: [&mut HostBuffer; 2],
+    params: &mut [HostBuffer],
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let m = &program.manifest;
+    for _ in 0..2 {
+        program.run(input, params, output)?;
+    }
+    comm::take_exchange_seconds();
+    crate::gemm::take_measured_bubble();
+    let (mut steps, mut waits) = (Vec::new(), Vec::new());
+    for _ in 0..n.max(1) {
+        let s = Instant::now();
+        program.run(input, params, output)?;
+        steps.push(s.elapsed().as_secs_f64());
+        waits.push(comm::take_exchange_seconds());
+    }
+    let bubble = crate::gemm::take_measured_bubble().unwrap_or(f64::NAN);
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let wait = median(&waits);
+    let mine = [
+        median(&steps),
+        median(&steps) - wait,
+        wait,
+        bubble,
+        comm::size() as f64,
+    ];
+    let Some(all) = comm::gather(&mine) else {
+        return Ok(());
+    };
+    let ranks: Vec<&[f64]> = all.chunks(mine.len()).collect();
+    let step = ranks.iter().map(|r| r[0]).fold(0.0, f64::max);
+    let number = |v: f64| {
+        if v.is_finite() {
+            format!("{v:e}")
+        } else {
+            "null".into()
+        }
+    };
+    let per_rank: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            format!(
+                "{{\"rank\":{i},\"median_step_s\":{},\"compute_s\":{},\"exchange_wait_s\":{},\"measured_bubble\":{},\"world_size\":{}}}",
+                number(r[0]),
+                number(r[1]),
+                number(r[2]),
+                number(r[3]),
+                r[4]
+            )
+        })
+        .collect();
+    let formula = (m.stages - 1) as f64 / (m.repeats * m.microbatches + m.stages - 1) as f64;
+    writeln!(
+        out,
+        "{{\"median_step_s\":{step:e},\"useful_gflops\":{:.3},\"microbatches_per_s\":{:.3},\"steps\":{},\"ranks\":{},\"bubble_fraction\":{formula},\"per_rank\":[{}]}}",
+        m.flops as f64 / step / 1e9,
+        m.microbatches as f64 / step,
+        steps.len(),
+        ranks.len(),
+        per_rank.join(",")
+    )
+    .map_err(|e| e.to_string())
 }

@@ -7,6 +7,19 @@
 //! k-ordered loop, so results agree to rounding (relative 1e-5), not bit for bit.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Stage slots seen by masked GEMMs, and those that were active (not in a bubble).
+static SLOTS_ALL: AtomicU64 = AtomicU64::new(0);
+static SLOTS_BUSY: AtomicU64 = AtomicU64::new(0);
+
+/// The share of stage slots that masked GEMMs skipped since the last call: the bubble as the
+/// running program met it. `None` if no masked GEMM ran (`--gemm=loops`).
+pub fn take_measured_bubble() -> Option<f64> {
+    let all = SLOTS_ALL.swap(0, Ordering::Relaxed);
+    let busy = SLOTS_BUSY.swap(0, Ordering::Relaxed);
+    (all > 0).then(|| (all - busy) as f64 / all as f64)
+}
 
 /// MLIR's unranked memref: the rank and a pointer to the ranked descriptor.
 #[repr(C)]
@@ -109,6 +122,9 @@ pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32_masked(
         let active: Vec<bool> = (0..n)
             .map(|i| *ptr.offset(offset + i as isize * stride) & 1 == 1)
             .collect();
+        let busy = active.iter().filter(|&&a| a).count() as u64;
+        SLOTS_BUSY.fetch_add(busy, Ordering::Relaxed);
+        SLOTS_ALL.fetch_add(n as u64, Ordering::Relaxed);
         matmul(a, b, c, Some(&active))
     }
 }

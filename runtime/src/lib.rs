@@ -8,6 +8,7 @@
 //! compiler.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod comm;
 pub mod exec;
 pub mod files;
 pub mod gemm;

@@ -5,13 +5,15 @@
 //! ppc-manifest 1
 //! model examples/mlp.ppc
 //! pipeline 4 8 1 4
+//! ranks 2
 //! flops 1073741824
 //! arg input x f32 8,16,256
-//! arg param w1 f32 4,256,1024 normal 0.0625 layer_axes 1
+//! arg param w1 f32 2,256,1024 normal 0.0625 layer_axes 1 shard_axis 0
 //! arg output y f32 8,16,256
 //! ```
-//! `pipeline` is stages, microbatches, repeats, layers. Arguments are listed in the order the
-//! entry function takes them.
+//! `pipeline` is stages, microbatches, repeats, layers; `ranks` the processes the stage axis is
+//! split over (1 when absent). A parameter's `shard_axis` holds this rank's slice of the stage
+//! axis. Arguments are listed in the order the entry function takes them.
 
 use crate::rng::Init;
 use crate::tensor::DType;
@@ -33,6 +35,8 @@ pub struct Arg {
     /// Parameters only.
     pub init: Init,
     pub layer_axes: usize,
+    /// Sharded parameters only: the axis that holds this rank's stages.
+    pub shard_axis: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +46,7 @@ pub struct Manifest {
     pub microbatches: u64,
     pub repeats: u64,
     pub layers: u64,
+    pub ranks: u64,
     /// Floating-point operations of one forward step of the sequential model (no bubbles).
     pub flops: u64,
     pub args: Vec<Arg>,
@@ -70,6 +75,9 @@ impl Manifest {
             "pipeline {} {} {} {}",
             self.stages, self.microbatches, self.repeats, self.layers
         );
+        if self.ranks != 1 {
+            let _ = writeln!(s, "ranks {}", self.ranks);
+        }
         let _ = writeln!(s, "flops {}", self.flops);
         for a in &self.args {
             let role = match a.role {
@@ -87,6 +95,9 @@ impl Manifest {
                     Init::Uniform(lo, hi) => format!("uniform {lo:?} {hi:?}"),
                 };
                 let _ = write!(s, " {init} layer_axes {}", a.layer_axes);
+                if let Some(axis) = a.shard_axis {
+                    let _ = write!(s, " shard_axis {axis}");
+                }
             }
             s.push('\n');
         }
@@ -104,6 +115,7 @@ impl Manifest {
             microbatches: 0,
             repeats: 0,
             layers: 0,
+            ranks: 1,
             flops: 0,
             args: vec![],
         };
@@ -125,6 +137,7 @@ impl Manifest {
                     m.repeats = num(w.next())?;
                     m.layers = num(w.next())?;
                 }
+                Some("ranks") => m.ranks = num(w.next())?.max(1),
                 Some("flops") => m.flops = num(w.next())?,
                 Some("arg") => {
                     let role = match w.next() {
@@ -144,7 +157,7 @@ impl Manifest {
                             .map(|d| num(Some(d)).map(|v| v as usize))
                             .collect::<Result<_, _>>()?
                     };
-                    let (mut init, mut layer_axes) = (Init::Zeros, 0);
+                    let (mut init, mut layer_axes, mut shard_axis) = (Init::Zeros, 0, None);
                     if role == Role::Param {
                         init = match w.next() {
                             Some("zeros") => Init::Zeros,
@@ -157,6 +170,9 @@ impl Manifest {
                             return Err("expected layer_axes".into());
                         }
                         layer_axes = num(w.next())? as usize;
+                        if w.next() == Some("shard_axis") {
+                            shard_axis = Some(num(w.next())? as usize);
+                        }
                     }
                     m.args.push(Arg {
                         role,
@@ -165,6 +181,7 @@ impl Manifest {
                         shape,
                         init,
                         layer_axes,
+                        shard_axis,
                     });
                 }
                 Some("") | None => {}
@@ -192,6 +209,7 @@ mod tests {
             microbatches: 8,
             repeats: 2,
             layers: 8,
+            ranks: 2,
             flops: 123,
             args: vec![
                 Arg {
@@ -201,6 +219,7 @@ mod tests {
                     shape: vec![8, 16],
                     init: Init::Zeros,
                     layer_axes: 0,
+                    shard_axis: None,
                 },
                 Arg {
                     role: Role::Param,
@@ -209,6 +228,7 @@ mod tests {
                     shape: vec![2, 4, 16, 16],
                     init: Init::Uniform(-0.5, 0.25),
                     layer_axes: 2,
+                    shard_axis: Some(1),
                 },
                 Arg {
                     role: Role::Param,
@@ -217,6 +237,7 @@ mod tests {
                     shape: vec![],
                     init: Init::Normal(0.02),
                     layer_axes: 0,
+                    shard_axis: None,
                 },
                 Arg {
                     role: Role::Output,
@@ -225,6 +246,7 @@ mod tests {
                     shape: vec![8, 16],
                     init: Init::Zeros,
                     layer_axes: 0,
+                    shard_axis: None,
                 },
             ],
         };

@@ -1,19 +1,20 @@
 //! File-driven pass tests: `tests/passes/<pass>/<case>.ppc`.
 //!
 //! A case's first line is `// RUN: <pass> [--input FILE] [--stages S] [--microbatches M]
-//! [--repeats R] [--dim N=V] [--poison-bubbles]`, its second a comment saying what it checks; the
+//! [--repeats R] [--ranks N] [--dim N=V] [--poison-bubbles]`, its second a comment saying what it checks; the
 //! model is the case file itself or the `--input` file. The harness runs the pipeline up to that
 //! pass, snapshots the printed IR (or the rendered diagnostic, if the pass rejects the model),
 //! checks the round trip, and checks the meaning with the interpreter: after `gpipe-loop` the
-//! pipelined program equals the sequential model bit for bit; after `vmap-stages` every stage
-//! slice of `@stage` equals that stage's layers run one by one.
+//! pipelined program equals the sequential model bit for bit (a sharded one run with one thread
+//! per rank); after `vmap-stages` (or `shard-stages`) every stage slice of `@stage` equals that
+//! stage's layers run one by one.
 
 use crate::common::root;
 use crate::roundtrip::assert_roundtrip;
 use ppc::passes::Options;
 use ppc::pipeline::{compile, frontend, PipelineError};
 use ppc_dialect::diag::render;
-use ppc_dialect::interp::{microbatch, stack, Interp};
+use ppc_dialect::interp::{forward_on_ranks, microbatch, stack, Interp};
 use ppc_dialect::ir::names;
 use ppc_dialect::{Module, Overrides};
 use ppc_runtime::{DType, Init, Rng, Tensor};
@@ -49,6 +50,7 @@ fn parse_run(line: &str) -> Run {
             "--stages" => run.overrides.stages = Some(num()),
             "--microbatches" => run.overrides.microbatches = Some(num()),
             "--repeats" => run.overrides.repeats = Some(num()),
+            "--ranks" => run.overrides.ranks = Some(num()),
             "--poison-bubbles" => run.opts.poison_bubbles = true,
             "--input" => run.input = Some(words.next().expect("--input FILE").to_string()),
             "--dim" => {
@@ -118,9 +120,7 @@ fn check_meaning(before: &Module, after: &Module) {
         let mut a = Interp::new(before, seed);
         let inputs = a.synthetic_inputs();
         let want = a.sequential(&inputs).expect("sequential runs");
-        let got = Interp::new(after, seed)
-            .forward(&inputs)
-            .expect("pipeline runs");
+        let got = forward_on_ranks(after, seed, &inputs).expect("pipeline runs");
         assert_bits_eq(&want, &got, "pipelined vs sequential");
     } else if after.func(names::STAGE).is_some() {
         check_stage_program(after, seed);
@@ -141,33 +141,44 @@ pub fn check_stage_program(m: &Module, seed: u64) {
         x_ty.shape_usize(),
         Rng::stream(seed, "stage-test", 0).fill(Init::Normal(1.0), n),
     );
-    let active = Tensor::splat(DType::I1, vec![p.stages as usize], 1.0);
-    let mut args = vec![x.clone(), active];
-    let repeats: Vec<u64> = (0..p.stages).map(|s| (s * 7 + 3) % p.repeats).collect();
-    if p.repeats > 1 {
-        args.push(Tensor::new(
-            DType::I32,
-            vec![p.stages as usize],
-            repeats.iter().map(|&r| r as f32).collect(),
-        ));
-    }
-    let mut interp = Interp::new(m, seed);
-    let got = interp.call(stage, args, 0).expect("@stage runs").remove(0);
+    // A sharded `@stage` holds stages_per_rank stages: check every rank's slice.
+    let local = p.stages_per_rank();
     let k = p.layers_per_stage();
-    let want: Vec<Tensor> = (0..p.stages)
-        .map(|s| {
-            let mut y = microbatch(&x, s as usize);
-            for j in 0..k {
-                let l = (repeats[s as usize] * p.stages + s) * k + j;
-                y = interp
-                    .call(layer, vec![y], l)
-                    .expect("@layer runs")
-                    .remove(0);
-            }
-            y
-        })
-        .collect();
-    assert_bits_eq(&stack(&want), &got, "@stage vs per-stage layers");
+    for rank in 0..p.ranks {
+        let global = |i: u64| rank * local + i;
+        let active = Tensor::splat(DType::I1, vec![local as usize], 1.0);
+        let mut args = vec![x.clone(), active];
+        let repeats: Vec<u64> = (0..local)
+            .map(|i| (global(i) * 7 + 3) % p.repeats)
+            .collect();
+        if p.repeats > 1 {
+            args.push(Tensor::new(
+                DType::I32,
+                vec![local as usize],
+                repeats.iter().map(|&r| r as f32).collect(),
+            ));
+        }
+        let mut interp = Interp::on_rank(m, seed, rank, Box::new(|x| x));
+        let got = interp.call(stage, args, 0).expect("@stage runs").remove(0);
+        let want: Vec<Tensor> = (0..local)
+            .map(|i| {
+                let mut y = microbatch(&x, i as usize);
+                for j in 0..k {
+                    let l = (repeats[i as usize] * p.stages + global(i)) * k + j;
+                    y = interp
+                        .call(layer, vec![y], l)
+                        .expect("@layer runs")
+                        .remove(0);
+                }
+                y
+            })
+            .collect();
+        assert_bits_eq(
+            &stack(&want),
+            &got,
+            &format!("@stage of rank {rank} vs per-stage layers"),
+        );
+    }
 }
 
 pub fn assert_bits_eq(want: &Tensor, got: &Tensor, what: &str) {

@@ -166,7 +166,8 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
 /// # Safety
 /// The lowered module must declare them with the signatures the runtime defines.
 unsafe fn register_runtime(engine: &ExecutionEngine) {
-    for (name, ptr) in ppc_runtime::gemm::symbols() {
+    let gemm = ppc_runtime::gemm::symbols();
+    for (name, ptr) in gemm.into_iter().chain(ppc_runtime::comm::symbols()) {
         // SAFETY: each is an `extern "C"` function of the runtime with its C-interface signature.
         unsafe { engine.register_symbol(name, ptr) };
     }

@@ -95,6 +95,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         microbatches: p.microbatches,
         repeats: p.repeats,
         layers: p.layers,
+        ranks: p.ranks,
         flops: model_flops(m),
         args,
     };
@@ -137,6 +138,10 @@ fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) ->
         shape: ty.shape_usize(),
         init: p.map_or(ppc_runtime::Init::Zeros, |p| p.init),
         layer_axes: p.map_or(0, |p| p.layer_axes),
+        shard_axis: ty
+            .dims
+            .iter()
+            .position(|d| d.name.as_deref() == Some(names::STAGES_PER_RANK)),
     }
 }
 

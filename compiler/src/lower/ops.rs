@@ -369,9 +369,8 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
         OpKind::Softmax { axis, .. } => softmax(e, &ins[0], *axis, out),
         OpKind::LayerNorm { axis, eps, .. } => layernorm(e, &ins[0], *axis, eps.0, out),
         OpKind::Rank => {
-            e.declarations.insert(
-                "func.func private @ppc_rank() -> i32 attributes {llvm.emit_c_interface}".into(),
-            );
+            e.declarations
+                .insert("func.func private @ppc_rank() -> i32".into());
             let v = e.let_("func.call @ppc_rank() : () -> i32");
             e.fill(&v, out);
         }

@@ -152,8 +152,8 @@ fn build(
         })
         .transpose()?;
     let last_local = match rank {
-        Some(_) => int(&mut b, "last_local_stage", p.stages_per_rank() - 1)?,
-        None => int(&mut b, "last_stage", s - 1)?,
+        Some(_) => Some(int(&mut b, "last_local_stage", p.stages_per_rank() - 1)?),
+        None => None,
     };
     let is_first = b.op(
         "is_first",
@@ -171,10 +171,8 @@ fn build(
         OpKind::Reshape { x: is_first },
         Some(Type::new(DType::I1, mask_dims)),
     )?;
-    let last_stage = match rank {
-        Some(_) => int(&mut b, "last_stage", s - 1)?,
-        None => last_local,
-    };
+    let last_stage = int(&mut b, "last_stage", s - 1)?;
+    let last_local = last_local.unwrap_or(last_stage);
     // Work items (microbatch m in repeat r is item r*M + m) number R*M.
     let all_items = int(&mut b, "all_items", r * mb)?;
     // Circular pipelines: M, the number of work items R*M, and the last item R*M - 1.

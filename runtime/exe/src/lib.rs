@@ -1,8 +1,16 @@
 //! `ppc_main`: the entry point of executables written by `ppc compile -o`. The generated object
 //! defines `main` (which calls `ppc_main`), `ppc_manifest` (the embedded manifest text) and the
 //! packed entry `_mlir__mlir_ciface_ppc_forward`.
+//!
+//! Every executable is an MPI program: `./model` is one rank, `mpirun.mpich -n R ./model` is R.
+//! A program compiled with `--ranks R` must be launched on exactly R ranks; any error on any rank
+//! ends the whole job (`MPI_Abort`) with a message and a non-zero exit, so nothing waits forever
+//! for a rank that is gone.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod mpi_transport;
+
+use ppc_runtime::comm;
 use ppc_runtime::exec::{drive, PackedFn, Program, RunOptions};
 use ppc_runtime::manifest::Manifest;
 use std::ffi::{c_char, c_int, CStr};
@@ -13,16 +21,22 @@ extern "C" {
     fn _mlir__mlir_ciface_ppc_forward(args: *mut *mut std::ffi::c_void);
 }
 
-const USAGE: &str = "usage: MODEL [--seed N] [--input FILE] [--output FILE] [--steps N] [--bench N]
+const USAGE: &str = "usage: [mpirun.mpich -n RANKS] MODEL [--seed N] [--input FILE] [--output FILE] [--steps N] [--bench N]
 
-Runs the pipeline-parallel forward pass that ppc compiled into this executable.
+Runs the pipeline-parallel forward pass that ppc compiled into this executable, on as many MPI
+ranks as it was compiled for (`ppc compile --ranks`; one by default). Rank 0 reads the input;
+the last rank prints the summary and writes the output.
   --seed N       seed of parameters and synthetic inputs (default 0)
   --input FILE   read the input microbatches from tensor `input` of a safetensors file
                  (shape [microbatches, ...input]); default: seeded synthetic inputs
   --output FILE  write the result to tensor `output` of a safetensors file
   --steps N      run the forward pass N times (default 1)
-  --bench N      after warm-up, time N more steps and print one JSON line
-  --help         print this and exit";
+  --bench N      after warm-up, time N more steps and print one JSON line (rank 0): step
+                 time, throughput, and per rank compute, exchange wait and measured bubble
+  --help         print this and exit
+
+Environment: PPC_NUM_THREADS (threads per rank; default: cores / ranks on this node),
+PPC_FAULT_RANK=r (testing: rank r dies at start, to check that the job ends)";
 
 fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
     let mut o = RunOptions {
@@ -75,7 +89,10 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
             return 0;
         }
         Err(e) => {
-            eprintln!("{prog}: error: {e}\n{}", USAGE.replace("MODEL", &prog));
+            say(&format!(
+                "{prog}: error: {e}\n{}",
+                USAGE.replace("MODEL", &prog)
+            ));
             return 2;
         }
     };
@@ -86,23 +103,82 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
     let manifest = match Manifest::parse(&text) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("{prog}: error: corrupt embedded manifest: {e}");
+            say(&format!("{prog}: error: corrupt embedded manifest: {e}"));
             return 1;
         }
     };
+    let Some(universe) = mpi::initialize() else {
+        say(&format!("{prog}: error: MPI is already initialized"));
+        return 1;
+    };
+    comm::install(Box::new(mpi_transport::Mpi::new(universe.world())));
+    let code = run(&prog, manifest, &opts);
+    drop(universe); // MPI_Finalize
+    code
+}
+
+/// The run on this rank, after MPI is up; errors on a job of several ranks abort it.
+fn run(prog: &str, manifest: Manifest, opts: &RunOptions) -> c_int {
+    let t = comm::transport().expect("invariant: installed by ppc_main");
+    let (rank, size) = (t.rank(), t.size());
+    let who = if size > 1 {
+        format!("{prog} (rank {rank} of {size})")
+    } else {
+        prog.to_string()
+    };
+    if manifest.ranks as usize != size {
+        let r = manifest.ranks;
+        say(&format!(
+            "{who}: error: compiled for {r} rank{} (ppc compile --ranks {r}) but launched on {size}; run it as `mpirun.mpich -n {r} {prog}`",
+            if r == 1 { "" } else { "s" }
+        ));
+        if size > 1 {
+            t.barrier(); // every rank has said it
+            t.abort(1);
+        }
+        return 1;
+    }
+    if std::env::var("PPC_FAULT_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        == Some(rank)
+    {
+        // Die while the other ranks already wait for this one in their first exchange.
+        say(&format!("{who}: dying on purpose (PPC_FAULT_RANK={rank})"));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        std::process::abort();
+    }
+    if size > 1 && std::env::var_os("PPC_NUM_THREADS").is_none() {
+        // Ranks on one node share its cores; MPICH's launcher says how many ranks are local.
+        let local = std::env::var("MPI_LOCALNRANKS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(size);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("PPC_NUM_THREADS", (cores / local.max(1)).max(1).to_string());
+    }
     let entry: PackedFn = _mlir__mlir_ciface_ppc_forward;
     // SAFETY: the object that defines the entry was compiled together with this manifest.
     let program = unsafe { Program::new(manifest, entry) };
     match drive(
         &program,
-        &opts,
+        opts,
         &mut std::io::stdout(),
         &mut std::io::stderr(),
     ) {
         Ok(_) => 0,
         Err(e) => {
-            eprintln!("{prog}: error: {e}");
+            say(&format!("{who}: error: {e}"));
+            if size > 1 {
+                t.abort(1);
+            }
             1
         }
     }
+}
+
+/// One line on stderr in a single write, so that lines of different ranks do not interleave.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }

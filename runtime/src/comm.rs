@@ -1,0 +1,189 @@
+//! How a rank of a sharded pipeline reaches the others. Generated code calls `ppc_rank` and
+//! `ppc_exchange_<dtype>` (the ring exchange of the stage boundary); the driver asks for the
+//! rank count, gathers benchmark figures and aborts the job on errors.
+//!
+//! The transport is installed once per process: executables install MPI's (`runtime/exe`);
+//! without one (the JIT of `ppc run`, tests) the process is rank 0 of 1 and an exchange hands a
+//! rank its own boundary back, which is what a ring of one does. The time spent inside
+//! exchanges is counted, so benchmarks can split waiting from computing.
+
+use crate::gemm::Unranked;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The collective operations a sharded pipeline needs.
+pub trait Transport: Send + Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Sends `send` to rank `rank + 1` and receives the previous rank's into `recv` (ring order).
+    fn exchange(&self, send: &[u8], recv: &mut [u8]);
+    /// Gathers `values` (the same count on every rank) to rank 0, rank by rank; `None` elsewhere.
+    fn gather(&self, values: &[f64]) -> Option<Vec<f64>>;
+    /// Waits until every rank got here.
+    fn barrier(&self);
+    /// Ends the whole job now, with `code`.
+    fn abort(&self, code: i32) -> !;
+}
+
+static TRANSPORT: OnceLock<Box<dyn Transport>> = OnceLock::new();
+static EXCHANGE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Installs the process's transport; only the first call counts.
+pub fn install(t: Box<dyn Transport>) {
+    let _ = TRANSPORT.set(t);
+}
+
+pub fn transport() -> Option<&'static dyn Transport> {
+    TRANSPORT.get().map(|t| t.as_ref())
+}
+
+pub fn rank() -> usize {
+    transport().map_or(0, |t| t.rank())
+}
+
+pub fn size() -> usize {
+    transport().map_or(1, |t| t.size())
+}
+
+/// [`Transport::gather`], or the values themselves in a process of one rank.
+pub fn gather(values: &[f64]) -> Option<Vec<f64>> {
+    match transport() {
+        Some(t) => t.gather(values),
+        None => Some(values.to_vec()),
+    }
+}
+
+/// Seconds spent in exchanges since the last call (waiting for the neighbours included).
+pub fn take_exchange_seconds() -> f64 {
+    EXCHANGE_NS.swap(0, Ordering::Relaxed) as f64 * 1e-9
+}
+
+/// This process's rank, for generated code.
+#[no_mangle]
+pub extern "C" fn ppc_rank() -> i32 {
+    rank() as i32
+}
+
+/// # Safety
+/// `send` and `recv` point to live memref descriptors of the same shape with `elem`-byte
+/// elements, which do not overlap.
+unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize) {
+    let start = Instant::now();
+    // SAFETY: forwarded from this function's contract.
+    let (send, recv) = unsafe { (Strided::of(send, elem), Strided::of(recv, elem)) };
+    let mut out = vec![0u8; send.bytes()];
+    // SAFETY: `send` describes live memory (contract); `out` has exactly its size.
+    unsafe { send.gather(&mut out) };
+    let mut back = vec![0u8; recv.bytes()];
+    match transport() {
+        Some(t) => t.exchange(&out, &mut back),
+        None => back.copy_from_slice(&out),
+    }
+    // SAFETY: `recv` describes live memory (contract); `back` has exactly its size.
+    unsafe { recv.scatter(&back) };
+    EXCHANGE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+macro_rules! exchange_fn {
+    ($name:ident, $bytes:expr) => {
+        /// The ring exchange for one element type (generated code's `exchange` op).
+        ///
+        /// # Safety
+        /// As [`exchange`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(send: *const Unranked, recv: *const Unranked) {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { exchange(send, recv, $bytes) }
+        }
+    };
+}
+exchange_fn!(_mlir_ciface_ppc_exchange_f32, 4);
+exchange_fn!(_mlir_ciface_ppc_exchange_bf16, 2);
+exchange_fn!(_mlir_ciface_ppc_exchange_f16, 2);
+
+/// The runtime functions of this module, by symbol, for registering with a JIT.
+pub fn symbols() -> [(&'static str, *mut ()); 4] {
+    [
+        ("ppc_rank", ppc_rank as *mut ()),
+        (
+            "_mlir_ciface_ppc_exchange_f32",
+            _mlir_ciface_ppc_exchange_f32 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_exchange_bf16",
+            _mlir_ciface_ppc_exchange_bf16 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_exchange_f16",
+            _mlir_ciface_ppc_exchange_f16 as *mut (),
+        ),
+    ]
+}
+
+/// A memref as bytes: base pointer, element size, sizes and strides (in elements).
+struct Strided {
+    base: *mut u8,
+    elem: usize,
+    sizes: Vec<usize>,
+    strides: Vec<isize>,
+}
+
+impl Strided {
+    /// # Safety
+    /// `u` points to a live memref descriptor with `elem`-byte elements.
+    unsafe fn of(u: *const Unranked, elem: usize) -> Strided {
+        // SAFETY: the descriptor layout is `{allocated, aligned, offset, sizes[rank],
+        // strides[rank]}` in 8-byte words.
+        unsafe {
+            let rank = (*u).rank as usize;
+            let w = (*u).descriptor.cast::<i64>();
+            let base = (*w.add(1) as *mut u8).offset(*w.add(2) as isize * elem as isize);
+            Strided {
+                base,
+                elem,
+                sizes: (0..rank).map(|i| *w.add(3 + i) as usize).collect(),
+                strides: (0..rank).map(|i| *w.add(3 + rank + i) as isize).collect(),
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.sizes.iter().product::<usize>() * self.elem
+    }
+
+    /// Byte offsets of the elements, row-major.
+    fn offsets(&self) -> impl Iterator<Item = isize> + '_ {
+        let count: usize = self.sizes.iter().product();
+        (0..count).map(move |mut flat| {
+            let mut off = 0isize;
+            for ax in (0..self.sizes.len()).rev() {
+                off += (flat % self.sizes[ax]) as isize * self.strides[ax];
+                flat /= self.sizes[ax];
+            }
+            off * self.elem as isize
+        })
+    }
+
+    /// # Safety
+    /// The memref is live and `out.len() == self.bytes()`.
+    unsafe fn gather(&self, out: &mut [u8]) {
+        for (chunk, off) in out.chunks_mut(self.elem).zip(self.offsets()) {
+            // SAFETY: `off` is an element of the memref (contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.base.offset(off), chunk.as_mut_ptr(), self.elem)
+            };
+        }
+    }
+
+    /// # Safety
+    /// The memref is live and `data.len() == self.bytes()`.
+    unsafe fn scatter(&self, data: &[u8]) {
+        for (chunk, off) in data.chunks(self.elem).zip(self.offsets()) {
+            // SAFETY: `off` is an element of the memref (contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), self.base.offset(off), self.elem)
+            };
+        }
+    }
+}
