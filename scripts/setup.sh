@@ -4,10 +4,12 @@
 set -euo pipefail
 
 # LLVM/MLIR 22 for the MLIR lowering (melior / mlir-sys 220) and what they link against
-# (tblgen links Polly).
+# (tblgen links Polly); MPICH for executables run under mpirun (the `mpi` crate builds against
+# mpicc.mpich, executables link libmpich, tests launch mpirun.mpich).
 PACKAGES=(
   llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
   libzstd-dev libz3-dev libxml2-dev
+  mpich libmpich-dev
 )
 
 missing=()

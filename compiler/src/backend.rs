@@ -75,7 +75,13 @@ pub fn runtime_library() -> Result<PathBuf, Diagnostic> {
 
 /// Builds a standalone executable at `out`: object code from MLIR, linked with the runtime by
 /// the system C compiler. The file appears only when the link succeeded.
-pub fn executable(m: &Module, src: &Source, gemm: Gemm, out: &Path) -> Result<(), Diagnostics> {
+pub fn executable(
+    m: &Module,
+    src: &Source,
+    gemm: Gemm,
+    opt_level: usize,
+    out: &Path,
+) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
     let l = lower(m, src, gemm, true)?;
     let ctx = mlir::context();
@@ -83,7 +89,7 @@ pub fn executable(m: &Module, src: &Source, gemm: Gemm, out: &Path) -> Result<()
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
     let dir = tempdir()?;
     let obj = dir.join("model.o");
-    mlir::object_file(&module, &obj.display().to_string())?;
+    mlir::object_file(&module, opt_level, &obj.display().to_string())?;
     let linked = dir.join("model");
     let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .arg(&obj)

@@ -179,7 +179,7 @@ pub struct CodegenArgs {
     /// interpreter's order (slow, bit-identical to the interpreter).
     #[arg(long, value_enum, default_value_t = GemmArg::Runtime)]
     pub gemm: GemmArg,
-    /// LLVM optimization level of the JIT (0-3).
+    /// LLVM optimization level of the generated code, JIT or executable (0-3).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub opt_level: u8,
 }

@@ -169,7 +169,8 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let gemm: Gemm = codegen.gemm.into();
             if let Some(path) = &output {
                 let t = Instant::now();
-                backend::executable(&l.module, &l.source(), gemm, path).map_err(|d| l.fail(&d))?;
+                backend::executable(&l.module, &l.source(), gemm, codegen.opt_level.into(), path)
+                    .map_err(|d| l.fail(&d))?;
                 writeln!(
                     err,
                     "wrote {} in {:.2} s",

@@ -11,7 +11,7 @@ use crate::ir::{names, Block, Func, Module, Param, ValueId};
 use crate::kernels as k;
 use crate::op::OpKind;
 use crate::types::{DType, Type};
-use ppc_runtime::init::Shard;
+use ppc_runtime::init::{Layers, Shard};
 use ppc_runtime::Tensor;
 use std::collections::HashMap;
 
@@ -250,16 +250,11 @@ pub fn materialize(
     layer: u64,
     shard: Option<Shard>,
 ) -> Tensor {
-    ppc_runtime::init::param(
-        seed,
-        name,
-        ty.dtype,
-        &ty.shape_usize(),
-        p.layer_axes,
-        p.init,
-        layer,
-        shard,
-    )
+    let layers = match p.layer_axes {
+        0 => Layers::One(layer),
+        axes => Layers::Stacked { axes, shard },
+    };
+    ppc_runtime::init::param(seed, name, ty.dtype, &ty.shape_usize(), layers, p.init)
 }
 
 /// The part of the full parameter that rank `rank` holds, for a parameter of type `ty` of a

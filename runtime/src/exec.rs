@@ -8,7 +8,7 @@
 //! and writes `--output`. With `--bench`, rank 0 prints one JSON line for the whole job.
 
 use crate::comm;
-use crate::init::{self, Shard};
+use crate::init::{self, Layers, Shard};
 use crate::manifest::{Manifest, Role};
 use crate::memref::HostBuffer;
 use crate::safetensors;
@@ -48,15 +48,12 @@ impl Program {
                     full: self.manifest.stages as usize,
                     offset: rank * a.shape[axis],
                 });
+                let layers = match a.layer_axes {
+                    0 => Layers::One(0),
+                    axes => Layers::Stacked { axes, shard },
+                };
                 HostBuffer::from_tensor(&init::param(
-                    seed,
-                    &a.name,
-                    a.dtype,
-                    &a.shape,
-                    a.layer_axes,
-                    a.init,
-                    0,
-                    shard,
+                    seed, &a.name, a.dtype, &a.shape, layers, a.init,
                 ))
             })
             .collect()

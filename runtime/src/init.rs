@@ -18,29 +18,38 @@ pub struct Shard {
     pub offset: usize,
 }
 
-/// A parameter of `shape` whose first `layer_axes` axes enumerate layers (row-major): the slice
-/// of layer `l` comes from the stream `(name, l)`. With `layer_axes = 0` the whole tensor
-/// belongs to layer `layer`. A `shard` is numbered by its place in the full parameter, so a
-/// rank draws exactly the numbers the one-process program has in its slice.
+/// Which layers a parameter's values belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layers {
+    /// The whole tensor is the parameter of this one layer.
+    One(u64),
+    /// The first `axes` axes enumerate layers, row-major; a `shard` holds part of them.
+    Stacked { axes: usize, shard: Option<Shard> },
+}
+
+/// A parameter of `shape`: the values of layer `l` come from the stream `(name, l)`. A shard is
+/// numbered by its place in the full parameter, so a rank draws exactly the numbers the
+/// one-process program holds in its slice.
 pub fn param(
     seed: u64,
     name: &str,
     dtype: DType,
     shape: &[usize],
-    layer_axes: usize,
+    layers: Layers,
     init: Init,
-    layer: u64,
-    shard: Option<Shard>,
 ) -> Tensor {
-    let layer_shape = &shape[..layer_axes];
-    let layers: usize = layer_shape.iter().product();
-    let inner: usize = shape[layer_axes..].iter().product();
-    let mut data = Vec::with_capacity(layers * inner);
-    for l in 0..layers {
-        let index = if layer_axes == 0 {
-            layer
-        } else {
-            global_layer(l, layer_shape, shard) as u64
+    let axes = match layers {
+        Layers::One(_) => 0,
+        Layers::Stacked { axes, .. } => axes,
+    };
+    let layer_shape = &shape[..axes];
+    let count: usize = layer_shape.iter().product();
+    let inner: usize = shape[axes..].iter().product();
+    let mut data = Vec::with_capacity(count * inner);
+    for l in 0..count {
+        let index = match layers {
+            Layers::One(layer) => layer,
+            Layers::Stacked { shard, .. } => global_layer(l, layer_shape, shard) as u64,
         };
         data.extend(Rng::stream(seed, name, index).fill(init, inner));
     }
@@ -84,7 +93,8 @@ mod tests {
     #[test]
     fn shards_are_slices_of_the_full_parameter() {
         // [repeats 2, stages 4, k 3] layers, 5 values each; rank 1 of 2 holds stages 2..4.
-        let full = param(7, "w", DType::F32, &[2, 4, 3, 5], 3, INPUT_INIT, 0, None);
+        let stacked = |shard| Layers::Stacked { axes: 3, shard };
+        let full = param(7, "w", DType::F32, &[2, 4, 3, 5], stacked(None), INPUT_INIT);
         let shard = Shard {
             axis: 1,
             full: 4,
@@ -95,10 +105,8 @@ mod tests {
             "w",
             DType::F32,
             &[2, 2, 3, 5],
-            3,
+            stacked(Some(shard)),
             INPUT_INIT,
-            0,
-            Some(shard),
         );
         for (r, s, k) in
             (0..2).flat_map(|r| (0..2).flat_map(move |s| (0..3).map(move |k| (r, s, k))))

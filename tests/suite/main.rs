@@ -7,6 +7,7 @@ mod common;
 mod cpu;
 mod errors;
 mod interp_ops;
+mod mpirun;
 mod passes;
 mod properties;
 mod robustness;

@@ -104,7 +104,7 @@ fn pipelined_equals_sequential_bit_for_bit() {
             );
             assert_bits_eq(&want, &got, &what);
             // The same program split over ranks (one thread each) gives the same bits.
-            let divisors: Vec<u64> = (2..=s).filter(|q| s % q == 0).collect();
+            let divisors: Vec<u64> = (2..=s).filter(|q| s.is_multiple_of(*q)).collect();
             if let Some(&ranks) = divisors.get(case % divisors.len().max(1)) {
                 let over = Overrides {
                     ranks: Some(ranks),

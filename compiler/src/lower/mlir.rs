@@ -179,8 +179,8 @@ extern "C" fn placeholder() -> i32 {
 }
 
 /// Compiles a module lowered to LLVM into an object file at `path`.
-pub fn object_file(module: &Module, path: &str) -> Result<(), Diagnostics> {
-    let engine = ExecutionEngine::new(module, 2, &[], true, true);
+pub fn object_file(module: &Module, opt_level: usize, path: &str) -> Result<(), Diagnostics> {
+    let engine = ExecutionEngine::new(module, opt_level, &[], true, true);
     // Generating the object links it in-process too; the symbols the executable gets from the
     // runtime library must resolve here, though this copy of the code never runs.
     // SAFETY: the addresses are valid functions and are never called through the engine.

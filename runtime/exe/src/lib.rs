@@ -134,7 +134,7 @@ fn run(prog: &str, manifest: Manifest, opts: &RunOptions) -> c_int {
         ));
         if size > 1 {
             t.barrier(); // every rank has said it
-            t.abort(1);
+            abort_job(t);
         }
         return 1;
     }
@@ -170,11 +170,18 @@ fn run(prog: &str, manifest: Manifest, opts: &RunOptions) -> c_int {
         Err(e) => {
             say(&format!("{who}: error: {e}"));
             if size > 1 {
-                t.abort(1);
+                abort_job(t);
             }
             1
         }
     }
+}
+
+/// Ends every rank of the job with exit status 1. The pause lets the launcher forward the
+/// message this rank just wrote: `MPI_Abort` tears the job down at once, and its output with it.
+fn abort_job(t: &dyn comm::Transport) -> ! {
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    t.abort(1)
 }
 
 /// One line on stderr in a single write, so that lines of different ranks do not interleave.

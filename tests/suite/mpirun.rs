@@ -1,0 +1,213 @@
+//! Executables under `mpirun.mpich`: the stage axis split over 1, 2 and 4 ranks gives the same
+//! output file byte for byte (every example, f32 and bf16, linear and circular), each rank sees
+//! the world size it was launched with, and every fault (wrong rank count, bad input on rank 0,
+//! a rank that dies) ends the whole job promptly with a message and a non-zero exit.
+
+use crate::common::{path, ppc};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The launcher: MPICH's, named explicitly (a mismatched `mpirun` gives N silent singletons).
+const MPIRUN: &str = "mpirun.mpich";
+/// No launch may take longer than this; `timeout` kills it, and the test fails.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ppc-mpi-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+fn small_dims(model: &str) -> Vec<&'static str> {
+    match model {
+        "examples/mlp.ppc" => vec!["--dim", "b=2", "--dim", "d=32", "--dim", "h=64"],
+        "examples/transformer.ppc" => vec!["--dim", "b=2", "--dim", "t=4"],
+        _ => vec!["--dim", "b=2"],
+    }
+}
+
+/// `ppc compile MODEL -o exe --ranks R` with small dimensions and `extra` flags. LLVM at O0
+/// except for the MLP: the transformer takes 15 s to optimize, and the test is about meaning.
+fn build(model: &str, exe: &Path, ranks: u64, extra: &[&str]) {
+    let (file, exe_s, r) = (path(model), exe.display().to_string(), ranks.to_string());
+    let mut args = vec!["compile", &file, "-o", &exe_s, "--ranks", &r];
+    if model != "examples/mlp.ppc" {
+        args.extend(["--opt-level", "0"]);
+    }
+    args.extend(small_dims(model));
+    args.extend(extra);
+    let (code, out, err) = ppc(&args);
+    assert_eq!(code, 0, "ppc {args:?}\n{out}\n{err}");
+}
+
+struct Launch {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+/// `mpirun.mpich -n RANKS exe ARGS` (or plain `exe ARGS` with `ranks: None`) under `timeout`.
+fn launch(exe: &Path, ranks: Option<u64>, args: &[&str], env: &[(&str, &str)]) -> Launch {
+    let mut cmd = Command::new("timeout");
+    cmd.arg(LIMIT.as_secs().to_string());
+    if let Some(n) = ranks {
+        cmd.args([MPIRUN, "-n", &n.to_string()]);
+    }
+    cmd.arg(exe).args(args).envs(env.iter().copied());
+    let start = Instant::now();
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {MPIRUN} (install mpich): {e}"));
+    let l = Launch {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        took: start.elapsed(),
+    };
+    assert_ne!(
+        l.code, 124,
+        "{exe:?} {args:?} hung: killed after {LIMIT:?}\n{}",
+        l.stderr
+    );
+    l
+}
+
+/// Rank 0's benchmark line.
+fn bench_json(stdout: &str) -> serde_json::Value {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line in\n{stdout}"));
+    serde_json::from_str(line).expect("valid JSON")
+}
+
+/// For each configuration, the outputs of 1, 2 and 4 ranks (those dividing the stages) are
+/// the same bytes, and each rank reports the world size it was launched with.
+fn identical_across_ranks(model: &str, stages: u64) {
+    let dir = scratch(&model.replace(['/', '.'], "_"));
+    for extra in [
+        &[][..],
+        &["--repeats", "2"],
+        &["--dtype", "bf16"],
+        &["--dtype", "bf16", "--repeats", "2"],
+    ] {
+        let mut first: Option<Vec<u8>> = None;
+        for ranks in [1u64, 2, 4].into_iter().filter(|r| stages.is_multiple_of(*r)) {
+            let what = format!("{model} {extra:?} on {ranks} ranks");
+            let exe = dir.join(format!("model_{ranks}"));
+            build(model, &exe, ranks, extra);
+            let out = dir.join(format!("out_{ranks}.safetensors"));
+            let out_s = out.display().to_string();
+            let l = launch(
+                &exe,
+                Some(ranks),
+                &["--seed", "11", "--output", &out_s, "--bench", "1"],
+                &[],
+            );
+            assert_eq!(l.code, 0, "{what}\n{}\n{}", l.stdout, l.stderr);
+            let j = bench_json(&l.stdout);
+            assert_eq!(j["ranks"], ranks, "{what}: {j}");
+            let per_rank = j["per_rank"].as_array().expect("per_rank");
+            assert_eq!(per_rank.len() as u64, ranks, "{what}: {j}");
+            for (i, r) in per_rank.iter().enumerate() {
+                assert_eq!(r["rank"], i, "{what}: {j}");
+                assert_eq!(
+                    r["world_size"], ranks,
+                    "{what}: rank {i} saw another world: {j}"
+                );
+                assert!(
+                    r["exchange_wait_s"].as_f64().is_some_and(|w| w >= 0.0),
+                    "{what}: {j}"
+                );
+            }
+            let bytes = std::fs::read(&out).expect("the last rank wrote --output");
+            match &first {
+                None => first = Some(bytes),
+                Some(want) => assert!(*want == bytes, "{what}: output differs from 1 rank's"),
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn tiny_is_byte_identical_on_1_and_2_ranks() {
+    identical_across_ranks("examples/tiny.ppc", 2);
+}
+
+#[test]
+fn mlp_is_byte_identical_on_1_2_and_4_ranks() {
+    identical_across_ranks("examples/mlp.ppc", 4);
+}
+
+#[test]
+fn transformer_is_byte_identical_on_1_2_and_4_ranks() {
+    identical_across_ranks("examples/transformer.ppc", 4);
+}
+
+/// Asserts a fault ended the job: non-zero exit, promptly, and `message` on stderr `times` times.
+fn assert_ends(l: &Launch, message: &str, times: usize, what: &str) {
+    assert_ne!(l.code, 0, "{what}: exit 0\n{}", l.stderr);
+    assert!(
+        l.took < Duration::from_secs(20),
+        "{what}: took {:?}",
+        l.took
+    );
+    assert_eq!(
+        l.stderr.matches(message).count(),
+        times,
+        "{what}: expected {message:?} {times} times in\n{}",
+        l.stderr
+    );
+}
+
+#[test]
+fn faults_end_the_whole_job_promptly() {
+    let dir = scratch("faults");
+    let exe = dir.join("model");
+    build("examples/mlp.ppc", &exe, 2, &[]);
+    let mismatch = "compiled for 2 ranks (ppc compile --ranks 2) but launched on";
+    let l = launch(&exe, Some(4), &[], &[]);
+    assert_ends(&l, mismatch, 4, "launched on 4 ranks");
+    let l = launch(&exe, None, &[], &[]);
+    assert_ends(&l, mismatch, 1, "launched without mpirun");
+
+    let missing = dir.join("missing.safetensors").display().to_string();
+    let l = launch(&exe, Some(2), &["--input", &missing], &[]);
+    assert_ends(&l, "(rank 0 of 2): error: cannot read", 1, "missing input");
+    let bad = dir.join("bad.safetensors");
+    std::fs::write(&bad, b"not a safetensors file").expect("write");
+    let bad_s = bad.display().to_string();
+    let l = launch(&exe, Some(2), &["--input", &bad_s], &[]);
+    assert_ends(&l, "is not a valid safetensors file", 1, "malformed input");
+
+    let out = dir.join("out.safetensors");
+    let out_s = out.display().to_string();
+    for dying in ["0", "1"] {
+        let l = launch(
+            &exe,
+            Some(2),
+            &["--steps", "3", "--output", &out_s],
+            &[("PPC_FAULT_RANK", dying)],
+        );
+        assert_ends(&l, "dying on purpose", 1, &format!("rank {dying} dies"));
+        assert!(
+            !out.exists(),
+            "rank {dying} died, yet an output was written"
+        );
+    }
+
+    let (code, _, err) = ppc(&[
+        "compile",
+        &path("examples/mlp.ppc"),
+        "--ranks",
+        "3",
+        "-o",
+        &exe.display().to_string(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("3 ranks do not divide 4 stages"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
