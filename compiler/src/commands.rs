@@ -10,7 +10,7 @@ use crate::pipeline::{compile, frontend, PipelineError};
 use crate::report::report;
 use crate::schedule::Schedule;
 use ppc_dialect::diag::render;
-use ppc_dialect::interp::Interp;
+use ppc_dialect::interp::{forward_on_ranks, Interp};
 use ppc_dialect::{print, Diagnostic, Module};
 use ppc_runtime::exec::{drive, write_summary, RunOptions, OUTPUT_TENSOR};
 use ppc_runtime::files::write_atomic;
@@ -125,6 +125,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             codegen,
         } => {
             let mut l = load(&model)?;
+            one_process(&l, "ppc run")?;
             let t = Instant::now();
             l.compile(&Options::default(), None, None)?;
             let jit = l.jit(&codegen)?;
@@ -215,6 +216,20 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
     Ok(0)
 }
 
+/// The JIT runs the program in this one process; a program split over ranks needs MPI.
+fn one_process(l: &Loaded, what: &str) -> Result<(), Failure> {
+    let r = l.module.pipeline.ranks;
+    if r == 1 {
+        return Ok(());
+    }
+    Err(Failure(format!(
+        "error: `{what}` runs the program in one process, but it is split over {r} ranks\n  \
+         = build an executable and launch it with MPI: \
+         `ppc compile {} --ranks {r} -o model && mpirun.mpich -n {r} ./model`\n",
+        l.path
+    )))
+}
+
 /// `ppc run --backend interp`: the model as written, each microbatch through every layer.
 fn run_interp(
     l: &Loaded,
@@ -269,6 +284,9 @@ fn verify(
     err: &mut dyn Write,
 ) -> Result<i32, Failure> {
     let mut l = load(model)?;
+    if backend == Backend::Cpu {
+        one_process(&l, "ppc verify --backend cpu")?;
+    }
     l.compile(
         &Options {
             poison_bubbles: pass.poison_bubbles,
@@ -300,10 +318,16 @@ fn verify(
     )
     .map_err(io)?;
     let t = Instant::now();
-    let piped = interp.forward(&inputs)?;
+    // A program split over ranks runs with one interpreter thread per rank.
+    let piped = match p.ranks {
+        1 => interp.forward(&inputs)?,
+        _ => forward_on_ranks(&l.module, seed, &inputs)?,
+    };
     writeln!(
         err,
-        "pipelined program (interp): {:.3} s",
+        "pipelined program (interp, {} rank{}): {:.3} s",
+        p.ranks,
+        if p.ranks == 1 { "" } else { "s" },
         t.elapsed().as_secs_f64()
     )
     .map_err(io)?;

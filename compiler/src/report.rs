@@ -29,6 +29,8 @@ pub fn report(m: &Module) -> Result<Value, String> {
     let p = m.pipeline;
     let stage = m.func(names::STAGE).ok_or("no `@stage`")?;
     let s = p.stages;
+    // `@stage` holds this rank's stages (all of them with one rank).
+    let local = stage.arg_types()[0].dims[0].size;
     let param_bytes: u64 = stage.params.iter().map(|q| stage.ty(q.value).bytes()).sum();
     let x = m.input.bytes();
     let formula = (s - 1) as f64 / p.iterations() as f64;
@@ -43,11 +45,12 @@ pub fn report(m: &Module) -> Result<Value, String> {
         "total_slots": sched.total_slots(),
         "bubble_fraction": sched.bubble_fraction(),
         "bubble_fraction_formula": formula,
-        "param_bytes_per_stage": param_bytes / s,
+        "ranks": p.ranks,
+        "param_bytes_per_stage": param_bytes / local,
         "microbatch_bytes": x,
         "state_buffer_bytes": s * x,
         "input_buffer_bytes": sched.iterations() * x,
         "output_buffer_bytes": p.microbatches * x,
-        "stage_activation_bytes_per_stage": result_bytes(stage, &stage.body) / s,
+        "stage_activation_bytes_per_stage": result_bytes(stage, &stage.body) / local,
     }))
 }

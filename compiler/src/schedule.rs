@@ -20,7 +20,10 @@ pub struct Work {
 
 #[derive(Clone, Debug)]
 pub struct Schedule {
+    /// All stages, over all ranks.
     pub stages: u64,
+    /// Processes the stages are split over; rank `r` runs stages `r*S/R ..`.
+    pub ranks: u64,
     pub microbatches: u64,
     pub repeats: u64,
     /// `slots[t][s]`: the work of stage `s` at iteration `t`; `None` is a bubble.
@@ -43,7 +46,9 @@ impl Schedule {
             })
             .ok_or("`@pipeline` has no loop")?;
         let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
-        let stages = stage.arg_types()[0].dims[0].size;
+        // A sharded `@stage` holds one rank's stages; every rank runs the same loop.
+        let ranks = m.pipeline.ranks;
+        let stages = stage.arg_types()[0].dims[0].size * ranks;
         let microbatches = p.arg_types()[0].dims[0].size;
         let repeats = m.pipeline.repeats;
         let items = (repeats * microbatches) as i64;
@@ -62,6 +67,7 @@ impl Schedule {
             .collect();
         Ok(Schedule {
             stages,
+            ranks,
             microbatches,
             repeats,
             slots,
@@ -122,14 +128,18 @@ impl Schedule {
         } else {
             out.push_str("cells are microbatches, `.` is a bubble\n");
         }
-        let head = format!("stage {}", self.stages - 1).len();
+        let row = |s: u64| match self.ranks {
+            1 => format!("stage {s}"),
+            _ => format!("stage {s} (rank {})", s / (self.stages / self.ranks)),
+        };
+        let head = row(self.stages - 1).len();
         let _ = write!(out, "{:>head$} ", "t");
         for t in 0..self.iterations() {
             let _ = write!(out, " {t:>width$}");
         }
         out.push('\n');
         for s in 0..self.stages as usize {
-            let _ = write!(out, "{:>head$} ", format!("stage {s}"));
+            let _ = write!(out, "{:>head$} ", row(s as u64));
             for row in &self.slots {
                 let _ = write!(out, " {:>width$}", self.label(row[s]));
             }

@@ -92,6 +92,7 @@ fn verify_passes_on_every_example_linear_circular_and_poisoned() {
             &[][..],
             &["--repeats", "2", "--poison-bubbles"][..],
             &["--stages", "2", "--microbatches", "2", "--repeats", "2"][..],
+            &["--ranks", "2", "--repeats", "2", "--poison-bubbles"][..],
         ] {
             let mut args = vec!["verify", ex.as_str(), "--dim", "b=1"];
             args.extend(extra);
@@ -109,10 +110,31 @@ fn verify_passes_on_every_example_linear_circular_and_poisoned() {
 }
 
 #[test]
+fn programs_split_over_ranks_need_mpi_to_run() {
+    let tiny = path("examples/tiny.ppc");
+    for args in [
+        vec!["run", tiny.as_str(), "--ranks", "2"],
+        vec!["verify", tiny.as_str(), "--ranks", "2", "--backend", "cpu"],
+    ] {
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 1, "{args:?}\n{out}");
+        assert!(err.contains("split over 2 ranks"), "{err}");
+        assert!(err.contains("mpirun.mpich -n 2"), "{err}");
+    }
+    let (code, text, _) = ppc(&["schedule", &tiny, "--ranks", "2"]);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("stage 0 (rank 0)") && text.contains("stage 1 (rank 1)"),
+        "{text}"
+    );
+}
+
+#[test]
 fn report_counts_the_bubble_from_the_generated_loop() {
     let mlp = path("examples/mlp.ppc");
     for (extra, s, m, r) in [
         (&[][..], 4u64, 8u64, 1u64),
+        (&["--ranks", "2"][..], 4, 8, 1),
         (
             &["--repeats", "3", "--stages", "2", "--microbatches", "5"][..],
             2,

@@ -94,7 +94,10 @@ fn identical_across_ranks(model: &str, stages: u64) {
         &["--dtype", "bf16", "--repeats", "2"],
     ] {
         let mut first: Option<Vec<u8>> = None;
-        for ranks in [1u64, 2, 4].into_iter().filter(|r| stages.is_multiple_of(*r)) {
+        for ranks in [1u64, 2, 4]
+            .into_iter()
+            .filter(|r| stages.is_multiple_of(*r))
+        {
             let what = format!("{model} {extra:?} on {ranks} ranks");
             let exe = dir.join(format!("model_{ranks}"));
             build(model, &exe, ranks, extra);
