@@ -2,7 +2,7 @@
 CARGO ?= cargo
 MODEL ?= examples/mlp.ppc
 
-.PHONY: setup build run test lint fmt bless bench ci loc
+.PHONY: setup build run test lint fmt bless bench bench-mpi ci loc
 
 setup:
 	@scripts/setup.sh
@@ -35,6 +35,10 @@ bless:
 ## ppc against JAX (installed from PyPI into bench/.venv) on examples/mlp.ppc and a wider variant.
 bench: build
 	bench/run.sh
+
+## One rank against two under mpirun.mpich (stages split by `ppc compile --ranks`), same models.
+bench-mpi: build
+	bench/mpi.sh
 
 ci: lint test
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `make bench-mpi`: the same model on 1 rank and on 2 ranks (mpirun.mpich, stages split by
+# `ppc compile --ranks`), mlp and its wider variant. Prints throughput, the ratio 2 ranks / 1
+# rank, and where each rank's step went (computing, waiting in exchanges, measured bubble).
+# Needs: a release build of ppc and ppc-exe (the Makefile does it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-30}
+PPC=target/release/ppc
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+summary() {
+  python3 -c '
+import json, sys
+j = json.loads([l for l in sys.stdin if l.startswith("{")][-1])
+ranks = "  ".join(
+    "r%d: compute %.2f ms, wait %.2f ms, bubble %.3f"
+    % (r["rank"], r["compute_s"] * 1e3, r["exchange_wait_s"] * 1e3, r["measured_bubble"])
+    for r in j["per_rank"])
+print("%.2f %.2f %s" % (j["useful_gflops"], j["median_step_s"] * 1e3, ranks))'
+}
+printf '%-20s %6s %12s %10s %8s  %s\n' config ranks "GFLOP/s" "step ms" "vs 1" "per rank"
+for cfg in "256 1024" "512 2048"; do
+  set -- $cfg; d=$1; h=$2
+  base=""
+  for ranks in 1 2; do
+    $PPC compile examples/mlp.ppc --dim d=$d --dim h=$h --ranks $ranks -o "$OUT/mlp_$ranks" 2>/dev/null
+    read -r gflops step rest < <(mpirun.mpich -n $ranks "$OUT/mlp_$ranks" --bench "$STEPS" | summary)
+    base=${base:-$gflops}
+    ratio=$(python3 -c "print(f'{$gflops/$base:.2f}x')")
+    printf '%-20s %6s %12s %10s %8s  %s\n' "mlp d=$d h=$h" "$ranks" "$gflops" "$step" "$ratio" "$rest"
+  done
+done
