@@ -7,7 +7,7 @@
 //! rank its own boundary back, which is what a ring of one does. The time spent inside
 //! exchanges is counted, so benchmarks can split waiting from computing.
 
-use crate::gemm::Unranked;
+use crate::memref::Unranked;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;

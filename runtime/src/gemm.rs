@@ -6,7 +6,7 @@
 //! symbol serves every rank. The summation order differs from the reference interpreter's
 //! k-ordered loop, so results agree to rounding (relative 1e-5), not bit for bit.
 
-use std::ffi::c_void;
+use crate::memref::Unranked;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Stage slots seen by masked GEMMs, and those that were active (not in a bubble).
@@ -19,13 +19,6 @@ pub fn take_measured_bubble() -> Option<f64> {
     let all = SLOTS_ALL.swap(0, Ordering::Relaxed);
     let busy = SLOTS_BUSY.swap(0, Ordering::Relaxed);
     (all > 0).then(|| (all - busy) as f64 / all as f64)
-}
-
-/// MLIR's unranked memref: the rank and a pointer to the ranked descriptor.
-#[repr(C)]
-pub struct Unranked {
-    pub rank: i64,
-    pub descriptor: *const c_void,
 }
 
 struct View {

@@ -13,6 +13,14 @@ use half::{bf16, f16};
 #[derive(Clone, Copy)]
 struct Line([u8; 64]);
 
+/// MLIR's unranked memref, as the C interface passes `memref<*xT>`: the rank and a pointer to
+/// the ranked descriptor.
+#[repr(C)]
+pub struct Unranked {
+    pub rank: i64,
+    pub descriptor: *const std::ffi::c_void,
+}
+
 /// A tensor's bytes, laid out for generated code.
 #[derive(Clone)]
 pub struct HostBuffer {
