@@ -137,24 +137,21 @@ fn build(
     let mut stage_ids = b.op("stage_ids", OpKind::Iota { axis: 0 }, Some(s_ty.clone()))?;
     let zero = int(&mut b, "zero", 0)?;
     // This rank, whether it is the first or the last, and the global stage indices it holds.
-    let rank = sharded
-        .then(|| -> Result<[ValueId; 3], Diagnostic> {
+    let ranks = sharded
+        .then(|| -> Result<Ranks, Diagnostic> {
             let rank = b.op("rank", OpKind::Rank, None)?;
             let per_rank = int(&mut b, "stages_per_rank", p.stages_per_rank())?;
             let offset = binary(&mut b, "first_stage", BinaryOp::Mul, rank, per_rank)?;
             stage_ids = binary(&mut b, "global_stage_ids", BinaryOp::Add, stage_ids, offset)?;
             let last_rank = int(&mut b, "last_rank", p.ranks - 1)?;
-            Ok([
-                rank,
-                compare(&mut b, "is_first_rank", CmpPred::Eq, rank, zero)?,
-                compare(&mut b, "is_last_rank", CmpPred::Eq, rank, last_rank)?,
-            ])
+            Ok(Ranks {
+                is_first: compare(&mut b, "is_first_rank", CmpPred::Eq, rank, zero)?,
+                is_last: compare(&mut b, "is_last_rank", CmpPred::Eq, rank, last_rank)?,
+                last_local: int(&mut b, "last_local_stage", p.stages_per_rank() - 1)?,
+                zero,
+            })
         })
         .transpose()?;
-    let last_local = match rank {
-        Some(_) => Some(int(&mut b, "last_local_stage", p.stages_per_rank() - 1)?),
-        None => None,
-    };
     let is_first = b.op(
         "is_first",
         OpKind::Compare {
@@ -172,7 +169,6 @@ fn build(
         Some(Type::new(DType::I1, mask_dims)),
     )?;
     let last_stage = int(&mut b, "last_stage", s - 1)?;
-    let last_local = last_local.unwrap_or(last_stage);
     // Work items (microbatch m in repeat r is item r*M + m) number R*M.
     let all_items = int(&mut b, "all_items", r * mb)?;
     // Circular pipelines: M, the number of work items R*M, and the last item R*M - 1.
@@ -250,31 +246,12 @@ fn build(
             }
             let out = b.call("out", stage, args)?;
             // 3. The last stage finishes item t - (S-1) once the pipe is full.
-            let boundary = b.op(
-                if rank.is_some() { "boundary" } else { "last" },
-                OpKind::Index {
-                    x: out,
-                    index: last_local,
-                    axis: 0,
-                },
-                None,
-            )?;
-            // Sharded: the previous rank's last stage arrives; rank 0's is the global last.
-            let from_prev = match rank {
-                Some(_) => Some(b.op("from_prev", OpKind::Exchange { x: boundary }, None)?),
-                None => None,
-            };
-            let last = match (rank, from_prev) {
-                (Some([_, _, is_last_rank]), Some(from_prev)) => b.op(
-                    "last",
-                    OpKind::Select {
-                        cond: is_last_rank,
-                        on_true: boundary,
-                        on_false: from_prev,
-                    },
-                    None,
-                )?,
-                _ => boundary,
+            let (last, from_prev) = match &ranks {
+                Some(ranks) => {
+                    let (last, from_prev) = ranks.last_stage(b, out)?;
+                    (last, Some(from_prev))
+                }
+                None => (index(b, "last", out, last_stage)?, None),
             };
             let done = bin(b, "done_item", BinaryOp::Sub, t, last_stage)?;
             let slot = match circular {
@@ -302,43 +279,93 @@ fn build(
                 None,
             )?;
             // 4. Shift: stage s feeds stage s+1.
-            let moved = b.op(
-                if rank.is_some() { "moved" } else { "shifted" },
-                OpKind::Shift {
-                    x: out,
-                    axis: 0,
-                    fill,
-                },
-                None,
-            )?;
-            let shifted = match (rank, from_prev) {
-                (Some([_, is_first_rank, _]), Some(from_prev)) => {
-                    let received = b.op(
-                        "received",
-                        OpKind::Update {
-                            x: moved,
-                            update: from_prev,
-                            index: zero,
-                            axis: 0,
-                        },
-                        None,
-                    )?;
-                    b.op(
-                        "shifted",
-                        OpKind::Select {
-                            cond: is_first_rank,
-                            on_true: moved,
-                            on_false: received,
-                        },
-                        None,
-                    )?
+            let shift = OpKind::Shift {
+                x: out,
+                axis: 0,
+                fill,
+            };
+            let shifted = match (&ranks, from_prev) {
+                (Some(ranks), Some(from_prev)) => {
+                    let moved = b.op("moved", shift, None)?;
+                    ranks.receive(b, moved, from_prev)?
                 }
-                _ => moved,
+                _ => b.op("shifted", shift, None)?,
             };
             Ok(vec![shifted, outputs])
         },
     )?;
     Ok(b.finish(vec![outs[1]]))
+}
+
+/// What the loop of one rank of a sharded pipeline knows about its place in the ring.
+struct Ranks {
+    is_first: ValueId,
+    is_last: ValueId,
+    /// The index of this rank's last stage in its state.
+    last_local: ValueId,
+    zero: ValueId,
+}
+
+impl Ranks {
+    /// The global last stage's result, and the previous rank's boundary stage: this rank sends
+    /// its last stage around the ring. The last rank has the global last stage itself; rank 0
+    /// receives it from the last rank.
+    fn last_stage(&self, b: &mut Builder, out: ValueId) -> Result<(ValueId, ValueId), Diagnostic> {
+        let boundary = index(b, "boundary", out, self.last_local)?;
+        let from_prev = b.op("from_prev", OpKind::Exchange { x: boundary }, None)?;
+        let last = b.op(
+            "last",
+            OpKind::Select {
+                cond: self.is_last,
+                on_true: boundary,
+                on_false: from_prev,
+            },
+            None,
+        )?;
+        Ok((last, from_prev))
+    }
+
+    /// The shift across ranks: the first local stage of `moved` takes the previous rank's
+    /// boundary, except on rank 0, which keeps the fill as stage 0 does in one process.
+    fn receive(
+        &self,
+        b: &mut Builder,
+        moved: ValueId,
+        from_prev: ValueId,
+    ) -> Result<ValueId, Diagnostic> {
+        let received = b.op(
+            "received",
+            OpKind::Update {
+                x: moved,
+                update: from_prev,
+                index: self.zero,
+                axis: 0,
+            },
+            None,
+        )?;
+        b.op(
+            "shifted",
+            OpKind::Select {
+                cond: self.is_first,
+                on_true: moved,
+                on_false: received,
+            },
+            None,
+        )
+    }
+}
+
+/// Slice `i` of the stage axis of `x`.
+fn index(b: &mut Builder, hint: &str, x: ValueId, i: ValueId) -> Result<ValueId, Diagnostic> {
+    b.op(
+        hint,
+        OpKind::Index {
+            x,
+            index: i,
+            axis: 0,
+        },
+        None,
+    )
 }
 
 fn binary(
