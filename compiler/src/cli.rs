@@ -16,10 +16,12 @@ use std::path::PathBuf;
     version,
     about = "ppc: a compiler for GSPMD-style pipeline-parallel models",
     long_about = "ppc reads a model file (one stage's compute and the pipeline's shape), vectorizes the stage \
-                  over a stage axis, wraps it in the GPipe loop, lowers it through MLIR to CPU code, and runs, \
+                  over a stage axis (split over MPI ranks with --ranks), wraps it in the GPipe loop, lowers it \
+                  through MLIR to CPU code, and runs, \
                   checks or explains the result.\n\n\
                   Typical use:\n  ppc check examples/mlp.ppc\n  ppc run examples/mlp.ppc\n  \
                   ppc compile examples/mlp.ppc -o mlp && ./mlp --bench 20\n  \
+                  ppc compile examples/mlp.ppc --ranks 2 -o mlp2 && mpirun.mpich -n 2 ./mlp2\n  \
                   ppc compile examples/mlp.ppc --emit=gpipe-loop\n  \
                   ppc verify examples/mlp.ppc --repeats 2 --poison-bubbles\n  \
                   ppc schedule examples/mlp.ppc --svg schedule.svg"
@@ -64,7 +66,8 @@ pub enum Command {
         /// dialect after the CPU pipeline). Default: after the last pass.
         #[arg(long, value_parser = emit_name)]
         emit: Option<String>,
-        /// Write a standalone executable here (needs only libc at run time; try `PATH --help`).
+        /// Write a standalone executable here (needs only libc and libmpich at run time; try
+        /// `PATH --help`).
         #[arg(short, long, value_name = "PATH")]
         output: Option<PathBuf>,
         /// Write the IR after every pass to DIR/NN-<pass>.ppc.
