@@ -79,6 +79,12 @@ impl<'m> Interp<'m> {
 
     /// The pipelined program `@pipeline` if the module has one, else [`Interp::sequential`].
     pub fn forward(&mut self, inputs: &Tensor) -> Result<Tensor, String> {
+        let ranks = self.module.pipeline.ranks;
+        if ranks > 1 && self.exchange.is_none() {
+            return Err(format!(
+                "the program is split over {ranks} ranks: run it with `forward_on_ranks`"
+            ));
+        }
         match self.module.func(names::PIPELINE) {
             Some(p) => Ok(self.call(p, vec![inputs.clone()], 0)?.remove(0)),
             None => self.sequential(inputs),
