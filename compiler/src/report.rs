@@ -48,7 +48,7 @@ pub fn report(m: &Module) -> Result<Value, String> {
         "ranks": p.ranks,
         "param_bytes_per_stage": param_bytes / local,
         "microbatch_bytes": x,
-        "state_buffer_bytes": s * x,
+        "state_buffer_bytes_per_rank": local * x,
         "input_buffer_bytes": sched.iterations() * x,
         "output_buffer_bytes": p.microbatches * x,
         "stage_activation_bytes_per_stage": result_bytes(stage, &stage.body) / local,

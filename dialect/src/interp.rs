@@ -19,8 +19,8 @@ use std::collections::HashMap;
 pub const POISON: f64 = f64::NAN;
 
 /// How one rank of a sharded program reaches the others: `exchange` sends to the next rank
-/// and returns what the previous one sent.
-pub type Exchange<'m> = Box<dyn FnMut(Tensor) -> Tensor + 'm>;
+/// and returns what the previous one sent, or an error if a neighbour is gone.
+pub type Exchange<'m> = Box<dyn FnMut(Tensor) -> Result<Tensor, String> + 'm>;
 
 /// An interpreter for one module and one seed (and one rank of a sharded module); caches
 /// materialized parameters.
@@ -208,7 +208,7 @@ impl<'m> Interp<'m> {
                 OpKind::Exchange { x } => {
                     let x = get(*x).clone();
                     vec![match &mut self.exchange {
-                        Some(exchange) => exchange(x),
+                        Some(exchange) => exchange(x)?,
                         None => x,
                     }]
                 }
@@ -279,12 +279,15 @@ pub fn shard(m: &Module, ty: &Type, rank: u64) -> Option<Shard> {
 }
 
 /// Runs a module sharded over `ranks` ranks, one thread per rank, `exchange` passing tensors
-/// around the ring, and returns the last rank's result (the rank that holds the last stage).
+/// around the ring, and returns the last rank's result (the rank that holds the last stage), or
+/// the error of the first rank that failed.
 pub fn forward_on_ranks(m: &Module, seed: u64, inputs: &Tensor) -> Result<Tensor, String> {
     use std::sync::mpsc::channel;
     let ranks = m.pipeline.ranks as usize;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..ranks).map(|_| channel::<Tensor>()).unzip();
-    std::thread::scope(|scope| {
+    const GONE: &str = "a neighbouring rank stopped";
+    let gone = |rank: usize| format!("rank {rank}: {GONE}");
+    let results: Vec<Result<Tensor, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = receivers
             .into_iter()
             .enumerate()
@@ -292,12 +295,8 @@ pub fn forward_on_ranks(m: &Module, seed: u64, inputs: &Tensor) -> Result<Tensor
                 let to_next = senders[(rank + 1) % ranks].clone();
                 scope.spawn(move || {
                     let exchange: Exchange = Box::new(move |x| {
-                        to_next
-                            .send(x)
-                            .expect("invariant: every rank runs the same loop");
-                        from_prev
-                            .recv()
-                            .expect("invariant: every rank runs the same loop")
+                        to_next.send(x).map_err(|_| gone(rank))?;
+                        from_prev.recv().map_err(|_| gone(rank))
                     });
                     Interp::on_rank(m, seed, rank as u64, exchange).forward(inputs)
                 })
@@ -305,12 +304,28 @@ pub fn forward_on_ranks(m: &Module, seed: u64, inputs: &Tensor) -> Result<Tensor
             .collect();
         // Only the ranks hold senders now: a rank that stops early ends its neighbours' waits.
         drop(senders);
-        let mut results: Vec<Result<Tensor, String>> = handles
+        handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
-            .collect();
-        results.pop().expect("invariant: at least one rank")
-    })
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join()
+                    .unwrap_or_else(|_| Err(format!("rank {rank} panicked")))
+            })
+            .collect()
+    });
+    // A rank's own error comes before the neighbours' reports of it having stopped.
+    let first_cause = results.iter().find_map(|r| {
+        r.as_ref()
+            .err()
+            .filter(|e| !e.contains("a neighbouring rank stopped"))
+    });
+    if let Some(e) = first_cause.or_else(|| results.iter().find_map(|r| r.as_ref().err())) {
+        return Err(e.clone());
+    }
+    results
+        .into_iter()
+        .last()
+        .expect("invariant: at least one rank")
 }
 
 /// `[M, ...input]` synthetic inputs for `seed`: microbatch `m` from the stream `("input", m)`.

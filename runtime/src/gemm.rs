@@ -1,9 +1,9 @@
 //! The GEMM that generated CPU code calls for f32 `matmul`: `C = A · B` over any batch axes,
-//! with NumPy broadcasting of the batch axes: the packing-free kernel of `small_m.rs` for the
+//! with NumPy broadcasting of the batch axes: the few-row kernel of `small_m.rs` for the
 //! few-row products of pipeline stages, `matrixmultiply`'s tuned kernels otherwise.
 //!
 //! It is called through MLIR's C interface with unranked memrefs (`memref<*xf32>`), so one
-//! symbol serves every rank. The summation order differs from the reference interpreter's
+//! symbol serves every tensor rank. The summation order differs from the reference interpreter's
 //! k-ordered loop, so results agree to rounding (relative 1e-5), not bit for bit.
 
 use crate::memref::Unranked;
@@ -232,7 +232,7 @@ fn entry(c: &View, flat: usize, batch: &[usize]) -> *mut f32 {
     c.base().wrapping_offset(oc)
 }
 
-/// Up to this many rows, the packing-free kernel of `small_m.rs` beats `matrixmultiply`.
+/// Up to this many rows, the few-row kernel of `small_m.rs` beats `matrixmultiply`.
 const SMALL_M: usize = 64;
 
 fn small_m_available() -> bool {

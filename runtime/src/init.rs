@@ -40,7 +40,13 @@ pub fn param(
 ) -> Tensor {
     let axes = match layers {
         Layers::One(_) => 0,
-        Layers::Stacked { axes, .. } => axes,
+        Layers::Stacked { axes, shard } => {
+            assert!(
+                shard.is_none_or(|s| s.axis < axes),
+                "invariant: a parameter is sharded along one of its layer axes"
+            );
+            axes
+        }
     };
     let layer_shape = &shape[..axes];
     let count: usize = layer_shape.iter().product();

@@ -137,7 +137,12 @@ impl Manifest {
                     m.repeats = num(w.next())?;
                     m.layers = num(w.next())?;
                 }
-                Some("ranks") => m.ranks = num(w.next())?.max(1),
+                Some("ranks") => {
+                    m.ranks = num(w.next())?;
+                    if m.ranks == 0 {
+                        return Err("a program needs at least one rank".into());
+                    }
+                }
                 Some("flops") => m.flops = num(w.next())?,
                 Some("arg") => {
                     let role = match w.next() {
@@ -170,8 +175,12 @@ impl Manifest {
                             return Err("expected layer_axes".into());
                         }
                         layer_axes = num(w.next())? as usize;
-                        if w.next() == Some("shard_axis") {
-                            shard_axis = Some(num(w.next())? as usize);
+                        match w.next() {
+                            Some("shard_axis") => shard_axis = Some(num(w.next())? as usize),
+                            None => {}
+                            Some(other) => {
+                                return Err(format!("unexpected `{other}` after layer_axes"))
+                            }
                         }
                     }
                     m.args.push(Arg {

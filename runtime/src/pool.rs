@@ -3,29 +3,34 @@
 //!
 //! A stage program calls a parallel GEMM twice per pipeline iteration, a few hundred microseconds
 //! apart. Putting threads to sleep between calls cost two context switches per call and left a
-//! third of the CPU idle (measured with `perf stat`), so threads spin for a while
-//! (`SPIN_ROUNDS`) before they sleep, as OpenMP runtimes do; indices are handed out one at a
-//! time from a shared counter, so a thread that starts late takes fewer.
+//! third of the CPU idle (measured with `perf stat`), so threads spin for a while (`SPIN`)
+//! before they sleep, as OpenMP runtimes do; indices are handed out one at a time from a shared
+//! counter, so a thread that starts late takes fewer.
 //!
-//! The number of threads is `PPC_NUM_THREADS` if set, else the machine's available
-//! parallelism; 1 runs everything on the calling thread.
+//! The number of threads is the one given to [`set_threads`], else `PPC_NUM_THREADS` if set,
+//! else the machine's available parallelism; 1 runs everything on the calling thread.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-/// Spin-loop rounds a thread waits for the next job before it sleeps (tens of microseconds).
-const SPIN_ROUNDS: u32 = 1 << 15;
+/// How long a thread waits for the next job, spinning, before it sleeps.
+const SPIN: Duration = Duration::from_micros(100);
 
 /// One `parallel_for` call: indices `0..n` of `task`.
 struct Work {
     task: Task,
     n: usize,
     next: AtomicUsize,
+    /// Indices whose call has returned or panicked.
     done: AtomicUsize,
+    panicked: AtomicBool,
 }
 
 impl Work {
-    /// Runs indices until none are left.
+    /// Runs indices until none are left. A panic is caught and counted, so that every index
+    /// reaches `done` and `parallel_for` can report it once no thread uses the closure.
     fn help(&self) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
@@ -34,10 +39,25 @@ impl Work {
             }
             // SAFETY: `parallel_for` does not return before `done` reaches `n`, and this index
             // counts only after the call, so the closure behind the pointer is alive.
-            unsafe { (*self.task.0)(i) };
+            let call = catch_unwind(AssertUnwindSafe(|| unsafe { (*self.task.0)(i) }));
+            if call.is_err() {
+                self.panicked.store(true, Ordering::Relaxed);
+            }
             self.done.fetch_add(1, Ordering::Release);
         }
     }
+}
+
+/// Spins until `ready()` or `SPIN` has passed; returns `ready()`.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while !ready() {
+        if start.elapsed() > SPIN {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+    true
 }
 
 struct Pool {
@@ -53,11 +73,7 @@ impl Pool {
     fn worker(&self) {
         let mut seen = 0;
         loop {
-            let mut spins = 0;
-            while self.epoch.load(Ordering::Acquire) == seen && spins < SPIN_ROUNDS {
-                std::hint::spin_loop();
-                spins += 1;
-            }
+            spin_until(|| self.epoch.load(Ordering::Acquire) != seen);
             let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
             if self.epoch.load(Ordering::Acquire) == seen {
                 self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -93,8 +109,19 @@ fn pool() -> &'static Pool {
     })
 }
 
+static CHOSEN: OnceLock<usize> = OnceLock::new();
+
+/// Fixes the number of threads (at least 1) before the first parallel call; later calls and
+/// calls after the pool started have no effect.
+pub fn set_threads(n: usize) {
+    let _ = CHOSEN.set(n.max(1));
+}
+
 /// Threads used by [`parallel_for`], the caller included.
 pub fn threads() -> usize {
+    if let Some(&n) = CHOSEN.get() {
+        return n;
+    }
     std::env::var("PPC_NUM_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -103,11 +130,16 @@ pub fn threads() -> usize {
 }
 
 /// Runs `f(i)` for every `i` in `0..n`, spread over the pool's threads; returns when all are
-/// done. `f` must be safe to call from several threads at once.
+/// done. `f` must be safe to call from several threads at once. If a call panics, the others
+/// still run, and then this panics.
 pub fn parallel_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let p = pool();
     if p.helpers == 0 || n <= 1 {
-        (0..n).for_each(f);
+        // Every index runs, as on the pool's threads, before a panic is passed on.
+        let failed = (0..n)
+            .filter(|&i| catch_unwind(AssertUnwindSafe(|| f(i))).is_err())
+            .count();
+        assert!(failed == 0, "a task of parallel_for panicked");
         return;
     }
     // Threads need a `'static` job; `f` lives until this function returns, which is after every
@@ -124,6 +156,7 @@ pub fn parallel_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
         n,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
+        panicked: AtomicBool::new(false),
     });
     {
         let mut current = p.current.lock().unwrap_or_else(|e| e.into_inner());
@@ -134,15 +167,16 @@ pub fn parallel_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
         p.wake.notify_all();
     }
     work.help();
-    let mut spins = 0u32;
-    while work.done.load(Ordering::Acquire) < n {
-        if spins < SPIN_ROUNDS {
-            std::hint::spin_loop();
-            spins += 1;
-        } else {
+    let finished = || work.done.load(Ordering::Acquire) == n;
+    if !spin_until(finished) {
+        while !finished() {
             std::thread::yield_now();
         }
     }
+    assert!(
+        !work.panicked.load(Ordering::Relaxed),
+        "a task of parallel_for panicked"
+    );
 }
 
 /// A closure pointer that may cross to a pool thread.
@@ -166,5 +200,24 @@ mod tests {
             });
         }
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 50));
+    }
+
+    #[test]
+    fn a_panicking_task_lets_the_others_finish_then_panics() {
+        let hits = AtomicUsize::new(0);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            parallel_for(20, &|i| {
+                hits.fetch_add(1, Ordering::Relaxed);
+                assert!(i != 7, "task 7 fails");
+            })
+        }));
+        assert!(result.is_err());
+        assert_eq!(hits.load(Ordering::Relaxed), 20);
+        // The pool still works afterwards.
+        let again = AtomicUsize::new(0);
+        parallel_for(5, &|_| {
+            again.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(again.load(Ordering::Relaxed), 5);
     }
 }

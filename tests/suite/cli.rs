@@ -132,14 +132,15 @@ fn programs_split_over_ranks_need_mpi_to_run() {
 #[test]
 fn report_counts_the_bubble_from_the_generated_loop() {
     let mlp = path("examples/mlp.ppc");
-    for (extra, s, m, r) in [
-        (&[][..], 4u64, 8u64, 1u64),
-        (&["--ranks", "2"][..], 4, 8, 1),
+    for (extra, s, m, r, ranks) in [
+        (&[][..], 4u64, 8u64, 1u64, 1u64),
+        (&["--ranks", "2"][..], 4, 8, 1, 2),
         (
             &["--repeats", "3", "--stages", "2", "--microbatches", "5"][..],
             2,
             5,
             3,
+            1,
         ),
     ] {
         let mut args = vec!["compile", mlp.as_str(), "--report=json"];
@@ -161,7 +162,8 @@ fn report_counts_the_bubble_from_the_generated_loop() {
             j["param_bytes_per_stage"],
             r * 4 * (256 * 1024 + 1024 + 1024 * 256)
         );
-        assert_eq!(j["state_buffer_bytes"], s * 16 * 256 * 4);
+        assert_eq!(j["ranks"], ranks);
+        assert_eq!(j["state_buffer_bytes_per_rank"], s / ranks * 16 * 256 * 4);
     }
 }
 

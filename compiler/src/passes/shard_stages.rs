@@ -52,7 +52,7 @@ pub fn shard_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> 
                 }
                 Some(names::STAGES_PER_RANK) => {
                     return Err(vec![Diagnostic::plain(
-                        "`@stage` is already sharded: `shard-stages` has run",
+                        "`@stage` already has a `stages_per_rank` axis: `shard-stages` has run, or the model uses that name, which is reserved for it",
                     )])
                 }
                 _ => {}

@@ -107,7 +107,8 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
             return 1;
         }
     };
-    let Some(universe) = mpi::initialize() else {
+    // The runtime's pool threads exist beside MPI, but only this thread calls it: "funneled".
+    let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
         say(&format!("{prog}: error: MPI is already initialized"));
         return 1;
     };
@@ -155,7 +156,7 @@ fn run(prog: &str, manifest: Manifest, opts: &RunOptions) -> c_int {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(size);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::env::set_var("PPC_NUM_THREADS", (cores / local.max(1)).max(1).to_string());
+        ppc_runtime::pool::set_threads(cores / local.max(1));
     }
     let entry: PackedFn = _mlir__mlir_ciface_ppc_forward;
     // SAFETY: the object that defines the entry was compiled together with this manifest.

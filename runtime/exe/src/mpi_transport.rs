@@ -13,9 +13,9 @@ pub struct Mpi {
     size: usize,
 }
 
-// SAFETY: MPI is initialized with the default (single-threaded) level and only the main thread
-// calls the transport: generated code runs exchanges on the thread that called it, and the
-// runtime's pool threads only multiply matrices.
+// SAFETY: MPI is initialized at the "funneled" level and only the main thread calls the
+// transport: generated code runs exchanges on the thread that called it, and the runtime's pool
+// threads only multiply matrices.
 unsafe impl Send for Mpi {}
 unsafe impl Sync for Mpi {}
 
