@@ -268,16 +268,7 @@ impl ModuleBuilder<'_> {
                 .map(|(_, v, s)| (*v, *s)))
         };
         for (name, _, span) in &self.pipeline {
-            if ![
-                "stages",
-                "layers",
-                "layers_per_stage",
-                "microbatches",
-                "repeats",
-                "ranks",
-            ]
-            .contains(&name.as_str())
-            {
+            if !SETTINGS.contains(&name.as_str()) {
                 return Err(Diagnostic::error(format!("unknown pipeline setting `{name}`"), *span, "unknown")
                     .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches`, `repeats` and `ranks`"));
             }
@@ -468,15 +459,18 @@ impl ModuleBuilder<'_> {
     }
 }
 
+/// The settings a `pipeline` block may give.
+const SETTINGS: [&str; 6] = [
+    "stages",
+    "layers",
+    "layers_per_stage",
+    "microbatches",
+    "repeats",
+    "ranks",
+];
+
+/// Names that shapes may use for pipeline settings (and the per-rank stage axis of sharded
+/// programs), so they cannot be declared as dimensions.
 pub(super) fn is_pipeline_name(s: &str) -> bool {
-    [
-        "stages",
-        "layers",
-        "layers_per_stage",
-        "microbatches",
-        "repeats",
-        "ranks",
-        crate::ir::names::STAGES_PER_RANK,
-    ]
-    .contains(&s)
+    SETTINGS.contains(&s) || s == crate::ir::names::STAGES_PER_RANK
 }
