@@ -4,12 +4,13 @@
 set -euo pipefail
 
 # LLVM/MLIR 22 for the MLIR lowering (melior / mlir-sys 220) and what they link against
-# (tblgen links Polly); MPICH for executables run under mpirun (the `mpi` crate builds against
+# (tblgen links Polly), with LLVM's opt and llc, which compile executables for --target-cpu;
+# binutils' objdump, with which the tests look for AVX-512 in baseline executables; MPICH for executables run under mpirun (the `mpi` crate builds against
 # mpicc.mpich, executables link libmpich, tests launch mpirun.mpich).
 PACKAGES=(
-  llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
+  llvm-22 llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
   libzstd-dev libz3-dev libxml2-dev
-  mpich libmpich-dev
+  mpich libmpich-dev binutils
 )
 
 missing=()

@@ -1,9 +1,12 @@
-//! The CPU backend: lower the pipelined module through MLIR, then JIT it for `ppc run` or link
-//! it with the runtime into a standalone executable for `ppc compile -o`.
+//! The CPU backend: lower the pipelined module through MLIR, then JIT it for `ppc run` (this
+//! CPU), or compile it for the `--target-cpu` and link it with the runtime into a standalone
+//! executable for `ppc compile -o`.
 
+use crate::lower::machine::{self, Output};
 use crate::lower::{self, mlir, Gemm, Lowered};
 use ppc_dialect::{Diagnostic, Diagnostics, Module};
 use ppc_runtime::files::write_atomic;
+use ppc_runtime::manifest::Target;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -13,19 +16,25 @@ pub struct Source<'a> {
     pub text: &'a str,
 }
 
-pub fn lower(
+fn lower(
     m: &Module,
     src: &Source,
     gemm: Gemm,
+    target: Option<&Target>,
     executable: bool,
 ) -> Result<Lowered, Diagnostics> {
-    lower::lower(m, &lower::Options { gemm, executable }, src.file, src.text).map_err(|d| vec![d])
+    let opts = lower::Options {
+        gemm,
+        executable,
+        target: target.cloned(),
+    };
+    lower::lower(m, &opts, src.file, src.text).map_err(|d| vec![d])
 }
 
 /// The MLIR module (`--emit=mlir`), verified by MLIR, with its model-file locations.
 pub fn emit_mlir(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnostics> {
     use melior::ir::operation::{OperationLike, OperationPrintingFlags};
-    let l = lower(m, src, gemm, false)?;
+    let l = lower(m, src, gemm, None, false)?;
     let ctx = mlir::context();
     let module = mlir::parse(&ctx, &l.mlir, src.text)?;
     let flags = OperationPrintingFlags::new().enable_debug_info(true, false);
@@ -37,7 +46,7 @@ pub fn emit_mlir(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnos
 
 /// The LLVM dialect after the CPU pipeline (`--emit=llvm`).
 pub fn emit_llvm(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnostics> {
-    let l = lower(m, src, gemm, false)?;
+    let l = lower(m, src, gemm, None, false)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
@@ -51,11 +60,71 @@ pub fn jit(
     gemm: Gemm,
     opt_level: usize,
 ) -> Result<mlir::Jit, Diagnostics> {
-    let l = lower(m, src, gemm, false)?;
+    let l = lower(m, src, gemm, None, false)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
     mlir::jit(&module, l.manifest, opt_level)
+}
+
+/// The machine code of the pipeline for `target`, as assembly text (`--emit=asm`).
+pub fn emit_asm(
+    m: &Module,
+    src: &Source,
+    gemm: Gemm,
+    target: &Target,
+    opt_level: usize,
+) -> Result<String, Diagnostics> {
+    let dir = TempDir::new()?;
+    let asm = dir.0.join("model.s");
+    machine_code(
+        m,
+        src,
+        gemm,
+        target,
+        opt_level,
+        false,
+        Output::Assembly,
+        &dir,
+        &asm,
+    )?;
+    std::fs::read_to_string(&asm).map_err(|e| {
+        vec![Diagnostic::plain(format!(
+            "cannot read {}: {e}",
+            asm.display()
+        ))]
+    })
+}
+
+/// Lowers, translates to LLVM IR and compiles it for `target` into `out`.
+#[allow(clippy::too_many_arguments)]
+fn machine_code(
+    m: &Module,
+    src: &Source,
+    gemm: Gemm,
+    target: &Target,
+    opt_level: usize,
+    executable: bool,
+    kind: Output,
+    dir: &TempDir,
+    out: &Path,
+) -> Result<(), Diagnostics> {
+    let l = lower(m, src, gemm, Some(target), executable)?;
+    let ctx = mlir::context();
+    let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
+    mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
+    let mut text = mlir::llvm_ir(&ctx, &module, src.text)?;
+    if executable {
+        text.push_str(&lower::packed_entry(&l.manifest));
+    }
+    let ir = dir.0.join("model.ll");
+    std::fs::write(&ir, text).map_err(|e| {
+        vec![Diagnostic::plain(format!(
+            "cannot write {}: {e}",
+            ir.display()
+        ))]
+    })?;
+    machine::compile(&ir, target, opt_level, kind, out)
 }
 
 /// The runtime library executables link: `$PPC_EXE_LIB`, or `libppc_exe.a` beside the `ppc`
@@ -73,24 +142,32 @@ pub fn runtime_library() -> Result<PathBuf, Diagnostic> {
     })
 }
 
-/// Builds a standalone executable at `out`: object code from MLIR, linked with the runtime by
-/// the system C compiler. The file appears only when the link succeeded.
+/// Builds a standalone executable at `out` for `target`: object code from MLIR through LLVM,
+/// linked with the runtime by the system C compiler. The file appears only when the link
+/// succeeded.
 pub fn executable(
     m: &Module,
     src: &Source,
     gemm: Gemm,
+    target: &Target,
     opt_level: usize,
     out: &Path,
 ) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
-    let l = lower(m, src, gemm, true)?;
-    let ctx = mlir::context();
-    let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
-    mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
-    let dir = tempdir()?;
-    let obj = dir.join("model.o");
-    mlir::object_file(&module, opt_level, &obj.display().to_string())?;
-    let linked = dir.join("model");
+    let dir = TempDir::new()?;
+    let obj = dir.0.join("model.o");
+    machine_code(
+        m,
+        src,
+        gemm,
+        target,
+        opt_level,
+        true,
+        Output::Object,
+        &dir,
+        &obj,
+    )?;
+    let linked = dir.0.join("model");
     let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .arg(&obj)
         .arg(&lib)
@@ -132,27 +209,35 @@ pub fn executable(
             "cannot make {} executable: {e}",
             out.display()
         ))]
-    })?;
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(())
+    })
 }
 
-fn tempdir() -> Result<PathBuf, Diagnostics> {
-    let d = std::env::temp_dir().join(format!(
-        "ppc-build-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|t| t.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&d).map_err(|e| {
-        vec![Diagnostic::plain(format!(
-            "cannot create {}: {e}",
-            d.display()
-        ))]
-    })?;
-    Ok(d)
+/// A scratch directory, removed with everything in it when dropped (also on errors).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir, Diagnostics> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "ppc-build-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&d).map_err(|e| {
+            vec![Diagnostic::plain(format!(
+                "cannot create {}: {e}",
+                d.display()
+            ))]
+        })?;
+        Ok(TempDir(d))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn set_executable(p: &Path) -> std::io::Result<()> {

@@ -7,6 +7,7 @@ use crate::lower::Gemm;
 use crate::passes;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ppc_dialect::{DType, Overrides};
+use ppc_runtime::manifest::Target;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -21,6 +22,7 @@ use std::path::PathBuf;
                   checks or explains the result.\n\n\
                   Typical use:\n  ppc check examples/mlp.ppc\n  ppc run examples/mlp.ppc\n  \
                   ppc compile examples/mlp.ppc -o mlp && ./mlp --bench 20\n  \
+                  ppc compile examples/mlp.ppc --target-cpu x86-64-v4 -o mlp   (for AVX-512 nodes)\n  \
                   ppc compile examples/mlp.ppc --ranks 2 -o mlp2 && mpirun.mpich -n 2 ./mlp2\n  \
                   ppc compile examples/mlp.ppc --emit=gpipe-loop\n  \
                   ppc verify examples/mlp.ppc --repeats 2 --poison-bubbles\n  \
@@ -62,10 +64,19 @@ pub enum Command {
     Compile {
         #[command(flatten)]
         model: ModelArgs,
-        /// Print the IR after this pass, or `mlir` (the lowered MLIR module) or `llvm` (the LLVM
-        /// dialect after the CPU pipeline). Default: after the last pass.
+        /// Print the IR after this pass, or `mlir` (the lowered MLIR module), `llvm` (the LLVM
+        /// dialect after the CPU pipeline) or `asm` (the machine code for --target-cpu).
+        /// Default: after the last pass.
         #[arg(long, value_parser = emit_name)]
         emit: Option<String>,
+        /// The CPU the executable's generated code is compiled for: x86-64-v3 (AVX2, FMA; the
+        /// default, every x86-64 server since 2015), x86-64-v4 (AVX-512), x86-64-v2, x86-64, or
+        /// native (this machine: its every feature becomes a requirement). Build for the oldest
+        /// CPU among the nodes that will run it; the runtime's GEMMs use AVX-512 at run time
+        /// wherever a node has it. The executable checks its CPU at start and names what is
+        /// missing instead of crashing.
+        #[arg(long, value_name = "CPU", default_value = crate::target::DEFAULT_CPU, value_parser = target_cpu)]
+        target_cpu: Target,
         /// Write a standalone executable here (needs only libc and libmpich at run time; try
         /// `PATH --help`).
         #[arg(short, long, value_name = "PATH")]
@@ -227,16 +238,20 @@ fn dim_override(s: &str) -> Result<(String, u64), String> {
 }
 
 fn emit_name(s: &str) -> Result<String, String> {
-    if s == "mlir" || s == "llvm" {
+    if matches!(s, "mlir" | "llvm" | "asm") {
         return Ok(s.to_string());
     }
     passes::find(s).map(|p| p.name.to_string()).ok_or_else(|| {
         let names: Vec<&str> = passes::PASSES.iter().map(|p| p.name).collect();
         format!(
-            "unknown pass `{s}`; passes: {}, then mlir and llvm",
+            "unknown pass `{s}`; passes: {}, then mlir, llvm and asm",
             names.join(", ")
         )
     })
+}
+
+fn target_cpu(s: &str) -> Result<Target, String> {
+    crate::target::resolve(s)
 }
 
 fn float_dtype(s: &str) -> Result<DType, String> {

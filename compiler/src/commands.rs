@@ -154,12 +154,13 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             report: fmt,
             pass,
             codegen,
+            target_cpu: target,
         } => {
             let mut l = load(&model)?;
             let opts = Options {
                 poison_bubbles: pass.poison_bubbles,
             };
-            let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm"))
+            let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm" | "asm"))
                 || output.is_some()
                 || fmt.is_some();
             l.compile(
@@ -170,7 +171,8 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let gemm: Gemm = codegen.gemm.into();
             if let Some(path) = &output {
                 let t = Instant::now();
-                backend::executable(&l.module, &l.source(), gemm, codegen.opt_level.into(), path)
+                let opt = codegen.opt_level.into();
+                backend::executable(&l.module, &l.source(), gemm, &target, opt, path)
                     .map_err(|d| l.fail(&d))?;
                 writeln!(
                     err,
@@ -187,6 +189,11 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 }
                 (None, Some("llvm")) => {
                     backend::emit_llvm(&l.module, &l.source(), gemm).map_err(|d| l.fail(&d))?
+                }
+                (None, Some("asm")) => {
+                    let opt = codegen.opt_level.into();
+                    backend::emit_asm(&l.module, &l.source(), gemm, &target, opt)
+                        .map_err(|d| l.fail(&d))?
                 }
                 (None, _) if output.is_none() => print(&l.module),
                 (None, _) => String::new(),

@@ -15,3 +15,4 @@ pub mod passes;
 pub mod pipeline;
 pub mod report;
 pub mod schedule;
+pub mod target;

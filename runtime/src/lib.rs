@@ -9,6 +9,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod comm;
+pub mod cpu;
 pub mod exec;
 pub mod files;
 pub mod gemm;

@@ -7,12 +7,14 @@
 //! pipeline 4 8 1 4
 //! ranks 2
 //! flops 1073741824
+//! target x86-64-v3 sse,sse2,fxsr,cmpxchg16b,popcnt,sse3,ssse3,sse4.1,sse4.2,avx,avx2,...
 //! arg input x f32 8,16,256
 //! arg param w1 f32 2,256,1024 normal 0.0625 layer_axes 1 shard_axis 0
 //! arg output y f32 8,16,256
 //! ```
 //! `pipeline` is stages, microbatches, repeats, layers; `ranks` the processes the stage axis is
-//! split over (1 when absent). A parameter's `shard_axis` holds this rank's slice of the stage
+//! split over (1 when absent); `target` the CPU the code was compiled for and the features it needs
+//! (absent for the JIT, which compiles for the CPU it runs on). A parameter's `shard_axis` holds this rank's slice of the stage
 //! axis. Arguments are listed in the order the entry function takes them.
 
 use crate::rng::Init;
@@ -49,7 +51,17 @@ pub struct Manifest {
     pub ranks: u64,
     /// Floating-point operations of one forward step of the sequential model (no bubbles).
     pub flops: u64,
+    pub target: Option<Target>,
     pub args: Vec<Arg>,
+}
+
+/// The CPU generated code was compiled for (`ppc compile --target-cpu`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// The name given to `--target-cpu`, as the user wrote it (`x86-64-v3`, `native`).
+    pub cpu: String,
+    /// Instruction-set features the code may use ([`crate::cpu::KNOWN`] names).
+    pub features: Vec<String>,
 }
 
 impl Manifest {
@@ -79,6 +91,9 @@ impl Manifest {
             let _ = writeln!(s, "ranks {}", self.ranks);
         }
         let _ = writeln!(s, "flops {}", self.flops);
+        if let Some(t) = &self.target {
+            let _ = writeln!(s, "target {} {}", t.cpu, t.features.join(","));
+        }
         for a in &self.args {
             let role = match a.role {
                 Role::Input => "input",
@@ -117,6 +132,7 @@ impl Manifest {
             layers: 0,
             ranks: 1,
             flops: 0,
+            target: None,
             args: vec![],
         };
         let num = |w: Option<&str>| -> Result<u64, String> {
@@ -144,6 +160,21 @@ impl Manifest {
                     }
                 }
                 Some("flops") => m.flops = num(w.next())?,
+                Some("target") => {
+                    let cpu = w
+                        .next()
+                        .filter(|c| !c.is_empty())
+                        .ok_or("target without a CPU")?;
+                    let features = w.next().unwrap_or_default();
+                    m.target = Some(Target {
+                        cpu: cpu.to_string(),
+                        features: features
+                            .split(',')
+                            .filter(|f| !f.is_empty())
+                            .map(str::to_string)
+                            .collect(),
+                    });
+                }
                 Some("arg") => {
                     let role = match w.next() {
                         Some("input") => Role::Input,
@@ -220,6 +251,10 @@ mod tests {
             layers: 8,
             ranks: 2,
             flops: 123,
+            target: Some(Target {
+                cpu: "x86-64-v3".into(),
+                features: vec!["avx2".into(), "fma".into()],
+            }),
             args: vec![
                 Arg {
                     role: Role::Input,

@@ -105,14 +105,7 @@ unsafe fn rows<const R: usize>(
 
 /// Whether [`sgemm`] can run on this CPU.
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::cpu::has("avx512f")
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

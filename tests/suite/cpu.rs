@@ -14,7 +14,7 @@ fn json_last_line(out: &str) -> serde_json::Value {
     serde_json::from_str(out.lines().last().expect("some output")).expect("the last line is JSON")
 }
 
-fn small_dims(file: &str) -> Vec<&'static str> {
+pub(crate) fn small_dims(file: &str) -> Vec<&'static str> {
     let mut v = vec!["--dim", "b=2"];
     if file.ends_with("transformer.ppc") {
         v.extend(["--dim", "t=4"]);
@@ -105,14 +105,14 @@ fn every_example_runs_on_the_cpu_and_matches_the_interpreter() {
 }
 
 /// A scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ppc-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
 }
 
 /// Builds an executable of `model` (small dims) with the given extra compile flags.
-fn build(model: &str, dir: &std::path::Path, extra: &[&str]) -> PathBuf {
+pub(crate) fn build(model: &str, dir: &std::path::Path, extra: &[&str]) -> PathBuf {
     let exe = dir.join("model");
     let file = path(model);
     let mut args = vec!["compile", file.as_str(), "-o"];
@@ -126,7 +126,7 @@ fn build(model: &str, dir: &std::path::Path, extra: &[&str]) -> PathBuf {
     exe
 }
 
-fn run(exe: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+pub(crate) fn run(exe: &std::path::Path, args: &[&str]) -> (i32, String, String) {
     let o = Command::new(exe)
         .args(args)
         .output()

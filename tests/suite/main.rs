@@ -9,6 +9,7 @@ mod errors;
 mod interp_ops;
 mod mpirun;
 mod passes;
+mod portable;
 mod properties;
 mod robustness;
 mod roundtrip;

@@ -1,9 +1,10 @@
 //! Everything that touches MLIR (through melior): parsing and verifying the lowered module with
-//! MLIR diagnostics mapped back to the model file, the CPU pass pipeline, the JIT, and object
-//! files for executables.
+//! MLIR diagnostics mapped back to the model file, the CPU pass pipeline, the JIT, and the LLVM
+//! IR that executables are compiled from (`machine.rs`).
 //!
 //! This is the one module of the compiler allowed `unsafe`: registering runtime symbols with
-//! the JIT and calling the code it produced.
+//! the JIT, calling the code it produced, translating to LLVM IR through MLIR's C API, and
+//! catching what LLVM prints on the standard error while it JIT-compiles.
 #![allow(unsafe_code)]
 
 use super::emit::Lines;
@@ -25,7 +26,13 @@ use std::rc::Rc;
 use std::sync::Once;
 
 /// The CPU pipeline: loops from linalg, control flow, libm calls for math, then LLVM.
-pub const CPU_PIPELINE: &str = "builtin.module(convert-linalg-to-loops,lower-affine,convert-scf-to-cf,convert-math-to-libm,\
+///
+/// `arith-expand{include-bf16}` turns f32↔bf16 conversions into integer arithmetic (round to
+/// nearest even, NaN to the quiet NaN `0x7fc0`), so they neither need an AVX-512 BF16
+/// instruction nor the `__truncsfbf2` that libgcc before 13 lacks, and round alike on every
+/// CPU. f16 conversions are F16C instructions (every x86-64-v3 CPU) or libgcc's
+/// `__truncsfhf2`/`__extendhfsf2` (libgcc 12 and later) below it: both IEEE round to nearest even.
+pub const CPU_PIPELINE: &str = "builtin.module(convert-linalg-to-loops,arith-expand{include-bf16=true},lower-affine,convert-scf-to-cf,convert-math-to-libm,\
 expand-strided-metadata,lower-affine,finalize-memref-to-llvm,convert-to-llvm,reconcile-unrealized-casts)";
 
 /// An MLIR context with every dialect, pass and LLVM translation registered.
@@ -138,16 +145,30 @@ pub struct Jit {
     _engine: ExecutionEngine,
 }
 
-/// JIT-compiles a module lowered to LLVM at `opt_level` (0–3).
+/// JIT-compiles a module lowered to LLVM at `opt_level` (0–3), for this CPU.
 pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit, Diagnostics> {
-    let engine = ExecutionEngine::new(module, opt_level, &[], false, false);
-    // SAFETY: the lowered module declares the runtime's functions with their signatures.
-    unsafe { register_runtime(&engine) };
-    let ptr = engine.lookup(&format!("_mlir__mlir_ciface_{ENTRY}"));
+    // The engine compiles lazily, at the first lookup; LLVM reports what goes wrong there (a
+    // symbol nothing defines, say) on the standard error only.
+    let ((engine, ptr), said) = capture_stderr(|| {
+        let engine = ExecutionEngine::new(module, opt_level, &[], false, false);
+        // SAFETY: the lowered module declares the runtime's functions with their signatures.
+        unsafe { register_runtime(&engine) };
+        let ptr = engine.lookup(&format!("_mlir__mlir_ciface_{ENTRY}"));
+        (engine, ptr)
+    });
     if ptr.is_null() {
-        return Err(vec![Diagnostic::plain(
-            "the JIT did not produce the entry point",
-        )]);
+        let why = if said.trim().is_empty() {
+            "LLVM gave no reason".to_string()
+        } else {
+            said.trim_end().to_string()
+        };
+        return Err(vec![Diagnostic::plain(format!(
+            "the JIT could not compile the program:\n{why}"
+        ))]);
+    }
+    if !said.trim().is_empty() {
+        // Warnings from LLVM: not ours to hide.
+        eprint!("{said}");
     }
     // SAFETY: `ptr` is the packed wrapper MLIR generates for the C interface of `ENTRY`, whose
     // arguments are the manifest's, in order (both come from the same `lower` call).
@@ -161,6 +182,82 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
     })
 }
 
+/// Runs `f` with the process's standard error (file descriptor 2) going to a temporary file;
+/// returns what was written there. One capture at a time: the descriptor is process-wide.
+fn capture_stderr<T>(f: impl FnOnce() -> T) -> (T, String) {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    use std::sync::Mutex;
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    extern "C" {
+        fn dup(fd: i32) -> i32;
+        fn dup2(from: i32, to: i32) -> i32;
+        fn close(fd: i32) -> i32;
+    }
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Ok(mut file) = tempfile() else {
+        return (f(), String::new());
+    };
+    let _ = std::io::stderr().flush();
+    // SAFETY: plain descriptor calls on 2 and on descriptors this function owns; fd 2 is
+    // restored before returning, and the saved copy closed.
+    let saved = unsafe { dup(2) };
+    if saved < 0 || unsafe { dup2(file.as_raw_fd(), 2) } < 0 {
+        return (f(), String::new());
+    }
+    let result = f();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `saved` is the descriptor `dup` returned above.
+    unsafe {
+        dup2(saved, 2);
+        close(saved);
+    }
+    let mut said = String::new();
+    let _ = file.rewind();
+    let _ = file.read_to_string(&mut said);
+    (result, said)
+}
+
+/// An anonymous file in the temporary directory (removed as soon as it is open).
+fn tempfile() -> std::io::Result<std::fs::File> {
+    let path = std::env::temp_dir().join(format!(
+        "ppc-stderr-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
+/// The LLVM IR of a module lowered to the LLVM dialect, as text.
+pub fn llvm_ir(ctx: &Context, module: &Module, source: &str) -> Result<String, Diagnostics> {
+    use std::ffi::CStr;
+    let diags = Collector::attach(ctx);
+    // SAFETY: the LLVM context and module are created, used and disposed of here, in order;
+    // the printed string is copied before LLVM frees it.
+    unsafe {
+        let llvm = mlir_sys::LLVMContextCreate();
+        let translated =
+            mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm);
+        if translated.is_null() {
+            mlir_sys::LLVMContextDispose(llvm);
+            return Err(diags.take(source, "MLIR could not translate the module to LLVM IR"));
+        }
+        let printed = mlir_sys::LLVMPrintModuleToString(translated);
+        let text = CStr::from_ptr(printed).to_string_lossy().into_owned();
+        mlir_sys::LLVMDisposeMessage(printed);
+        mlir_sys::LLVMDisposeModule(translated);
+        mlir_sys::LLVMContextDispose(llvm);
+        Ok(text)
+    }
+}
+
 /// Makes the runtime functions generated code calls visible to `engine`.
 ///
 /// # Safety
@@ -171,37 +268,4 @@ unsafe fn register_runtime(engine: &ExecutionEngine) {
         // SAFETY: each is an `extern "C"` function of the runtime with its C-interface signature.
         unsafe { engine.register_symbol(name, ptr) };
     }
-}
-
-/// Stands in for `ppc_main` while generating an executable's object code.
-extern "C" fn placeholder() -> i32 {
-    1
-}
-
-/// Compiles a module lowered to LLVM into an object file at `path`.
-pub fn object_file(module: &Module, opt_level: usize, path: &str) -> Result<(), Diagnostics> {
-    let engine = ExecutionEngine::new(module, opt_level, &[], true, true);
-    // Generating the object links it in-process too; the symbols the executable gets from the
-    // runtime library must resolve here, though this copy of the code never runs.
-    // SAFETY: the addresses are valid functions and are never called through the engine.
-    unsafe {
-        register_runtime(&engine);
-        engine.register_symbol("ppc_main", placeholder as *mut ());
-    }
-    // Looking up a symbol makes the engine generate the code it then dumps.
-    if engine
-        .lookup(&format!("_mlir__mlir_ciface_{ENTRY}"))
-        .is_null()
-    {
-        return Err(vec![Diagnostic::plain(
-            "code generation produced no entry point",
-        )]);
-    }
-    engine.dump_to_object_file(path);
-    if !std::path::Path::new(path).exists() {
-        return Err(vec![Diagnostic::plain(format!(
-            "could not write the object file {path}"
-        ))]);
-    }
-    Ok(())
 }

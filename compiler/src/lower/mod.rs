@@ -13,6 +13,7 @@
 //! ```
 
 pub mod emit;
+pub mod machine;
 pub mod mlir;
 mod ops;
 
@@ -39,6 +40,8 @@ pub struct Options {
     pub gemm: Gemm,
     /// Also emit `main` (calling the runtime's `ppc_main`) for a standalone executable.
     pub executable: bool,
+    /// The CPU the code is compiled for, recorded in the manifest; `None`: this one (the JIT).
+    pub target: Option<ppc_runtime::manifest::Target>,
 }
 
 /// The MLIR module text and the manifest of its entry.
@@ -97,6 +100,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         layers: p.layers,
         ranks: p.ranks,
         flops: model_flops(m),
+        target: opts.target.clone(),
         args,
     };
 
@@ -128,6 +132,23 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         mlir: out,
         manifest,
     })
+}
+
+/// LLVM IR of `_mlir__mlir_ciface_ENTRY(void **args)`: the packed entry the runtime calls,
+/// forwarding `*args[i]` as argument `i` of the C interface. MLIR's JIT makes it for itself;
+/// executables get this one, appended to the module's LLVM IR.
+pub fn packed_entry(manifest: &Manifest) -> String {
+    let n = manifest.args.len();
+    let mut s = format!("\ndefine void @_mlir__mlir_ciface_{ENTRY}(ptr %args) {{\n");
+    for i in 0..n {
+        let _ = writeln!(s, "  %slot{i} = getelementptr ptr, ptr %args, i64 {i}");
+        let _ = writeln!(s, "  %arg{i} = load ptr, ptr %slot{i}");
+        let _ = writeln!(s, "  %desc{i} = load ptr, ptr %arg{i}");
+    }
+    let call: Vec<String> = (0..n).map(|i| format!("ptr %desc{i}")).collect();
+    let _ = writeln!(s, "  call void @_mlir_ciface_{ENTRY}({})", call.join(", "));
+    s.push_str("  ret void\n}\n");
+    s
 }
 
 fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) -> Arg {

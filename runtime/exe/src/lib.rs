@@ -35,8 +35,13 @@ the last rank prints the summary and writes the output.
                  time, throughput, and per rank compute, exchange wait and measured bubble
   --help         print this and exit
 
+Every rank checks at start that its CPU has the instruction-set features the code was compiled
+for (ppc compile --target-cpu) and ends the job with the names of the missing ones otherwise.
+
 Environment: PPC_NUM_THREADS (threads per rank; default: cores / ranks on this node),
-PPC_FAULT_RANK=r (testing: rank r dies at start, to check that the job ends)";
+PPC_CPU_DISABLE=avx512f,... (treat these CPU features as absent: the runtime's kernels take
+their portable paths and the start-up check applies), PPC_FAULT_RANK=r (testing: rank r dies
+at start, to check that the job ends)";
 
 fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
     let mut o = RunOptions {
@@ -127,6 +132,14 @@ fn run(prog: &str, manifest: Manifest, opts: &RunOptions) -> c_int {
     } else {
         prog.to_string()
     };
+    if let Some(Err(e)) = manifest.target.as_ref().map(ppc_runtime::cpu::check) {
+        // Before any generated code runs: it may hold instructions this CPU would trap on.
+        say(&format!("{who}: error: {e}"));
+        if size > 1 {
+            abort_job(t);
+        }
+        return 1;
+    }
     if manifest.ranks as usize != size {
         let r = manifest.ranks;
         say(&format!(

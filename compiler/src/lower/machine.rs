@@ -1,0 +1,72 @@
+//! Machine code for a named CPU: LLVM IR through LLVM's own `opt` (the optimization pipeline)
+//! and `llc` (instruction selection for `-mcpu`), from the LLVM that ppc was built against.
+//!
+//! The JIT compiles for the CPU it runs on; executables must not, since they run on other
+//! nodes. What the tools print on failure becomes the diagnostic.
+
+use ppc_dialect::{Diagnostic, Diagnostics};
+use ppc_runtime::manifest::Target;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What `llc` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Object,
+    Assembly,
+}
+
+/// Where the LLVM tools are: `$PPC_LLVM_BIN`, else the `bin/` of the LLVM ppc was built with.
+fn tool(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PPC_LLVM_BIN").map_or_else(
+        || {
+            let prefix = option_env!("MLIR_SYS_220_PREFIX").unwrap_or("/usr/lib/llvm-22");
+            Path::new(prefix).join("bin")
+        },
+        PathBuf::from,
+    );
+    dir.join(name)
+}
+
+/// Compiles the LLVM IR file `ir` for `target` at `opt_level` into `out`.
+pub fn compile(
+    ir: &Path,
+    target: &Target,
+    opt_level: usize,
+    kind: Output,
+    out: &Path,
+) -> Result<(), Diagnostics> {
+    let o = format!("-O{opt_level}");
+    let mcpu = format!("-mcpu={}", target.cpu);
+    let optimized = out.with_extension("opt.bc");
+    run(Command::new(tool("opt"))
+        .args([o.as_str(), mcpu.as_str()])
+        .arg(ir)
+        .arg("-o")
+        .arg(&optimized))?;
+    let filetype = match kind {
+        Output::Object => "-filetype=obj",
+        Output::Assembly => "-filetype=asm",
+    };
+    run(Command::new(tool("llc"))
+        .args([o.as_str(), mcpu.as_str(), "-relocation-model=pic", filetype])
+        .arg(&optimized)
+        .arg("-o")
+        .arg(out))
+}
+
+fn run(cmd: &mut Command) -> Result<(), Diagnostics> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let output = cmd.output().map_err(|e| {
+        vec![Diagnostic::plain(format!("cannot run {program}: {e}"))
+            .with_note("ppc needs LLVM 22's opt and llc (Debian package llvm-22); set PPC_LLVM_BIN to the folder that holds them")]
+    })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(vec![Diagnostic::plain(format!(
+        "{program} failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim_end()
+    ))])
+}

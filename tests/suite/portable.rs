@@ -1,0 +1,281 @@
+//! Portability: executables built for the x86-64-v3 baseline hold no AVX-512 outside the
+//! runtime's run-time-dispatched kernels and compute bit for bit what the interpreter does,
+//! bf16 and f16 included, whatever CPU runs the tests; the portable GEMM path (AVX-512 hidden
+//! with `PPC_CPU_DISABLE`) stays within tolerance; a CPU that lacks a feature the code was
+//! compiled for gets a message naming it, on every rank.
+
+use crate::common::{load, path, ppc};
+use crate::cpu::{build, run, scratch, small_dims};
+use ppc_dialect::interp::Interp;
+use ppc_dialect::{DType, Overrides};
+use ppc_runtime::safetensors;
+use std::path::Path;
+use std::process::Command;
+
+/// The interpreter's pipelined output for `model` with small dims, `dtype` and `seed`.
+fn interpreted(model: &str, dtype: DType, seed: u64) -> ppc_runtime::Tensor {
+    let text = std::fs::read_to_string(path(model)).expect("model");
+    let mut ov = Overrides::default();
+    for pair in small_dims(model).chunks(2) {
+        let (k, v) = pair[1].split_once('=').expect("N=V");
+        ov.dims.push((k.into(), v.parse().expect("number")));
+    }
+    ov.float_dtype = (dtype != DType::F32).then_some(dtype);
+    let mut m = load(&text, &ov);
+    ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None).expect("compiles");
+    let mut interp = Interp::new(&m, seed);
+    let inputs = interp.synthetic_inputs();
+    interp.forward(&inputs).expect("interp")
+}
+
+/// The line of the manifest embedded in `exe` that starts with `key`.
+fn manifest_line(exe: &Path, key: &str) -> String {
+    let bytes = std::fs::read(exe).expect("executable");
+    let text = String::from_utf8_lossy(&bytes);
+    let start = text.find("ppc-manifest 1\n").expect("an embedded manifest");
+    let manifest = &text[start..];
+    let end = manifest.find('\0').expect("NUL-terminated");
+    manifest[..end]
+        .lines()
+        .find(|l| l.starts_with(&format!("{key} ")))
+        .unwrap_or_else(|| panic!("no `{key}` line in the manifest"))
+        .to_string()
+}
+
+/// Functions of `exe` whose code names a `zmm` register (an AVX-512 instruction).
+fn functions_using_zmm(exe: &Path) -> Vec<String> {
+    let o = Command::new("objdump")
+        .args(["-d", "-C", "--no-show-raw-insn"])
+        .arg(exe)
+        .output()
+        .expect("objdump runs (binutils)");
+    assert!(o.status.success(), "objdump failed");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mut current = String::new();
+    let mut found: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if line.ends_with(">:") {
+            current = line.to_string();
+        } else if line.contains("zmm") && found.last() != Some(&current) {
+            found.push(current.clone());
+        }
+    }
+    found
+}
+
+/// Kernels that the runtime (or a library it uses) runs only after checking the CPU has AVX-512.
+fn dispatched_at_run_time(function: &str) -> bool {
+    [
+        "kernel_target_avx512",
+        "core::core_arch::x86::avx512",
+        "ppc_runtime::small_m::",
+    ]
+    .iter()
+    .any(|k| function.contains(k))
+}
+
+#[test]
+fn baseline_executables_hold_no_avx512_and_match_the_interpreter_in_every_dtype() {
+    let dir = scratch("portable");
+    let cases = [
+        ("examples/tiny.ppc", DType::F32),
+        ("examples/tiny.ppc", DType::F16),
+        ("examples/mlp.ppc", DType::BF16),
+        ("examples/transformer.ppc", DType::BF16),
+        ("examples/transformer.ppc", DType::F16),
+    ];
+    for (model, dtype) in cases {
+        let what = format!("{model} {dtype}");
+        let d = dtype.to_string();
+        let mut extra = vec!["--target-cpu", "x86-64-v3", "--gemm", "loops"];
+        if dtype != DType::F32 {
+            extra.extend(["--dtype", d.as_str()]);
+        }
+        let exe = build(model, &dir, &extra);
+        let target = manifest_line(&exe, "target");
+        assert!(
+            target.starts_with("target x86-64-v3 ") && target.contains(",avx2,"),
+            "{what}: the manifest should record the target and its features: {target}"
+        );
+        assert!(!target.contains("avx512"), "{what}: {target}");
+        let stray: Vec<String> = functions_using_zmm(&exe)
+            .into_iter()
+            .filter(|f| !dispatched_at_run_time(f))
+            .collect();
+        assert!(
+            stray.is_empty(),
+            "{what}: AVX-512 outside the dispatched kernels: {stray:?}"
+        );
+
+        let out = dir.join("out.safetensors");
+        let (code, _, err) = run(
+            &exe,
+            &["--seed", "3", "--output", &out.display().to_string()],
+        );
+        assert_eq!(code, 0, "{what}: {err}");
+        let got = safetensors::read_tensor(&out, "output")
+            .expect("output")
+            .to_tensor();
+        crate::passes::assert_bits_eq(&interpreted(model, dtype, 3), &got, &what);
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[test]
+fn generated_code_for_the_baseline_has_no_avx512_and_no_conversion_calls() {
+    for model in [
+        "examples/tiny.ppc",
+        "examples/mlp.ppc",
+        "examples/transformer.ppc",
+    ] {
+        for (cpu, dtype) in [
+            ("x86-64-v3", "bf16"),
+            ("x86-64-v3", "f16"),
+            ("x86-64", "bf16"),
+        ] {
+            let file = path(model);
+            let mut args = vec!["compile", file.as_str(), "--emit=asm", "--opt-level", "0"];
+            args.extend(["--target-cpu", cpu, "--dtype", dtype]);
+            args.extend(small_dims(model));
+            let (code, asm, err) = ppc(&args);
+            assert_eq!(code, 0, "{model} {cpu} {dtype}: {err}");
+            assert!(asm.contains("ppc_forward"), "{model}: not the model's code");
+            assert!(
+                !asm.contains("zmm"),
+                "{model} {cpu} {dtype}: AVX-512 in generated code"
+            );
+            // bf16 conversions are integer arithmetic: no libgcc helper, no BF16 instruction.
+            assert!(
+                !asm.contains("truncsfbf2") && !asm.contains("cvtneps2bf16"),
+                "{model} {cpu} {dtype}: bf16 conversion not expanded"
+            );
+            if cpu == "x86-64-v3" {
+                // F16C converts f16 in hardware on every x86-64-v3 CPU.
+                assert!(
+                    !asm.contains("hf2"),
+                    "{model} {cpu} {dtype}: f16 through libgcc"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_portable_gemm_path_matches_the_interpreter() {
+    let dir = scratch("portable-gemm");
+    let model = "examples/mlp.ppc";
+    let exe = build(model, &dir, &[]);
+    let out = dir.join("out.safetensors");
+    let o = Command::new(&exe)
+        .args(["--seed", "4", "--output", &out.display().to_string()])
+        .env(
+            "PPC_CPU_DISABLE",
+            "avx512f,avx512bw,avx512cd,avx512dq,avx512vl",
+        )
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = safetensors::read_tensor(&out, "output")
+        .expect("output")
+        .to_tensor();
+    let c = ppc::compare::compare(&interpreted(model, DType::F32, 4), &got);
+    assert!(
+        c.max_rel <= ppc::compare::tolerance(DType::F32),
+        "max_rel {}",
+        c.max_rel
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[test]
+fn a_cpu_without_a_needed_feature_gets_a_message_on_every_rank() {
+    let dir = scratch("wrong-cpu");
+    let exe = build(
+        "examples/tiny.ppc",
+        &dir,
+        &["--target-cpu", "x86-64-v4", "--ranks", "2"],
+    );
+    let o = Command::new("mpirun.mpich")
+        .args(["-n", "2"])
+        .arg(&exe)
+        .env("PPC_CPU_DISABLE", "avx512bw")
+        .output()
+        .expect("mpirun.mpich starts");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    for rank in 0..2 {
+        let line = err
+            .lines()
+            .find(|l| l.contains(&format!("(rank {rank} of 2): error:")))
+            .unwrap_or_else(|| panic!("rank {rank} said nothing:\n{err}"));
+        assert!(
+            line.contains("`x86-64-v4`") && line.contains("needs avx512bw,"),
+            "{line}"
+        );
+    }
+    // One process, no mpirun: the same check, exit status 1.
+    let exe = build("examples/tiny.ppc", &dir, &["--target-cpu", "x86-64-v3"]);
+    let o = Command::new(&exe)
+        .env("PPC_CPU_DISABLE", "fma,avx2")
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("needs avx2, fma,") && err.contains("--target-cpu"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[test]
+fn native_records_the_build_machine_and_unknown_cpus_are_refused() {
+    let dir = scratch("native");
+    let exe = build("examples/tiny.ppc", &dir, &["--target-cpu", "native"]);
+    let target = manifest_line(&exe, "target");
+    assert!(target.starts_with("target native sse,sse2,"), "{target}");
+    let (code, _, err) = run(&exe, &[]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = ppc(&[
+        "compile",
+        &path("examples/tiny.ppc"),
+        "--target-cpu",
+        "pentium9",
+        "-o",
+        "x",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("unknown CPU `pentium9`") && err.contains("x86-64-v3"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[test]
+fn what_the_jit_says_reaches_the_user() {
+    use ppc::lower::mlir;
+    let text = r#"module {
+  func.func private @ppc_nowhere(memref<*xf32>) attributes {llvm.emit_c_interface}
+  func.func @ppc_forward(%input: memref<2xf32>, %output: memref<2xf32>) attributes {llvm.emit_c_interface} {
+    %u = memref.cast %input : memref<2xf32> to memref<*xf32>
+    func.call @ppc_nowhere(%u) : (memref<*xf32>) -> ()
+    return
+  }
+}"#;
+    let manifest = ppc_runtime::manifest::Manifest::parse(
+        "ppc-manifest 1\narg input x f32 2\narg output y f32 2\n",
+    )
+    .expect("manifest");
+    let ctx = mlir::context();
+    let mut module = mlir::parse(&ctx, text, "").expect("parses");
+    mlir::lower_to_llvm(&ctx, &mut module, "").expect("lowers");
+    let Err(d) = mlir::jit(&module, manifest, 0) else {
+        panic!("a call to a function nothing defines must not JIT")
+    };
+    let said = &d[0].message;
+    assert!(
+        said.contains("could not compile") && said.contains("ppc_nowhere"),
+        "{said}"
+    );
+}
