@@ -11,6 +11,7 @@ use crate::report::report;
 use crate::schedule::Schedule;
 use ppc_dialect::diag::render;
 use ppc_dialect::interp::{forward_on_ranks, Interp};
+use ppc_dialect::span::Span;
 use ppc_dialect::{print, Diagnostic, Module};
 use ppc_runtime::exec::{drive, write_summary, RunOptions, OUTPUT_TENSOR};
 use ppc_runtime::files::write_atomic;
@@ -42,12 +43,31 @@ struct Loaded {
 
 fn load(args: &ModelArgs) -> Result<Loaded, Failure> {
     let path = args.file.display().to_string();
-    let text = std::fs::read_to_string(&args.file)
+    let bytes = std::fs::read(&args.file)
         .map_err(|e| Failure(format!("error: cannot read {path}: {e}\n")))?;
+    let text = String::from_utf8(bytes).map_err(|e| not_utf8(&path, &e))?;
     match frontend(&text, &args.overrides()) {
         Ok(module) => Ok(Loaded { path, text, module }),
         Err(d) => Err(Failure(render(&path, &text, &d))),
     }
+}
+
+/// A model file that is not UTF-8: the line and column of the first bad byte.
+fn not_utf8(path: &str, e: &std::string::FromUtf8Error) -> Failure {
+    let at = e.utf8_error().valid_up_to();
+    let bytes = e.as_bytes();
+    // Up to `at` the lossy text is the file itself; the bad byte becomes U+FFFD there.
+    let text = String::from_utf8_lossy(bytes);
+    let d = Diagnostic::error(
+        format!(
+            "the model file is not UTF-8: byte 0x{:02x} is not a valid character here",
+            bytes[at]
+        ),
+        Span::new(at, at + char::REPLACEMENT_CHARACTER.len_utf8()),
+        "first invalid byte",
+    )
+    .with_note("model files are UTF-8 text; re-save the file in that encoding");
+    Failure(render(path, &text, &[d]))
 }
 
 impl Loaded {

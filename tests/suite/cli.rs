@@ -273,3 +273,18 @@ fn help_explains_the_commands() {
     assert_eq!(code, 0);
     assert!(out.contains("--poison-bubbles") && out.contains("--repeats"));
 }
+
+#[test]
+fn a_model_file_that_is_not_utf8_is_located_at_its_first_bad_byte() {
+    let file = std::env::temp_dir().join(format!("ppc-latin1-{}.ppc", std::process::id()));
+    // Line 2, column 9: the Latin-1 `é` of "caf\xe9"; everything before it is valid.
+    std::fs::write(&file, b"dims { b = 2 }\n// a caf\xe9 model\n").expect("write");
+    let f = file.display().to_string();
+    for cmd in ["check", "fmt", "run", "compile"] {
+        let (code, out, err) = ppc(&[cmd, &f]);
+        assert_eq!(code, 1, "{cmd}: {out}{err}");
+        assert!(err.contains("not UTF-8: byte 0xe9"), "{cmd}: {err}");
+        assert!(err.contains(&format!("{f}:2:9")), "{cmd}: {err}");
+    }
+    std::fs::remove_file(file).expect("cleanup");
+}
