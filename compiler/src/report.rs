@@ -23,14 +23,23 @@ fn result_bytes(f: &Func, block: &Block) -> u64 {
         .sum()
 }
 
+/// How many stages `@stage` holds: the size of its stage axis (`#stages`, or `#stages_per_rank`
+/// in a program split over ranks).
+pub fn stages_held(stage: &Func) -> Result<u64, String> {
+    let state = &stage.arg_types()[0];
+    let (axis, _) = state
+        .stage_axis()
+        .ok_or_else(|| format!("`@stage` takes {state}, which has no stage axis"))?;
+    Ok(state.dims[axis].size)
+}
+
 /// The report of a module that went through `gpipe-loop`.
 pub fn report(m: &Module) -> Result<Value, String> {
     let sched = Schedule::of(m)?;
     let p = m.pipeline;
     let stage = m.func(names::STAGE).ok_or("no `@stage`")?;
     let s = p.stages;
-    // `@stage` holds this rank's stages (all of them with one rank).
-    let local = stage.arg_types()[0].dims[0].size;
+    let local = stages_held(stage)?;
     let param_bytes: u64 = stage.params.iter().map(|q| stage.ty(q.value).bytes()).sum();
     let x = m.input.bytes();
     let formula = (s - 1) as f64 / p.iterations() as f64;

@@ -48,8 +48,8 @@ impl Schedule {
         let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
         // A sharded `@stage` holds one rank's stages; every rank runs the same loop.
         let ranks = m.pipeline.ranks;
-        let stages = stage.arg_types()[0].dims[0].size * ranks;
-        let microbatches = p.arg_types()[0].dims[0].size;
+        let stages = crate::report::stages_held(stage)? * ranks;
+        let microbatches = m.pipeline.microbatches;
         let repeats = m.pipeline.repeats;
         let items = (repeats * microbatches) as i64;
         let slots = (0..trips as i64)

@@ -5,7 +5,7 @@
 //! is at fault, which one, so the diagnostic can point at it.
 
 use crate::op::{OpKind, ReduceOp};
-use crate::types::{sizes, DType, Dim, Type};
+use crate::types::{sizes, DType, Dim, Label, Type};
 
 /// The most elements one tensor may have (2^32): anything larger is a typo, not a model.
 pub const MAX_ELEMENTS: u64 = 1 << 32;
@@ -51,8 +51,14 @@ pub fn broadcast_types(a: &Type, b: &Type) -> Option<Type> {
         let db = (i + b.rank()).checked_sub(rank).map(|j| &b.dims[j]);
         dims.push(match (da, db) {
             (Some(x), None) | (None, Some(x)) => x.clone(),
+            // Equal sizes: keep the more telling label (a pipeline axis, then a name).
             (Some(x), Some(y)) if x.size == y.size => {
-                if x.name.is_some() {
+                let rank = |d: &Dim| match d.label {
+                    Label::Axis(_) => 2,
+                    Label::Named(_) => 1,
+                    Label::Size => 0,
+                };
+                if rank(x) >= rank(y) {
                     x.clone()
                 } else {
                     y.clone()

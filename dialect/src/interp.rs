@@ -10,7 +10,7 @@
 use crate::ir::{names, Block, Func, Module, Param, ValueId};
 use crate::kernels as k;
 use crate::op::OpKind;
-use crate::types::{DType, Type};
+use crate::types::{Axis, DType, Type};
 use ppc_runtime::init::{Layers, Shard};
 use ppc_runtime::Tensor;
 use std::collections::HashMap;
@@ -264,12 +264,9 @@ pub fn materialize(
 }
 
 /// The part of the full parameter that rank `rank` holds, for a parameter of type `ty` of a
-/// sharded module: its `stages_per_rank` axis is that rank's slice of the stage axis.
+/// sharded module: its `#stages_per_rank` axis is that rank's slice of the stage axis.
 pub fn shard(m: &Module, ty: &Type, rank: u64) -> Option<Shard> {
-    let axis = ty
-        .dims
-        .iter()
-        .position(|d| d.name.as_deref() == Some(names::STAGES_PER_RANK))?;
+    let axis = ty.axis(Axis::RankStages)?;
     let p = m.pipeline;
     Some(Shard {
         axis,

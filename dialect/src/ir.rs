@@ -110,7 +110,7 @@ impl Pipeline {
             ("microbatches", self.microbatches),
             ("repeats", self.repeats),
             ("ranks", self.ranks),
-            (names::STAGES_PER_RANK, self.stages_per_rank()),
+            (STAGES_PER_RANK, self.stages_per_rank()),
         ]
     }
 }
@@ -215,9 +215,10 @@ pub mod names {
     pub const STAGE: &str = "stage";
     /// The GPipe loop over all microbatches (`gpipe-loop`).
     pub const PIPELINE: &str = "pipeline";
-    /// The stage axis of a program sharded over ranks (`shard-stages`): this rank's stages.
-    pub const STAGES_PER_RANK: &str = "stages_per_rank";
 }
+
+/// The setting `stages / ranks`, usable as a dimension though no `pipeline` block gives it.
+pub const STAGES_PER_RANK: &str = "stages_per_rank";
 
 impl Module {
     pub fn func(&self, name: &str) -> Option<&Func> {

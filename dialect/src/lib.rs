@@ -25,5 +25,5 @@ pub use diag::{Diagnostic, Diagnostics};
 pub use ir::{Func, Module};
 pub use parse::{parse, Overrides};
 pub use print::print;
-pub use types::{DType, Dim, Type};
+pub use types::{Axis, DType, Dim, Label, Type};
 pub use verify::{check_model, verify};

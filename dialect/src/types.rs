@@ -1,25 +1,84 @@
 //! Tensor types: a dtype and a static shape whose dimensions remember the name they were written
 //! with, so that `f32[b, d]` prints back as written while every check works on sizes.
+//!
+//! The pipeline's own axes are a [`Label::Axis`], not a name: `f32[#stages, d, stages]` has the
+//! stage axis that `vmap-stages` added first and an ordinary dimension that happens to be as
+//! long as the pipeline has stages last, and passes tell them apart by type.
 
 pub use ppc_runtime::DType;
 use std::fmt;
 
-/// One dimension: its size, and the named dimension it came from, if any.
+/// An axis that passes create and find by what it is, never by what it is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// One entry per pipeline stage (`vmap-stages`); prints as `#stages`.
+    Stages,
+    /// This rank's consecutive stages of a program split over ranks (`shard-stages`); prints as
+    /// `#stages_per_rank`.
+    RankStages,
+}
+
+impl Axis {
+    pub const ALL: [Axis; 2] = [Axis::Stages, Axis::RankStages];
+
+    /// The name after `#` in the text format.
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::Stages => "stages",
+            Axis::RankStages => "stages_per_rank",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Axis> {
+        Axis::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+/// How a dimension is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Label {
+    /// As its size: `4`.
+    Size,
+    /// As a named dimension or pipeline setting: `d`, `stages`.
+    Named(String),
+    /// As a pipeline axis: `#stages`.
+    Axis(Axis),
+}
+
+/// One dimension: its size, and how it is written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dim {
     pub size: u64,
-    pub name: Option<String>,
+    pub label: Label,
 }
 
 impl Dim {
     pub fn lit(size: u64) -> Dim {
-        Dim { size, name: None }
+        Dim {
+            size,
+            label: Label::Size,
+        }
     }
 
     pub fn named(name: &str, size: u64) -> Dim {
         Dim {
             size,
-            name: Some(name.to_string()),
+            label: Label::Named(name.to_string()),
+        }
+    }
+
+    pub fn axis(axis: Axis, size: u64) -> Dim {
+        Dim {
+            size,
+            label: Label::Axis(axis),
+        }
+    }
+
+    /// The pipeline axis this dimension is, if any.
+    pub fn as_axis(&self) -> Option<Axis> {
+        match self.label {
+            Label::Axis(a) => Some(a),
+            Label::Size | Label::Named(_) => None,
         }
     }
 }
@@ -81,6 +140,19 @@ impl Type {
         Type::new(self.dtype, dims)
     }
 
+    /// The position of the pipeline axis `a`, if the type has it.
+    pub fn axis(&self, a: Axis) -> Option<usize> {
+        self.dims.iter().position(|d| d.as_axis() == Some(a))
+    }
+
+    /// The position and kind of the stage axis (all stages or this rank's), if any.
+    pub fn stage_axis(&self) -> Option<(usize, Axis)> {
+        self.dims
+            .iter()
+            .enumerate()
+            .find_map(|(i, d)| d.as_axis().map(|a| (i, a)))
+    }
+
     /// This type with the dimension at `axis` removed.
     pub fn remove(&self, axis: usize) -> Type {
         let mut dims = self.dims.clone();
@@ -91,9 +163,10 @@ impl Type {
 
 impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.name {
-            Some(n) => f.write_str(n),
-            None => write!(f, "{}", self.size),
+        match &self.label {
+            Label::Size => write!(f, "{}", self.size),
+            Label::Named(n) => f.write_str(n),
+            Label::Axis(a) => write!(f, "#{}", a.name()),
         }
     }
 }

@@ -288,3 +288,39 @@ fn a_model_file_that_is_not_utf8_is_located_at_its_first_bad_byte() {
     }
     std::fs::remove_file(file).expect("cleanup");
 }
+
+#[test]
+fn pipeline_settings_as_layer_dimensions_verify_bit_exactly_on_every_rank_count() {
+    let model = path("tests/models/settings_as_dims.ppc");
+    for ranks in ["1", "2", "4"] {
+        for repeats in ["1", "2"] {
+            let args = [
+                "verify",
+                model.as_str(),
+                "--ranks",
+                ranks,
+                "--repeats",
+                repeats,
+            ];
+            let (code, out, err) = ppc(&args);
+            assert_eq!(code, 0, "{args:?}\n{out}\n{err}");
+            let j = json_last_line(&out);
+            assert_eq!(j["bit_exact"], true, "{args:?}: {j}");
+            assert_eq!(j["max_abs_diff"], 0.0, "{args:?}: {j}");
+        }
+    }
+    // Compiled for one process, loops in the interpreter's order: the same bits.
+    let args = [
+        "verify",
+        model.as_str(),
+        "--backend",
+        "cpu",
+        "--gemm",
+        "loops",
+        "--repeats",
+        "2",
+    ];
+    let (code, out, err) = ppc(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(json_last_line(&out)["bit_exact"], true, "{out}");
+}

@@ -135,6 +135,52 @@ fn identical_across_ranks(model: &str, stages: u64) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A layer whose dimensions are pipeline settings (`ranks` and `stages_per_rank` among them,
+/// so each rank count is another model): on 1, 2 and 4 ranks, linear and circular, the
+/// executable writes the interpreter's sequential result, byte for byte.
+#[test]
+fn pipeline_settings_as_layer_dimensions_match_the_interpreter_on_1_2_and_4_ranks() {
+    let model = "tests/models/settings_as_dims.ppc";
+    let dir = scratch("settings_as_dims");
+    for repeats in ["1", "2"] {
+        for ranks in [1u64, 2, 4] {
+            let what = format!("{model} --repeats {repeats} on {ranks} ranks");
+            let exe = dir.join("model");
+            build(
+                model,
+                &exe,
+                ranks,
+                &["--repeats", repeats, "--gemm", "loops"],
+            );
+            let out = dir.join("out.safetensors");
+            let out_s = out.display().to_string();
+            let l = launch(&exe, Some(ranks), &["--seed", "3", "--output", &out_s], &[]);
+            assert_eq!(l.code, 0, "{what}\n{}", l.stderr);
+            let want = dir.join("want.safetensors");
+            let (file, want_s, r) = (path(model), want.display().to_string(), ranks.to_string());
+            let args = [
+                "run",
+                &file,
+                "--backend",
+                "interp",
+                "--seed",
+                "3",
+                "--output",
+                &want_s,
+            ];
+            let mut args = args.to_vec();
+            args.extend(["--ranks", &r, "--repeats", repeats, "--dim", "b=2"]);
+            let (code, _, err) = ppc(&args);
+            assert_eq!(code, 0, "{what}: {err}");
+            assert!(
+                std::fs::read(&out).expect("output") == std::fs::read(&want).expect("want"),
+                "{what}: the executable and the interpreter disagree"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn tiny_is_byte_identical_on_1_and_2_ranks() {
     identical_across_ranks("examples/tiny.ppc", 2);

@@ -8,7 +8,7 @@
 //! an MLIR error points at the `.ppc` line that caused it.
 //!
 //! ```text
-//! %out = call @stage, %stage_in : f32[stages, b, d]      ──▶   linalg.generic ... loc("mlp.ppc":12:3)
+//! %out = call @stage, %stage_in : f32[#stages, b, d]      ──▶   linalg.generic ... loc("mlp.ppc":12:3)
 //! %state_out, ... = loop ..., trips = 11 { ... }          ──▶   scf.for %i = 0 to 11 { ... }
 //! ```
 
@@ -159,10 +159,7 @@ fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) ->
         shape: ty.shape_usize(),
         init: p.map_or(ppc_runtime::Init::Zeros, |p| p.init),
         layer_axes: p.map_or(0, |p| p.layer_axes),
-        shard_axis: ty
-            .dims
-            .iter()
-            .position(|d| d.name.as_deref() == Some(names::STAGES_PER_RANK)),
+        shard_axis: ty.axis(ppc_dialect::Axis::RankStages),
     }
 }
 

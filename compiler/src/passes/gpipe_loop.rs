@@ -22,7 +22,7 @@
 //! zeros, or NaN with `--poison-bubbles`, which proves that no bubble reaches an output.
 //!
 //! After `shard-stages` (`ranks > 1`) the loop is this rank's part of the same program: the state
-//! holds `stages_per_rank` stages, whose global indices are `rank * S/R + iota`; step 4 moves
+//! holds `#stages_per_rank` stages, whose global indices are `rank * S/R + iota`; step 4 moves
 //! stages inside the rank and `exchange`s the rank's last stage around the ring, so the first
 //! local stage receives the previous rank's boundary (rank 0 keeps the fill, as stage 0 does
 //! in one process). The same exchange brings the last stage's result to rank 0, which needs it
@@ -47,7 +47,7 @@ use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::interp::POISON;
 use ppc_dialect::ir::{names, Module, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
-use ppc_dialect::{DType, Dim, Type};
+use ppc_dialect::{Axis, DType, Dim, Type};
 
 pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let p = m.pipeline;
@@ -91,12 +91,19 @@ fn build(
     let x_ty = m.input.clone();
     let stacked = |lead: Dim| x_ty.insert(0, lead);
     let scalar_i32 = Type::scalar(DType::I32);
-    let sharded = p.ranks > 1;
-    let stage_dim = if sharded {
-        Dim::named(names::STAGES_PER_RANK, p.stages_per_rank())
-    } else {
-        Dim::named("stages", s)
-    };
+    // The state has `@stage`'s stage axis: all stages, or this rank's after `shard-stages`.
+    let state_ty = stage.arg_types()[0].clone();
+    let (pos, axis) = state_ty.stage_axis().ok_or_else(|| {
+        Diagnostic::plain("`@stage` takes no stage axis: `vmap-stages` builds it with `#stages`")
+    })?;
+    let sharded = axis == Axis::RankStages;
+    if pos != 0 || sharded != (p.ranks > 1) {
+        return Err(Diagnostic::plain(format!(
+            "`@stage`'s state is {state_ty} for {} rank(s): run `shard-stages` exactly when ranks > 1, after `vmap-stages`",
+            p.ranks
+        )));
+    }
+    let stage_dim = state_ty.dims[0].clone();
     let s_ty = Type::new(DType::I32, vec![stage_dim.clone()]);
 
     let mut b = Builder::new(names::PIPELINE);

@@ -1,7 +1,9 @@
 //! `vmap-stages`: the one-stage compute `@layer`, vectorized over a leading stage axis into
 //! `@stage`.
 //!
-//! Preconditions: a checked model (`@layer` maps the input type to itself).
+//! Preconditions: a checked model (`@layer` maps the input type to itself, has no `#` axis).
+//! The stage axis is typed `#stages` ([`Axis::Stages`]), so later passes find it whatever
+//! dimension names `@layer` uses (`stages` included).
 //! Postconditions: the module also holds `@stage(%x: [S, ...input], %active: i1[S]) -> [S, ...input]`
 //! (with an extra `%repeat: i32[S]` argument when `repeats > 1`). Stage `s` computes only where
 //! `%active[s]`: batched matmuls take it as their mask, so bubble slots skip the expensive work
@@ -12,9 +14,9 @@
 //! is rewritten by its batching rule (`batching.rs`).
 //!
 //! ```text
-//! func @layer(%x: f32[b, d]) -> f32[b, d] {         func @stage(%x: f32[stages, b, d]) -> f32[stages, b, d] {
-//!   param %w: f32[d, d] = normal(0.5)          ──▶    param %w: f32[stages, d, d] = normal(0.5), layer_axes = 1
-//!   %y = matmul %x, %w : f32[b, d]                    %y = matmul %x, %w : f32[stages, b, d]
+//! func @layer(%x: f32[b, d]) -> f32[b, d] {         func @stage(%x: f32[#stages, b, d]) -> f32[#stages, b, d] {
+//!   param %w: f32[d, d] = normal(0.5)          ──▶    param %w: f32[#stages, d, d] = normal(0.5), layer_axes = 1
+//!   %y = matmul %x, %w : f32[b, d]                    %y = matmul %x, %w : f32[#stages, b, d]
 //!   return %y                                         return %y
 //! }                                                 }
 //! ```
@@ -25,7 +27,7 @@ use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Block, Func, Module, ValueId};
 use ppc_dialect::op::{Float, OpKind};
-use ppc_dialect::{DType, Dim, Type};
+use ppc_dialect::{Axis, DType, Dim, Type};
 use std::collections::HashMap;
 
 pub fn vmap_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
@@ -37,6 +39,25 @@ pub fn vmap_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
     let layer = m
         .func(names::LAYER)
         .ok_or_else(|| vec![Diagnostic::plain("`vmap-stages` needs a `@layer`")])?;
+    // The stage axis this pass adds must be the only one: one written in `@layer` would be
+    // taken for it by every later pass.
+    if let Some((v, a)) = layer
+        .values
+        .iter()
+        .find_map(|(v, val)| val.ty.stage_axis().map(|(_, a)| (v, a)))
+    {
+        return Err(vec![Diagnostic::error(
+            format!(
+                "`@layer` has the pipeline axis `#{}`, which only passes add",
+                a.name()
+            ),
+            layer.value_spans.get(&v),
+            "this value",
+        )
+        .with_note(
+            "for a dimension as long as the pipeline setting, write it without `#`",
+        )]);
+    }
     let stage = build_stage(m, layer).map_err(|d| vec![d])?;
     m.funcs.push(stage);
     Ok(())
@@ -44,7 +65,7 @@ pub fn vmap_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
 
 fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     let p = m.pipeline;
-    let (s_dim, k) = (Dim::named("stages", p.stages), p.layers_per_stage());
+    let (s_dim, k) = (Dim::axis(Axis::Stages, p.stages), p.layers_per_stage());
     let mut b = Builder::new(names::STAGE);
     let x_arg = layer.body.args[0];
     b.span = layer.value_spans.get(&x_arg);

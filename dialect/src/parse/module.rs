@@ -7,7 +7,7 @@ use crate::diag::Diagnostic;
 use crate::infer::checked_elements;
 use crate::ir::{Depth, DimDef, DimFactor, Func, Loss, Module, Pipeline};
 use crate::span::{Span, SpanTable};
-use crate::types::{DType, Dim, Type};
+use crate::types::{Axis, DType, Dim, Type};
 use pest::iterators::Pair;
 
 pub(super) struct ModuleBuilder<'a> {
@@ -393,6 +393,40 @@ impl ModuleBuilder<'_> {
             })
     }
 
+    /// `#stages` or `#stages_per_rank`: the stage axis, sized by the pipeline.
+    fn axis(&self, d: &Pair<Rule>) -> PResult<Dim> {
+        let name = &d.as_str()[1..];
+        let known = || {
+            let names: Vec<String> = Axis::ALL.iter().map(|a| format!("#{}", a.name())).collect();
+            names.join(" and ")
+        };
+        let axis = Axis::from_name(name).ok_or_else(|| {
+            Diagnostic::error(
+                format!("unknown axis `#{name}`"),
+                span_of(d),
+                "not a pipeline axis",
+            )
+            .with_note(format!(
+                "the pipeline axes that passes add are {}; an ordinary dimension has no `#`",
+                known()
+            ))
+        })?;
+        let p = self.resolved.ok_or_else(|| {
+            Diagnostic::error(
+                format!("`#{name}` before the `pipeline` block"),
+                span_of(d),
+                "its size is not known yet",
+            )
+        })?;
+        Ok(Dim::axis(
+            axis,
+            match axis {
+                Axis::Stages => p.stages,
+                Axis::RankStages => p.stages_per_rank(),
+            },
+        ))
+    }
+
     pub(super) fn ty(&self, t: Pair<Rule>) -> PResult<Type> {
         let span = span_of(&t);
         let mut it = t.into_inner();
@@ -410,6 +444,7 @@ impl ModuleBuilder<'_> {
             let d = d.into_inner().next().expect("dim");
             dims.push(match d.as_rule() {
                 Rule::int => Dim::lit(parse_u64(&d, "dimension")?),
+                Rule::axis => self.axis(&d)?,
                 _ => {
                     let size = self.dim_size(d.as_str()).ok_or_else(|| {
                         let mut diag = Diagnostic::error(format!("unknown dimension `{}`", d.as_str()), span_of(&d), "not declared");
@@ -469,8 +504,7 @@ const SETTINGS: [&str; 6] = [
     "ranks",
 ];
 
-/// Names that shapes may use for pipeline settings (and the per-rank stage axis of sharded
-/// programs), so they cannot be declared as dimensions.
+/// Names that shapes may use for pipeline settings, so they cannot be declared as dimensions.
 pub(super) fn is_pipeline_name(s: &str) -> bool {
-    SETTINGS.contains(&s) || s == crate::ir::names::STAGES_PER_RANK
+    SETTINGS.contains(&s) || s == crate::ir::STAGES_PER_RANK
 }
