@@ -82,6 +82,10 @@ impl<T> Arena<T> {
             .map(|(i, t)| (Id(i as u32, PhantomData), t))
     }
 
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.items.iter()
+    }
+
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.items.iter_mut()
     }

@@ -6,7 +6,7 @@
 
 use crate::diag::Diagnostic;
 use crate::infer::infer;
-use crate::ir::{Block, Func, Init, Op, OpId, Param, Value, ValueId};
+use crate::ir::{Block, Func, FuncId, Init, Module, Op, OpId, Param, Value, ValueId};
 use crate::op::OpKind;
 use crate::span::Span;
 use crate::types::Type;
@@ -75,19 +75,16 @@ impl Builder {
         Ok(self.op_n(hint, kind, declared.into_iter().collect(), None)?[0])
     }
 
-    /// Appends a call of a function with the given signature.
+    /// Appends a call of `m`'s function `callee`.
     pub fn call(
         &mut self,
         hint: &str,
-        callee: &Func,
+        m: &Module,
+        callee: FuncId,
         args: Vec<ValueId>,
     ) -> Result<ValueId, Diagnostic> {
-        let sig = (callee.arg_types(), callee.result_types());
-        let kind = OpKind::Call {
-            callee: callee.name.clone(),
-            args,
-        };
-        Ok(self.op_n(hint, kind, vec![], Some((&sig.0, &sig.1)))?[0])
+        let kind = OpKind::Call { callee, args };
+        Ok(self.op_n(hint, kind, vec![], Some(&m.funcs[callee]))?[0])
     }
 
     fn op_n(
@@ -95,7 +92,7 @@ impl Builder {
         hint: &str,
         kind: OpKind,
         declared: Vec<Type>,
-        callee: Option<(&[Type], &[Type])>,
+        callee: Option<&Func>,
     ) -> Result<Vec<ValueId>, Diagnostic> {
         let operands = kind.operands();
         let types: Vec<&Type> = operands.iter().map(|&v| self.func.ty(v)).collect();

@@ -4,6 +4,7 @@
 //! verifier uses it to re-check every op. Errors name both shapes involved and, where one operand
 //! is at fault, which one, so the diagnostic can point at it.
 
+use crate::ir::Func;
 use crate::op::{OpKind, ReduceOp};
 use crate::types::{sizes, DType, Dim, Label, Type};
 
@@ -119,12 +120,12 @@ fn need_float(op: &str, t: &Type) -> Result<(), TypeError> {
 
 /// Result types of `kind`. `operands` are the operand types in text order; `declared` the
 /// written result types (required by ops with [`OpKind::has_declared_type`]); `callee` the
-/// argument and result types of a called function.
+/// function a `call` calls.
 pub fn infer(
     kind: &OpKind,
     operands: &[&Type],
     declared: &[Type],
-    callee: Option<(&[Type], &[Type])>,
+    callee: Option<&Func>,
 ) -> Result<Vec<Type>, TypeError> {
     let name = kind.name();
     let x = || operands[0];
@@ -426,11 +427,12 @@ pub fn infer(
             }
             one(slice)
         }
-        OpKind::Call { callee: cname, .. } => {
-            let (args, results) = callee.ok_or_else(|| TypeError {
-                message: format!("unknown function `@{cname}`"),
+        OpKind::Call { .. } => {
+            let f = callee.ok_or_else(|| TypeError {
+                message: "the callee is not a function defined before the caller".into(),
                 operand: None,
             })?;
+            let (cname, args, results) = (&f.name, f.arg_types(), f.result_types());
             if args.len() != operands.len() {
                 return err(
                     format!(
@@ -453,7 +455,7 @@ pub fn infer(
                     );
                 }
             }
-            Ok(results.to_vec())
+            Ok(results)
         }
         OpKind::Loop { .. } => Ok(operands.iter().map(|t| (*t).clone()).collect()),
     }

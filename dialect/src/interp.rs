@@ -213,10 +213,7 @@ impl<'m> Interp<'m> {
                     }]
                 }
                 OpKind::Call { callee, args } => {
-                    let g = self
-                        .module
-                        .func(callee)
-                        .ok_or_else(|| format!("unknown function `@{callee}`"))?;
+                    let g = &self.module.funcs[*callee];
                     let args = args.iter().map(|&v| get(v).clone()).collect();
                     self.call(g, args, layer)?
                 }

@@ -12,6 +12,9 @@ pub use ppc_runtime::Init;
 
 pub type ValueId = Id<Value>;
 pub type OpId = Id<Op>;
+/// A function of the module; `call` refers to its callee by this id, which stays valid as
+/// passes add functions (they only append).
+pub type FuncId = Id<Func>;
 
 /// A whole model file, or the output of any pass.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,9 +26,37 @@ pub struct Module {
     /// The type of one microbatch of targets, for training.
     pub target: Option<Type>,
     pub loss: Option<Loss>,
-    pub funcs: Vec<Func>,
-    /// Spans of module-level items, keyed by `dim.NAME`, `stages`, `input`, ...
-    pub spans: SpanTable<String>,
+    /// In definition order: a function calls only functions before it.
+    pub funcs: Arena<Func>,
+    /// Spans of module-level items.
+    pub spans: SpanTable<Item>,
+}
+
+/// A module-level item of the text format, as a key of [`Module::spans`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Item {
+    /// The `dims { ... }` block.
+    Dims,
+    /// The name of `dims[i]` where it is declared.
+    Dim(usize),
+    /// The `pipeline { ... }` block.
+    Pipeline,
+    Input,
+    Target,
+    Loss,
+}
+
+impl Item {
+    /// The keyword that starts the item in the text format.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Item::Dims | Item::Dim(_) => "dims",
+            Item::Pipeline => "pipeline",
+            Item::Input => "input",
+            Item::Target => "target",
+            Item::Loss => "loss",
+        }
+    }
 }
 
 /// `name = 4` or `name = heads * 64`: a named dimension and its value.
@@ -222,7 +253,15 @@ pub const STAGES_PER_RANK: &str = "stages_per_rank";
 
 impl Module {
     pub fn func(&self, name: &str) -> Option<&Func> {
-        self.funcs.iter().find(|f| f.name == name)
+        self.funcs.values().find(|f| f.name == name)
+    }
+
+    /// The id of the function called `name`.
+    pub fn func_id(&self, name: &str) -> Option<FuncId> {
+        self.funcs
+            .iter()
+            .find(|(_, f)| f.name == name)
+            .map(|(id, _)| id)
     }
 
     /// The size of a named dimension: a `dims` entry or a pipeline setting.

@@ -4,7 +4,7 @@
 //! does not compile until every rule table handles it. Shapes are static; broadcasting follows
 //! NumPy (align trailing axes, size 1 stretches).
 
-use crate::ir::{Block, ValueId};
+use crate::ir::{Block, FuncId, ValueId};
 
 /// A float attribute, equal by bits: a NaN fill (poisoned bubbles) equals itself, so the
 /// round-trip law holds for every module.
@@ -181,7 +181,7 @@ pub enum OpKind {
     },
     /// Call of another function of the module; its parameters are its own.
     Call {
-        callee: String,
+        callee: FuncId,
         args: Vec<ValueId>,
     },
     /// `trips` iterations of `body`; body arguments are the iteration number (i32 scalar) and

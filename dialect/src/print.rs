@@ -43,9 +43,9 @@ pub fn print(m: &Module) -> String {
     if let Some(l) = m.loss {
         let _ = writeln!(out, "loss {}", l.name());
     }
-    for f in &m.funcs {
+    for f in m.funcs.values() {
         out.push('\n');
-        print_func(&mut out, f);
+        print_func(&mut out, m, f);
     }
     out
 }
@@ -75,7 +75,7 @@ fn list<T: ToString>(xs: &[T]) -> String {
     )
 }
 
-fn print_func(out: &mut String, f: &Func) {
+fn print_func(out: &mut String, m: &Module, f: &Func) {
     let name = |v| format!("%{}", f.values[v].name);
     let args: Vec<String> = f
         .body
@@ -110,13 +110,13 @@ fn print_func(out: &mut String, f: &Func) {
             f.ty(p.value)
         );
     }
-    print_ops(out, f, &f.body, 1);
+    print_ops(out, m, f, &f.body, 1);
     let rets: Vec<String> = f.body.results.iter().map(|&v| name(v)).collect();
     let _ = writeln!(out, "  return {}", rets.join(", "));
     out.push_str("}\n");
 }
 
-fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
+fn print_ops(out: &mut String, m: &Module, f: &Func, block: &Block, depth: usize) {
     let pad = "  ".repeat(depth);
     let name = |v| format!("%{}", f.values[v].name);
     for &id in &block.ops {
@@ -130,7 +130,7 @@ fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
                 args.push(format!("{}", value.0 as i64))
             }
             OpKind::Constant { value } => args.push(number(value.0)),
-            OpKind::Call { callee, .. } => args.push(format!("@{callee}")),
+            OpKind::Call { callee, .. } => args.push(format!("@{}", m.funcs[*callee].name)),
             _ => {}
         }
         args.extend(op.kind.operands().into_iter().map(name));
@@ -144,7 +144,7 @@ fn print_ops(out: &mut String, f: &Func, block: &Block, depth: usize) {
         if let OpKind::Loop { body, .. } = &op.kind {
             let bargs: Vec<String> = body.args.iter().map(|&v| name(v)).collect();
             let _ = writeln!(out, " {{\n{pad}^body({}):", bargs.join(", "));
-            print_ops(out, f, body, depth + 1);
+            print_ops(out, m, f, body, depth + 1);
             let ys: Vec<String> = body.results.iter().map(|&v| name(v)).collect();
             let _ = writeln!(out, "{pad}  yield {}", ys.join(", "));
             let _ = write!(out, "{pad}}}");

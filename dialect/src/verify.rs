@@ -2,7 +2,7 @@
 //!
 //! [`verify`] checks that values are defined once and before use (loop-body values stay inside
 //! their loop), that every op's recorded result types are what shape inference says, that calls
-//! name earlier functions with matching types, and that loops yield what they carry. After `Ok`,
+//! refer to earlier functions with matching types, and that loops yield what they carry. After `Ok`,
 //! the interpreter and passes may index and unwrap without further checks.
 //!
 //! [`check_model`] adds the rules of a model file: a `@layer` whose input and output are both
@@ -10,7 +10,7 @@
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::infer::infer;
-use crate::ir::{names, Block, Func, Module, ValueId};
+use crate::ir::{names, Block, Func, FuncId, Item, Module, ValueId};
 use crate::op::OpKind;
 use crate::types::sizes;
 use std::collections::HashSet;
@@ -18,14 +18,17 @@ use std::collections::HashSet;
 /// Checks the structural and type invariants of every function.
 pub fn verify(m: &Module) -> Result<(), Diagnostics> {
     let mut diags = Vec::new();
-    for (i, f) in m.funcs.iter().enumerate() {
-        if m.funcs[..i].iter().any(|g| g.name == f.name) {
+    for (id, f) in m.funcs.iter() {
+        if m.funcs
+            .iter()
+            .any(|(g_id, g)| g_id < id && g.name == f.name)
+        {
             diags.push(Diagnostic::plain(format!(
                 "function `@{}` is defined twice",
                 f.name
             )));
         }
-        verify_func(m, &m.funcs[..i], f, &mut diags);
+        verify_func(m, id, f, &mut diags);
     }
     if diags.is_empty() {
         Ok(())
@@ -34,8 +37,7 @@ pub fn verify(m: &Module) -> Result<(), Diagnostics> {
     }
 }
 
-fn verify_func(m: &Module, earlier: &[Func], f: &Func, diags: &mut Diagnostics) {
-    let _ = m;
+fn verify_func(m: &Module, this: FuncId, f: &Func, diags: &mut Diagnostics) {
     let mut names = HashSet::new();
     for (_, v) in f.values.iter() {
         if !names.insert(v.name.as_str()) {
@@ -55,11 +57,12 @@ fn verify_func(m: &Module, earlier: &[Func], f: &Func, diags: &mut Diagnostics) 
             )));
         }
     }
-    verify_block(earlier, f, &f.body, &mut defined, diags);
+    verify_block(m, this, f, &f.body, &mut defined, diags);
 }
 
 fn verify_block(
-    earlier: &[Func],
+    m: &Module,
+    this: FuncId,
     f: &Func,
     block: &Block,
     defined: &mut HashSet<ValueId>,
@@ -81,21 +84,14 @@ fn verify_block(
             ));
             continue;
         }
+        // Only functions defined earlier may be called: no recursion, no cycles.
         let callee = match &op.kind {
-            OpKind::Call { callee, .. } => earlier
-                .iter()
-                .find(|g| &g.name == callee)
-                .map(|g| (g.arg_types(), g.result_types())),
+            OpKind::Call { callee, .. } if *callee < this => Some(&m.funcs[*callee]),
             _ => None,
         };
         let types: Vec<_> = operands.iter().map(|&v| f.ty(v)).collect();
         let recorded: Vec<_> = op.results.iter().map(|&v| f.ty(v).clone()).collect();
-        match infer(
-            &op.kind,
-            &types,
-            &recorded,
-            callee.as_ref().map(|(a, r)| (a.as_slice(), r.as_slice())),
-        ) {
+        match infer(&op.kind, &types, &recorded, callee) {
             Ok(inferred) => {
                 let same = inferred.len() == recorded.len()
                     && inferred.iter().zip(&recorded).all(|(a, b)| a.same_as(b));
@@ -136,7 +132,7 @@ fn verify_block(
                     "here",
                 ));
             }
-            verify_block(earlier, f, body, &mut inner, diags);
+            verify_block(m, this, f, body, &mut inner, diags);
             let yields_ok = body.results.len() == inits.len()
                 && body
                     .results
@@ -164,7 +160,7 @@ fn verify_block(
 /// The model-file rules on top of [`verify`]: a `@layer` from the input type to itself.
 pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
     verify(m)?;
-    let input_span = m.spans.get(&"input".to_string());
+    let input_span = m.spans.get(&Item::Input);
     let Some(layer) = m.func(names::LAYER) else {
         return Err(vec![Diagnostic::error("the model has no `func @layer`", input_span, "the layer's input is declared here")
             .with_note("`@layer` is the one-stage compute: it maps one microbatch (the `input` type) to the next stage's input")]);
@@ -212,7 +208,7 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
                     sizes(&m.input),
                     sizes(t)
                 ),
-                m.spans.get(&"target".to_string()),
+                m.spans.get(&Item::Target),
                 "target type",
             )]);
         }

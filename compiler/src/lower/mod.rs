@@ -18,7 +18,7 @@ pub mod mlir;
 mod ops;
 
 use emit::{escape, Buf, Emitter, Lines};
-use ppc_dialect::ir::{names, Block, Func, Module, ValueId};
+use ppc_dialect::ir::{names, Block, Func, Item, Module, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Diagnostic, Type};
 use ppc_runtime::manifest::{Arg, Manifest, Role};
@@ -77,12 +77,12 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         ty: pipeline.result_types()[0].clone(),
         layout: None,
     };
-    w.e.at(m.spans.get(&"pipeline".to_string()));
+    w.e.at(m.spans.get(&Item::Pipeline));
     w.e.copy(&results[0], &output);
 
     let mut args = vec![arg(Role::Input, "input", &input.ty, None)];
     // Entry arguments are located at the pipeline block, return and frees at the end.
-    let (l, c) = lines.line_col(m.spans.get(&"pipeline".to_string()).start as usize);
+    let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
     let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
     let mut sig = vec![format!("%input: {}{loc}", input.mty())];
     for (name, buf, p) in &w.params {
@@ -256,9 +256,7 @@ impl Walker<'_, '_> {
                     env.insert(op.results[0], view);
                 }
                 OpKind::Call { callee, .. } => {
-                    let g = self.m.func(callee).ok_or_else(|| {
-                        Diagnostic::plain(format!("unknown function `@{callee}`"))
-                    })?;
+                    let g = &self.m.funcs[*callee];
                     let outs = self.func(g, ins)?;
                     env.extend(op.results.iter().copied().zip(outs));
                 }

@@ -45,7 +45,7 @@ use super::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::interp::POISON;
-use ppc_dialect::ir::{names, Module, ValueId};
+use ppc_dialect::ir::{names, FuncId, Item, Module, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
 use ppc_dialect::{Axis, DType, Dim, Type};
 
@@ -57,7 +57,7 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         )]);
     }
     if p.repeats > 1 && p.microbatches < p.stages {
-        let span = m.spans.get(&"pipeline".to_string());
+        let span = m.spans.get(&Item::Pipeline);
         return Err(vec![Diagnostic::error(
             format!(
                 "a circular pipeline ({} repeats) needs at least as many microbatches as stages, got {} microbatches for {} stages",
@@ -69,7 +69,7 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         .with_note("microbatch m comes back to stage 0 for repeat r+1 at iteration (r+1)·M + m, but leaves the last stage only at iteration r·M + m + S - 1")
         .with_note(format!("use --microbatches {} or more, or --repeats 1", p.stages))]);
     }
-    let stage = m.func(names::STAGE).ok_or_else(|| {
+    let stage = m.func_id(names::STAGE).ok_or_else(|| {
         vec![Diagnostic::plain(
             "`gpipe-loop` needs `@stage`: run `vmap-stages` first",
         )]
@@ -79,11 +79,8 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     Ok(())
 }
 
-fn build(
-    m: &Module,
-    stage: &ppc_dialect::Func,
-    opts: &Options,
-) -> Result<ppc_dialect::Func, Diagnostic> {
+fn build(m: &Module, stage_id: FuncId, opts: &Options) -> Result<ppc_dialect::Func, Diagnostic> {
+    let stage = &m.funcs[stage_id];
     let p = m.pipeline;
     let (s, mb, r) = (p.stages, p.microbatches, p.repeats);
     let trips = p.iterations();
@@ -107,7 +104,7 @@ fn build(
     let s_ty = Type::new(DType::I32, vec![stage_dim.clone()]);
 
     let mut b = Builder::new(names::PIPELINE);
-    b.span = m.spans.get(&"pipeline".to_string());
+    b.span = m.spans.get(&Item::Pipeline);
     let x = b.arg("x", stacked(Dim::named("microbatches", mb)));
     let int = |b: &mut Builder, hint: &str, v: u64| {
         b.op(
@@ -251,7 +248,7 @@ fn build(
                 let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
                 args.push(bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?);
             }
-            let out = b.call("out", stage, args)?;
+            let out = b.call("out", m, stage_id, args)?;
             // 3. The last stage finishes item t - (S-1) once the pipe is full.
             let (last, from_prev) = match &ranks {
                 Some(ranks) => {

@@ -35,7 +35,7 @@ pub fn shard_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> 
     }
     let stage = m
         .funcs
-        .iter_mut()
+        .values_mut()
         .find(|f| f.name == names::STAGE)
         .ok_or_else(|| {
             vec![Diagnostic::plain(

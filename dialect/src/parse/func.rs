@@ -397,8 +397,13 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     OpKind::Exchange { x: ids[0] }
                 }
                 "call" => {
-                    let (callee, _) = symbol.clone().ok_or_else(|| Diagnostic::error("`call` needs a function, as in `call @stage, %x`", span, "no callee"))?;
-                    OpKind::Call { callee, args: ids.clone() }
+                    let (callee, cspan) = symbol.clone().ok_or_else(|| Diagnostic::error("`call` needs a function, as in `call @stage, %x`", span, "no callee"))?;
+                    let id = self.module.funcs.iter().find(|(_, f)| f.name == callee).map(|(id, _)| id).ok_or_else(|| {
+                        let defined: Vec<String> = self.module.funcs.values().map(|f| format!("@{}", f.name)).collect();
+                        Diagnostic::error(format!("unknown function `@{callee}`"), cspan, "not defined before this function")
+                            .with_note(if defined.is_empty() { "no function is defined before this one".to_string() } else { format!("defined so far: {}", defined.join(", ")) })
+                    })?;
+                    OpKind::Call { callee: id, args: ids.clone() }
                 }
                 "loop" => {
                     let trips = a.int("trips")? as u64;
@@ -423,21 +428,10 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         let operand_types: Vec<&Type> = ids.iter().map(|&v| self.func.ty(v)).collect();
         let written: Vec<Type> = declared.iter().map(|(t, _)| t.clone()).collect();
         let callee = match &kind {
-            OpKind::Call { callee, .. } => self
-                .module
-                .funcs
-                .iter()
-                .find(|f| &f.name == callee)
-                .map(|f| (f.arg_types(), f.result_types())),
+            OpKind::Call { callee, .. } => Some(&self.module.funcs[*callee]),
             _ => None,
         };
-        let inferred = infer(
-            &kind,
-            &operand_types,
-            &written,
-            callee.as_ref().map(|(a, r)| (a.as_slice(), r.as_slice())),
-        )
-        .map_err(|e| {
+        let inferred = infer(&kind, &operand_types, &written, callee).map_err(|e| {
             let label_span = e
                 .operand
                 .and_then(|i| operands.get(i))

@@ -79,7 +79,7 @@ pub fn parse(src: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
         input: None,
         target: None,
         loss: None,
-        funcs: Vec::new(),
+        funcs: Default::default(),
         spans: SpanTable::default(),
         resolved: None,
     };

@@ -3,9 +3,10 @@
 
 use super::func::FuncBuilder;
 use super::{parse_u64, span_of, Overrides, PResult, Rule, MAX_PIPELINE_SETTING};
+use crate::arena::Arena;
 use crate::diag::Diagnostic;
 use crate::infer::checked_elements;
-use crate::ir::{Depth, DimDef, DimFactor, Func, Loss, Module, Pipeline};
+use crate::ir::{Depth, DimDef, DimFactor, Func, Item, Loss, Module, Pipeline};
 use crate::span::{Span, SpanTable};
 use crate::types::{Axis, DType, Dim, Type};
 use pest::iterators::Pair;
@@ -18,23 +19,23 @@ pub(super) struct ModuleBuilder<'a> {
     pub(super) input: Option<Type>,
     pub(super) target: Option<Type>,
     pub(super) loss: Option<Loss>,
-    pub(super) funcs: Vec<Func>,
-    pub(super) spans: SpanTable<String>,
+    pub(super) funcs: Arena<Func>,
+    pub(super) spans: SpanTable<Item>,
     /// The pipeline, once `dims` and `pipeline` are both known (needed to resolve shapes).
     pub(super) resolved: Option<Pipeline>,
 }
 
 impl ModuleBuilder<'_> {
-    fn once(&mut self, key: &str, span: Span, seen: bool) -> PResult<()> {
+    fn once(&mut self, key: Item, span: Span, seen: bool) -> PResult<()> {
         if seen {
             return Err(Diagnostic::error(
-                format!("`{key}` is given twice"),
+                format!("`{}` is given twice", key.keyword()),
                 span,
                 "second one here",
             )
-            .with_label(self.spans.get(&key.to_string()), "first one here"));
+            .with_label(self.spans.get(&key), "first one here"));
         }
-        self.spans.set(key.to_string(), span);
+        self.spans.set(key, span);
         Ok(())
     }
 
@@ -43,7 +44,7 @@ impl ModuleBuilder<'_> {
         match item.as_rule() {
             Rule::dims => {
                 let seen = !self.dims.is_empty();
-                self.once("dims", span, seen)?;
+                self.once(Item::Dims, span, seen)?;
                 if self.resolved.is_some() || !self.funcs.is_empty() {
                     return Err(Diagnostic::error(
                         "`dims` must come before `pipeline`, types and functions",
@@ -58,7 +59,7 @@ impl ModuleBuilder<'_> {
             }
             Rule::pipeline => {
                 let seen = !self.pipeline.is_empty();
-                self.once("pipeline", span, seen)?;
+                self.once(Item::Pipeline, span, seen)?;
                 for s in item.into_inner() {
                     let mut it = s.into_inner();
                     let (name, value) = (
@@ -79,27 +80,21 @@ impl ModuleBuilder<'_> {
                 self.resolve_pipeline(span).map(|_| ())
             }
             Rule::input | Rule::target => {
-                let key = if item.as_rule() == Rule::input {
-                    "input"
+                let (key, seen) = if item.as_rule() == Rule::input {
+                    (Item::Input, self.input.is_some())
                 } else {
-                    "target"
-                };
-                let seen = if key == "input" {
-                    self.input.is_some()
-                } else {
-                    self.target.is_some()
+                    (Item::Target, self.target.is_some())
                 };
                 self.once(key, span, seen)?;
-                let t = self.ty(item.into_inner().next().expect("type"))?;
-                if key == "input" {
-                    self.input = Some(t);
-                } else {
-                    self.target = Some(t);
+                let t = Some(self.ty(item.into_inner().next().expect("type"))?);
+                match key {
+                    Item::Input => self.input = t,
+                    _ => self.target = t,
                 }
                 Ok(())
             }
             Rule::loss => {
-                self.once("loss", span, self.loss.is_some())?;
+                self.once(Item::Loss, span, self.loss.is_some())?;
                 let name = item.into_inner().next().expect("loss name");
                 self.loss = Some(match name.as_str() {
                     "mse" => Loss::Mse,
@@ -117,7 +112,7 @@ impl ModuleBuilder<'_> {
             }
             Rule::func => {
                 let f = FuncBuilder::build(self, item)?;
-                if self.funcs.iter().any(|g| g.name == f.name) {
+                if self.funcs.values().any(|g| g.name == f.name) {
                     return Err(Diagnostic::error(
                         format!("function `@{}` is defined twice", f.name),
                         span,
@@ -135,16 +130,13 @@ impl ModuleBuilder<'_> {
         let mut it = d.into_inner();
         let name = it.next().expect("dim name");
         let expr = it.next().expect("dim expr");
-        if self.dims.iter().any(|x| x.name == name.as_str()) {
+        if let Some(first) = self.dims.iter().position(|x| x.name == name.as_str()) {
             return Err(Diagnostic::error(
                 format!("dimension `{}` is declared twice", name.as_str()),
                 span_of(&name),
                 "again here",
             )
-            .with_label(
-                self.spans.get(&format!("dim.{}", name.as_str())),
-                "first declared here",
-            ));
+            .with_label(self.spans.get(&Item::Dim(first)), "first declared here"));
         }
         if is_pipeline_name(name.as_str()) {
             return Err(Diagnostic::error(
@@ -189,8 +181,7 @@ impl ModuleBuilder<'_> {
             factors.push(f);
         }
         self.check_dim_size(name.as_str(), value, span_of(&name))?;
-        self.spans
-            .set(format!("dim.{}", name.as_str()), span_of(&name));
+        self.spans.set(Item::Dim(self.dims.len()), span_of(&name));
         self.dims.push(DimDef {
             name: name.as_str().to_string(),
             factors,
@@ -252,7 +243,7 @@ impl ModuleBuilder<'_> {
                     ))
                 })?;
             }
-            let span = self.spans.get(&format!("dim.{}", self.dims[i].name));
+            let span = self.spans.get(&Item::Dim(i));
             self.check_dim_size(&self.dims[i].name.clone(), value, span)?;
             self.dims[i].value = value;
         }
