@@ -161,6 +161,16 @@ fn generated_code_for_the_baseline_has_no_avx512_and_no_conversion_calls() {
 }
 
 #[test]
+fn generated_code_is_vectorized_for_the_target() {
+    // LLVM vectorizes only when it knows the target: AVX2's ymm registers for x86-64-v3.
+    let file = path("examples/mlp.ppc");
+    let (code, asm, err) = ppc(&["compile", &file, "--emit=asm", "--target-cpu", "x86-64-v3"]);
+    assert_eq!(code, 0, "{err}");
+    let vector = asm.lines().filter(|l| l.contains("ymm")).count();
+    assert!(vector > 100, "only {vector} lines use ymm registers");
+}
+
+#[test]
 fn the_portable_gemm_path_matches_the_interpreter() {
     let dir = scratch("portable-gemm");
     let model = "examples/mlp.ppc";

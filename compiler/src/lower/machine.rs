@@ -9,6 +9,9 @@ use ppc_runtime::manifest::Target;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The platform executables are built for (the runtime and its MPI are x86-64 Linux).
+const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
 /// What `llc` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -38,9 +41,12 @@ pub fn compile(
 ) -> Result<(), Diagnostics> {
     let o = format!("-O{opt_level}");
     let mcpu = format!("-mcpu={}", target.cpu);
+    // MLIR's LLVM IR names no target: without one `opt` has no cost model for the CPU and,
+    // among other things, does not vectorize.
+    let triple = format!("-mtriple={TRIPLE}");
     let optimized = out.with_extension("opt.bc");
     run(Command::new(tool("opt"))
-        .args([o.as_str(), mcpu.as_str()])
+        .args([o.as_str(), triple.as_str(), mcpu.as_str()])
         .arg(ir)
         .arg("-o")
         .arg(&optimized))?;
@@ -49,7 +55,13 @@ pub fn compile(
         Output::Assembly => "-filetype=asm",
     };
     run(Command::new(tool("llc"))
-        .args([o.as_str(), mcpu.as_str(), "-relocation-model=pic", filetype])
+        .args([
+            o.as_str(),
+            triple.as_str(),
+            mcpu.as_str(),
+            "-relocation-model=pic",
+            filetype,
+        ])
         .arg(&optimized)
         .arg("-o")
         .arg(out))
