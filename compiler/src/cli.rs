@@ -104,6 +104,10 @@ pub enum Command {
         backend: Backend,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Testing verify itself: add 1 to element N (row-major) of the result under test
+        /// before comparing, which must then fail.
+        #[arg(long, value_name = "N", hide = true)]
+        perturb: Option<usize>,
         #[command(flatten)]
         pass: PassArgs,
         #[command(flatten)]

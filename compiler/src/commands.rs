@@ -224,9 +224,10 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             model,
             backend,
             seed,
+            perturb,
             pass,
             codegen,
-        } => return verify(&model, backend, seed, &pass, &codegen, out, err),
+        } => return verify(&model, backend, seed, perturb, &pass, &codegen, out, err),
         Command::Schedule { model, svg } => {
             let mut l = load(&model)?;
             l.compile(&Options::default(), None, None)?;
@@ -301,10 +302,12 @@ fn run_interp(
 }
 
 /// `ppc verify`: the pipelined program (interpreted or compiled) against the sequential model.
+#[allow(clippy::too_many_arguments)]
 fn verify(
     model: &ModelArgs,
     backend: Backend,
     seed: u64,
+    perturb: Option<usize>,
     pass: &PassArgs,
     codegen: &CodegenArgs,
     out: &mut dyn Write,
@@ -358,7 +361,7 @@ fn verify(
         t.elapsed().as_secs_f64()
     )
     .map_err(io)?;
-    let (got, tol) = match backend {
+    let (mut got, tol) = match backend {
         Backend::Interp => (piped.clone(), 0.0),
         Backend::Cpu => {
             let t = Instant::now();
@@ -377,7 +380,21 @@ fn verify(
             (y.to_tensor(), if exact { 0.0 } else { tolerance(dtype) })
         }
     };
+    if let Some(i) = perturb {
+        let n = got.data.len();
+        let v = got.data.get_mut(i).ok_or_else(|| {
+            Failure(format!(
+                "error: --perturb {i}: the result has {n} elements\n"
+            ))
+        })?;
+        *v += 1.0;
+    }
     let (vs_seq, vs_interp) = (compare(&want, &got), compare(&piped, &got));
+    // Where the result is furthest from the sequential model, as an index into the output.
+    let worst = vs_seq.worst.map(|i| {
+        let at = ppc_runtime::tensor::unflatten(i, &want.shape);
+        serde_json::json!({ "index": at, "want": want.data[i], "got": got.data[i] })
+    });
     let ok = if tol == 0.0 {
         vs_seq.bit_exact && vs_interp.bit_exact
     } else {
@@ -390,7 +407,7 @@ fn verify(
         "poison_bubbles": pass.poison_bubbles, "seed": seed,
         "max_abs_diff": vs_seq.max_abs, "max_rel_diff": vs_seq.max_rel,
         "max_rel_diff_vs_interp_pipeline": vs_interp.max_rel,
-        "tolerance": tol, "bit_exact": vs_seq.bit_exact, "ok": ok,
+        "tolerance": tol, "bit_exact": vs_seq.bit_exact, "ok": ok, "worst": worst,
     });
     writeln!(out, "{json}").map_err(io)?;
     Ok(if ok { 0 } else { 1 })

@@ -10,6 +10,8 @@ pub struct Comparison {
     pub max_rel: f64,
     /// Same shape and the same bits everywhere (NaN included).
     pub bit_exact: bool,
+    /// The flat index of the largest difference (the first, among equals), if any differs.
+    pub worst: Option<usize>,
 }
 
 /// Compares `got` with the reference `want`. A NaN on one side only counts as infinitely far.
@@ -19,10 +21,11 @@ pub fn compare(want: &Tensor, got: &Tensor) -> Comparison {
             max_abs: f64::INFINITY,
             max_rel: f64::INFINITY,
             bit_exact: false,
+            worst: None,
         };
     }
-    let (mut max_abs, mut scale) = (0.0f64, 0.0f64);
-    for (&a, &b) in want.data.iter().zip(&got.data) {
+    let (mut max_abs, mut scale, mut worst) = (0.0f64, 0.0f64, None);
+    for (i, (&a, &b)) in want.data.iter().zip(&got.data).enumerate() {
         let d = if a.is_nan() != b.is_nan() {
             f64::INFINITY
         } else if a.is_nan() {
@@ -30,6 +33,9 @@ pub fn compare(want: &Tensor, got: &Tensor) -> Comparison {
         } else {
             (f64::from(a) - f64::from(b)).abs()
         };
+        if d > max_abs || (worst.is_none() && a.to_bits() != b.to_bits() && !a.is_nan()) {
+            worst = Some(i);
+        }
         max_abs = max_abs.max(d);
         if a.is_finite() {
             scale = scale.max(f64::from(a).abs());
@@ -49,6 +55,7 @@ pub fn compare(want: &Tensor, got: &Tensor) -> Comparison {
         max_abs,
         max_rel,
         bit_exact,
+        worst,
     }
 }
 

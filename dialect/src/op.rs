@@ -275,6 +275,44 @@ impl ReduceOp {
     }
 }
 
+/// The ops that are not one of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]),
+/// by their names in the text format.
+const OTHER_OPS: [&str; 20] = [
+    "select",
+    "matmul",
+    "transpose",
+    "reshape",
+    "broadcast",
+    "convert",
+    "slice",
+    "concat",
+    "softmax",
+    "layernorm",
+    "iota",
+    "constant",
+    "pad",
+    "shift",
+    "index",
+    "update",
+    "rank",
+    "exchange",
+    "call",
+    "loop",
+];
+
+/// The name of every op of the text format: what the parser accepts and the conformance suite
+/// must cover.
+pub fn all_op_names() -> Vec<&'static str> {
+    let mut v: Vec<&str> = BinaryOp::ALL.iter().map(|o| o.name()).collect();
+    v.extend(UnaryOp::ALL.iter().map(|o| o.name()));
+    v.extend(CmpPred::ALL.iter().map(|o| o.name()));
+    // Reductions sit among the others where the parser's help has always listed them.
+    v.extend(&OTHER_OPS[..8]);
+    v.extend(ReduceOp::ALL.iter().map(|o| o.name()));
+    v.extend(&OTHER_OPS[8..]);
+    v
+}
+
 impl OpKind {
     /// The op's name in the text format.
     pub fn name(&self) -> &'static str {

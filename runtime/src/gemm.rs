@@ -7,6 +7,7 @@
 //! k-ordered loop, so results agree to rounding (relative 1e-5), not bit for bit.
 
 use crate::memref::Unranked;
+use crate::tensor::unflatten;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Stage slots seen by masked GEMMs, and those that were active (not in a bubble).
@@ -209,17 +210,6 @@ unsafe fn matmul(
         }
     };
     crate::pool::parallel_for(tasks.len(), &one);
-}
-
-/// The batch index of flat entry `flat` (row-major over `batch`).
-fn unflatten(flat: usize, batch: &[usize]) -> Vec<usize> {
-    let mut idx = vec![0usize; batch.len()];
-    let mut rest = flat;
-    for ax in (0..batch.len()).rev() {
-        idx[ax] = rest % batch[ax];
-        rest /= batch[ax];
-    }
-    idx
 }
 
 /// The first element of `c`'s block for flat batch entry `flat`.

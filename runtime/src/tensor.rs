@@ -54,7 +54,8 @@ impl DType {
             DType::F32 => x,
             DType::BF16 => bf16::from_f32(x).to_f32(),
             DType::F16 => f16::from_f32(x).to_f32(),
-            DType::I32 => x.trunc(),
+            // Toward zero, saturating, NaN to 0 (Rust's `as`, and what compiled code does).
+            DType::I32 => (x as i32) as f32,
             DType::I1 => f32::from(u8::from(x != 0.0)),
         }
     }
@@ -121,6 +122,17 @@ impl Tensor {
             .map(|(i, &x)| f64::from(x) * (1 + i % 7) as f64)
             .sum()
     }
+}
+
+/// The index of row-major element `flat` of `shape`.
+pub fn unflatten(flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0usize; shape.len()];
+    let mut rest = flat;
+    for ax in (0..shape.len()).rev() {
+        idx[ax] = rest % shape[ax];
+        rest /= shape[ax];
+    }
+    idx
 }
 
 /// Row-major strides of `shape`, in elements.

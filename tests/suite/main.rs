@@ -4,6 +4,7 @@
 
 mod cli;
 mod common;
+mod conformance;
 mod cpu;
 mod errors;
 mod interp_ops;
@@ -13,3 +14,4 @@ mod portable;
 mod properties;
 mod robustness;
 mod roundtrip;
+mod verify;

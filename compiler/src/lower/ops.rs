@@ -64,8 +64,25 @@ fn convert_value(e: &mut Emitter, v: &str, from: DType, to: DType) -> String {
             trunc(e, &x, to)
         }
         (F32 | BF16 | F16, I32) => {
+            // Saturating, NaN to 0, as the interpreter defines it: `fptosi` alone is poison
+            // out of range (x86 gives i32::MIN for NaN and +inf).
             let x = ext(e, v, from);
-            e.let_(&format!("arith.fptosi {x} : f32 to i32"))
+            let t = e.let_(&format!("arith.fptosi {x} : f32 to i32"));
+            let (lo, hi) = (
+                e.constant(-2_147_483_648.0, "f32"),
+                e.constant(2_147_483_648.0, "f32"),
+            );
+            let (min, max, zero) = (
+                e.constant(f64::from(i32::MIN), "i32"),
+                e.constant(f64::from(i32::MAX), "i32"),
+                e.constant(0.0, "i32"),
+            );
+            let below = e.let_(&format!("arith.cmpf olt, {x}, {lo} : f32"));
+            let above = e.let_(&format!("arith.cmpf oge, {x}, {hi} : f32"));
+            let nan = e.let_(&format!("arith.cmpf uno, {x}, {x} : f32"));
+            let t = e.let_(&format!("arith.select {below}, {min}, {t} : i32"));
+            let t = e.let_(&format!("arith.select {above}, {max}, {t} : i32"));
+            e.let_(&format!("arith.select {nan}, {zero}, {t} : i32"))
         }
         (F32 | BF16 | F16, I1) => {
             let x = ext(e, v, from);
@@ -318,24 +335,10 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
             );
         }
         OpKind::Slice { start, .. } => {
-            let m: Vec<String> = start
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    if *s == 0 {
-                        format!("d{i}")
-                    } else {
-                        format!("d{i} + {s}")
-                    }
-                })
-                .collect();
-            e.generic(
-                r,
-                &[(&ins[0], m.join(", "))],
-                (out, identity(r)),
-                &par,
-                |_, a| a[0].clone(),
-            );
+            // A view of the window, copied: an indexing map with offsets would let linalg take
+            // the loop bounds from the input wherever a start is 0.
+            let window = e.subview(&ins[0], start, &out.ty.shape());
+            e.copy(&window, out);
         }
         OpKind::Concat { axis, .. } => {
             let mut at = 0;

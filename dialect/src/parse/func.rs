@@ -319,17 +319,28 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
             match op_name {
                 "select" => {
                     arity(3)?;
-                    OpKind::Select { cond: ids[0], on_true: ids[1], on_false: ids[2] }
+                    OpKind::Select {
+                        cond: ids[0],
+                        on_true: ids[1],
+                        on_false: ids[2],
+                    }
                 }
                 "matmul" => {
                     if ids.len() != 3 {
                         arity(2)?;
                     }
-                    OpKind::MatMul { lhs: ids[0], rhs: ids[1], mask: ids.get(2).copied() }
+                    OpKind::MatMul {
+                        lhs: ids[0],
+                        rhs: ids[1],
+                        mask: ids.get(2).copied(),
+                    }
                 }
                 "transpose" => {
                     arity(1)?;
-                    OpKind::Transpose { x: ids[0], perm: a.ints("perm")? }
+                    OpKind::Transpose {
+                        x: ids[0],
+                        perm: a.ints("perm")?,
+                    }
                 }
                 "reshape" => {
                     arity(1)?;
@@ -347,46 +358,93 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     arity(1)?;
                     let start = a.ints("start")?.into_iter().map(|v| v as u64).collect();
                     let end = a.ints("end")?.into_iter().map(|v| v as u64).collect();
-                    OpKind::Slice { x: ids[0], start, end }
+                    OpKind::Slice {
+                        x: ids[0],
+                        start,
+                        end,
+                    }
                 }
                 "concat" => {
                     if ids.is_empty() {
-                        return Err(Diagnostic::error("`concat` needs at least one operand", span, "no operands"));
+                        return Err(Diagnostic::error(
+                            "`concat` needs at least one operand",
+                            span,
+                            "no operands",
+                        ));
                     }
-                    OpKind::Concat { xs: ids.clone(), axis: a.int("axis")? }
+                    OpKind::Concat {
+                        xs: ids.clone(),
+                        axis: a.int("axis")?,
+                    }
                 }
                 "softmax" => {
                     arity(1)?;
-                    OpKind::Softmax { x: ids[0], axis: a.int("axis")? }
+                    OpKind::Softmax {
+                        x: ids[0],
+                        axis: a.int("axis")?,
+                    }
                 }
                 "layernorm" => {
                     arity(1)?;
-                    OpKind::LayerNorm { x: ids[0], axis: a.int("axis")?, eps: Float(a.float("eps")?) }
+                    OpKind::LayerNorm {
+                        x: ids[0],
+                        axis: a.int("axis")?,
+                        eps: Float(a.float("eps")?),
+                    }
                 }
                 "iota" => {
                     arity(0)?;
-                    OpKind::Iota { axis: a.int("axis")? }
+                    OpKind::Iota {
+                        axis: a.int("axis")?,
+                    }
                 }
                 "constant" => {
                     arity(0)?;
-                    let (text, nspan) = number.ok_or_else(|| Diagnostic::error("`constant` needs a value, as in `constant 0.5 : f32[d]`", span, "no value"))?;
-                    OpKind::Constant { value: Float(parse_f64(&text, nspan)?) }
+                    let (text, nspan) = number.ok_or_else(|| {
+                        Diagnostic::error(
+                            "`constant` needs a value, as in `constant 0.5 : f32[d]`",
+                            span,
+                            "no value",
+                        )
+                    })?;
+                    OpKind::Constant {
+                        value: Float(parse_f64(&text, nspan)?),
+                    }
                 }
                 "pad" => {
                     arity(1)?;
-                    OpKind::Pad { x: ids[0], axis: a.int("axis")?, low: a.int("low")? as u64, high: a.int("high")? as u64, fill: Float(a.float("fill")?) }
+                    OpKind::Pad {
+                        x: ids[0],
+                        axis: a.int("axis")?,
+                        low: a.int("low")? as u64,
+                        high: a.int("high")? as u64,
+                        fill: Float(a.float("fill")?),
+                    }
                 }
                 "shift" => {
                     arity(1)?;
-                    OpKind::Shift { x: ids[0], axis: a.int("axis")?, fill: Float(a.float("fill")?) }
+                    OpKind::Shift {
+                        x: ids[0],
+                        axis: a.int("axis")?,
+                        fill: Float(a.float("fill")?),
+                    }
                 }
                 "index" => {
                     arity(2)?;
-                    OpKind::Index { x: ids[0], index: ids[1], axis: a.int("axis")? }
+                    OpKind::Index {
+                        x: ids[0],
+                        index: ids[1],
+                        axis: a.int("axis")?,
+                    }
                 }
                 "update" => {
                     arity(3)?;
-                    OpKind::Update { x: ids[0], update: ids[1], index: ids[2], axis: a.int("axis")? }
+                    OpKind::Update {
+                        x: ids[0],
+                        update: ids[1],
+                        index: ids[2],
+                        axis: a.int("axis")?,
+                    }
                 }
                 "rank" => {
                     arity(0)?;
@@ -397,29 +455,72 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     OpKind::Exchange { x: ids[0] }
                 }
                 "call" => {
-                    let (callee, cspan) = symbol.clone().ok_or_else(|| Diagnostic::error("`call` needs a function, as in `call @stage, %x`", span, "no callee"))?;
-                    let id = self.module.funcs.iter().find(|(_, f)| f.name == callee).map(|(id, _)| id).ok_or_else(|| {
-                        let defined: Vec<String> = self.module.funcs.values().map(|f| format!("@{}", f.name)).collect();
-                        Diagnostic::error(format!("unknown function `@{callee}`"), cspan, "not defined before this function")
-                            .with_note(if defined.is_empty() { "no function is defined before this one".to_string() } else { format!("defined so far: {}", defined.join(", ")) })
+                    let (callee, cspan) = symbol.clone().ok_or_else(|| {
+                        Diagnostic::error(
+                            "`call` needs a function, as in `call @stage, %x`",
+                            span,
+                            "no callee",
+                        )
                     })?;
-                    OpKind::Call { callee: id, args: ids.clone() }
+                    let id = self
+                        .module
+                        .funcs
+                        .iter()
+                        .find(|(_, f)| f.name == callee)
+                        .map(|(id, _)| id)
+                        .ok_or_else(|| {
+                            let defined: Vec<String> = self
+                                .module
+                                .funcs
+                                .values()
+                                .map(|f| format!("@{}", f.name))
+                                .collect();
+                            Diagnostic::error(
+                                format!("unknown function `@{callee}`"),
+                                cspan,
+                                "not defined before this function",
+                            )
+                            .with_note(if defined.is_empty() {
+                                "no function is defined before this one".to_string()
+                            } else {
+                                format!("defined so far: {}", defined.join(", "))
+                            })
+                        })?;
+                    OpKind::Call {
+                        callee: id,
+                        args: ids.clone(),
+                    }
                 }
                 "loop" => {
                     let trips = a.int("trips")? as u64;
                     if trips == 0 || trips > MAX_PIPELINE_SETTING * MAX_PIPELINE_SETTING {
-                        return Err(Diagnostic::error(format!("loop trip count {trips} is out of range"), span, "bad trip count"));
+                        return Err(Diagnostic::error(
+                            format!("loop trip count {trips} is out of range"),
+                            span,
+                            "bad trip count",
+                        ));
                     }
-                    let r = region.take().ok_or_else(|| Diagnostic::error("`loop` needs a body `{ ^body(...): ... yield ... }`", span, "no body"))?;
+                    let r = region.take().ok_or_else(|| {
+                        Diagnostic::error(
+                            "`loop` needs a body `{ ^body(...): ... yield ... }`",
+                            span,
+                            "no body",
+                        )
+                    })?;
                     let body = self.region(r, &ids)?;
-                    OpKind::Loop { trips, inits: ids.clone(), body }
+                    OpKind::Loop {
+                        trips,
+                        inits: ids.clone(),
+                        body,
+                    }
                 }
                 other => {
-                    return Err(Diagnostic::error(format!("unknown op `{other}`"), name_span, "not an op").with_note(
-                        "ops: add sub mul div max min neg abs exp log tanh sigmoid relu gelu sqrt rsqrt lt le eq gt ge ne select matmul \
-                         transpose reshape broadcast convert slice concat reduce_sum reduce_mean reduce_max softmax layernorm iota constant \
-                         pad shift index update rank exchange call loop",
-                    ))
+                    return Err(Diagnostic::error(
+                        format!("unknown op `{other}`"),
+                        name_span,
+                        "not an op",
+                    )
+                    .with_note(format!("ops: {}", crate::op::all_op_names().join(" "))))
                 }
             }
         };
