@@ -41,6 +41,9 @@ pub enum Item {
     Dim(usize),
     /// The `pipeline { ... }` block.
     Pipeline,
+    /// The value of a pipeline setting, where the file gives the one in effect (not where
+    /// the command line overrides it).
+    Setting(&'static str),
     Input,
     Target,
     Loss,
@@ -51,7 +54,7 @@ impl Item {
     pub fn keyword(self) -> &'static str {
         match self {
             Item::Dims | Item::Dim(_) => "dims",
-            Item::Pipeline => "pipeline",
+            Item::Pipeline | Item::Setting(_) => "pipeline",
             Item::Input => "input",
             Item::Target => "target",
             Item::Loss => "loss",

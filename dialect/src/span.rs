@@ -57,4 +57,9 @@ impl<K: Ord> SpanTable<K> {
     pub fn get(&self, key: &K) -> Span {
         self.0.get(key).copied().unwrap_or_default()
     }
+
+    /// The span of `key`, if one was recorded.
+    pub fn lookup(&self, key: &K) -> Option<Span> {
+        self.0.get(key).copied()
+    }
 }

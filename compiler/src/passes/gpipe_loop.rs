@@ -57,15 +57,37 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         )]);
     }
     if p.repeats > 1 && p.microbatches < p.stages {
-        let span = m.spans.get(&Item::Pipeline);
-        return Err(vec![Diagnostic::error(
+        // Point at the numbers where the file gives them; name those the command line gave.
+        let at = |name| m.spans.lookup(&Item::Setting(name));
+        let (span, label) = match at("microbatches") {
+            Some(s) => (s, format!("{} microbatches", p.microbatches)),
+            None => (m.spans.get(&Item::Pipeline), "in this pipeline".to_string()),
+        };
+        let mut d = Diagnostic::error(
             format!(
                 "a circular pipeline ({} repeats) needs at least as many microbatches as stages, got {} microbatches for {} stages",
                 p.repeats, p.microbatches, p.stages
             ),
             span,
-            "this pipeline",
-        )
+            label,
+        );
+        let settings = [
+            ("stages", p.stages),
+            ("microbatches", p.microbatches),
+            ("repeats", p.repeats),
+        ];
+        let mut given = Vec::new();
+        for (name, v) in settings {
+            match at(name) {
+                Some(s) if name != "microbatches" => d = d.with_label(s, format!("{v} {name}")),
+                Some(_) => {}
+                None => given.push(format!("--{name} {v}")),
+            }
+        }
+        if !given.is_empty() {
+            d = d.with_note(format!("from the command line: {}", given.join(", ")));
+        }
+        return Err(vec![d
         .with_note("microbatch m comes back to stage 0 for repeat r+1 at iteration (r+1)·M + m, but leaves the last stage only at iteration r·M + m + S - 1")
         .with_note(format!("use --microbatches {} or more, or --repeats 1", p.stages))]);
     }

@@ -14,8 +14,9 @@ use pest::iterators::Pair;
 pub(super) struct ModuleBuilder<'a> {
     pub(super) overrides: &'a Overrides,
     pub(super) dims: Vec<DimDef>,
-    /// Settings as written, with spans, until the pipeline is resolved.
-    pub(super) pipeline: Vec<(String, u64, Span)>,
+    /// Settings as written, with the spans of their names and values, until the pipeline is
+    /// resolved.
+    pub(super) pipeline: Vec<(String, u64, Span, Span)>,
     pub(super) input: Option<Type>,
     pub(super) target: Option<Type>,
     pub(super) loss: Option<Loss>,
@@ -67,15 +68,19 @@ impl ModuleBuilder<'_> {
                         it.next().expect("setting value"),
                     );
                     let v = parse_u64(&value, "setting")?;
-                    if self.pipeline.iter().any(|(n, _, _)| n == name.as_str()) {
+                    if self.pipeline.iter().any(|(n, ..)| n == name.as_str()) {
                         return Err(Diagnostic::error(
                             format!("pipeline setting `{}` is given twice", name.as_str()),
                             span_of(&name),
                             "again here",
                         ));
                     }
-                    self.pipeline
-                        .push((name.as_str().to_string(), v, span_of(&value)));
+                    self.pipeline.push((
+                        name.as_str().to_string(),
+                        v,
+                        span_of(&name),
+                        span_of(&value),
+                    ));
                 }
                 self.resolve_pipeline(span).map(|_| ())
             }
@@ -255,10 +260,10 @@ impl ModuleBuilder<'_> {
             Ok(self
                 .pipeline
                 .iter()
-                .find(|(n, _, _)| n == name)
-                .map(|(_, v, s)| (*v, *s)))
+                .find(|(n, ..)| n == name)
+                .map(|(_, v, _, s)| (*v, *s)))
         };
-        for (name, _, span) in &self.pipeline {
+        for (name, _, span, _) in &self.pipeline {
             if !SETTINGS.contains(&name.as_str()) {
                 return Err(Diagnostic::error(format!("unknown pipeline setting `{name}`"), *span, "unknown")
                     .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches`, `repeats` and `ranks`"));
@@ -267,6 +272,17 @@ impl ModuleBuilder<'_> {
         let ov = self.overrides;
         let pick =
             |written: Option<(u64, Span)>, over: Option<u64>| over.map(|v| (v, block)).or(written);
+        // Where each setting in effect was written; the command line's have no place in the file.
+        for (name, over) in [
+            ("stages", ov.stages),
+            ("microbatches", ov.microbatches),
+            ("repeats", ov.repeats),
+            ("ranks", ov.ranks),
+        ] {
+            if let (None, Some((_, span))) = (over, get(name)?) {
+                self.spans.set(Item::Setting(name), span);
+            }
+        }
         let stages = pick(get("stages")?, ov.stages);
         let micro = pick(get("microbatches")?, ov.microbatches);
         let repeats = pick(get("repeats")?, ov.repeats).unwrap_or((1, block));
@@ -337,13 +353,20 @@ impl ModuleBuilder<'_> {
             })?,
             (Some((l, span)), None) => {
                 if l % groups != 0 {
-                    return Err(Diagnostic::error(
-                        format!(
-                            "{} stages × {} repeats = {groups} does not divide {l} layers",
-                            stages.0, repeats.0
+                    let (what, label) = match repeats.0 {
+                        1 => (
+                            format!("{} stages do", stages.0),
+                            "not a multiple of stages",
                         ),
+                        r => (
+                            format!("{} stages × {r} repeats = {groups} do", stages.0),
+                            "not a multiple of stages × repeats",
+                        ),
+                    };
+                    return Err(Diagnostic::error(
+                        format!("{what} not divide {l} layers"),
                         span,
-                        "not a multiple of stages × repeats",
+                        label,
                     )
                     .with_label(stages.1, "stages set here")
                     .with_note("each stage must hold the same number of layers in every repeat"));
