@@ -40,7 +40,13 @@ fn fmt_is_a_fixed_point() {
         let (code, twice, _) = ppc(&["fmt", &tmp.display().to_string()]);
         assert_eq!(code, 0);
         assert_eq!(once, twice, "fmt is not idempotent on {}", ex.display());
-        // --write rewrites in place with the same text, leaving no temporary file behind.
+        // --write rewrites a file that is not in canonical form (the example itself, with
+        // comments and its own spacing, squeezed further) into the canonical text, leaving no
+        // temporary file behind.
+        let original = std::fs::read_to_string(&ex).expect("example");
+        let messy = original.replace(", ", " ,  ").replace(" = ", "=");
+        assert_ne!(messy, once, "the test needs a file that fmt changes");
+        std::fs::write(&tmp, &messy).expect("write temp");
         let (code, _, _) = ppc(&["fmt", "--write", &tmp.display().to_string()]);
         assert_eq!(code, 0);
         assert_eq!(std::fs::read_to_string(&tmp).expect("read back"), once);

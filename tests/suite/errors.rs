@@ -54,18 +54,54 @@ fn malformed_models_get_spanned_diagnostics() {
 
 /// Diagnostics no model file can cause, each with what guards it instead.
 const UNREACHABLE_FROM_A_MODEL: &[(&str, &str)] = &[
-    ("before its definition", "the parser resolves names in order; the verifier guards passes"),
-    ("records result types", "the parser infers or checks every type; the verifier guards passes"),
-    ("loop body arguments must be", "the parser checks loop bodies; the verifier guards passes"),
-    ("loop body must yield", "the parser checks loop bodies; the verifier guards passes"),
-    ("the callee is not a function defined before", "the parser resolves callees (unknown_callee)"),
-    ("cannot build `", "a pass built an ill-typed op: a compiler bug, with the pass's span"),
-    ("needs exactly one result type after", "the parser counts written types first (result_types_count)"),
-    ("is not a number", "the grammar admits only numbers where a number is parsed"),
-    ("layer count overflows", "settings are at most 2^16, so their product fits (too_many_layers)"),
-    ("bad initializer", "a label; its callers' messages: unknown_initializer, initializer_arguments"),
-    ("MLIR: ", "lowering errors are compiler bugs; cpu::mlir_locations_point_into_the_model_file"),
-    ("the model file is not UTF-8", "the corpus is text; cli::a_model_file_that_is_not_utf8_*"),
+    (
+        "before its definition",
+        "the parser resolves names in order; the verifier guards passes",
+    ),
+    (
+        "records result types",
+        "the parser infers or checks every type; the verifier guards passes",
+    ),
+    (
+        "loop body arguments must be",
+        "the parser checks loop bodies; the verifier guards passes",
+    ),
+    (
+        "loop body must yield",
+        "the parser checks loop bodies; the verifier guards passes",
+    ),
+    (
+        "the callee is not a function defined before",
+        "the parser resolves callees (unknown_callee)",
+    ),
+    (
+        "cannot build `",
+        "a pass built an ill-typed op: a compiler bug, with the pass's span",
+    ),
+    (
+        "needs exactly one result type after",
+        "the parser counts written types first (result_types_count)",
+    ),
+    (
+        "is not a number",
+        "the grammar admits only numbers where a number is parsed",
+    ),
+    (
+        "layer count overflows",
+        "settings are at most 2^16, so their product fits (too_many_layers)",
+    ),
+    (
+        "bad initializer",
+        "a label; its callers' messages: unknown_initializer, initializer_arguments",
+    ),
+    (
+        "MLIR: ",
+        "lowering errors are compiler bugs; cpu::mlir_locations_point_into_the_model_file",
+    ),
+    (
+        "the model file is not UTF-8",
+        "the corpus is text; cli::a_model_file_that_is_not_utf8_*",
+    ),
 ];
 
 /// The fixed text of every diagnostic message in `dir`'s sources: the longest literal piece of
@@ -113,7 +149,11 @@ fn first_literal(code: &str) -> Option<String> {
         rest = rest[open..].find('}').map_or("", |c| &rest[open + c + 1..]);
     }
     pieces.push(rest);
-    pieces.into_iter().max_by_key(|p| p.len()).map(str::to_string).filter(|p| p.len() >= 4)
+    pieces
+        .into_iter()
+        .max_by_key(|p| p.len())
+        .map(str::to_string)
+        .filter(|p| p.len() >= 4)
 }
 
 #[test]
@@ -122,7 +162,11 @@ fn every_diagnostic_a_model_can_cause_has_an_error_case() {
     for dir in ["dialect/src", "compiler/src"] {
         message_classes(&root().join(dir), &mut classes);
     }
-    assert!(classes.len() > 60, "found only {} messages: is the scan broken?", classes.len());
+    assert!(
+        classes.len() > 60,
+        "found only {} messages: is the scan broken?",
+        classes.len()
+    );
     let snapshots: String = std::fs::read_dir(root().join("tests/suite/snapshots"))
         .expect("snapshots")
         .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("snapshot"))
@@ -130,7 +174,11 @@ fn every_diagnostic_a_model_can_cause_has_an_error_case() {
     let missing: Vec<String> = classes
         .iter()
         .filter(|(_, m)| !snapshots.contains(m.as_str()))
-        .filter(|(_, m)| !UNREACHABLE_FROM_A_MODEL.iter().any(|(k, _)| m.contains(k) || k.contains(m.as_str())))
+        .filter(|(_, m)| {
+            !UNREACHABLE_FROM_A_MODEL
+                .iter()
+                .any(|(k, _)| m.contains(k) || k.contains(m.as_str()))
+        })
         .map(|(file, m)| format!("{file}: {m:?}"))
         .collect();
     assert!(
@@ -140,6 +188,11 @@ fn every_diagnostic_a_model_can_cause_has_an_error_case() {
     );
     // Every exemption still names a message that exists.
     for (k, why) in UNREACHABLE_FROM_A_MODEL {
-        assert!(classes.iter().any(|(_, m)| m.contains(k) || k.contains(m.as_str())), "stale exemption {k:?} ({why})");
+        assert!(
+            classes
+                .iter()
+                .any(|(_, m)| m.contains(k) || k.contains(m.as_str())),
+            "stale exemption {k:?} ({why})"
+        );
     }
 }

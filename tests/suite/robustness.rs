@@ -4,11 +4,11 @@
 
 use crate::common::examples;
 use ppc::passes::Options;
-use ppc::pipeline::{compile, frontend};
+use ppc::pipeline::{compile, frontend, PipelineError};
 use ppc_dialect::diag::render;
 use ppc_dialect::Overrides;
 use ppc_runtime::Rng;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const HUGE: &[&str] = &[
     "0",
@@ -112,6 +112,37 @@ fn mutate(src: &str, rng: &mut Rng) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// What became of one mutant: accepted (all passes ran) or rejected with diagnostics.
+fn outcome(text: &str) -> Result<bool, String> {
+    let check = |d: &ppc_dialect::Diagnostics, what: &str| -> Result<(), String> {
+        if d.is_empty() {
+            return Err(format!("{what}: an error without diagnostics"));
+        }
+        for l in d.iter().flat_map(|d| &d.labels) {
+            if l.span.end as usize > text.len() || l.span.start > l.span.end {
+                return Err(format!("{what}: span {:?} outside the file", l.span));
+            }
+        }
+        // Rendering must not panic either, whatever the spans.
+        if !render("mutant.ppc", text, d).contains("error") {
+            return Err(format!("{what}: rendered without `error`"));
+        }
+        Ok(())
+    };
+    match frontend(text, &Overrides::default()) {
+        Err(d) => check(&d, "front end").map(|_| false),
+        Ok(mut m) => match compile(&mut m, &Options::default(), None, None) {
+            Ok(()) => Ok(true),
+            Err(PipelineError::Pass(pass, d)) => check(&d, pass).map(|_| false),
+            Err(e) => Err(format!("not a user error: {e:?}")),
+        },
+    }
+}
+
+/// Each mutant runs on its own thread under a time limit, so that a hang fails the test
+/// instead of stalling the suite.
+const LIMIT: Duration = Duration::from_secs(5);
+
 #[test]
 fn mutated_examples_never_panic_or_hang() {
     let mut rng = Rng::stream(99, "mutations", 0);
@@ -120,33 +151,20 @@ fn mutated_examples_never_panic_or_hang() {
         let src = std::fs::read_to_string(&path).expect("example");
         for i in 0..800 {
             let text = mutate(&src, &mut rng);
-            let start = Instant::now();
-            let outcome =
-                std::panic::catch_unwind(|| match frontend(&text, &Overrides::default()) {
-                    Ok(mut m) => {
-                        let _ = compile(&mut m, &Options::default(), None, None);
-                        true
-                    }
-                    Err(d) => {
-                        assert!(!d.is_empty(), "an error without diagnostics");
-                        // Rendering must not panic either, whatever the spans.
-                        assert!(render("mutant.ppc", &text, &d).contains("error"));
-                        false
-                    }
-                });
-            let ok = outcome
-                .unwrap_or_else(|_| panic!("panic on mutation {i} of {}:\n{text}", path.display()));
-            if ok {
-                accepted += 1
-            } else {
-                rejected += 1
+            let (tx, rx) = std::sync::mpsc::channel();
+            let job = text.clone();
+            std::thread::spawn(move || {
+                let r = std::panic::catch_unwind(|| outcome(&job));
+                let _ = tx.send(r);
+            });
+            let what = format!("mutation {i} of {}", path.display());
+            match rx.recv_timeout(LIMIT) {
+                Ok(Ok(Ok(true))) => accepted += 1,
+                Ok(Ok(Ok(false))) => rejected += 1,
+                Ok(Ok(Err(e))) => panic!("{what}: {e}\n{text}"),
+                Ok(Err(_)) => panic!("panic on {what}:\n{text}"),
+                Err(_) => panic!("{what} did not finish in {LIMIT:?}:\n{text}"),
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "mutation {i} of {} took {:?}:\n{text}",
-                path.display(),
-                start.elapsed()
-            );
         }
     }
     assert!(
