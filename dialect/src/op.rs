@@ -399,3 +399,28 @@ impl OpKind {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_names_are_unique_and_each_parses_as_an_op() {
+        let names = all_op_names();
+        let unique: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "a name twice in {names:?}");
+        for name in names {
+            // Whatever else is wrong with the statement, the name itself is known.
+            let text = format!(
+                "dims {{ b = 2 }}\npipeline {{ stages = 1, microbatches = 1 }}\ninput f32[b]\n\
+                 func @layer(%x: f32[b]) -> f32[b] {{\n  %y = {name} %x\n  return %x\n}}\n"
+            );
+            if let Err(d) = crate::parse(&text, &crate::Overrides::default()) {
+                assert!(
+                    !d.iter().any(|d| d.message.starts_with("unknown op")),
+                    "`{name}` is listed but not parsed"
+                );
+            }
+        }
+    }
+}

@@ -188,3 +188,29 @@ impl fmt::Display for Type {
 pub fn sizes(t: &Type) -> String {
     Type::of(t.dtype, &t.shape()).to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axes_print_with_a_hash_and_are_found_by_kind_not_name() {
+        for a in Axis::ALL {
+            assert_eq!(Axis::from_name(a.name()), Some(a));
+        }
+        let t = Type::new(
+            DType::F32,
+            vec![
+                Dim::named("stages", 4),
+                Dim::axis(Axis::Stages, 4),
+                Dim::lit(3),
+            ],
+        );
+        assert_eq!(t.to_string(), "f32[stages, #stages, 3]");
+        assert_eq!(t.stage_axis(), Some((1, Axis::Stages)));
+        assert_eq!(t.axis(Axis::RankStages), None);
+        // Equal sizes with other labels: the same type for every check, not the same type.
+        let plain = Type::of(DType::F32, &[4, 4, 3]);
+        assert!(t.same_as(&plain) && t != plain);
+    }
+}

@@ -330,3 +330,83 @@ fn pipeline_settings_as_layer_dimensions_verify_bit_exactly_on_every_rank_count(
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(json_last_line(&out)["bit_exact"], true, "{out}");
 }
+
+#[test]
+fn run_reads_inputs_steps_and_benches_at_every_opt_level() {
+    use ppc_runtime::{memref::HostBuffer, safetensors};
+    let tiny = path("examples/tiny.ppc");
+    let dir = std::env::temp_dir().join(format!("ppc-run-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    // --input: other numbers than the seeded ones, and the interpreter's answer for them.
+    let text = std::fs::read_to_string(&tiny).expect("model");
+    let mut m = crate::common::load(&text, &ppc_dialect::Overrides::default());
+    ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None).expect("compiles");
+    let mut interp = ppc_dialect::interp::Interp::new(&m, 0);
+    let x = ppc_dialect::interp::Interp::new(&m, 42).synthetic_inputs();
+    let want = interp.forward(&x).expect("interp");
+    let input = dir.join("in.safetensors");
+    safetensors::write(&input, &[("input", &HostBuffer::from_tensor(&x))]).expect("input");
+    let (input_s, mut outputs) = (input.display().to_string(), Vec::new());
+    for opt in ["0", "1", "2", "3"] {
+        let out = dir.join(format!("out{opt}.safetensors"));
+        let out_s = out.display().to_string();
+        let args = [
+            "run",
+            &tiny,
+            "--gemm",
+            "loops",
+            "--opt-level",
+            opt,
+            "--input",
+            &input_s,
+        ];
+        let mut args = args.to_vec();
+        args.extend(["--output", &out_s, "--steps", "3"]);
+        let (code, stdout, err) = ppc(&args);
+        assert_eq!(code, 0, "-O{opt}: {err}");
+        assert!(
+            stdout.contains("3 steps") && err.contains("step 3/3"),
+            "{stdout}{err}"
+        );
+        let got = safetensors::read_tensor(&out, "output")
+            .expect("output")
+            .to_tensor();
+        crate::passes::assert_bits_eq(&want, &got, &format!("ppc run -O{opt} --input"));
+        outputs.push(std::fs::read(&out).expect("bytes"));
+    }
+    assert!(
+        outputs.windows(2).all(|w| w[0] == w[1]),
+        "opt levels disagree"
+    );
+    let (code, _, err) = ppc(&["run", &tiny, "--opt-level", "4"]);
+    assert_eq!(code, 2, "{err}");
+    for bad in ["i32", "f64"] {
+        let (code, _, err) = ppc(&["run", &tiny, "--dtype", bad]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("not a floating-point dtype"), "{err}");
+    }
+    // --bench: the bubble the loop has, from the report, and compute + waiting = the step.
+    let (_, report, _) = ppc(&["compile", &tiny, "--report=json", "--repeats", "2"]);
+    let report: serde_json::Value = serde_json::from_str(&report).expect("report");
+    let (code, out, err) = ppc(&["run", &tiny, "--bench", "2", "--repeats", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let j = json_last_line(&out);
+    assert_eq!(
+        j["bubble_fraction"], report["bubble_fraction_formula"],
+        "{j}"
+    );
+    let r = &j["per_rank"][0];
+    assert_eq!(r["measured_bubble"], report["bubble_fraction"], "{j}");
+    let f = |v: &serde_json::Value| v.as_f64().expect("number");
+    let (step, compute, wait) = (
+        f(&r["median_step_s"]),
+        f(&r["compute_s"]),
+        f(&r["exchange_wait_s"]),
+    );
+    assert!(
+        (compute + wait - step).abs() <= 1e-12 * step.max(1.0),
+        "{j}"
+    );
+    assert_eq!(j["median_step_s"], r["median_step_s"], "{j}");
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

@@ -181,6 +181,65 @@ fn pipeline_settings_as_layer_dimensions_match_the_interpreter_on_1_2_and_4_rank
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// f16 executables, and an input file read by rank 0: the same bytes on 1, 2 and 4 ranks; each
+/// rank's compute and waiting add up to its step, and the bubble it measured is the loop's.
+#[test]
+fn f16_and_input_files_are_byte_identical_across_ranks() {
+    use ppc_runtime::{memref::HostBuffer, safetensors, DType, Tensor};
+    let model = "examples/mlp.ppc";
+    let dir = scratch("f16_input");
+    let input = dir.join("in.safetensors");
+    let x = Tensor::new(
+        DType::F16,
+        vec![8, 2, 32],
+        (0..512).map(|i| (i as f32 * 0.37).sin()).collect(),
+    );
+    safetensors::write(&input, &[("input", &HostBuffer::from_tensor(&x))]).expect("input");
+    let input_s = input.display().to_string();
+    let (file, report_args) = (path(model), small_dims(model));
+    let mut args = vec!["compile", file.as_str(), "--report=json", "--dtype", "f16"];
+    args.extend(report_args);
+    let (_, report, _) = ppc(&args);
+    let report: serde_json::Value = serde_json::from_str(&report).expect("report");
+    let mut first: Option<Vec<u8>> = None;
+    for ranks in [1u64, 2, 4] {
+        let exe = dir.join(format!("model_{ranks}"));
+        build(model, &exe, ranks, &["--dtype", "f16"]);
+        let out = dir.join(format!("out_{ranks}.safetensors"));
+        let out_s = out.display().to_string();
+        let l = launch(
+            &exe,
+            Some(ranks),
+            &["--input", &input_s, "--output", &out_s, "--bench", "2"],
+            &[],
+        );
+        assert_eq!(l.code, 0, "{ranks} ranks: {}", l.stderr);
+        let j = bench_json(&l.stdout);
+        for r in j["per_rank"].as_array().expect("per_rank") {
+            let f = |k: &str| r[k].as_f64().expect("number");
+            let (step, compute, wait) = (f("median_step_s"), f("compute_s"), f("exchange_wait_s"));
+            assert!(
+                (compute + wait - step).abs() <= 1e-12 * step.max(1.0),
+                "{j}"
+            );
+            assert!(wait >= 0.0 && (ranks > 1 || wait == 0.0), "{j}");
+            assert_eq!(
+                r["measured_bubble"], report["bubble_fraction"],
+                "{ranks} ranks: {j}"
+            );
+        }
+        let bytes = std::fs::read(&out).expect("output");
+        match &first {
+            None => first = Some(bytes),
+            Some(want) => assert!(
+                *want == bytes,
+                "{ranks} ranks: output differs from 1 rank's"
+            ),
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn tiny_is_byte_identical_on_1_and_2_ranks() {
     identical_across_ranks("examples/tiny.ppc", 2);
