@@ -20,7 +20,27 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# NumPy for the independent oracle of the tests (tests/oracle/oracle.py), from PyPI into a
+# virtual environment of the project's own; skipped when it is there.
+oracle_venv() {
+  local venv tests_dir
+  tests_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/oracle"
+  venv="$tests_dir/.venv"
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import numpy" 2>/dev/null; then
+    return 0
+  fi
+  echo "setup: installing numpy from PyPI into tests/oracle/.venv" >&2
+  if ! python3 -m venv "$venv"; then
+    # Debian's own python3 keeps venv in a package of its own.
+    rm -rf "$venv"
+    ${SUDO:-} apt-get update -qq && ${SUDO:-} apt-get install -y -qq --no-install-recommends python3-venv
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install -q numpy
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  oracle_venv
   exit 0
 fi
 
@@ -34,3 +54,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+oracle_venv

@@ -10,7 +10,7 @@ use crate::pipeline::{compile, frontend, PipelineError};
 use crate::report::report;
 use crate::schedule::Schedule;
 use ppc_dialect::diag::render;
-use ppc_dialect::interp::{forward_on_ranks, Interp};
+use ppc_dialect::interp::{forward_on_ranks, param_source, param_specs, Interp};
 use ppc_dialect::span::Span;
 use ppc_dialect::{print, Diagnostic, Module};
 use ppc_runtime::exec::{drive, write_summary, RunOptions, OUTPUT_TENSOR};
@@ -162,6 +162,8 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 bench: args.bench,
                 input: args.input,
                 output: args.output,
+                params: args.params,
+                dump_params: args.dump_params,
                 backend: "cpu JIT".into(),
             };
             drive(&jit.program, &opts, out, err)?;
@@ -224,10 +226,19 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             model,
             backend,
             seed,
+            params,
             perturb,
             pass,
             codegen,
-        } => return verify(&model, backend, seed, perturb, &pass, &codegen, out, err),
+        } => {
+            let check = Check {
+                backend,
+                seed,
+                params,
+                perturb,
+            };
+            return verify(&model, &check, &pass, &codegen, out, err);
+        }
         Command::Schedule { model, svg } => {
             let mut l = load(&model)?;
             l.compile(&Options::default(), None, None)?;
@@ -265,14 +276,33 @@ fn run_interp(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), Failure> {
-    if args.bench.is_some() || args.input.is_some() {
-        return Err(Failure(
-            "error: --bench and --input need the cpu backend\n".into(),
-        ));
+    if args.bench.is_some() {
+        return Err(Failure("error: --bench needs the cpu backend\n".into()));
     }
     let p = l.module.pipeline;
-    let mut interp = Interp::new(&l.module, args.seed);
-    let inputs = interp.synthetic_inputs();
+    let source = param_source(&l.module, args.seed, args.params.as_deref())?;
+    if let Some(path) = &args.dump_params {
+        ppc_runtime::params::dump(&source, &param_specs(&l.module), path)?;
+        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+    }
+    let mut interp = Interp::with_params(&l.module, args.seed, source);
+    let inputs = match &args.input {
+        None => interp.synthetic_inputs(),
+        Some(path) => {
+            let x = ppc_runtime::safetensors::read_tensor(path, ppc_runtime::exec::INPUT_TENSOR)?
+                .to_tensor();
+            let want = interp.synthetic_inputs();
+            if x.dtype != want.dtype || x.shape != want.shape {
+                return Err(Failure(format!(
+                    "error: {}: tensor `input` is {}, but this model takes {}\n",
+                    path.display(),
+                    shape_of(&x),
+                    shape_of(&want)
+                )));
+            }
+            x
+        }
+    };
     let mut result = None;
     let start = Instant::now();
     let steps = args.steps.max(1);
@@ -302,17 +332,28 @@ fn run_interp(
 }
 
 /// `ppc verify`: the pipelined program (interpreted or compiled) against the sequential model.
-#[allow(clippy::too_many_arguments)]
-fn verify(
-    model: &ModelArgs,
+/// What `ppc verify` compares, and with which numbers.
+struct Check {
     backend: Backend,
     seed: u64,
+    params: Option<std::path::PathBuf>,
     perturb: Option<usize>,
+}
+
+fn verify(
+    model: &ModelArgs,
+    check: &Check,
     pass: &PassArgs,
     codegen: &CodegenArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<i32, Failure> {
+    let Check {
+        backend,
+        seed,
+        ref params,
+        perturb,
+    } = *check;
     let mut l = load(model)?;
     if backend == Backend::Cpu {
         one_process(&l, "ppc verify --backend cpu")?;
@@ -337,7 +378,8 @@ fn verify(
         p.stages, p.microbatches, p.repeats, p.layers
     )
     .map_err(io)?;
-    let mut interp = Interp::new(&l.module, seed);
+    let source = param_source(&l.module, seed, params.as_deref())?;
+    let mut interp = Interp::with_params(&l.module, seed, source.clone());
     let inputs = interp.synthetic_inputs();
     let t = Instant::now();
     let want = interp.sequential(&inputs)?;
@@ -351,7 +393,7 @@ fn verify(
     // A program split over ranks runs with one interpreter thread per rank.
     let piped = match p.ranks {
         1 => interp.forward(&inputs)?,
-        _ => forward_on_ranks(&l.module, seed, &inputs)?,
+        _ => forward_on_ranks(&l.module, seed, &source, &inputs)?,
     };
     writeln!(
         err,
@@ -367,7 +409,7 @@ fn verify(
             let t = Instant::now();
             let jit = l.jit(codegen)?;
             let mut x = HostBuffer::from_tensor(&inputs);
-            let mut params = jit.program.params(seed);
+            let mut params = jit.program.params(&source)?;
             let mut y = jit.program.output_buffer();
             jit.program.run(&mut x, &mut params, &mut y)?;
             writeln!(

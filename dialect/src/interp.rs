@@ -11,7 +11,7 @@ use crate::ir::{names, Block, Func, Module, Param, ValueId};
 use crate::kernels as k;
 use crate::op::OpKind;
 use crate::types::{Axis, DType, Type};
-use ppc_runtime::init::{Layers, Shard};
+use ppc_runtime::init::{Layers, Shard, Source};
 use ppc_runtime::Tensor;
 use std::collections::HashMap;
 
@@ -27,6 +27,7 @@ pub type Exchange<'m> = Box<dyn FnMut(Tensor) -> Result<Tensor, String> + 'm>;
 pub struct Interp<'m> {
     module: &'m Module,
     seed: u64,
+    source: Source,
     rank: u64,
     exchange: Option<Exchange<'m>>,
     params: HashMap<(String, usize, u64), Tensor>,
@@ -35,9 +36,15 @@ pub struct Interp<'m> {
 impl<'m> Interp<'m> {
     /// The whole program in one process (rank 0 of 1: `exchange` returns its operand).
     pub fn new(module: &'m Module, seed: u64) -> Interp<'m> {
+        Interp::with_params(module, seed, Source::Seeded(seed))
+    }
+
+    /// The whole program in one process, its parameters from `source` (inputs still seeded).
+    pub fn with_params(module: &'m Module, seed: u64, source: Source) -> Interp<'m> {
         Interp {
             module,
             seed,
+            source,
             rank: 0,
             exchange: None,
             params: HashMap::new(),
@@ -45,11 +52,17 @@ impl<'m> Interp<'m> {
     }
 
     /// Rank `rank` of a module sharded over `module.pipeline.ranks` ranks.
-    pub fn on_rank(module: &'m Module, seed: u64, rank: u64, exchange: Exchange<'m>) -> Interp<'m> {
+    pub fn on_rank(
+        module: &'m Module,
+        seed: u64,
+        source: Source,
+        rank: u64,
+        exchange: Exchange<'m>,
+    ) -> Interp<'m> {
         Interp {
             rank,
             exchange: Some(exchange),
-            ..Interp::new(module, seed)
+            ..Interp::with_params(module, seed, source)
         }
     }
 
@@ -113,7 +126,7 @@ impl<'m> Interp<'m> {
             env[a.index()] = Some(t);
         }
         for (i, p) in f.params.iter().enumerate() {
-            let t = self.param(f, i, p, layer);
+            let t = self.param(f, i, p, layer)?;
             env[p.value.index()] = Some(t);
         }
         self.block(f, &f.body, &mut env, layer)?;
@@ -124,21 +137,21 @@ impl<'m> Interp<'m> {
             .collect())
     }
 
-    fn param(&mut self, f: &Func, i: usize, p: &Param, layer: u64) -> Tensor {
+    fn param(&mut self, f: &Func, i: usize, p: &Param, layer: u64) -> Result<Tensor, String> {
         let key = (f.name.clone(), i, if p.layer_axes == 0 { layer } else { 0 });
         if let Some(t) = self.params.get(&key) {
-            return t.clone();
+            return Ok(t.clone());
         }
         let t = materialize(
-            self.seed,
+            &self.source,
             &f.values[p.value].name,
             f.ty(p.value),
             p,
             layer,
             shard(self.module, f.ty(p.value), self.rank),
-        );
+        )?;
         self.params.insert(key, t.clone());
-        t
+        Ok(t)
     }
 
     fn block(
@@ -244,20 +257,21 @@ fn take(env: &[Option<Tensor>], v: ValueId) -> &Tensor {
         .expect("invariant: verified IR defines values before use")
 }
 
-/// A parameter's values: each layer's slice drawn from the stream `(name, layer)`.
+/// A parameter's values: each layer's slice from `source` (the seeded stream `(name, layer)`,
+/// or the file's `layers.{layer}.{name}`).
 pub fn materialize(
-    seed: u64,
+    source: &Source,
     name: &str,
     ty: &Type,
     p: &Param,
     layer: u64,
     shard: Option<Shard>,
-) -> Tensor {
+) -> Result<Tensor, String> {
     let layers = match p.layer_axes {
         0 => Layers::One(layer),
         axes => Layers::Stacked { axes, shard },
     };
-    ppc_runtime::init::param(seed, name, ty.dtype, &ty.shape_usize(), layers, p.init)
+    ppc_runtime::init::param_from(source, name, ty.dtype, &ty.shape_usize(), layers, p.init)
 }
 
 /// The part of the full parameter that rank `rank` holds, for a parameter of type `ty` of a
@@ -275,7 +289,12 @@ pub fn shard(m: &Module, ty: &Type, rank: u64) -> Option<Shard> {
 /// Runs a module sharded over `ranks` ranks, one thread per rank, `exchange` passing tensors
 /// around the ring, and returns the last rank's result (the rank that holds the last stage), or
 /// the error of the first rank that failed.
-pub fn forward_on_ranks(m: &Module, seed: u64, inputs: &Tensor) -> Result<Tensor, String> {
+pub fn forward_on_ranks(
+    m: &Module,
+    seed: u64,
+    source: &Source,
+    inputs: &Tensor,
+) -> Result<Tensor, String> {
     use std::sync::mpsc::channel;
     let ranks = m.pipeline.ranks as usize;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..ranks).map(|_| channel::<Tensor>()).unzip();
@@ -292,7 +311,7 @@ pub fn forward_on_ranks(m: &Module, seed: u64, inputs: &Tensor) -> Result<Tensor
                         to_next.send(x).map_err(|_| gone(rank))?;
                         from_prev.recv().map_err(|_| gone(rank))
                     });
-                    Interp::on_rank(m, seed, rank as u64, exchange).forward(inputs)
+                    Interp::on_rank(m, seed, source.clone(), rank as u64, exchange).forward(inputs)
                 })
             })
             .collect();
@@ -320,6 +339,39 @@ pub fn forward_on_ranks(m: &Module, seed: u64, inputs: &Tensor) -> Result<Tensor
         .into_iter()
         .last()
         .expect("invariant: at least one rank")
+}
+
+/// The model's parameters as files hold them: each of `@layer`'s, for every layer.
+pub fn param_specs(m: &Module) -> Vec<ppc_runtime::params::Spec> {
+    m.func(names::LAYER).map_or_else(Vec::new, |layer| {
+        layer
+            .params
+            .iter()
+            .map(|p| ppc_runtime::params::Spec {
+                name: layer.values[p.value].name.clone(),
+                shape: layer.ty(p.value).shape_usize(),
+                layers: m.pipeline.layers,
+                dtype: layer.ty(p.value).dtype,
+                init: p.init,
+            })
+            .collect()
+    })
+}
+
+/// Where the parameters of a run of `m` come from: the file `params`, checked against the
+/// model, or the generator seeded with `seed`.
+pub fn param_source(
+    m: &Module,
+    seed: u64,
+    params: Option<&std::path::Path>,
+) -> Result<Source, String> {
+    match params {
+        None => Ok(Source::Seeded(seed)),
+        Some(path) => {
+            let f = ppc_runtime::params::ParamFile::open(path, &param_specs(m))?;
+            Ok(Source::File(std::sync::Arc::new(f)))
+        }
+    }
 }
 
 /// `[M, ...input]` synthetic inputs for `seed`: microbatch `m` from the stream `("input", m)`.

@@ -8,14 +8,16 @@
 //! and writes `--output`. With `--bench`, rank 0 prints one JSON line for the whole job.
 
 use crate::comm;
-use crate::init::{self, Layers, Shard};
+use crate::init::{self, Layers, Shard, Source};
 use crate::manifest::{Manifest, Role};
 use crate::memref::HostBuffer;
+use crate::params::{ParamFile, Spec};
 use crate::safetensors;
 use crate::tensor::Tensor;
 use std::ffi::c_void;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// MLIR's packed calling convention: one array of pointers to the arguments.
@@ -35,8 +37,8 @@ impl Program {
         Program { manifest, entry }
     }
 
-    /// This rank's parameters, drawn from the seeded generator, in manifest order.
-    pub fn params(&self, seed: u64) -> Vec<HostBuffer> {
+    /// This rank's parameters from `source`, in manifest order.
+    pub fn params(&self, source: &Source) -> Result<Vec<HostBuffer>, String> {
         let rank = comm::rank();
         self.manifest
             .args
@@ -52,11 +54,42 @@ impl Program {
                     0 => Layers::One(0),
                     axes => Layers::Stacked { axes, shard },
                 };
-                HostBuffer::from_tensor(&init::param(
-                    seed, &a.name, a.dtype, &a.shape, layers, a.init,
-                ))
+                init::param_from(source, &a.name, a.dtype, &a.shape, layers, a.init)
+                    .map(|t| HostBuffer::from_tensor(&t))
             })
             .collect()
+    }
+
+    /// The model's parameters as files hold them (see [`crate::params`]).
+    pub fn specs(&self) -> Vec<Spec> {
+        self.manifest
+            .args
+            .iter()
+            .filter(|a| a.role == Role::Param)
+            .map(|a| Spec {
+                name: a.name.clone(),
+                shape: a.shape[a.layer_axes..].to_vec(),
+                layers: if a.layer_axes == 0 {
+                    1
+                } else {
+                    self.manifest.layers
+                },
+                dtype: a.dtype,
+                init: a.init,
+            })
+            .collect()
+    }
+
+    /// Where this run's parameters come from: `--params FILE`, checked against the model, or
+    /// the seeded generator.
+    pub fn param_source(&self, opts: &RunOptions) -> Result<Source, String> {
+        match &opts.params {
+            None => Ok(Source::Seeded(opts.seed)),
+            Some(path) => Ok(Source::File(Arc::new(ParamFile::open(
+                path,
+                &self.specs(),
+            )?))),
+        }
     }
 
     /// Seeded synthetic input microbatches.
@@ -129,6 +162,10 @@ pub struct RunOptions {
     pub bench: Option<u32>,
     pub input: Option<PathBuf>,
     pub output: Option<PathBuf>,
+    /// Read the parameters from this safetensors file instead of drawing them.
+    pub params: Option<PathBuf>,
+    /// Write the parameters (drawn or read) to this safetensors file before running.
+    pub dump_params: Option<PathBuf>,
     /// What ran, for the summary: `cpu (JIT)`, `cpu (executable)`.
     pub backend: String,
 }
@@ -188,7 +225,12 @@ pub fn drive(
             b
         }
     };
-    let mut params = program.params(opts.seed);
+    let source = program.param_source(opts)?;
+    if let Some(path) = opts.dump_params.as_ref().filter(|_| rank == 0) {
+        crate::params::dump(&source, &program.specs(), path)?;
+        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+    }
+    let mut params = program.params(&source)?;
     let mut output = program.output_buffer();
     let steps = opts.steps.max(1);
     let mut times = Vec::new();

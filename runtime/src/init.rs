@@ -3,8 +3,10 @@
 //! The interpreter, the JIT and generated executables all call these two functions, so they
 //! see identical numbers for one seed, whatever the backend and however the stages are laid out.
 
+use crate::params::ParamFile;
 use crate::rng::{Init, Rng};
 use crate::tensor::{DType, Tensor};
+use std::sync::Arc;
 
 /// How synthetic inputs are drawn: normal with standard deviation 1.
 pub const INPUT_INIT: Init = Init::Normal(1.0);
@@ -27,6 +29,34 @@ pub enum Layers {
     Stacked { axes: usize, shard: Option<Shard> },
 }
 
+/// Where parameter values come from: the seeded generator, or a file (`--params`).
+#[derive(Clone, Debug)]
+pub enum Source {
+    Seeded(u64),
+    File(Arc<ParamFile>),
+}
+
+impl Source {
+    /// The `n` values of parameter `name` (drawn with `init`) of model layer `layer`, rounded
+    /// to `dtype`.
+    pub fn layer(
+        &self,
+        name: &str,
+        layer: u64,
+        dtype: DType,
+        init: Init,
+        n: usize,
+    ) -> Result<Vec<f32>, String> {
+        match self {
+            Source::Seeded(seed) => {
+                let v = Rng::stream(*seed, name, layer).fill(init, n);
+                Ok(Tensor::new(dtype, vec![n], v).data)
+            }
+            Source::File(f) => f.layer(name, layer, dtype),
+        }
+    }
+}
+
 /// A parameter of `shape`: the values of layer `l` come from the stream `(name, l)`. A shard is
 /// numbered by its place in the full parameter, so a rank draws exactly the numbers the
 /// one-process program holds in its slice.
@@ -38,6 +68,19 @@ pub fn param(
     layers: Layers,
     init: Init,
 ) -> Tensor {
+    param_from(&Source::Seeded(seed), name, dtype, shape, layers, init)
+        .expect("invariant: the generator cannot fail")
+}
+
+/// A parameter of `shape` whose layers come from `source`, as [`param`] lays them out.
+pub fn param_from(
+    source: &Source,
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    layers: Layers,
+    init: Init,
+) -> Result<Tensor, String> {
     let axes = match layers {
         Layers::One(_) => 0,
         Layers::Stacked { axes, shard } => {
@@ -57,9 +100,9 @@ pub fn param(
             Layers::One(layer) => layer,
             Layers::Stacked { shard, .. } => global_layer(l, layer_shape, shard) as u64,
         };
-        data.extend(Rng::stream(seed, name, index).fill(init, inner));
+        data.extend(source.layer(name, index, dtype, init, inner)?);
     }
-    Tensor::new(dtype, shape.to_vec(), data)
+    Ok(Tensor::new(dtype, shape.to_vec(), data))
 }
 
 /// The row-major index, in the full layer axes, of local layer `l`.

@@ -16,6 +16,7 @@ pub mod gemm;
 pub mod init;
 pub mod manifest;
 pub mod memref;
+pub mod params;
 pub mod pool;
 pub mod rng;
 pub mod safetensors;

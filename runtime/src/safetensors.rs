@@ -42,16 +42,18 @@ pub fn encode(tensors: &[(&str, &HostBuffer)]) -> Vec<u8> {
     out
 }
 
-/// The tensors of a safetensors file, in header order, or what is wrong with it.
-pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
-    let len = bytes
-        .get(..8)
-        .ok_or("the file is shorter than a safetensors header")?;
-    let len = u64::from_le_bytes(len.try_into().map_err(|_| "bad header length")?) as usize;
-    let header = bytes
-        .get(8..8usize.saturating_add(len))
-        .ok_or("the header length points past the end of the file")?;
-    let data = &bytes[8 + len..];
+/// A tensor as the header describes it: its bytes are `begin..end` of the data section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub begin: usize,
+    pub end: usize,
+}
+
+/// The entries of a JSON header, checked against a data section of `data_len` bytes.
+fn entries(header: &[u8], data_len: usize) -> Result<Vec<Entry>, String> {
     let header: Map<String, Value> =
         serde_json::from_slice(header).map_err(|e| format!("the header is not JSON: {e}"))?;
     let mut out = Vec::new();
@@ -85,14 +87,60 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
         let want = elements
             .checked_mul(dtype.size_bytes() as usize)
             .ok_or_else(|| format!("tensor `{name}`: size overflows"))?;
-        if b < a || b - a != want || b > data.len() {
-            return Err(format!("tensor `{name}`: data_offsets {a}..{b} do not fit a {} tensor of shape {shape:?} in {} data bytes", dtype_name(dtype), data.len()));
+        if b < a || b - a != want || b > data_len {
+            return Err(format!("tensor `{name}`: data_offsets {a}..{b} do not fit a {} tensor of shape {shape:?} in {data_len} data bytes", dtype_name(dtype)));
         }
-        let mut buf = HostBuffer::zeros(dtype, &shape);
-        buf.bytes_mut().copy_from_slice(&data[a..b]);
-        out.push((name, buf));
+        out.push(Entry {
+            name,
+            dtype,
+            shape,
+            begin: a,
+            end: b,
+        });
     }
     Ok(out)
+}
+
+/// The header length and the header of the bytes `head` starts with.
+fn header_len(head: &[u8]) -> Result<usize, String> {
+    let len = head
+        .get(..8)
+        .ok_or("the file is shorter than a safetensors header")?;
+    Ok(u64::from_le_bytes(len.try_into().map_err(|_| "bad header length")?) as usize)
+}
+
+/// The tensors of a safetensors file, in header order, or what is wrong with it.
+pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
+    let len = header_len(bytes)?;
+    let header = bytes
+        .get(8..8usize.saturating_add(len))
+        .ok_or("the header length points past the end of the file")?;
+    let data = &bytes[8 + len..];
+    Ok(entries(header, data.len())?
+        .into_iter()
+        .map(|e| {
+            let mut buf = HostBuffer::zeros(e.dtype, &e.shape);
+            buf.bytes_mut().copy_from_slice(&data[e.begin..e.end]);
+            (e.name, buf)
+        })
+        .collect())
+}
+
+/// The entries of an open file and where its data section starts, reading only the header.
+pub fn read_header(f: &mut std::fs::File) -> Result<(Vec<Entry>, u64), String> {
+    use std::io::Read;
+    let file_len = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut head = [0u8; 8];
+    f.read_exact(&mut head)
+        .map_err(|_| "the file is shorter than a safetensors header")?;
+    let len = header_len(&head)?;
+    if 8 + len as u64 > file_len {
+        return Err("the header length points past the end of the file".into());
+    }
+    let mut header = vec![0u8; len];
+    f.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let data_len = (file_len - 8 - len as u64) as usize;
+    Ok((entries(&header, data_len)?, 8 + len as u64))
 }
 
 /// Reads one tensor by name from a file.

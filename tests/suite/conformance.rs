@@ -252,7 +252,10 @@ fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
             }
         };
         let mut x = HostBuffer::from_tensor(&inputs);
-        let mut params = jit.program.params(3);
+        let mut params = jit
+            .program
+            .params(&ppc_runtime::init::Source::Seeded(3))
+            .expect("params");
         let mut y = jit.program.output_buffer();
         jit.program.run(&mut x, &mut params, &mut y).expect("runs");
         if let Some(v) = violation(&want, &y.to_tensor(), rule) {

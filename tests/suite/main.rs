@@ -9,6 +9,7 @@ mod cpu;
 mod errors;
 mod interp_ops;
 mod mpirun;
+mod oracle;
 mod passes;
 mod portable;
 mod properties;

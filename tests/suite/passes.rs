@@ -120,7 +120,13 @@ fn check_meaning(before: &Module, after: &Module) {
         let mut a = Interp::new(before, seed);
         let inputs = a.synthetic_inputs();
         let want = a.sequential(&inputs).expect("sequential runs");
-        let got = forward_on_ranks(after, seed, &inputs).expect("pipeline runs");
+        let got = forward_on_ranks(
+            after,
+            seed,
+            &ppc_runtime::init::Source::Seeded(seed),
+            &inputs,
+        )
+        .expect("pipeline runs");
         assert_bits_eq(&want, &got, "pipelined vs sequential");
     } else if after.func(names::STAGE).is_some() {
         check_stage_program(after, seed);
@@ -158,7 +164,13 @@ pub fn check_stage_program(m: &Module, seed: u64) {
                 repeats.iter().map(|&r| r as f32).collect(),
             ));
         }
-        let mut interp = Interp::on_rank(m, seed, rank, Box::new(Ok));
+        let mut interp = Interp::on_rank(
+            m,
+            seed,
+            ppc_runtime::init::Source::Seeded(seed),
+            rank,
+            Box::new(Ok),
+        );
         let got = interp.call(stage, args, 0).expect("@stage runs").remove(0);
         let want: Vec<Tensor> = (0..local)
             .map(|i| {

@@ -115,7 +115,13 @@ fn pipelined_equals_sequential_bit_for_bit() {
                     poison_bubbles: poison,
                 };
                 compile(&mut sharded, &opts, None, None).expect("sharded compile");
-                let got = forward_on_ranks(&sharded, seed, &inputs).expect("sharded");
+                let got = forward_on_ranks(
+                    &sharded,
+                    seed,
+                    &ppc_runtime::init::Source::Seeded(seed),
+                    &inputs,
+                )
+                .expect("sharded");
                 assert_bits_eq(&want, &got, &format!("{what} ranks={ranks}"));
                 sharded_cases += 1;
             }

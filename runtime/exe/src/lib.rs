@@ -21,7 +21,9 @@ extern "C" {
     fn _mlir__mlir_ciface_ppc_forward(args: *mut *mut std::ffi::c_void);
 }
 
-const USAGE: &str = "usage: [mpirun.mpich -n RANKS] MODEL [--seed N] [--input FILE] [--output FILE] [--steps N] [--bench N]
+const USAGE: &str =
+    "usage: [mpirun.mpich -n RANKS] MODEL [--seed N] [--input FILE] [--output FILE] [--params FILE]
+         [--dump-params FILE] [--steps N] [--bench N]
 
 Runs the pipeline-parallel forward pass that ppc compiled into this executable, on as many MPI
 ranks as it was compiled for (`ppc compile --ranks`; one by default). Rank 0 reads the input;
@@ -30,6 +32,13 @@ the last rank prints the summary and writes the output.
   --input FILE   read the input microbatches from tensor `input` of a safetensors file
                  (shape [microbatches, ...input]); default: seeded synthetic inputs
   --output FILE  write the result to tensor `output` of a safetensors file
+  --params FILE  read the parameters from a safetensors file instead of drawing them: tensor
+                 `layers.L.NAME` is parameter NAME of model layer L (layer (r*S + s)*k + j is
+                 the j-th layer of stage s in repeat r), shaped as in the model's @layer; a
+                 stacked `NAME` [layers, ...] is read too; f32, bf16 or f16. Problems are listed
+                 at once and nothing runs; under mpirun each rank reads only its own layers
+  --dump-params FILE
+                 write the parameters this run uses (seeded, or from --params) in that naming
   --steps N      run the forward pass N times (default 1)
   --bench N      after warm-up, time N more steps and print one JSON line (rank 0): step
                  time, throughput, and per rank compute, exchange wait and measured bubble
@@ -75,6 +84,8 @@ fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
             }
             "--input" => o.input = Some(PathBuf::from(value("--input")?)),
             "--output" => o.output = Some(PathBuf::from(value("--output")?)),
+            "--params" => o.params = Some(PathBuf::from(value("--params")?)),
+            "--dump-params" => o.dump_params = Some(PathBuf::from(value("--dump-params")?)),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }

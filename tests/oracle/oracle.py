@@ -1,0 +1,189 @@
+"""An independent oracle: the example models written in NumPy from what their model files mean,
+not from ppc's code, fed parameters and inputs through safetensors files.
+
+    python oracle.py MODEL PARAMS INPUT OUTPUT [--jax]
+    python oracle.py restack PARAMS OUT SEED
+
+MODEL is tiny, mlp or transformer; PARAMS holds `layers.L.NAME` tensors (ppc's naming), INPUT
+the tensor `input` [microbatches, ...]. The sequential model (every layer in order, on every
+microbatch) is written to tensor `output` of OUTPUT, in f32. With --jax the same is computed by
+JAX (jax.nn.gelu, jax.nn.softmax), and the MLP through bench/jax_gpipe.py's SPMD GPipe loop.
+Dimensions are read from the tensors' shapes.
+"""
+
+import json
+import struct
+import sys
+
+import numpy as np
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
+    out = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        buf = data[a:b]
+        if v["dtype"] == "F32":
+            x = np.frombuffer(buf, "<f4")
+        elif v["dtype"] == "F16":
+            x = np.frombuffer(buf, "<f2").astype(np.float32)
+        elif v["dtype"] == "BF16":
+            x = (np.frombuffer(buf, "<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise SystemExit(f"{path}: tensor {name}: dtype {v['dtype']} not handled")
+        out[name] = x.reshape(v["shape"]).astype(np.float32)
+    return out
+
+
+def write_safetensors(path, name, x):
+    x = np.ascontiguousarray(x, dtype="<f4")
+    header = {name: {"dtype": "F32", "shape": list(x.shape), "data_offsets": [0, x.nbytes]}}
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + x.tobytes())
+
+
+class NumPy:
+    """The ops as NumPy users write them."""
+
+    np = np
+
+    @staticmethod
+    def gelu(x):  # the tanh approximation, as in GPT-2 and jax.nn.gelu(approximate=True)
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+    @staticmethod
+    def softmax(x, axis):
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+    @staticmethod
+    def layernorm(x, eps):  # over the last axis, biased variance, no affine part
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + eps)
+
+
+def jax_ops():
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", False)
+
+    class Jax:
+        np = jnp
+
+        @staticmethod
+        def gelu(x):
+            return jax.nn.gelu(x, approximate=True)
+
+        @staticmethod
+        def softmax(x, axis):
+            return jax.nn.softmax(x, axis=axis)
+
+        @staticmethod
+        def layernorm(x, eps):
+            mean = x.mean(axis=-1, keepdims=True)
+            var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+            return (x - mean) * jax.lax.rsqrt(var + eps)
+
+    return Jax
+
+
+def tiny(ops, x, p):
+    return ops.np.tanh(x @ p["w"])
+
+
+def mlp(ops, x, p):
+    return x + ops.np.maximum(x @ p["w1"] + p["b1"], 0.0) @ p["w2"]
+
+
+def transformer(ops, x, p, heads):
+    xp = ops.np
+    b, t, d = x.shape
+    dh = d // heads
+    h = ops.layernorm(x, 1e-5) * p["ln1_g"] + p["ln1_b"]
+    split = lambda y: y.reshape(b, t, heads, dh).transpose(0, 2, 1, 3)  # [b, heads, t, dh]
+    q, k, v = split(h @ p["wq"]), split(h @ p["wk"]), split(h @ p["wv"])
+    scores = (q @ k.transpose(0, 1, 3, 2)) * xp.float32(0.25)  # the file's 1/sqrt(dh), dh = 16
+    causal = xp.tril(xp.ones((t, t), dtype=bool))  # query i sees keys j <= i
+    scores = xp.where(causal, scores, xp.float32(-1e9))
+    o = ops.softmax(scores, axis=-1) @ v
+    x1 = x + o.transpose(0, 2, 1, 3).reshape(b, t, d) @ p["wo"]
+    h2 = ops.layernorm(x1, 1e-5) * p["ln2_g"] + p["ln2_b"]
+    return x1 + ops.gelu(h2 @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def per_layer(tensors):
+    """Layer l's parameters by name, from `layers.l.NAME` tensors or stacked `NAME` ones."""
+    layers = {}
+    for name, v in tensors.items():
+        if name.startswith("layers."):
+            _, l, n = name.split(".", 2)
+            layers.setdefault(int(l), {})[n] = v
+        else:
+            for l in range(v.shape[0]):
+                layers.setdefault(l, {})[name] = v[l]
+    return [layers[l] for l in sorted(layers)]
+
+
+def restack(params_path, out_path, seed):
+    """New parameters for the same model, as a user's script would write them: one stacked
+    f32 tensor `NAME` [layers, ...] per parameter, normal with the scale of the originals."""
+    layers = per_layer(read_safetensors(params_path))
+    rng = np.random.default_rng(int(seed))
+    out = {}
+    for name in sorted(layers[0]):
+        per = [p[name] for p in layers]
+        scale = max(float(np.std(np.stack(per))), 0.05)
+        out[name] = (rng.standard_normal((len(per),) + per[0].shape) * scale).astype("<f4")
+    header, offset, blobs = {}, 0, []
+    for name, x in out.items():
+        header[name] = {"dtype": "F32", "shape": list(x.shape), "data_offsets": [offset, offset + x.nbytes]}
+        offset += x.nbytes
+        blobs.append(x.tobytes())
+    h = json.dumps(header).encode()
+    with open(out_path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def main():
+    if sys.argv[1] == "restack":
+        restack(*sys.argv[2:5])
+        return
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    use_jax = "--jax" in sys.argv
+    model, params_path, input_path, output_path = args
+    params = per_layer(read_safetensors(params_path))
+    x = read_safetensors(input_path)["input"]
+    ops = jax_ops() if use_jax else NumPy
+    heads = 4  # examples/transformer.ppc: heads = 4, dh = d / heads
+    block = {"tiny": tiny, "mlp": mlp, "transformer": lambda o, y, p: transformer(o, y, p, heads)}[model]
+    if use_jax and model == "mlp":
+        # The benchmark's own SPMD GPipe loop: one layer per stage, weights stacked by stage.
+        sys.path.insert(0, __file__.rsplit("/tests/", 1)[0] + "/bench")
+        import jax.numpy as jnp
+        from jax_gpipe import gpipe
+
+        stacked = tuple(jnp.stack([p[n] for p in params]) for n in ("w1", "b1", "w2"))
+        y = np.asarray(gpipe(stacked, jnp.asarray(x)))
+    else:
+        y = []
+        for m in range(x.shape[0]):
+            h = ops.np.asarray(x[m])
+            for p in params:
+                h = block(ops, h, {k: ops.np.asarray(v) for k, v in p.items()})
+            y.append(np.asarray(h))
+        y = np.stack(y)
+    write_safetensors(output_path, "output", y)
+
+
+if __name__ == "__main__":
+    main()

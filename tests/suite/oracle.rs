@@ -1,0 +1,310 @@
+//! An independent oracle: `tests/oracle/oracle.py` computes every example in NumPy from what
+//! the model file means, fed the same parameters (safetensors, ppc's naming) and inputs; ppc's
+//! interpreter, JIT and executables must agree with it. Also: a parameter file written by a
+//! Python script (stacked tensors) runs in an executable, dump → load is byte-identical, and a
+//! bad parameter file is refused with every problem listed. Where JAX is installed
+//! (`bench/.venv`, by `make bench`), the same check runs against JAX's gelu, softmax and the
+//! benchmark's SPMD GPipe loop.
+
+use crate::common::{load, path, ppc, root};
+use ppc::compare::{compare, tolerance};
+use ppc_dialect::interp::Interp;
+use ppc_dialect::{DType, Overrides};
+use ppc_runtime::{memref::HostBuffer, safetensors, Tensor};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The NumPy interpreter that `scripts/setup.sh` installs.
+fn numpy_python() -> PathBuf {
+    let py = root().join("tests/oracle/.venv/bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run scripts/setup.sh (make test does) to create it with NumPy",
+        py.display()
+    );
+    py
+}
+
+fn oracle(python: &Path, args: &[&str]) {
+    let o = Command::new(python)
+        .arg(root().join("tests/oracle/oracle.py"))
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        o.status.success(),
+        "oracle.py {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn dims(model: &str) -> Vec<&'static str> {
+    match model {
+        "mlp" => vec!["--dim", "b=2", "--dim", "d=32", "--dim", "h=64"],
+        "transformer" => vec!["--dim", "b=2", "--dim", "t=4"],
+        _ => vec!["--dim", "b=2"],
+    }
+}
+
+fn output(p: &Path) -> Tensor {
+    safetensors::read_tensor(p, "output")
+        .expect("output")
+        .to_tensor()
+}
+
+/// Writes seeded inputs of `model` (with `dims` and `dtype`) to `path`.
+fn write_inputs(model: &str, dtype: DType, path: &Path) {
+    let text = std::fs::read_to_string(crate::common::path(&format!("examples/{model}.ppc")))
+        .expect("model");
+    let mut ov = Overrides {
+        float_dtype: (dtype != DType::F32).then_some(dtype),
+        ..Overrides::default()
+    };
+    for pair in dims(model).chunks(2) {
+        let (k, v) = pair[1].split_once('=').expect("N=V");
+        ov.dims.push((k.into(), v.parse().expect("number")));
+    }
+    let x = Interp::new(&load(&text, &ov), 17).synthetic_inputs();
+    safetensors::write(path, &[("input", &HostBuffer::from_tensor(&x))]).expect("input");
+}
+
+#[test]
+fn every_example_matches_numpy_in_the_interpreter_the_jit_and_executables() {
+    let python = numpy_python();
+    let jax = root().join("bench/.venv/bin/python");
+    let with_jax = jax.exists()
+        && Command::new(&jax)
+            .args(["-c", "import jax"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !with_jax {
+        eprintln!(
+            "SKIPPED the JAX half of the oracle: bench/.venv has no JAX (`make bench` installs it)"
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("ppc-oracle-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let f = |name: &str| dir.join(name).display().to_string();
+    for model in ["tiny", "mlp", "transformer"] {
+        for dtype in [DType::F32, DType::BF16] {
+            let what = format!("{model} {dtype}");
+            let file = path(&format!("examples/{model}.ppc"));
+            let d = dtype.to_string();
+            let mut common = dims(model);
+            common.extend(["--dtype", d.as_str()]);
+            write_inputs(model, dtype, &dir.join("in.safetensors"));
+            let input = f("in.safetensors");
+            // The seeded parameters, dumped; ppc's interpreter and JIT on them.
+            let (params, jit_out) = (f("params.safetensors"), f("jit.safetensors"));
+            let mut args = vec!["run", file.as_str(), "--input", &input];
+            args.extend([
+                "--dump-params",
+                params.as_str(),
+                "--output",
+                jit_out.as_str(),
+            ]);
+            args.extend(&common);
+            let (code, _, err) = ppc(&args);
+            assert_eq!(code, 0, "{what}: {err}");
+            let interp_out = f("interp.safetensors");
+            let mut args = vec![
+                "run",
+                file.as_str(),
+                "--backend",
+                "interp",
+                "--input",
+                &input,
+            ];
+            args.extend(["--params", params.as_str(), "--output", interp_out.as_str()]);
+            args.extend(&common);
+            let (code, _, err) = ppc(&args);
+            assert_eq!(code, 0, "{what}: {err}");
+            // A user's script writes other parameters, stacked; an executable runs them.
+            let mine = f("mine.safetensors");
+            oracle(&python, &["restack", &params, &mine, "5"]);
+            let exe = f("model");
+            let mut args = vec![
+                "compile",
+                file.as_str(),
+                "-o",
+                exe.as_str(),
+                "--opt-level",
+                "0",
+            ];
+            args.extend(&common);
+            let (code, _, err) = ppc(&args);
+            assert_eq!(code, 0, "{what}: {err}");
+            let exe_out = f("exe.safetensors");
+            let o = Command::new(&exe)
+                .args(["--input", &input, "--params", &mine, "--output", &exe_out])
+                .output()
+                .expect("runs");
+            assert!(
+                o.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+
+            let tol = tolerance(dtype);
+            for (label, ppc_out, params) in [
+                ("interpreter", &interp_out, &params),
+                ("jit", &jit_out, &params),
+                ("executable with the script's parameters", &exe_out, &mine),
+            ] {
+                let want = f("numpy.safetensors");
+                oracle(&python, &[model, params, &input, &want]);
+                let c = compare(&output(Path::new(&want)), &output(Path::new(ppc_out)));
+                assert!(
+                    c.max_rel <= tol,
+                    "{what}, {label}: normwise {} > {tol} against NumPy",
+                    c.max_rel
+                );
+                if with_jax {
+                    let want = f("jax.safetensors");
+                    oracle(&jax, &[model, params, &input, &want, "--jax"]);
+                    let c = compare(&output(Path::new(&want)), &output(Path::new(ppc_out)));
+                    assert!(
+                        c.max_rel <= tol,
+                        "{what}, {label}: normwise {} > {tol} against JAX",
+                        c.max_rel
+                    );
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[test]
+fn dumped_parameters_load_back_byte_identical_on_every_backend() {
+    let dir = std::env::temp_dir().join(format!("ppc-dump-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let f = |name: &str| dir.join(name).display().to_string();
+    let file = path("examples/transformer.ppc");
+    let (params, a, b) = (f("p.safetensors"), f("a.safetensors"), f("b.safetensors"));
+    let small = [
+        "--dim", "b=2", "--dim", "t=4", "--dtype", "bf16", "--seed", "3",
+    ];
+    for backend in ["cpu", "interp"] {
+        let mut args = vec![
+            "run",
+            file.as_str(),
+            "--backend",
+            backend,
+            "--dump-params",
+            &params,
+            "--output",
+            &a,
+        ];
+        args.extend(small);
+        let (code, _, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        let mut args = vec![
+            "run",
+            file.as_str(),
+            "--backend",
+            backend,
+            "--params",
+            &params,
+            "--output",
+            &b,
+        ];
+        args.extend(small);
+        let (code, _, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            std::fs::read(&a).expect("a"),
+            std::fs::read(&b).expect("b"),
+            "{backend}"
+        );
+    }
+    // Under mpirun, each rank reading its own layers: the same bytes as one process.
+    let exe = f("model2");
+    let mut args = vec![
+        "compile",
+        file.as_str(),
+        "--ranks",
+        "2",
+        "-o",
+        &exe,
+        "--opt-level",
+        "0",
+    ];
+    args.extend(&small[..6]);
+    let (code, _, err) = ppc(&args);
+    assert_eq!(code, 0, "{err}");
+    let c = f("c.safetensors");
+    let o = Command::new("mpirun.mpich")
+        .args([
+            "-n", "2", &exe, "--params", &params, "--output", &c, "--seed", "3",
+        ])
+        .output()
+        .expect("mpirun");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read(&a).expect("a"),
+        std::fs::read(&c).expect("c"),
+        "2 ranks"
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[test]
+fn a_bad_parameter_file_lists_every_problem_and_runs_nothing() {
+    let dir = std::env::temp_dir().join(format!("ppc-badparams-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let file = path("examples/mlp.ppc");
+    let small = ["--dim", "b=2", "--dim", "d=8", "--dim", "h=16"];
+    let good = dir.join("good.safetensors");
+    let mut args = vec!["run", file.as_str(), "--backend", "interp", "--dump-params"];
+    let good_s = good.display().to_string();
+    args.push(&good_s);
+    args.extend(small);
+    assert_eq!(ppc(&args).0, 0);
+    let mut tensors = safetensors::decode(&std::fs::read(&good).expect("good")).expect("decode");
+    tensors.retain(|(n, _)| n != "layers.2.w1"); // missing
+    let i = tensors
+        .iter()
+        .position(|(n, _)| n == "layers.0.w2")
+        .expect("w2");
+    tensors[i].1 = HostBuffer::zeros(DType::F32, &[8, 16]); // wrong shape
+    let j = tensors
+        .iter()
+        .position(|(n, _)| n == "layers.1.b1")
+        .expect("b1");
+    tensors[j].1 = HostBuffer::zeros(DType::I32, &[16]); // wrong dtype
+    tensors.push((
+        "layers.9.w1".into(),
+        HostBuffer::zeros(DType::F32, &[8, 16]),
+    )); // extra
+    let bad = dir.join("bad.safetensors");
+    let refs: Vec<(&str, &HostBuffer)> = tensors.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    safetensors::write(&bad, &refs).expect("write");
+    let out = dir.join("never.safetensors");
+    for backend in ["cpu", "interp"] {
+        let (bad_s, out_s) = (bad.display().to_string(), out.display().to_string());
+        let mut args = vec![
+            "run",
+            file.as_str(),
+            "--backend",
+            backend,
+            "--params",
+            &bad_s,
+            "--output",
+            &out_s,
+        ];
+        args.extend(small);
+        let (code, _, err) = ppc(&args);
+        assert_eq!(code, 1, "{backend}: {err}");
+        for problem in [
+            "missing `layers.2.w1`",
+            "`layers.0.w2` has shape [8, 16], the model needs [16, 8]",
+            "`layers.1.b1` is i32, not a floating-point dtype",
+            "`layers.9.w1` is not a parameter of this model",
+        ] {
+            assert!(err.contains(problem), "{backend}: no `{problem}` in\n{err}");
+        }
+        assert!(!out.exists(), "{backend}: a refused run wrote its output");
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
