@@ -46,6 +46,15 @@ fn dims(model: &str) -> Vec<&'static str> {
     }
 }
 
+/// `ppc run FILE --backend BACKEND ARGS... MORE...`: the exit status and standard error.
+fn run_on(file: &str, backend: &str, args: &[&str], more: &[&str]) -> (i32, String) {
+    let mut all = vec!["run", file, "--backend", backend];
+    all.extend(args);
+    all.extend(more);
+    let (code, _, err) = ppc(&all);
+    (code, err)
+}
+
 fn output(p: &Path) -> Tensor {
     safetensors::read_tensor(p, "output")
         .expect("output")
@@ -186,31 +195,19 @@ fn dumped_parameters_load_back_byte_identical_on_every_backend() {
         "--dim", "b=2", "--dim", "t=4", "--dtype", "bf16", "--seed", "3",
     ];
     for backend in ["cpu", "interp"] {
-        let mut args = vec![
-            "run",
-            file.as_str(),
-            "--backend",
+        let (code, err) = run_on(
+            &file,
             backend,
-            "--dump-params",
-            &params,
-            "--output",
-            &a,
-        ];
-        args.extend(small);
-        let (code, _, err) = ppc(&args);
+            &["--dump-params", &params, "--output", &a],
+            &small,
+        );
         assert_eq!(code, 0, "{err}");
-        let mut args = vec![
-            "run",
-            file.as_str(),
-            "--backend",
+        let (code, err) = run_on(
+            &file,
             backend,
-            "--params",
-            &params,
-            "--output",
-            &b,
-        ];
-        args.extend(small);
-        let (code, _, err) = ppc(&args);
+            &["--params", &params, "--output", &b],
+            &small,
+        );
         assert_eq!(code, 0, "{err}");
         assert_eq!(
             std::fs::read(&a).expect("a"),
@@ -283,18 +280,12 @@ fn a_bad_parameter_file_lists_every_problem_and_runs_nothing() {
     let out = dir.join("never.safetensors");
     for backend in ["cpu", "interp"] {
         let (bad_s, out_s) = (bad.display().to_string(), out.display().to_string());
-        let mut args = vec![
-            "run",
-            file.as_str(),
-            "--backend",
+        let (code, err) = run_on(
+            &file,
             backend,
-            "--params",
-            &bad_s,
-            "--output",
-            &out_s,
-        ];
-        args.extend(small);
-        let (code, _, err) = ppc(&args);
+            &["--params", &bad_s, "--output", &out_s],
+            &small,
+        );
         assert_eq!(code, 1, "{backend}: {err}");
         for problem in [
             "missing `layers.2.w1`",
