@@ -149,6 +149,10 @@ pub struct ModelArgs {
     /// Override the number of circular repeats (layer r·S+s runs on stage s in repeat r).
     #[arg(long)]
     pub repeats: Option<u64>,
+    /// Override how many layers each stage runs per repeat (replaces `layers` or
+    /// `layers_per_stage` of the pipeline block).
+    #[arg(long)]
+    pub layers_per_stage: Option<u64>,
     /// Split the stage axis over this many MPI ranks (must divide the stages); executables
     /// built with it run under `mpirun -n RANKS`.
     #[arg(long)]
@@ -166,6 +170,7 @@ impl ModelArgs {
             microbatches: self.microbatches,
             repeats: self.repeats,
             ranks: self.ranks,
+            layers_per_stage: self.layers_per_stage,
             float_dtype: self.dtype,
         }
     }

@@ -410,3 +410,28 @@ fn run_reads_inputs_steps_and_benches_at_every_opt_level() {
     assert_eq!(j["median_step_s"], r["median_step_s"], "{j}");
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+#[test]
+fn layers_per_stage_is_a_setting_the_command_line_overrides() {
+    let tiny = path("examples/tiny.ppc");
+    let (code, out, err) = ppc(&["check", &tiny, "--layers-per-stage", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("(2 stages, 6 layers"), "{out}");
+    // It replaces a file's `layers = L` too, and the pipelined program still equals the model.
+    let text = std::fs::read_to_string(&tiny)
+        .expect("tiny")
+        .replace("layers_per_stage = 1", "layers = 8");
+    let file = std::env::temp_dir().join(format!("ppc-layers-{}.ppc", std::process::id()));
+    std::fs::write(&file, text).expect("write");
+    let f = file.display().to_string();
+    let (code, out, err) = ppc(&["check", &f, "--layers-per-stage", "3"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("(2 stages, 6 layers"), "{out}");
+    std::fs::remove_file(file).expect("cleanup");
+    let (code, out, _) = ppc(&["verify", &tiny, "--layers-per-stage", "4", "--repeats", "2"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(json_last_line(&out)["layers"], 16, "{out}");
+    let (code, _, err) = ppc(&["check", &tiny, "--layers-per-stage", "0"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`layers_per_stage` is zero"), "{err}");
+}

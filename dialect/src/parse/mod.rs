@@ -29,6 +29,8 @@ pub struct Overrides {
     pub microbatches: Option<u64>,
     pub repeats: Option<u64>,
     pub ranks: Option<u64>,
+    /// Layers per stage and repeat; replaces the file's `layers` or `layers_per_stage`.
+    pub layers_per_stage: Option<u64>,
     /// Every f32 type in the file becomes this dtype (bf16 or f16 storage).
     pub float_dtype: Option<DType>,
 }

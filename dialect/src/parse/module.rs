@@ -287,8 +287,11 @@ impl ModuleBuilder<'_> {
         let micro = pick(get("microbatches")?, ov.microbatches);
         let repeats = pick(get("repeats")?, ov.repeats).unwrap_or((1, block));
         let ranks = pick(get("ranks")?, ov.ranks).unwrap_or((1, block));
-        let layers = get("layers")?;
-        let per_stage = get("layers_per_stage")?;
+        // `--layers-per-stage` replaces either way the file gives the depth.
+        let (layers, per_stage) = match ov.layers_per_stage {
+            Some(k) => (None, Some((k, block))),
+            None => (get("layers")?, get("layers_per_stage")?),
+        };
         let (Some(stages), Some(micro)) = (stages, micro) else {
             return Err(Diagnostic::error(
                 "the pipeline needs `stages` and `microbatches`",
