@@ -4,6 +4,7 @@
 
 use crate::lower::machine::{self, Output};
 use crate::lower::{self, mlir, Gemm, Lowered};
+use crate::timing;
 use ppc_dialect::{Diagnostic, Diagnostics, Module};
 use ppc_runtime::files::write_atomic;
 use ppc_runtime::manifest::Target;
@@ -109,11 +110,19 @@ fn machine_code(
     dir: &TempDir,
     out: &Path,
 ) -> Result<(), Diagnostics> {
-    let l = lower(m, src, gemm, Some(target), executable)?;
+    let l = timing::phase("lower-mlir", || {
+        lower(m, src, gemm, Some(target), executable)
+    })?;
     let ctx = mlir::context();
-    let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
-    mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
-    let mut text = mlir::llvm_ir(&ctx, &module, src.text)?;
+    let mut module = timing::phase("MLIR parse and verify", || {
+        mlir::parse(&ctx, &l.mlir, src.text)
+    })?;
+    timing::phase("MLIR CPU pipeline", || {
+        mlir::lower_to_llvm(&ctx, &mut module, src.text)
+    })?;
+    let mut text = timing::phase("translate to LLVM IR", || {
+        mlir::llvm_ir(&ctx, &module, src.text)
+    })?;
     if executable {
         text.push_str(&lower::packed_entry(&l.manifest));
     }
@@ -168,25 +177,27 @@ pub fn executable(
         &obj,
     )?;
     let linked = dir.0.join("model");
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .arg(&obj)
-        .arg(&lib)
-        .args([
-            "-lmpich",
-            "-lm",
-            "-lpthread",
-            "-ldl",
-            "-lgcc_s",
-            "-lrt",
-            "-o",
-        ])
-        .arg(&linked)
-        .output()
-        .map_err(|e| {
-            vec![Diagnostic::plain(format!(
-                "cannot run the C compiler to link: {e}"
-            ))]
-        })?;
+    let status = timing::phase("link", || {
+        Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .arg(&obj)
+            .arg(&lib)
+            .args([
+                "-lmpich",
+                "-lm",
+                "-lpthread",
+                "-ldl",
+                "-lgcc_s",
+                "-lrt",
+                "-o",
+            ])
+            .arg(&linked)
+            .output()
+    })
+    .map_err(|e| {
+        vec![Diagnostic::plain(format!(
+            "cannot run the C compiler to link: {e}"
+        ))]
+    })?;
     if !status.status.success() {
         return Err(vec![Diagnostic::plain(format!(
             "linking failed:\n{}",

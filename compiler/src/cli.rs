@@ -77,6 +77,9 @@ pub enum Command {
         /// missing instead of crashing.
         #[arg(long, value_name = "CPU", default_value = crate::target::DEFAULT_CPU, value_parser = target_cpu)]
         target_cpu: Target,
+        /// Print where compile time goes (each pass, MLIR, LLVM, the link) to stderr.
+        #[arg(long)]
+        time_passes: bool,
         /// Write a standalone executable here (needs only libc and libmpich at run time; try
         /// `PATH --help`).
         #[arg(short, long, value_name = "PATH")]

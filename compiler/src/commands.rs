@@ -177,8 +177,10 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             pass,
             codegen,
             target_cpu: target,
+            time_passes,
         } => {
-            let mut l = load(&model)?;
+            let timer = time_passes.then(crate::timing::start);
+            let mut l = crate::timing::phase("parse and check", || load(&model))?;
             let opts = Options {
                 poison_bubbles: pass.poison_bubbles,
             };
@@ -221,6 +223,10 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 (None, _) => String::new(),
             };
             out.write_all(text.as_bytes()).map_err(io)?;
+            if let Some(t) = timer {
+                err.write_all(crate::timing::table(&t.finish()).as_bytes())
+                    .map_err(io)?;
+            }
         }
         Command::Verify {
             model,

@@ -16,3 +16,4 @@ pub mod pipeline;
 pub mod report;
 pub mod schedule;
 pub mod target;
+pub mod timing;

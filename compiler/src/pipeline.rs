@@ -2,6 +2,7 @@
 //! verifying the IR after each one.
 
 use crate::passes::{Options, PASSES};
+use crate::timing;
 use ppc_dialect::{check_model, parse, print, verify, Diagnostics, Module, Overrides};
 use std::path::Path;
 
@@ -21,8 +22,9 @@ pub fn compile(
     dump: Option<&Path>,
 ) -> Result<(), PipelineError> {
     for (i, pass) in PASSES.iter().enumerate() {
-        (pass.run)(m, opts).map_err(|d| PipelineError::Pass(pass.name, d))?;
-        verify(m).map_err(|d| PipelineError::Invalid(pass.name, d))?;
+        timing::phase(pass.name, || (pass.run)(m, opts))
+            .map_err(|d| PipelineError::Pass(pass.name, d))?;
+        timing::phase("verify", || verify(m)).map_err(|d| PipelineError::Invalid(pass.name, d))?;
         if let Some(dir) = dump {
             let path = dir.join(format!("{:02}-{}.ppc", i + 1, pass.name));
             ppc_runtime::files::write_atomic(&path, print(m).as_bytes())

@@ -435,3 +435,47 @@ fn layers_per_stage_is_a_setting_the_command_line_overrides() {
     assert_eq!(code, 1);
     assert!(err.contains("`layers_per_stage` is zero"), "{err}");
 }
+
+#[test]
+fn time_passes_says_where_compile_time_goes() {
+    let tiny = path("examples/tiny.ppc");
+    let exe = std::env::temp_dir().join(format!("ppc-timed-{}", std::process::id()));
+    let exe_s = exe.display().to_string();
+    let (code, _, err) = ppc(&["compile", &tiny, "-o", &exe_s, "--time-passes"]);
+    assert_eq!(code, 0, "{err}");
+    let mut phases = Vec::new();
+    for line in err
+        .lines()
+        .skip_while(|l| !l.contains("share  phase"))
+        .skip(1)
+    {
+        let mut w = line.split_whitespace();
+        let secs: f64 = w.next().and_then(|s| s.parse().ok()).expect("seconds");
+        let name = w.skip(1).collect::<Vec<_>>().join(" ");
+        phases.push((name, secs));
+    }
+    let names: Vec<&str> = phases.iter().map(|(n, _)| n.as_str()).collect();
+    for want in [
+        "parse and check",
+        "vmap-stages",
+        "gpipe-loop",
+        "MLIR CPU pipeline",
+        "LLVM opt",
+        "LLVM llc",
+        "link",
+        "total",
+    ] {
+        assert!(names.contains(&want), "no `{want}` in {names:?}");
+    }
+    let (total, parts) = phases.split_last().expect("rows");
+    let sum: f64 = parts.iter().map(|(_, s)| s).sum();
+    assert!(
+        (sum - total.1).abs() < 1e-3,
+        "the rows add up to {sum}, the total says {}",
+        total.1
+    );
+    // Without the flag, nothing of it.
+    let (_, _, err) = ppc(&["compile", &tiny, "-o", &exe_s]);
+    assert!(!err.contains("share  phase"), "{err}");
+    std::fs::remove_file(exe).expect("cleanup");
+}

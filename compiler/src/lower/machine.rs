@@ -45,26 +45,30 @@ pub fn compile(
     // among other things, does not vectorize.
     let triple = format!("-mtriple={TRIPLE}");
     let optimized = out.with_extension("opt.bc");
-    run(Command::new(tool("opt"))
-        .args([o.as_str(), triple.as_str(), mcpu.as_str()])
-        .arg(ir)
-        .arg("-o")
-        .arg(&optimized))?;
+    crate::timing::phase("LLVM opt", || {
+        run(Command::new(tool("opt"))
+            .args([o.as_str(), triple.as_str(), mcpu.as_str()])
+            .arg(ir)
+            .arg("-o")
+            .arg(&optimized))
+    })?;
     let filetype = match kind {
         Output::Object => "-filetype=obj",
         Output::Assembly => "-filetype=asm",
     };
-    run(Command::new(tool("llc"))
-        .args([
-            o.as_str(),
-            triple.as_str(),
-            mcpu.as_str(),
-            "-relocation-model=pic",
-            filetype,
-        ])
-        .arg(&optimized)
-        .arg("-o")
-        .arg(out))
+    crate::timing::phase("LLVM llc", || {
+        run(Command::new(tool("llc"))
+            .args([
+                o.as_str(),
+                triple.as_str(),
+                mcpu.as_str(),
+                "-relocation-model=pic",
+                filetype,
+            ])
+            .arg(&optimized)
+            .arg("-o")
+            .arg(out))
+    })
 }
 
 fn run(cmd: &mut Command) -> Result<(), Diagnostics> {
