@@ -205,6 +205,10 @@ pub struct RunArgs {
     /// reported at once and nothing runs.
     #[arg(long, value_name = "FILE")]
     pub params: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace of the steps (open it in ui.perfetto.dev): each step,
+    /// each GPipe loop iteration (numbered as `ppc schedule` numbers them), GEMM and exchange.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Write the parameters this run uses (drawn from the seed, or read with --params) to
     /// this safetensors file, named as --params reads them, in the model's dtype.
     #[arg(long, value_name = "FILE")]

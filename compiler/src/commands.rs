@@ -164,6 +164,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 output: args.output,
                 params: args.params,
                 dump_params: args.dump_params,
+                trace: args.trace,
                 backend: "cpu JIT".into(),
             };
             drive(&jit.program, &opts, out, err)?;

@@ -20,6 +20,8 @@ pub trait Transport: Send + Sync {
     fn exchange(&self, send: &[u8], recv: &mut [u8]);
     /// Gathers `values` (the same count on every rank) to rank 0, rank by rank; `None` elsewhere.
     fn gather(&self, values: &[f64]) -> Option<Vec<f64>>;
+    /// The largest of every rank's `value`, on every rank.
+    fn max(&self, value: f64) -> f64;
     /// Waits until every rank got here.
     fn barrier(&self);
     /// Ends the whole job now, with `code`.
@@ -44,6 +46,11 @@ pub fn rank() -> usize {
 
 pub fn size() -> usize {
     transport().map_or(1, |t| t.size())
+}
+
+/// [`Transport::max`], or `value` itself in a process of one rank.
+pub fn max(value: f64) -> f64 {
+    transport().map_or(value, |t| t.max(value))
 }
 
 /// [`Transport::gather`], or the values themselves in a process of one rank.
@@ -83,6 +90,7 @@ unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize) {
     // SAFETY: `recv` describes live memory (contract); `back` has exactly its size.
     unsafe { recv.scatter(&back) };
     EXCHANGE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    crate::trace::record(crate::trace::Kind::Exchange, 0, start);
 }
 
 macro_rules! exchange_fn {

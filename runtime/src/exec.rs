@@ -166,6 +166,8 @@ pub struct RunOptions {
     pub params: Option<PathBuf>,
     /// Write the parameters (drawn or read) to this safetensors file before running.
     pub dump_params: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace of the steps (not of `--bench`) to this file.
+    pub trace: Option<PathBuf>,
     /// What ran, for the summary: `cpu (JIT)`, `cpu (executable)`.
     pub backend: String,
 }
@@ -234,10 +236,14 @@ pub fn drive(
     let mut output = program.output_buffer();
     let steps = opts.steps.max(1);
     let mut times = Vec::new();
+    if opts.trace.is_some() {
+        crate::trace::enable();
+    }
     for step in 0..steps {
         let t = Instant::now();
         program.run(&mut input, &mut params, &mut output)?;
         times.push(t.elapsed().as_secs_f64());
+        crate::trace::record(crate::trace::Kind::Step, i64::from(step), t);
         if steps > 1 && speaks {
             writeln!(
                 err,
@@ -246,6 +252,12 @@ pub fn drive(
                 times[times.len() - 1]
             )
             .map_err(io)?;
+        }
+    }
+    if let Some(path) = &opts.trace {
+        crate::trace::write(path)?;
+        if rank == 0 {
+            writeln!(err, "wrote {}", path.display()).map_err(io)?;
         }
     }
     let step_s = times.iter().sum::<f64>() / times.len() as f64;

@@ -8,6 +8,7 @@
 
 use crate::memref::Unranked;
 use crate::tensor::unflatten;
+use crate::trace;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Stage slots seen by masked GEMMs, and those that were active (not in a bubble).
@@ -132,6 +133,7 @@ unsafe fn matmul(
     c: *const Unranked,
     active: Option<&[bool]>,
 ) {
+    let started = std::time::Instant::now();
     // SAFETY: forwarded from this function's contract.
     let (a, b, c) = unsafe { (view(a), view(b), view(c)) };
     let r = c.sizes.len();
@@ -166,6 +168,7 @@ unsafe fn matmul(
         );
     }
     let one = |t: usize| {
+        let block_started = std::time::Instant::now();
         let (flat, j0, j1) = tasks[t];
         let idx = unflatten(flat, batch);
         let (cs, bs) = (c.strides[r - 1], b.strides[rb - 1]);
@@ -189,6 +192,7 @@ unsafe fn matmul(
                     cp,
                     c.strides[r - 2] as usize,
                 );
+                trace::record(trace::Kind::GemmBlock, flat as i64, block_started);
                 return;
             }
             matrixmultiply::sgemm(
@@ -208,8 +212,10 @@ unsafe fn matmul(
                 cs,
             );
         }
+        trace::record(trace::Kind::GemmBlock, flat as i64, block_started);
     };
     crate::pool::parallel_for(tasks.len(), &one);
+    trace::record(trace::Kind::Gemm, count as i64, started);
 }
 
 /// The first element of `c`'s block for flat batch entry `flat`.

@@ -22,6 +22,7 @@ pub mod rng;
 pub mod safetensors;
 pub mod small_m;
 pub mod tensor;
+pub mod trace;
 
 pub use rng::{Init, Rng};
 pub use tensor::{DType, Tensor};

@@ -479,3 +479,87 @@ fn time_passes_says_where_compile_time_goes() {
     assert!(!err.contains("share  phase"), "{err}");
     std::fs::remove_file(exe).expect("cleanup");
 }
+
+/// Checks a `--trace` file's structure: valid trace-event JSON, per rank `steps` steps, each
+/// holding the loop's `iterations` iterations (numbered from 0, as `ppc schedule` does).
+pub(crate) fn assert_trace(path: &std::path::Path, ranks: u64, steps: u64, iterations: u64) {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("trace")).expect("JSON");
+    let events = j["traceEvents"].as_array().expect("traceEvents");
+    for rank in 0..ranks {
+        let spans: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == rank)
+            .collect();
+        for e in &spans {
+            assert!(
+                e["ts"].as_f64().is_some() && e["dur"].as_f64().is_some_and(|d| d >= 0.0),
+                "{e}"
+            );
+            assert!(e["tid"].as_u64().is_some() && e["name"].is_string(), "{e}");
+        }
+        let named = |prefix: &str| -> Vec<&serde_json::Value> {
+            spans
+                .iter()
+                .copied()
+                .filter(|e| e["name"].as_str().unwrap().starts_with(prefix))
+                .collect()
+        };
+        let (step_spans, iters) = (named("step "), named("iteration "));
+        assert_eq!(step_spans.len() as u64, steps, "rank {rank}");
+        assert_eq!(iters.len() as u64, steps * iterations, "rank {rank}");
+        for (i, it) in iters.iter().enumerate() {
+            assert_eq!(
+                it["args"]["iteration"],
+                (i as u64 % iterations),
+                "rank {rank}: {it}"
+            );
+            let (ts, end) = (
+                it["ts"].as_f64().unwrap(),
+                it["ts"].as_f64().unwrap() + it["dur"].as_f64().unwrap(),
+            );
+            let step = &step_spans[i / iterations as usize];
+            let (s0, s1) = (
+                step["ts"].as_f64().unwrap(),
+                step["ts"].as_f64().unwrap() + step["dur"].as_f64().unwrap(),
+            );
+            assert!(
+                s0 <= ts + 1.0 && end <= s1 + 1.0,
+                "rank {rank}: iteration {i} outside its step"
+            );
+        }
+        assert!(!named("GEMM").is_empty(), "rank {rank}: no GEMM spans");
+        assert!(
+            events
+                .iter()
+                .any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == rank),
+            "rank {rank} has no name"
+        );
+    }
+}
+
+#[test]
+fn executables_write_a_trace_of_steps_iterations_and_gemms() {
+    // An executable, so that no other test's run shares the process it traces.
+    let tiny = path("examples/tiny.ppc");
+    let dir = std::env::temp_dir().join(format!("ppc-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let (exe, trace) = (dir.join("tiny"), dir.join("trace.json"));
+    let exe_s = exe.display().to_string();
+    let (code, _, err) = ppc(&["compile", &tiny, "--repeats", "2", "-o", &exe_s]);
+    assert_eq!(code, 0, "{err}");
+    let o = std::process::Command::new(&exe)
+        .args(["--steps", "3", "--trace", &trace.display().to_string()])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, report, _) = ppc(&["compile", &tiny, "--report=json", "--repeats", "2"]);
+    let report: serde_json::Value = serde_json::from_str(&report).expect("report");
+    assert_trace(
+        &trace,
+        1,
+        3,
+        report["iterations"].as_u64().expect("iterations"),
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

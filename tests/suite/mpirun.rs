@@ -181,6 +181,24 @@ fn pipeline_settings_as_layer_dimensions_match_the_interpreter_on_1_2_and_4_rank
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Under mpirun the trace has one process per rank, each with the whole loop.
+#[test]
+fn traces_cover_every_rank() {
+    let dir = scratch("trace");
+    let exe = dir.join("model");
+    build("examples/mlp.ppc", &exe, 2, &[]);
+    let trace = dir.join("trace.json");
+    let l = launch(
+        &exe,
+        Some(2),
+        &["--steps", "2", "--trace", &trace.display().to_string()],
+        &[],
+    );
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    crate::cli::assert_trace(&trace, 2, 2, 4 + 8 - 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// f16 executables, and an input file read by rank 0: the same bytes on 1, 2 and 4 ranks; each
 /// rank's compute and waiting add up to its step, and the bubble it measured is the loop's.
 #[test]

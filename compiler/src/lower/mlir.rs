@@ -264,7 +264,12 @@ pub fn llvm_ir(ctx: &Context, module: &Module, source: &str) -> Result<String, D
 /// The lowered module must declare them with the signatures the runtime defines.
 unsafe fn register_runtime(engine: &ExecutionEngine) {
     let gemm = ppc_runtime::gemm::symbols();
-    for (name, ptr) in gemm.into_iter().chain(ppc_runtime::comm::symbols()) {
+    let trace = ppc_runtime::trace::symbols();
+    for (name, ptr) in gemm
+        .into_iter()
+        .chain(ppc_runtime::comm::symbols())
+        .chain(trace)
+    {
         // SAFETY: each is an `extern "C"` function of the runtime with its C-interface signature.
         unsafe { engine.register_symbol(name, ptr) };
     }

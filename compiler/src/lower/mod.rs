@@ -108,6 +108,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     let _ = writeln!(out, "module {{");
     out.push_str("  func.func private @ppc_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) attributes {llvm.emit_c_interface}\n");
     out.push_str("  func.func private @ppc_matmul_f32_masked(memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) attributes {llvm.emit_c_interface}\n");
+    out.push_str("  func.func private @ppc_trace_iteration_begin(i32)\n  func.func private @ppc_trace_iteration_end(i32)\n");
     for d in &w.e.declarations {
         let _ = writeln!(out, "  {d}");
     }
@@ -272,12 +273,19 @@ impl Walker<'_, '_> {
                         .let_(&format!("arith.index_cast {iv} : index to i32"));
                     self.e
                         .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
+                    // Iterations are spans of `--trace` (a flag test when tracing is off).
+                    self.e.op(&format!(
+                        "func.call @ppc_trace_iteration_begin({ti}) : (i32) -> ()"
+                    ));
                     env.insert(body.args[0], t);
                     env.extend(body.args[1..].iter().copied().zip(carried.iter().cloned()));
                     self.block(f, body, env)?;
                     self.e.at(f.op_spans.get(&id));
                     let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
                     self.carry(&yields, &carried);
+                    self.e.op(&format!(
+                        "func.call @ppc_trace_iteration_end({ti}) : (i32) -> ()"
+                    ));
                     self.e.end_for();
                     env.extend(op.results.iter().copied().zip(carried));
                 }

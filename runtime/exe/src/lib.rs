@@ -23,7 +23,7 @@ extern "C" {
 
 const USAGE: &str =
     "usage: [mpirun.mpich -n RANKS] MODEL [--seed N] [--input FILE] [--output FILE] [--params FILE]
-         [--dump-params FILE] [--steps N] [--bench N]
+         [--dump-params FILE] [--steps N] [--bench N] [--trace FILE]
 
 Runs the pipeline-parallel forward pass that ppc compiled into this executable, on as many MPI
 ranks as it was compiled for (`ppc compile --ranks`; one by default). Rank 0 reads the input;
@@ -40,6 +40,9 @@ the last rank prints the summary and writes the output.
   --dump-params FILE
                  write the parameters this run uses (seeded, or from --params) in that naming
   --steps N      run the forward pass N times (default 1)
+  --trace FILE   write a Chrome/Perfetto trace of the steps (ui.perfetto.dev): per rank and
+                 thread, each step, GPipe loop iteration (numbered as `ppc schedule` does),
+                 GEMM and exchange
   --bench N      after warm-up, time N more steps and print one JSON line (rank 0): step
                  time, throughput, and per rank compute, exchange wait and measured bubble
   --help         print this and exit
@@ -86,6 +89,7 @@ fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
             "--output" => o.output = Some(PathBuf::from(value("--output")?)),
             "--params" => o.params = Some(PathBuf::from(value("--params")?)),
             "--dump-params" => o.dump_params = Some(PathBuf::from(value("--dump-params")?)),
+            "--trace" => o.trace = Some(PathBuf::from(value("--trace")?)),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }

@@ -2,6 +2,7 @@
 //! stage boundary is one `MPI_Sendrecv` to rank + 1 from rank - 1, so no rank can block another
 //! whatever the order they arrive in; errors end the whole job with `MPI_Abort`, never a hang.
 
+use mpi::collective::SystemOperation;
 use mpi::point_to_point as p2p;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -55,6 +56,13 @@ impl Transport for Mpi {
             root.gather_into(values);
             None
         }
+    }
+
+    fn max(&self, value: f64) -> f64 {
+        let mut out = value;
+        self.world
+            .all_reduce_into(&value, &mut out, SystemOperation::max());
+        out
     }
 
     fn barrier(&self) {

@@ -1,0 +1,209 @@
+//! `--trace FILE`: what a run did and when, as a Chrome/Perfetto trace (the JSON trace-event
+//! format: open it in ui.perfetto.dev or chrome://tracing).
+//!
+//! One process per rank (`pid` = rank), one track per thread: each step, each iteration of the
+//! GPipe loop (numbered as `ppc schedule` numbers them, from 0), each GEMM on the thread that
+//! called it and each block of it on the thread that computed it, and each exchange with its
+//! wait. Laid over the schedule, the iterations show the pipeline's diagonal and its bubble.
+//!
+//! Recording costs one relaxed atomic load while tracing is off. Ranks share a clock by wall
+//! time, so the tracks of several processes on one node line up.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// What a span is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Step = 0,
+    Iteration = 1,
+    Gemm = 2,
+    GemmBlock = 3,
+    Exchange = 4,
+}
+
+impl Kind {
+    const ALL: [Kind; 5] = [
+        Kind::Step,
+        Kind::Iteration,
+        Kind::Gemm,
+        Kind::GemmBlock,
+        Kind::Exchange,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Step => "step",
+            Kind::Iteration => "iteration",
+            Kind::Gemm => "GEMM",
+            Kind::GemmBlock => "GEMM block",
+            Kind::Exchange => "exchange (wait included)",
+        }
+    }
+}
+
+/// One span: what, which (step, iteration, ...), on which thread, from when, how long (µs).
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    kind: Kind,
+    index: i64,
+    thread: u32,
+    start_us: f64,
+    dur_us: f64,
+}
+
+static ON: AtomicBool = AtomicBool::new(false);
+static SPANS: Mutex<Vec<Span>> = Mutex::new(Vec::new());
+/// The wall-clock time of an `Instant`, fixed when tracing starts.
+static ORIGIN: OnceLock<(Instant, f64)> = OnceLock::new();
+static NEXT_THREAD: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    static THREAD: u32 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Starts recording, from nothing, until [`write`]. Tracing is per process: a process that
+/// runs several programs at once (a test harness) traces them all.
+pub fn enable() {
+    SPANS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let wall = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    ORIGIN.get_or_init(|| (Instant::now(), wall));
+    THREAD.with(|_| {}); // the enabling thread is track 0
+    ON.store(true, Ordering::Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+fn micros(t: Instant) -> f64 {
+    let (origin, wall) = *ORIGIN.get().expect("invariant: set by enable");
+    wall + t.saturating_duration_since(origin).as_secs_f64() * 1e6
+}
+
+/// Records a span of `kind` number `index` that began at `start` and ends now.
+pub fn record(kind: Kind, index: i64, start: Instant) {
+    if !enabled() {
+        return;
+    }
+    let end = Instant::now();
+    let span = Span {
+        kind,
+        index,
+        thread: THREAD.with(|t| *t),
+        start_us: micros(start),
+        dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
+    };
+    SPANS.lock().unwrap_or_else(|e| e.into_inner()).push(span);
+}
+
+thread_local! {
+    static ITERATION: std::cell::Cell<Option<(i32, Instant)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Called by generated code at the top of each iteration of the GPipe loop.
+#[no_mangle]
+pub extern "C" fn ppc_trace_iteration_begin(t: i32) {
+    if enabled() {
+        ITERATION.with(|c| c.set(Some((t, Instant::now()))));
+    }
+}
+
+/// Called by generated code at the bottom of each iteration of the GPipe loop.
+#[no_mangle]
+pub extern "C" fn ppc_trace_iteration_end(_t: i32) {
+    if let Some((t, start)) = ITERATION.with(|c| c.take()) {
+        record(Kind::Iteration, i64::from(t), start);
+    }
+}
+
+/// The functions generated code calls, for registering with a JIT.
+pub fn symbols() -> [(&'static str, *mut ()); 2] {
+    [
+        (
+            "ppc_trace_iteration_begin",
+            ppc_trace_iteration_begin as *mut (),
+        ),
+        (
+            "ppc_trace_iteration_end",
+            ppc_trace_iteration_end as *mut (),
+        ),
+    ]
+}
+
+/// Stops recording; this process's spans as rows of numbers, for gathering across ranks.
+fn take_rows() -> Vec<f64> {
+    ON.store(false, Ordering::Relaxed);
+    let spans = std::mem::take(&mut *SPANS.lock().unwrap_or_else(|e| e.into_inner()));
+    spans
+        .iter()
+        .flat_map(|s| {
+            [
+                s.kind as u8 as f64,
+                s.index as f64,
+                f64::from(s.thread),
+                s.start_us,
+                s.dur_us,
+            ]
+        })
+        .collect()
+}
+
+/// Gathers every rank's spans; rank 0 writes them to `path` (atomically). Every rank calls it.
+pub fn write(path: &std::path::Path) -> Result<(), String> {
+    let rows = take_rows();
+    // Ranks hold different numbers of spans: pad every rank's to the longest with NaN rows.
+    let mut rows = rows;
+    rows.resize(crate::comm::max(rows.len() as f64) as usize, f64::NAN);
+    let Some(all) = crate::comm::gather(&rows) else {
+        return Ok(());
+    };
+    let ranks = crate::comm::size().max(1);
+    let per_rank = all.len() / ranks;
+    let mut events = Vec::new();
+    for rank in 0..ranks {
+        events.push(format!(
+            r#"{{"ph":"M","name":"process_name","pid":{rank},"tid":0,"args":{{"name":"rank {rank}"}}}}"#
+        ));
+        let mut threads = std::collections::BTreeSet::new();
+        for r in all[rank * per_rank..(rank + 1) * per_rank].chunks(5) {
+            if r[0].is_nan() {
+                continue;
+            }
+            let kind = Kind::ALL[r[0] as usize];
+            let thread = r[2] as u32;
+            threads.insert(thread);
+            let index = r[1] as i64;
+            let name = match kind {
+                Kind::Iteration | Kind::Step => format!("{} {index}", kind.name()),
+                _ => kind.name().to_string(),
+            };
+            events.push(format!(
+                r#"{{"ph":"X","name":"{name}","cat":"{}","pid":{rank},"tid":{thread},"ts":{:.3},"dur":{:.3},"args":{{"{}":{index}}}}}"#,
+                kind.name(),
+                r[3],
+                r[4],
+                if kind == Kind::Iteration { "iteration" } else { "index" }
+            ));
+        }
+        for t in threads {
+            let name = if t == 0 {
+                "main".to_string()
+            } else {
+                format!("pool thread {t}")
+            };
+            events.push(format!(
+                r#"{{"ph":"M","name":"thread_name","pid":{rank},"tid":{t},"args":{{"name":"{name}"}}}}"#
+            ));
+        }
+    }
+    let json = format!(
+        "{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n{}\n]}}\n",
+        events.join(",\n")
+    );
+    crate::files::write_atomic(path, json.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
