@@ -273,19 +273,24 @@ impl Walker<'_, '_> {
                         .let_(&format!("arith.index_cast {iv} : index to i32"));
                     self.e
                         .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
-                    // Iterations are spans of `--trace` (a flag test when tracing is off).
-                    self.e.op(&format!(
-                        "func.call @ppc_trace_iteration_begin({ti}) : (i32) -> ()"
-                    ));
+                    // The GPipe loop's iterations are spans of `--trace` (a flag test when
+                    // tracing is off); a stage's loop over its layers is not.
+                    let traced = f.name == names::PIPELINE;
+                    let trace = |e: &mut Emitter, what: &str| {
+                        if traced {
+                            e.op(&format!(
+                                "func.call @ppc_trace_iteration_{what}({ti}) : (i32) -> ()"
+                            ));
+                        }
+                    };
+                    trace(&mut self.e, "begin");
                     env.insert(body.args[0], t);
                     env.extend(body.args[1..].iter().copied().zip(carried.iter().cloned()));
                     self.block(f, body, env)?;
                     self.e.at(f.op_spans.get(&id));
                     let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
                     self.carry(&yields, &carried);
-                    self.e.op(&format!(
-                        "func.call @ppc_trace_iteration_end({ti}) : (i32) -> ()"
-                    ));
+                    trace(&mut self.e, "end");
                     self.e.end_for();
                     env.extend(op.results.iter().copied().zip(carried));
                 }

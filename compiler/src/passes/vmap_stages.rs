@@ -10,8 +10,10 @@
 //! (their results are never read). Each parameter of `@layer` becomes one of
 //! `@stage` with leading axes `[R, S, k]` (`R` only when `repeats > 1`, `k` only when more than
 //! one layer runs per stage) that enumerate layers: element `(r, s, j)` holds the weights of layer
-//! `(r*S + s)*k + j`. The `k` layers of a stage run one after the other inside `@stage`. Every op
-//! is rewritten by its batching rule (`batching.rs`).
+//! `(r*S + s)*k + j`. With `k > 1` the layers of a stage are a `loop` of `k` trips over one copy of
+//! the layer, each trip indexing the stacked weights at its layer, so the program (and its
+//! compile time) does not grow with `k`. Every op is rewritten by its batching rule
+//! (`batching.rs`).
 //!
 //! ```text
 //! func @layer(%x: f32[b, d]) -> f32[b, d] {         func @stage(%x: f32[#stages, b, d]) -> f32[#stages, b, d] {
@@ -26,7 +28,7 @@ use super::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Block, Func, Module, ValueId};
-use ppc_dialect::op::{Float, OpKind};
+use ppc_dialect::op::OpKind;
 use ppc_dialect::{Axis, DType, Dim, Type};
 use std::collections::HashMap;
 
@@ -130,57 +132,75 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
         });
     }
 
-    let mut act = x;
-    for j in 0..k {
-        let mut env: HashMap<ValueId, Batched> = HashMap::new();
+    // The k layers of a stage: one copy of the layer, in a loop over the stacked weights when
+    // k > 1, so that code size and compile time do not grow with k.
+    if k == 1 {
+        let out = layer_once(&mut b, layer, x, &per_stage, None, &s_dim, active)?;
+        return Ok(b.finish(vec![out]));
+    }
+    let outs = b.loop_op(k, vec![x], &["act"], |b, j, carried| {
+        b.span = layer.value_spans.get(&x_arg);
+        let t = Type::new(DType::I32, vec![s_dim.clone()]);
+        let index = b.op("layer", OpKind::Broadcast { x: j }, Some(t))?;
+        let out = layer_once(
+            b,
+            layer,
+            carried[0],
+            &per_stage,
+            Some(index),
+            &s_dim,
+            active,
+        )?;
+        Ok(vec![out])
+    })?;
+    Ok(b.finish(outs))
+}
+
+/// One layer of the stage on `x`: with `index` ([S], the layer within the stage), each stacked
+/// weight's slice for it, else the weights as they are.
+fn layer_once(
+    b: &mut Builder,
+    layer: &Func,
+    x: ValueId,
+    per_stage: &[ValueId],
+    index: Option<ValueId>,
+    s_dim: &Dim,
+    active: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let mut env: HashMap<ValueId, Batched> = HashMap::new();
+    env.insert(
+        layer.body.args[0],
+        Batched {
+            value: x,
+            batched: true,
+        },
+    );
+    for (prm, &w) in layer.params.iter().zip(per_stage) {
+        b.span = layer.value_spans.get(&prm.value);
+        let value = match index {
+            Some(index) => {
+                let name = &layer.values[prm.value].name;
+                b.op(
+                    &format!("{name}_j"),
+                    OpKind::Index {
+                        x: w,
+                        index,
+                        axis: 1,
+                    },
+                    None,
+                )?
+            }
+            None => w,
+        };
         env.insert(
-            x_arg,
+            prm.value,
             Batched {
-                value: act,
+                value,
                 batched: true,
             },
         );
-        let j_index = if k > 1 && !layer.params.is_empty() {
-            let t = Type::new(DType::I32, vec![s_dim.clone()]);
-            Some(b.op(
-                &format!("layer{j}"),
-                OpKind::Constant {
-                    value: Float(j as f64),
-                },
-                Some(t),
-            )?)
-        } else {
-            None
-        };
-        for (prm, &w) in layer.params.iter().zip(&per_stage) {
-            b.span = layer.value_spans.get(&prm.value);
-            let value = match j_index {
-                Some(index) => {
-                    let name = &layer.values[prm.value].name;
-                    b.op(
-                        &format!("{name}_{j}"),
-                        OpKind::Index {
-                            x: w,
-                            index,
-                            axis: 1,
-                        },
-                        None,
-                    )?
-                }
-                None => w,
-            };
-            env.insert(
-                prm.value,
-                Batched {
-                    value,
-                    batched: true,
-                },
-            );
-        }
-        let out = batch_block(&mut b, layer, &layer.body, &mut env, &s_dim, active)?;
-        act = out;
     }
-    Ok(b.finish(vec![act]))
+    batch_block(b, layer, &layer.body, &mut env, s_dim, active)
 }
 
 fn batch_block(
