@@ -107,14 +107,8 @@ pub enum Command {
         backend: Backend,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Read the parameters from this safetensors file instead of drawing them from the seed:
-        /// tensor `layers.L.NAME` holds parameter NAME (as `@layer` names it) of model layer L
-        /// (layer (r·S + s)·k + j is the j-th layer of stage s in repeat r), shaped as in
-        /// `@layer`; a stacked `NAME` of shape [layers, ...] is read too. f32, bf16 or f16 in the
-        /// file, rounded to the model's dtype. Every missing, extra or ill-shaped tensor is
-        /// reported at once and nothing runs.
-        #[arg(long, value_name = "FILE")]
-        params: Option<PathBuf>,
+        #[command(flatten)]
+        params: ParamsArg,
         /// Testing verify itself: add 1 to element N (row-major) of the result under test
         /// before comparing, which must then fail.
         #[arg(long, value_name = "N", hide = true)]
@@ -197,14 +191,8 @@ pub struct RunArgs {
     /// Write the result to tensor `output` of this safetensors file.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Read the parameters from this safetensors file instead of drawing them from the seed:
-    /// tensor `layers.L.NAME` holds parameter NAME (as `@layer` names it) of model layer L
-    /// (layer (r·S + s)·k + j is the j-th layer of stage s in repeat r), shaped as in
-    /// `@layer`; a stacked `NAME` of shape [layers, ...] is read too. f32, bf16 or f16 in the
-    /// file, rounded to the model's dtype. Every missing, extra or ill-shaped tensor is
-    /// reported at once and nothing runs.
-    #[arg(long, value_name = "FILE")]
-    pub params: Option<PathBuf>,
+    #[command(flatten)]
+    pub params: ParamsArg,
     /// Write a Chrome/Perfetto trace of the steps (open it in ui.perfetto.dev): each step,
     /// each GPipe loop iteration (numbered as `ppc schedule` numbers them), GEMM and exchange.
     #[arg(long, value_name = "FILE")]
@@ -213,6 +201,19 @@ pub struct RunArgs {
     /// this safetensors file, named as --params reads them, in the model's dtype.
     #[arg(long, value_name = "FILE")]
     pub dump_params: Option<PathBuf>,
+}
+
+/// Where parameters come from, for every command that runs a model.
+#[derive(Args, Debug)]
+pub struct ParamsArg {
+    /// Read the parameters from this safetensors file instead of drawing them from the seed:
+    /// tensor `layers.L.NAME` holds parameter NAME (as `@layer` names it) of model layer L
+    /// (layer (r·S + s)·k + j is the j-th layer of stage s in repeat r), shaped as in
+    /// `@layer`; a stacked `NAME` of shape [layers, ...] is read too. f32, bf16 or f16 in the
+    /// file, rounded to the model's dtype. Every missing, extra or ill-shaped tensor is
+    /// reported at once and nothing runs.
+    #[arg(long, value_name = "FILE")]
+    pub params: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

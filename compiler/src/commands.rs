@@ -162,7 +162,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 bench: args.bench,
                 input: args.input,
                 output: args.output,
-                params: args.params,
+                params: args.params.params,
                 dump_params: args.dump_params,
                 trace: args.trace,
                 backend: "cpu JIT".into(),
@@ -241,7 +241,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let check = Check {
                 backend,
                 seed,
-                params,
+                params: params.params,
                 perturb,
             };
             return verify(&model, &check, &pass, &codegen, out, err);
@@ -287,7 +287,7 @@ fn run_interp(
         return Err(Failure("error: --bench needs the cpu backend\n".into()));
     }
     let p = l.module.pipeline;
-    let source = param_source(&l.module, args.seed, args.params.as_deref())?;
+    let source = param_source(&l.module, args.seed, args.params.params.as_deref())?;
     if let Some(path) = &args.dump_params {
         ppc_runtime::params::dump(&source, &param_specs(&l.module), path)?;
         writeln!(err, "wrote {}", path.display()).map_err(io)?;
