@@ -28,7 +28,7 @@ fn small_dims(model: &str) -> Vec<&'static str> {
 }
 
 /// `ppc compile MODEL -o exe --ranks R` with small dimensions and `extra` flags. LLVM at O0
-/// except for the MLP: the transformer takes 15 s to optimize, and the test is about meaning.
+/// except for the MLP: optimizing the transformer takes seconds, and the test is about meaning.
 fn build(model: &str, exe: &Path, ranks: u64, extra: &[&str]) {
     let (file, exe_s, r) = (path(model), exe.display().to_string(), ranks.to_string());
     let mut args = vec!["compile", &file, "-o", &exe_s, "--ranks", &r];
