@@ -3,7 +3,7 @@
 //! Layer `l` of the model (0-based, in model order: stage `s` of repeat `r` runs layers
 //! `(r·S + s)·k .. +k`) has its parameter `w` (as `@layer` names it) in the tensor
 //! `layers.{l}.w`, of `w`'s shape in `@layer`. A file may instead hold one stacked tensor `w`
-//! of shape `[layers, ...]` per parameter; both are read, and they may be mixed. The dtype in the
+//! of shape `[layers, ...]` per parameter; both are read, one form per parameter. The dtype in the
 //! file may be f32, bf16 or f16 whatever the model stores: values are converted and rounded to
 //! the storage dtype as the interpreter rounds. Every problem with a file (missing, extra,
 //! wrong-shape or wrong-dtype tensors) is reported at once, before anything runs.
