@@ -1,7 +1,9 @@
 """JAX's SPMD GPipe forward pass, the peer ppc is measured against.
 
-The same model and shapes as examples/mlp.ppc: the residual MLP block
-y = x + relu(x @ W1 + b1) @ W2, vmapped over a stage axis, inside the shifting-buffer loop
+The same models and shapes as examples/mlp.ppc (`--model mlp`: the residual MLP block
+y = x + relu(x @ W1 + b1) @ W2) and examples/transformer.ppc (`--model transformer`: the
+pre-LayerNorm decoder block with causal attention and a GELU MLP, k layers per stage), vmapped
+over a stage axis, inside the shifting-buffer loop
 (lax.scan) of Lingvo/Praxis: the state buffer [S, b, d] starts at zeros, the input is padded with
 S-1 zero microbatches, a select on the stage index feeds stage 0, and the state shifts by one
 stage each iteration. Prints one JSON line with the jit time and the forward step times.
@@ -19,30 +21,88 @@ def block(x, w1, b1, w2):
     return x + jnp.maximum(x @ w1 + b1, 0.0) @ w2
 
 
-def gpipe(params, x):
-    """x: [M, b, d] -> [M, b, d]; params: stacked [S, ...]."""
-    w1, b1, w2 = params
-    stages = w1.shape[0]
-    padded = jnp.pad(x, [(0, stages - 1), (0, 0), (0, 0)])
+def layernorm(x, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps)
+
+
+def decoder(heads):
+    """examples/transformer.ppc's @layer on x [b, t, d]."""
+
+    def layer(x, ln1_g, ln1_b, wq, wk, wv, wo, ln2_g, ln2_b, w1, b1, w2, b2):
+        b, t, d = x.shape
+        dh = d // heads
+        h = layernorm(x) * ln1_g + ln1_b
+        split = lambda y: y.reshape(b, t, heads, dh).transpose(0, 2, 1, 3)
+        q, k, v = split(h @ wq), split(h @ wk), split(h @ wv)
+        s = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / dh**0.5)
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -1e9)
+        o = (jax.nn.softmax(s, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
+        x1 = x + o @ wo
+        h2 = layernorm(x1) * ln2_g + ln2_b
+        return x1 + jax.nn.gelu(h2 @ w1 + b1, approximate=True) @ w2 + b2
+
+    return layer
+
+
+def stage_of(layer):
+    """A stage: its k layers in turn, on weights stacked [k, ...]."""
+
+    def stage(x, *ws):
+        for j in range(ws[0].shape[0]):  # unrolled: k is small, and XLA fuses across layers
+            x = layer(x, *(w[j] for w in ws))
+        return x
+
+    return stage
+
+
+def gpipe(params, x, stage=None):
+    """x: [M, ...] -> [M, ...]; params: stacked [S, ...] (the MLP) or [S, k, ...] (`stage`)."""
+    stages = params[0].shape[0]
+    rest = [(0, 0)] * (x.ndim - 1)
+    padded = jnp.pad(x, [(0, stages - 1)] + rest)
     state0 = jnp.zeros((stages,) + x.shape[1:], x.dtype)
-    first = (jnp.arange(stages) == 0)[:, None, None]
-    stage_fn = jax.vmap(block)
+    first = (jnp.arange(stages) == 0).reshape((stages,) + (1,) * (x.ndim - 1))
+    stage_fn = jax.vmap(stage or block)
 
     def step(state, inp):
         stage_in = jnp.where(first, inp[None], state)
-        out = stage_fn(stage_in, w1, b1, w2)
-        shifted = jnp.pad(out, [(1, 0), (0, 0), (0, 0)])[:stages]
+        out = stage_fn(stage_in, *params)
+        shifted = jnp.pad(out, [(1, 0)] + rest)[:stages]
         return shifted, out[-1]
 
     _, last = jax.lax.scan(step, state0, padded)
     return last[stages - 1 :]
 
 
+def transformer_setup(a, key):
+    """Weights [S, k, ...] and input [M, b, t, d] of examples/transformer.ppc's shapes."""
+    s, k, d = a.stages, a.layers_per_stage, a.heads * a.dh
+    f = 4 * d
+    keys = jax.random.split(key, 8)
+    n = lambda i, shape, std: jax.random.normal(keys[i], (s, k) + shape, jnp.float32) * std
+    ones, zeros = (lambda shape: jnp.ones((s, k) + shape)), (lambda shape: jnp.zeros((s, k) + shape))
+    params = (ones((d,)), zeros((d,)), n(0, (d, d), 0.125), n(1, (d, d), 0.125), n(2, (d, d), 0.125),
+              n(3, (d, d), 0.0625), ones((d,)), zeros((d,)), n(4, (d, f), 0.125), zeros((f,)),
+              n(5, (f, d), 0.03125), zeros((d,)))
+    x = jax.random.normal(keys[6], (a.microbatches, a.b, a.t, d), jnp.float32)
+    t, L = a.t, s * k
+    # Per layer and microbatch: 4 d×d projections, the scores and values, the MLP's two.
+    flops = L * a.microbatches * 2 * a.b * (4 * t * d * d + 2 * t * t * d + 2 * t * d * f)
+    return params, x, flops
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--b", type=int, default=16)
+    ap.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    ap.add_argument("--b", type=int, default=16, help="microbatch rows (the MLP example: 16; the transformer example: 2)")
     ap.add_argument("--d", type=int, default=256)
     ap.add_argument("--h", type=int, default=1024)
+    ap.add_argument("--t", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dh", type=int, default=16)
+    ap.add_argument("--layers-per-stage", type=int, default=2)
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
@@ -51,14 +111,18 @@ def main():
     key = jax.random.PRNGKey(0)
     k1, k2, k3 = jax.random.split(key, 3)
     s, d, h = a.stages, a.d, a.h
-    params = (
-        jax.random.normal(k1, (s, d, h), jnp.float32) * 0.0625,
-        jnp.zeros((s, h), jnp.float32),
-        jax.random.normal(k2, (s, h, d), jnp.float32) * 0.03125,
-    )
-    x = jax.random.normal(k3, (a.microbatches, a.b, d), jnp.float32)
-
-    fwd = jax.jit(gpipe)
+    if a.model == "mlp":
+        params = (
+            jax.random.normal(k1, (s, d, h), jnp.float32) * 0.0625,
+            jnp.zeros((s, h), jnp.float32),
+            jax.random.normal(k2, (s, h, d), jnp.float32) * 0.03125,
+        )
+        x = jax.random.normal(k3, (a.microbatches, a.b, d), jnp.float32)
+        flops = 2 * 2 * a.b * d * h * s * a.microbatches  # two matmuls per layer, S layers, M microbatches
+        fwd = jax.jit(gpipe)
+    else:
+        params, x, flops = transformer_setup(a, key)
+        fwd = jax.jit(lambda p, x: gpipe(p, x, stage_of(decoder(a.heads))))
     t = time.perf_counter()
     compiled = fwd.lower(params, x).compile()
     jit_s = time.perf_counter() - t
@@ -71,7 +135,6 @@ def main():
         times.append(time.perf_counter() - t)
     times.sort()
     median = times[len(times) // 2]
-    flops = 2 * 2 * a.b * d * h * s * a.microbatches  # two matmuls per layer, S layers, M microbatches
     print(json.dumps({
         "peer": "jax", "jax_version": jax.__version__, "devices": str(jax.devices()),
         "jit_s": jit_s, "median_step_s": median, "min_step_s": times[0],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: ppc's compiled executable against JAX's SPMD GPipe (jax_gpipe.py), same model
-# and shapes, in one run: ROUNDS rounds of each, interleaved (the machine is noisy). Prints the
+# `make bench`: ppc's compiled executable against JAX's SPMD GPipe (jax_gpipe.py), same models
+# (the MLP at two widths, the transformer at the example's and a larger shape), in one run: ROUNDS rounds of each, interleaved (the machine is noisy). Prints the
 # median forward throughput of each, their ratio, the ratio of every round, and compile times.
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
@@ -18,31 +18,44 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
 
-printf '%-22s %12s %12s %8s %16s %14s %12s\n' config "ppc GFLOP/s" "jax GFLOP/s" ratio "ratio per round" "ppc compile s" "jax jit s"
-for cfg in "256 1024" "512 2048"; do
-  set -- $cfg; d=$1; h=$2
+printf '%-34s %12s %12s %8s %16s %14s %12s\n' config "ppc GFLOP/s" "jax GFLOP/s" ratio "ratio per round" "ppc compile s" "jax jit s"
+
+# compare NAME MODEL "PPC DIMS" "JAX ARGS": ROUNDS rounds of ppc then JAX, back to back, so that
+# both see the same machine; one table row with the median of each and the ratio of the medians.
+compare() {
+  local name=$1 model=$2 dims=$3 jax_args=$4
+  local t0 t1 exe="$OUT/model"
   t0=$(date +%s.%N)
-  $PPC compile examples/mlp.ppc --dim d=$d --dim h=$h -o "$OUT/mlp_$d" 2>/dev/null
+  # shellcheck disable=SC2086
+  $PPC compile "$model" $dims -o "$exe" 2>/dev/null
   t1=$(date +%s.%N)
-  # ROUNDS rounds of ppc then JAX, back to back, so that both see the same machine; the table
-  # gives the median of each and the ratio of the medians.
-  ppc_all=(); jax_all=(); jit_all=()
+  local ppc_all=() jax_all=() jit_all=() jax_json
   for _ in $(seq "$ROUNDS"); do
-    ppc_all+=("$("$OUT/mlp_$d" --bench "$STEPS" | tail -1 | field useful_gflops)")
-    jax_json=$("$VENV/bin/python" bench/jax_gpipe.py --d $d --h $h --steps "$STEPS")
+    ppc_all+=("$("$exe" --bench "$STEPS" | tail -1 | field useful_gflops)")
+    # shellcheck disable=SC2086
+    jax_json=$("$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$STEPS")
     jax_all+=("$(echo "$jax_json" | field useful_gflops)")
     jit_all+=("$(echo "$jax_json" | field jit_s)")
   done
-  python3 - "$d" "$h" "$t0" "$t1" "${#ppc_all[@]}" "${ppc_all[@]}" "${jax_all[@]}" "${jit_all[@]}" <<'PY'
+  python3 - "$name" "$t0" "$t1" "${#ppc_all[@]}" "${ppc_all[@]}" "${jax_all[@]}" "${jit_all[@]}" <<'PY'
 import statistics as st, sys
-d, h, t0, t1, n = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-v = [float(x) for x in sys.argv[6:]]
+name, t0, t1, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+v = [float(x) for x in sys.argv[5:]]
 ppc, jax, jit = v[:n], v[n:2 * n], v[2 * n:]
 rounds = " ".join(f"{p / j:.2f}" for p, j in zip(ppc, jax))
-print(f"{'mlp d=' + d + ' h=' + h:22s} {st.median(ppc):12.2f} {st.median(jax):12.2f} "
+print(f"{name:34s} {st.median(ppc):12.2f} {st.median(jax):12.2f} "
       f"{st.median(ppc) / st.median(jax):7.2f}x {rounds:>16s} {t1 - t0:14.2f} {st.median(jit):12.2f}")
 PY
+}
+
+for cfg in "256 1024" "512 2048"; do
+  set -- $cfg
+  compare "mlp d=$1 h=$2" examples/mlp.ppc "--dim d=$1 --dim h=$2" "--d $1 --h $2"
 done
+compare "transformer (example)" examples/transformer.ppc "" "--model transformer --b 2 --t 16 --heads 4 --dh 16"
+compare "transformer b=8 t=128 h=8 dh=32" examples/transformer.ppc \
+  "--dim b=8 --dim t=128 --dim heads=8 --dim dh=32" \
+  "--model transformer --b 8 --t 128 --heads 8 --dh 32"
 echo
 echo "compile time of every example (ppc compile -o, release build):"
 for f in examples/*.ppc; do
