@@ -76,19 +76,7 @@ pub fn emit_asm(
     target: &Target,
     opt_level: usize,
 ) -> Result<String, Diagnostics> {
-    let dir = TempDir::new()?;
-    let asm = dir.0.join("model.s");
-    machine_code(
-        m,
-        src,
-        gemm,
-        target,
-        opt_level,
-        false,
-        Output::Assembly,
-        &dir,
-        &asm,
-    )?;
+    let (_dir, asm) = machine_code(m, src, gemm, target, opt_level, Output::Assembly)?;
     std::fs::read_to_string(&asm).map_err(|e| {
         vec![Diagnostic::plain(format!(
             "cannot read {}: {e}",
@@ -97,19 +85,18 @@ pub fn emit_asm(
     })
 }
 
-/// Lowers, translates to LLVM IR and compiles it for `target` into `out`.
-#[allow(clippy::too_many_arguments)]
+/// Lowers, translates to LLVM IR and compiles it for `target`, into a file of a new scratch
+/// directory (removed when the returned `TempDir` drops). An object is for an executable, so
+/// its module also has `main` and the packed entry the runtime calls.
 fn machine_code(
     m: &Module,
     src: &Source,
     gemm: Gemm,
     target: &Target,
     opt_level: usize,
-    executable: bool,
     kind: Output,
-    dir: &TempDir,
-    out: &Path,
-) -> Result<(), Diagnostics> {
+) -> Result<(TempDir, PathBuf), Diagnostics> {
+    let executable = kind == Output::Object;
     let l = timing::phase("lower-mlir", || {
         lower(m, src, gemm, Some(target), executable)
     })?;
@@ -126,6 +113,7 @@ fn machine_code(
     if executable {
         text.push_str(&lower::packed_entry(&l.manifest));
     }
+    let dir = TempDir::new()?;
     let ir = dir.0.join("model.ll");
     std::fs::write(&ir, text).map_err(|e| {
         vec![Diagnostic::plain(format!(
@@ -133,7 +121,9 @@ fn machine_code(
             ir.display()
         ))]
     })?;
-    machine::compile(&ir, target, opt_level, kind, out)
+    let out = dir.0.join(if executable { "model.o" } else { "model.s" });
+    machine::compile(&ir, target, opt_level, kind, &out)?;
+    Ok((dir, out))
 }
 
 /// The runtime library executables link: `$PPC_EXE_LIB`, or `libppc_exe.a` beside the `ppc`
@@ -163,19 +153,7 @@ pub fn executable(
     out: &Path,
 ) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
-    let dir = TempDir::new()?;
-    let obj = dir.0.join("model.o");
-    machine_code(
-        m,
-        src,
-        gemm,
-        target,
-        opt_level,
-        true,
-        Output::Object,
-        &dir,
-        &obj,
-    )?;
+    let (dir, obj) = machine_code(m, src, gemm, target, opt_level, Output::Object)?;
     let linked = dir.0.join("model");
     let status = timing::phase("link", || {
         Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

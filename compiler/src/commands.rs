@@ -283,8 +283,10 @@ fn run_interp(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), Failure> {
-    if args.bench.is_some() {
-        return Err(Failure("error: --bench needs the cpu backend\n".into()));
+    if args.bench.is_some() || args.trace.is_some() {
+        return Err(Failure(
+            "error: --bench and --trace need the cpu backend\n".into(),
+        ));
     }
     let p = l.module.pipeline;
     let source = param_source(&l.module, args.seed, args.params.params.as_deref())?;
@@ -296,18 +298,8 @@ fn run_interp(
     let inputs = match &args.input {
         None => interp.synthetic_inputs(),
         Some(path) => {
-            let x = ppc_runtime::safetensors::read_tensor(path, ppc_runtime::exec::INPUT_TENSOR)?
-                .to_tensor();
             let want = interp.synthetic_inputs();
-            if x.dtype != want.dtype || x.shape != want.shape {
-                return Err(Failure(format!(
-                    "error: {}: tensor `input` is {}, but this model takes {}\n",
-                    path.display(),
-                    shape_of(&x),
-                    shape_of(&want)
-                )));
-            }
-            x
+            ppc_runtime::exec::read_input(path, want.dtype, &want.shape)?.to_tensor()
         }
     };
     let mut result = None;
@@ -338,7 +330,6 @@ fn run_interp(
     Ok(())
 }
 
-/// `ppc verify`: the pipelined program (interpreted or compiled) against the sequential model.
 /// What `ppc verify` compares, and with which numbers.
 struct Check {
     backend: Backend,
@@ -347,6 +338,7 @@ struct Check {
     perturb: Option<usize>,
 }
 
+/// `ppc verify`: the pipelined program (interpreted or compiled) against the sequential model.
 fn verify(
     model: &ModelArgs,
     check: &Check,

@@ -90,7 +90,7 @@ unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize) {
     // SAFETY: `recv` describes live memory (contract); `back` has exactly its size.
     unsafe { recv.scatter(&back) };
     EXCHANGE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    crate::trace::record(crate::trace::Kind::Exchange, 0, start);
+    crate::trace::record(crate::trace::Kind::Exchange, 0, Some(start));
 }
 
 macro_rules! exchange_fn {

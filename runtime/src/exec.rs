@@ -198,6 +198,25 @@ pub fn write_summary(
     writeln!(out, "step time   {step}")
 }
 
+/// Tensor `input` of the safetensors file `path`, which must be `dtype` of `shape`
+/// (`[microbatches, ...input]`).
+pub fn read_input(
+    path: &std::path::Path,
+    dtype: crate::tensor::DType,
+    shape: &[usize],
+) -> Result<HostBuffer, String> {
+    let b = safetensors::read_tensor(path, INPUT_TENSOR)?;
+    if b.dtype != dtype || b.shape != shape {
+        return Err(format!(
+            "{}: tensor `{INPUT_TENSOR}` is {}{:?}, but this model takes {dtype}{shape:?} ([microbatches, ...input])",
+            path.display(),
+            b.dtype,
+            b.shape,
+        ));
+    }
+    Ok(b)
+}
+
 /// Runs `program` as `opts` says, printing the summary to `out` and progress to `err`.
 pub fn drive(
     program: &Program,
@@ -211,21 +230,7 @@ pub fn drive(
     let mut input = match &opts.input {
         _ if rank != 0 => HostBuffer::zeros(m.input().dtype, &m.input().shape),
         None => program.synthetic_input(opts.seed),
-        Some(path) => {
-            let b = safetensors::read_tensor(path, INPUT_TENSOR)?;
-            let want = m.input();
-            if b.dtype != want.dtype || b.shape != want.shape {
-                return Err(format!(
-                    "{}: tensor `{INPUT_TENSOR}` is {}{:?}, but this model takes {}{:?} ([microbatches, ...input])",
-                    path.display(),
-                    b.dtype,
-                    b.shape,
-                    want.dtype,
-                    want.shape
-                ));
-            }
-            b
-        }
+        Some(path) => read_input(path, m.input().dtype, &m.input().shape)?,
     };
     let source = program.param_source(opts)?;
     if let Some(path) = opts.dump_params.as_ref().filter(|_| rank == 0) {
@@ -243,7 +248,7 @@ pub fn drive(
         let t = Instant::now();
         program.run(&mut input, &mut params, &mut output)?;
         times.push(t.elapsed().as_secs_f64());
-        crate::trace::record(crate::trace::Kind::Step, i64::from(step), t);
+        crate::trace::record(crate::trace::Kind::Step, i64::from(step), Some(t));
         if steps > 1 && speaks {
             writeln!(
                 err,

@@ -133,7 +133,7 @@ unsafe fn matmul(
     c: *const Unranked,
     active: Option<&[bool]>,
 ) {
-    let started = std::time::Instant::now();
+    let started = trace::start();
     // SAFETY: forwarded from this function's contract.
     let (a, b, c) = unsafe { (view(a), view(b), view(c)) };
     let r = c.sizes.len();
@@ -168,7 +168,7 @@ unsafe fn matmul(
         );
     }
     let one = |t: usize| {
-        let block_started = std::time::Instant::now();
+        let block_started = trace::start();
         let (flat, j0, j1) = tasks[t];
         let idx = unflatten(flat, batch);
         let (cs, bs) = (c.strides[r - 1], b.strides[rb - 1]);

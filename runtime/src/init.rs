@@ -37,42 +37,19 @@ pub enum Source {
 }
 
 impl Source {
-    /// The `n` values of parameter `name` (drawn with `init`) of model layer `layer`, rounded
-    /// to `dtype`.
-    pub fn layer(
-        &self,
-        name: &str,
-        layer: u64,
-        dtype: DType,
-        init: Init,
-        n: usize,
-    ) -> Result<Vec<f32>, String> {
+    /// The `n` values of parameter `name` (drawn with `init`) of model layer `layer`, before
+    /// rounding to the storage dtype.
+    pub fn layer(&self, name: &str, layer: u64, init: Init, n: usize) -> Result<Vec<f32>, String> {
         match self {
-            Source::Seeded(seed) => {
-                let v = Rng::stream(*seed, name, layer).fill(init, n);
-                Ok(Tensor::new(dtype, vec![n], v).data)
-            }
-            Source::File(f) => f.layer(name, layer, dtype),
+            Source::Seeded(seed) => Ok(Rng::stream(*seed, name, layer).fill(init, n)),
+            Source::File(f) => f.layer(name, layer),
         }
     }
 }
 
-/// A parameter of `shape`: the values of layer `l` come from the stream `(name, l)`. A shard is
-/// numbered by its place in the full parameter, so a rank draws exactly the numbers the
-/// one-process program holds in its slice.
-pub fn param(
-    seed: u64,
-    name: &str,
-    dtype: DType,
-    shape: &[usize],
-    layers: Layers,
-    init: Init,
-) -> Tensor {
-    param_from(&Source::Seeded(seed), name, dtype, shape, layers, init)
-        .expect("invariant: the generator cannot fail")
-}
-
-/// A parameter of `shape` whose layers come from `source`, as [`param`] lays them out.
+/// A parameter of `shape` whose layer `l` comes from `source`: the seeded stream `(name, l)` or
+/// the file's `layers.{l}.{name}`. A shard is numbered by its place in the full parameter, so a
+/// rank holds exactly the numbers the one-process program holds in its slice.
 pub fn param_from(
     source: &Source,
     name: &str,
@@ -100,7 +77,7 @@ pub fn param_from(
             Layers::One(layer) => layer,
             Layers::Stacked { shard, .. } => global_layer(l, layer_shape, shard) as u64,
         };
-        data.extend(source.layer(name, index, dtype, init, inner)?);
+        data.extend(source.layer(name, index, init, inner)?);
     }
     Ok(Tensor::new(dtype, shape.to_vec(), data))
 }
@@ -143,20 +120,17 @@ mod tests {
     fn shards_are_slices_of_the_full_parameter() {
         // [repeats 2, stages 4, k 3] layers, 5 values each; rank 1 of 2 holds stages 2..4.
         let stacked = |shard| Layers::Stacked { axes: 3, shard };
-        let full = param(7, "w", DType::F32, &[2, 4, 3, 5], stacked(None), INPUT_INIT);
+        let src = Source::Seeded(7);
+        let param = |shape: &[usize], layers| {
+            param_from(&src, "w", DType::F32, shape, layers, INPUT_INIT).expect("seeded")
+        };
+        let full = param(&[2, 4, 3, 5], stacked(None));
         let shard = Shard {
             axis: 1,
             full: 4,
             offset: 2,
         };
-        let part = param(
-            7,
-            "w",
-            DType::F32,
-            &[2, 2, 3, 5],
-            stacked(Some(shard)),
-            INPUT_INIT,
-        );
+        let part = param(&[2, 2, 3, 5], stacked(Some(shard)));
         for (r, s, k) in
             (0..2).flat_map(|r| (0..2).flat_map(move |s| (0..3).map(move |k| (r, s, k))))
         {

@@ -42,7 +42,7 @@ pub fn dump(source: &Source, specs: &[Spec], path: &Path) -> Result<(), String> 
     for spec in specs {
         let n: usize = spec.shape.iter().product();
         for l in 0..spec.layers {
-            let v = source.layer(&spec.name, l, spec.dtype, spec.init, n)?;
+            let v = source.layer(&spec.name, l, spec.init, n)?;
             let t = Tensor::new(spec.dtype, spec.shape.clone(), v);
             tensors.push((tensor_name(l, &spec.name), HostBuffer::from_tensor(&t)));
         }
@@ -130,15 +130,15 @@ impl ParamFile {
         })
     }
 
-    /// The values of parameter `name` of layer `layer`, rounded to `dtype`.
-    pub fn layer(&self, name: &str, layer: u64, dtype: DType) -> Result<Vec<f32>, String> {
+    /// The values of parameter `name` of layer `layer`, as f32 (rounding to the model's dtype
+    /// is the caller's, as for drawn values).
+    pub fn layer(&self, name: &str, layer: u64) -> Result<Vec<f32>, String> {
         let (e, elements) = self
             .index
             .get(&(name.to_string(), layer))
             .ok_or_else(|| format!("no parameter `{name}` for layer {layer}"))?;
         let size = e.dtype.size_bytes() as usize;
-        let n = elements.len();
-        let mut b = HostBuffer::zeros(e.dtype, &[n]);
+        let mut b = HostBuffer::zeros(e.dtype, &[elements.len()]);
         let mut f = std::fs::File::open(&self.path)
             .map_err(|err| format!("cannot read {}: {err}", self.path.display()))?;
         f.seek(SeekFrom::Start(
@@ -152,6 +152,6 @@ impl ParamFile {
                 self.path.display()
             )
         })?;
-        Ok(Tensor::new(dtype, vec![n], b.to_tensor().data).data)
+        Ok(b.to_tensor().data)
     }
 }

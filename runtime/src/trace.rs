@@ -84,11 +84,16 @@ fn micros(t: Instant) -> f64 {
     wall + t.saturating_duration_since(origin).as_secs_f64() * 1e6
 }
 
+/// The start of a span: now, while tracing (and nothing, without reading the clock, otherwise).
+pub fn start() -> Option<Instant> {
+    enabled().then(Instant::now)
+}
+
 /// Records a span of `kind` number `index` that began at `start` and ends now.
-pub fn record(kind: Kind, index: i64, start: Instant) {
-    if !enabled() {
+pub fn record(kind: Kind, index: i64, start: Option<Instant>) {
+    let Some(start) = start.filter(|_| enabled()) else {
         return;
-    }
+    };
     let end = Instant::now();
     let span = Span {
         kind,
@@ -116,7 +121,7 @@ pub extern "C" fn ppc_trace_iteration_begin(t: i32) {
 #[no_mangle]
 pub extern "C" fn ppc_trace_iteration_end(_t: i32) {
     if let Some((t, start)) = ITERATION.with(|c| c.take()) {
-        record(Kind::Iteration, i64::from(t), start);
+        record(Kind::Iteration, i64::from(t), Some(start));
     }
 }
 

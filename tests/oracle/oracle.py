@@ -7,7 +7,8 @@ not from ppc's code, fed parameters and inputs through safetensors files.
 MODEL is tiny, mlp or transformer; PARAMS holds `layers.L.NAME` tensors (ppc's naming), INPUT
 the tensor `input` [microbatches, ...]. The sequential model (every layer in order, on every
 microbatch) is written to tensor `output` of OUTPUT, in f32. With --jax the same is computed by
-JAX (jax.nn.gelu, jax.nn.softmax), and the MLP through bench/jax_gpipe.py's SPMD GPipe loop.
+JAX (jax.nn.gelu, jax.nn.softmax), the MLP and the transformer through bench/jax_gpipe.py's SPMD
+GPipe loop, the very function `make bench` times.
 Dimensions are read from the tensors' shapes.
 """
 
@@ -166,14 +167,26 @@ def main():
     ops = jax_ops() if use_jax else NumPy
     heads = 4  # examples/transformer.ppc: heads = 4, dh = d / heads
     block = {"tiny": tiny, "mlp": mlp, "transformer": lambda o, y, p: transformer(o, y, p, heads)}[model]
-    if use_jax and model == "mlp":
-        # The benchmark's own SPMD GPipe loop: one layer per stage, weights stacked by stage.
+    if use_jax and model in ("mlp", "transformer"):
+        # The benchmark's own SPMD GPipe loop (bench/jax_gpipe.py) on these very weights,
+        # stacked [stages, ...] for the MLP (one layer a stage), [stages, k, ...] for the
+        # transformer (examples/transformer.ppc: 4 stages, k = 2; layer s·k + j).
         sys.path.insert(0, __file__.rsplit("/tests/", 1)[0] + "/bench")
         import jax.numpy as jnp
-        from jax_gpipe import gpipe
+        from jax_gpipe import decoder, gpipe, stage_of
 
-        stacked = tuple(jnp.stack([p[n] for p in params]) for n in ("w1", "b1", "w2"))
-        y = np.asarray(gpipe(stacked, jnp.asarray(x)))
+        if model == "mlp":
+            stacked = tuple(jnp.stack([p[n] for p in params]) for n in ("w1", "b1", "w2"))
+            y = np.asarray(gpipe(stacked, jnp.asarray(x)))
+        else:
+            names = ("ln1_g", "ln1_b", "wq", "wk", "wv", "wo", "ln2_g", "ln2_b", "w1", "b1", "w2", "b2")
+            stages = 4
+            k = len(params) // stages
+            stacked = tuple(
+                jnp.stack([p[n] for p in params]).reshape((stages, k) + params[0][n].shape)
+                for n in names
+            )
+            y = np.asarray(gpipe(stacked, jnp.asarray(x), stage_of(decoder(heads))))
     else:
         y = []
         for m in range(x.shape[0]):

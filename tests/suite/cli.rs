@@ -1,10 +1,6 @@
 //! The `ppc` command as users run it: exit codes, what it prints, files it writes.
 
-use crate::common::{examples, path, ppc, root};
-
-fn json_last_line(out: &str) -> serde_json::Value {
-    serde_json::from_str(out.lines().last().expect("some output")).expect("the last line is JSON")
-}
+use crate::common::{examples, json_last_line, path, ppc, root};
 
 #[test]
 fn check_accepts_examples_and_rejects_every_error_case() {

@@ -11,16 +11,27 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Every example model file, sorted.
-pub fn examples() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("examples"))
-        .expect("examples/ exists")
+/// The model files (`.ppc`) in `dir` under the repository root, sorted.
+pub fn ppc_files(dir: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
         .map(|e| e.expect("readable entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "ppc"))
         .collect();
     v.sort();
+    v
+}
+
+/// Every example model file, sorted.
+pub fn examples() -> Vec<PathBuf> {
+    let v = ppc_files("examples");
     assert!(v.len() >= 3, "expected the three examples, found {v:?}");
     v
+}
+
+/// The JSON object on the last line of a command's output.
+pub fn json_last_line(out: &str) -> serde_json::Value {
+    serde_json::from_str(out.lines().last().expect("some output")).expect("the last line is JSON")
 }
 
 /// Parses and checks a model's text, panicking with rendered diagnostics on failure.

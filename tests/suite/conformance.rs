@@ -19,7 +19,7 @@
 //! bit-exact GEMM (`--gemm loops`), and the CPU JIT with the tuned GEMM (the default; run where
 //! its MLIR differs, i.e. where the case has a `matmul`), at LLVM's -O2 as `ppc run` compiles.
 
-use crate::common::{load, root};
+use crate::common::load;
 use ppc::backend::{self, Source};
 use ppc::lower::Gemm;
 use ppc_dialect::interp::Interp;
@@ -101,13 +101,7 @@ fn header<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn cases() -> Vec<Case> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(root().join("tests/conformance"))
-        .expect("tests/conformance")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ppc"))
-        .collect();
-    paths.sort();
-    paths
+    crate::common::ppc_files("tests/conformance")
         .into_iter()
         .map(|path| {
             let text = std::fs::read_to_string(&path).expect("case");

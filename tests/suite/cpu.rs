@@ -2,17 +2,13 @@
 //! against the interpreter, and standalone executables from `ppc compile -o` with their
 //! command-line errors. JIT at opt level 0 here: these tests check meaning, not speed.
 
-use crate::common::{examples, load, path, ppc};
+use crate::common::{examples, json_last_line, load, path, ppc};
 use ppc_dialect::interp::Interp;
 use ppc_dialect::Overrides;
 use ppc_runtime::memref::HostBuffer;
 use ppc_runtime::{safetensors, DType};
 use std::path::PathBuf;
 use std::process::Command;
-
-fn json_last_line(out: &str) -> serde_json::Value {
-    serde_json::from_str(out.lines().last().expect("some output")).expect("the last line is JSON")
-}
 
 pub(crate) fn small_dims(file: &str) -> Vec<&'static str> {
     let mut v = vec!["--dim", "b=2"];

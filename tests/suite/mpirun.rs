@@ -255,6 +255,19 @@ fn f16_and_input_files_are_byte_identical_across_ranks() {
             ),
         }
     }
+    // The file's input is the one used: `ppc run` on it writes the same bytes.
+    let jit = dir.join("jit.safetensors");
+    let jit_s = jit.display().to_string();
+    let mut args = vec!["run", file.as_str(), "--dtype", "f16", "--input", &input_s];
+    args.extend(["--output", jit_s.as_str()]);
+    args.extend(small_dims(model));
+    let (code, _, err) = ppc(&args);
+    assert_eq!(code, 0, "{err}");
+    let want = std::fs::read(&jit).expect("jit output");
+    assert!(
+        first == Some(want),
+        "the executables did not compute on the input file"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

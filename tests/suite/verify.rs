@@ -1,14 +1,10 @@
 //! `ppc verify` can fail, visibly: a result changed in one element gives `"ok": false`, exit
 //! status 1 and the element's index; and the comparison rules it applies, one by one.
 
-use crate::common::{path, ppc};
+use crate::common::{json_last_line, path, ppc};
 use ppc::compare::{compare, tolerance};
 use ppc_dialect::DType;
 use ppc_runtime::Tensor;
-
-fn json_last_line(out: &str) -> serde_json::Value {
-    serde_json::from_str(out.lines().last().expect("some output")).expect("the last line is JSON")
-}
 
 #[test]
 fn a_result_changed_in_one_element_fails_and_is_located() {
