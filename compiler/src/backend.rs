@@ -3,7 +3,7 @@
 //! executable for `ppc compile -o`.
 
 use crate::lower::machine::{self, Output};
-use crate::lower::{self, mlir, Gemm, Lowered};
+use crate::lower::{self, mlir, Lowered, Numerics};
 use crate::timing;
 use ppc_dialect::{Diagnostic, Diagnostics, Module};
 use ppc_runtime::files::write_atomic;
@@ -20,12 +20,12 @@ pub struct Source<'a> {
 fn lower(
     m: &Module,
     src: &Source,
-    gemm: Gemm,
+    numerics: Numerics,
     target: Option<&Target>,
     executable: bool,
 ) -> Result<Lowered, Diagnostics> {
     let opts = lower::Options {
-        gemm,
+        numerics,
         executable,
         target: target.cloned(),
     };
@@ -33,9 +33,9 @@ fn lower(
 }
 
 /// The MLIR module (`--emit=mlir`), verified by MLIR, with its model-file locations.
-pub fn emit_mlir(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnostics> {
+pub fn emit_mlir(m: &Module, src: &Source, numerics: Numerics) -> Result<String, Diagnostics> {
     use melior::ir::operation::{OperationLike, OperationPrintingFlags};
-    let l = lower(m, src, gemm, None, false)?;
+    let l = lower(m, src, numerics, None, false)?;
     let ctx = mlir::context();
     let module = mlir::parse(&ctx, &l.mlir, src.text)?;
     let flags = OperationPrintingFlags::new().enable_debug_info(true, false);
@@ -46,8 +46,8 @@ pub fn emit_mlir(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnos
 }
 
 /// The LLVM dialect after the CPU pipeline (`--emit=llvm`).
-pub fn emit_llvm(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnostics> {
-    let l = lower(m, src, gemm, None, false)?;
+pub fn emit_llvm(m: &Module, src: &Source, numerics: Numerics) -> Result<String, Diagnostics> {
+    let l = lower(m, src, numerics, None, false)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
@@ -58,10 +58,10 @@ pub fn emit_llvm(m: &Module, src: &Source, gemm: Gemm) -> Result<String, Diagnos
 pub fn jit(
     m: &Module,
     src: &Source,
-    gemm: Gemm,
+    numerics: Numerics,
     opt_level: usize,
 ) -> Result<mlir::Jit, Diagnostics> {
-    let l = lower(m, src, gemm, None, false)?;
+    let l = lower(m, src, numerics, None, false)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
@@ -72,11 +72,11 @@ pub fn jit(
 pub fn emit_asm(
     m: &Module,
     src: &Source,
-    gemm: Gemm,
+    numerics: Numerics,
     target: &Target,
     opt_level: usize,
 ) -> Result<String, Diagnostics> {
-    let (_dir, asm) = machine_code(m, src, gemm, target, opt_level, Output::Assembly)?;
+    let (_dir, asm) = machine_code(m, src, numerics, target, opt_level, Output::Assembly)?;
     std::fs::read_to_string(&asm).map_err(|e| {
         vec![Diagnostic::plain(format!(
             "cannot read {}: {e}",
@@ -91,14 +91,14 @@ pub fn emit_asm(
 fn machine_code(
     m: &Module,
     src: &Source,
-    gemm: Gemm,
+    numerics: Numerics,
     target: &Target,
     opt_level: usize,
     kind: Output,
 ) -> Result<(TempDir, PathBuf), Diagnostics> {
     let executable = kind == Output::Object;
     let l = timing::phase("lower-mlir", || {
-        lower(m, src, gemm, Some(target), executable)
+        lower(m, src, numerics, Some(target), executable)
     })?;
     let ctx = mlir::context();
     let mut module = timing::phase("MLIR parse and verify", || {
@@ -147,13 +147,13 @@ pub fn runtime_library() -> Result<PathBuf, Diagnostic> {
 pub fn executable(
     m: &Module,
     src: &Source,
-    gemm: Gemm,
+    numerics: Numerics,
     target: &Target,
     opt_level: usize,
     out: &Path,
 ) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
-    let (dir, obj) = machine_code(m, src, gemm, target, opt_level, Output::Object)?;
+    let (dir, obj) = machine_code(m, src, numerics, target, opt_level, Output::Object)?;
     let linked = dir.0.join("model");
     let status = timing::phase("link", || {
         Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

@@ -3,7 +3,7 @@
 //! user would read. The commands themselves are in `commands.rs`.
 
 use crate::commands;
-use crate::lower::Gemm;
+use crate::lower::Numerics;
 use crate::passes;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ppc_dialect::{DType, Overrides};
@@ -102,7 +102,7 @@ pub enum Command {
         model: ModelArgs,
         /// `interp`: the pipelined IR in the interpreter must equal the sequential model bit for
         /// bit. `cpu`: the compiled program must match both within the dtype's tolerance (bit
-        /// for bit with --gemm=loops).
+        /// for bit with --exact).
         #[arg(long, value_enum, default_value_t = Backend::Interp)]
         backend: Backend,
         #[arg(long, default_value_t = 0)]
@@ -226,26 +226,22 @@ pub struct PassArgs {
 /// How code is generated.
 #[derive(Args, Debug)]
 pub struct CodegenArgs {
-    /// matmul on the CPU: `runtime` calls a tuned GEMM; `loops` lowers to loops in the
-    /// interpreter's order (slow, bit-identical to the interpreter).
-    #[arg(long, value_enum, default_value_t = GemmArg::Runtime)]
-    pub gemm: GemmArg,
+    /// Compute as the interpreter does: matmuls as loops in its order, libm's exp and tanh.
+    /// Slow, and bit-identical to the interpreter. Default: the tuned GEMM and vectorized
+    /// exp/tanh, within 1e-5 (f32) of it.
+    #[arg(long)]
+    pub exact: bool,
     /// LLVM optimization level of the generated code, JIT or executable (0-3).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub opt_level: u8,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum GemmArg {
-    Runtime,
-    Loops,
-}
-
-impl From<GemmArg> for Gemm {
-    fn from(g: GemmArg) -> Gemm {
-        match g {
-            GemmArg::Runtime => Gemm::Runtime,
-            GemmArg::Loops => Gemm::Loops,
+impl CodegenArgs {
+    pub fn numerics(&self) -> Numerics {
+        if self.exact {
+            Numerics::Exact
+        } else {
+            Numerics::Fast
         }
     }
 }

@@ -4,7 +4,7 @@
 use crate::backend::{self, Source};
 use crate::cli::{Backend, CodegenArgs, Command, ModelArgs, PassArgs, ReportFormat, RunArgs};
 use crate::compare::{compare, tolerance};
-use crate::lower::Gemm;
+
 use crate::passes::Options;
 use crate::pipeline::{compile, frontend, PipelineError};
 use crate::report::report;
@@ -103,7 +103,7 @@ impl Loaded {
         backend::jit(
             &self.module,
             &self.source(),
-            codegen.gemm.into(),
+            codegen.numerics(),
             codegen.opt_level.into(),
         )
         .map_err(|d| self.fail(&d))
@@ -193,11 +193,11 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 if lowering { None } else { emit.as_deref() },
                 print_after_all.as_deref(),
             )?;
-            let gemm: Gemm = codegen.gemm.into();
+            let numerics = codegen.numerics();
             if let Some(path) = &output {
                 let t = Instant::now();
                 let opt = codegen.opt_level.into();
-                backend::executable(&l.module, &l.source(), gemm, &target, opt, path)
+                backend::executable(&l.module, &l.source(), numerics, &target, opt, path)
                     .map_err(|d| l.fail(&d))?;
                 writeln!(
                     err,
@@ -207,22 +207,21 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 )
                 .map_err(io)?;
             }
-            let text = match (fmt, emit.as_deref()) {
-                (Some(ReportFormat::Json), _) => format!("{}\n", report(&l.module)?),
-                (None, Some("mlir")) => {
-                    backend::emit_mlir(&l.module, &l.source(), gemm).map_err(|d| l.fail(&d))?
-                }
-                (None, Some("llvm")) => {
-                    backend::emit_llvm(&l.module, &l.source(), gemm).map_err(|d| l.fail(&d))?
-                }
-                (None, Some("asm")) => {
-                    let opt = codegen.opt_level.into();
-                    backend::emit_asm(&l.module, &l.source(), gemm, &target, opt)
-                        .map_err(|d| l.fail(&d))?
-                }
-                (None, _) if output.is_none() => print(&l.module),
-                (None, _) => String::new(),
-            };
+            let text =
+                match (fmt, emit.as_deref()) {
+                    (Some(ReportFormat::Json), _) => format!("{}\n", report(&l.module)?),
+                    (None, Some("mlir")) => backend::emit_mlir(&l.module, &l.source(), numerics)
+                        .map_err(|d| l.fail(&d))?,
+                    (None, Some("llvm")) => backend::emit_llvm(&l.module, &l.source(), numerics)
+                        .map_err(|d| l.fail(&d))?,
+                    (None, Some("asm")) => {
+                        let opt = codegen.opt_level.into();
+                        backend::emit_asm(&l.module, &l.source(), numerics, &target, opt)
+                            .map_err(|d| l.fail(&d))?
+                    }
+                    (None, _) if output.is_none() => print(&l.module),
+                    (None, _) => String::new(),
+                };
             out.write_all(text.as_bytes()).map_err(io)?;
             if let Some(t) = timer {
                 err.write_all(crate::timing::table(&t.finish()).as_bytes())
@@ -417,7 +416,7 @@ fn verify(
                 t.elapsed().as_secs_f64()
             )
             .map_err(io)?;
-            let exact = matches!(codegen.gemm.into(), Gemm::Loops);
+            let exact = codegen.exact;
             (y.to_tensor(), if exact { 0.0 } else { tolerance(dtype) })
         }
     };

@@ -317,8 +317,7 @@ fn pipeline_settings_as_layer_dimensions_verify_bit_exactly_on_every_rank_count(
         model.as_str(),
         "--backend",
         "cpu",
-        "--gemm",
-        "loops",
+        "--exact",
         "--repeats",
         "2",
     ];
@@ -349,8 +348,7 @@ fn run_reads_inputs_steps_and_benches_at_every_opt_level() {
         let args = [
             "run",
             &tiny,
-            "--gemm",
-            "loops",
+            "--exact",
             "--opt-level",
             opt,
             "--input",

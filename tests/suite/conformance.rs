@@ -7,7 +7,7 @@
 //! // OPS: add sub mul          the ops under test; `$OP` in the text is replaced by each
 //! // DTYPES: f32 bf16          storage dtypes to run it in (`--dtype`)
 //! // RULE: exact               how the compiled result may differ from the interpreter's
-//! // RULE default-gemm: normwise 1e-5    (optional) the rule with the tuned GEMM
+//! // RULE fast: normwise 1e-5    (optional) the rule for the fast numerics (default: RULE)
 //! // One line of intent.
 //! ```
 //!
@@ -16,12 +16,12 @@
 //! over finite values; NaN and infinities where the interpreter has them). The input holds every
 //! edge value of [`EDGES`] followed by seeded values of mixed magnitudes. The backends: the
 //! interpreter's pipelined program (bit for bit with the sequential model), the CPU JIT with the
-//! bit-exact GEMM (`--gemm loops`), and the CPU JIT with the tuned GEMM (the default; run where
-//! its MLIR differs, i.e. where the case has a `matmul`), at LLVM's -O2 as `ppc run` compiles.
+//! exact numerics (`--exact`), and the CPU JIT with the fast ones (the default: tuned GEMM,
+//! vectorizable exp and tanh; run where its MLIR differs), at LLVM's -O2 as `ppc run` compiles.
 
 use crate::common::load;
 use ppc::backend::{self, Source};
-use ppc::lower::Gemm;
+use ppc::lower::Numerics;
 use ppc_dialect::interp::Interp;
 use ppc_dialect::op::all_op_names;
 use ppc_dialect::{DType, Overrides};
@@ -90,7 +90,7 @@ struct Case {
     ops: Vec<String>,
     dtypes: Vec<DType>,
     rule: Rule,
-    default_gemm_rule: Rule,
+    fast_rule: Rule,
 }
 
 fn header<'a>(text: &'a str, key: &str) -> Option<&'a str> {
@@ -120,7 +120,7 @@ fn cases() -> Vec<Case> {
                     .map(|d| DType::from_name(d).expect("dtype"))
                     .collect(),
                 rule,
-                default_gemm_rule: header(&text, "RULE default-gemm").map_or(rule, parse_rule),
+                fast_rule: header(&text, "RULE fast").map_or(rule, parse_rule),
                 path,
                 text,
             }
@@ -225,23 +225,25 @@ fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
         file: &file,
         text: &text,
     };
-    // The GEMM choice changes only `matmul`'s lowering: where the two MLIR modules are the
-    // same text, the second backend would run the very same program.
+    // The numerics change only some ops' lowering: where the two MLIR modules are the same
+    // text, the second backend would run the very same program.
     let same = |g| backend::emit_mlir(&m, &src, g).ok();
-    let gemms = if same(Gemm::Loops) == same(Gemm::Runtime) {
-        vec![(Gemm::Loops, case.rule)]
+    let numerics = if same(Numerics::Exact) == same(Numerics::Fast) {
+        vec![(Numerics::Exact, case.rule)]
     } else {
         vec![
-            (Gemm::Loops, case.rule),
-            (Gemm::Runtime, case.default_gemm_rule),
+            (Numerics::Exact, case.rule),
+            (Numerics::Fast, case.fast_rule),
         ]
     };
-    for (gemm, rule) in gemms {
-        let jit = match backend::jit(&m, &src, gemm, 2) {
+    for (numerics, rule) in numerics {
+        let jit = match backend::jit(&m, &src, numerics, 2) {
             Ok(j) => j,
             Err(d) => {
                 let shown = ppc_dialect::diag::render(&file, &text, &d);
-                failures.push(format!("{what}, cpu {gemm:?}: does not compile:\n{shown}"));
+                failures.push(format!(
+                    "{what}, cpu {numerics:?}: does not compile:\n{shown}"
+                ));
                 continue;
             }
         };
@@ -253,7 +255,7 @@ fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
         let mut y = jit.program.output_buffer();
         jit.program.run(&mut x, &mut params, &mut y).expect("runs");
         if let Some(v) = violation(&want, &y.to_tensor(), rule) {
-            failures.push(format!("{what}, cpu {gemm:?} ({rule:?}): {v}"));
+            failures.push(format!("{what}, cpu {numerics:?} ({rule:?}): {v}"));
         }
     }
     failures

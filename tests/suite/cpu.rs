@@ -74,25 +74,26 @@ fn every_example_runs_on_the_cpu_and_matches_the_interpreter() {
             ],
         ];
         for extra in configs {
-            for gemm in ["loops", "runtime"] {
+            for exact in [true, false] {
                 let mut args = vec![
                     "verify",
                     ex.as_str(),
                     "--backend",
                     "cpu",
-                    "--gemm",
-                    gemm,
                     "--opt-level",
                     "0",
                 ];
+                if exact {
+                    args.push("--exact");
+                }
                 args.extend(small_dims(&ex));
                 args.extend(extra);
                 let (code, out, err) = ppc(&args);
                 assert_eq!(code, 0, "{args:?}\n{out}\n{err}");
                 let j = json_last_line(&out);
                 assert_eq!(j["ok"], true, "{args:?}: {j}");
-                if gemm == "loops" {
-                    // Loops in the interpreter's order: the compiled program is bit-identical.
+                if exact {
+                    // The interpreter's order and math: the compiled program is bit-identical.
                     assert_eq!(j["bit_exact"], true, "{args:?}: {j}");
                 }
             }
@@ -138,13 +139,10 @@ pub(crate) fn run(exe: &std::path::Path, args: &[&str]) -> (i32, String, String)
 fn executables_match_the_interpreter_and_read_inputs() {
     let dir = scratch("exe");
     for (model, extra) in [
-        (
-            "examples/mlp.ppc",
-            &["--gemm", "loops", "--repeats", "2"][..],
-        ),
+        ("examples/mlp.ppc", &["--exact", "--repeats", "2"][..]),
         (
             "examples/transformer.ppc",
-            &["--gemm", "loops", "--dtype", "bf16"][..],
+            &["--exact", "--dtype", "bf16"][..],
         ),
     ] {
         let exe = build(model, &dir, extra);

@@ -146,12 +146,7 @@ fn pipeline_settings_as_layer_dimensions_match_the_interpreter_on_1_2_and_4_rank
         for ranks in [1u64, 2, 4] {
             let what = format!("{model} --repeats {repeats} on {ranks} ranks");
             let exe = dir.join("model");
-            build(
-                model,
-                &exe,
-                ranks,
-                &["--repeats", repeats, "--gemm", "loops"],
-            );
+            build(model, &exe, ranks, &["--repeats", repeats, "--exact"]);
             let out = dir.join("out.safetensors");
             let out_s = out.display().to_string();
             let l = launch(&exe, Some(ranks), &["--seed", "3", "--output", &out_s], &[]);

@@ -87,7 +87,7 @@ fn baseline_executables_hold_no_avx512_and_match_the_interpreter_in_every_dtype(
     for (model, dtype) in cases {
         let what = format!("{model} {dtype}");
         let d = dtype.to_string();
-        let mut extra = vec!["--target-cpu", "x86-64-v3", "--gemm", "loops"];
+        let mut extra = vec!["--target-cpu", "x86-64-v3", "--exact"];
         if dtype != DType::F32 {
             extra.extend(["--dtype", d.as_str()]);
         }

@@ -11,14 +11,7 @@ fn a_result_changed_in_one_element_fails_and_is_located() {
     let tiny = path("examples/tiny.ppc");
     // tiny: 3 microbatches of [2, 4]; element 13 is microbatch 1, row 1, column 1.
     for backend in ["interp", "cpu"] {
-        let args = [
-            "verify",
-            tiny.as_str(),
-            "--backend",
-            backend,
-            "--gemm",
-            "loops",
-        ];
+        let args = ["verify", tiny.as_str(), "--backend", backend, "--exact"];
         let (code, out, _) = ppc(&args);
         assert_eq!(code, 0, "{backend}: unperturbed must pass\n{out}");
         let mut perturbed = args.to_vec();

@@ -13,6 +13,7 @@
 //! ```
 
 pub mod emit;
+mod fast_math;
 pub mod machine;
 pub mod mlir;
 mod ops;
@@ -25,19 +26,20 @@ use ppc_runtime::manifest::{Arg, Manifest, Role};
 use std::collections::HashMap;
 use std::fmt::Write;
 
-/// How `matmul` is computed on the CPU.
+/// How the generated code computes: as the interpreter does, or as fast as it can.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gemm {
-    /// A call into the runtime's tuned GEMM (`matrixmultiply`): fast; equal to the interpreter
-    /// up to rounding.
-    Runtime,
-    /// `linalg.generic` loops in the interpreter's order: slow; bit-identical.
-    Loops,
+pub enum Numerics {
+    /// The runtime's tuned GEMM and vectorizable `exp`/`tanh` written in `arith`
+    /// (`fast_math.rs`): equal to the interpreter up to rounding (1e-5 normwise in f32).
+    Fast,
+    /// Matmuls as `linalg.generic` loops in the interpreter's order and libm's `exp`/`tanh`:
+    /// slow; bit-identical to the interpreter.
+    Exact,
 }
 
 #[derive(Clone, Debug)]
 pub struct Options {
-    pub gemm: Gemm,
+    pub numerics: Numerics,
     /// Also emit `main` (calling the runtime's `ppc_main`) for a standalone executable.
     pub executable: bool,
     /// The CPU the code is compiled for, recorded in the manifest; `None`: this one (the JIT).
@@ -62,7 +64,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     let mut w = Walker {
         m,
         e: Emitter::new(file, &lines),
-        gemm: opts.gemm,
+        numerics: opts.numerics,
         params: Vec::new(),
         param_bufs: HashMap::new(),
     };
@@ -189,7 +191,7 @@ fn model_flops(m: &Module) -> u64 {
 struct Walker<'m, 'a> {
     m: &'m Module,
     e: Emitter<'a>,
-    gemm: Gemm,
+    numerics: Numerics,
     /// Entry arguments for parameters, in first-use order: (name, buffer, param).
     params: Vec<(String, Buf, ppc_dialect::ir::Param)>,
     param_bufs: HashMap<(String, usize), Buf>,
@@ -296,7 +298,7 @@ impl Walker<'_, '_> {
                 }
                 _ => {
                     let out = self.e.alloc(f.ty(op.results[0]));
-                    ops::lower(&mut self.e, self.gemm, &op.kind, &ins, &out);
+                    ops::lower(&mut self.e, self.numerics, &op.kind, &ins, &out);
                     env.insert(op.results[0], out);
                 }
             }

@@ -3,10 +3,10 @@
 //! Floating-point math runs in f32: bf16 and f16 operands are extended on load and the result
 //! is rounded on store, exactly as the interpreter does, and multi-step ops (matmul, reductions,
 //! softmax, layernorm) accumulate into f32 scratch buffers. Accumulation orders follow the
-//! interpreter's, so that with `--gemm=loops` the CPU result is the interpreter's bit for bit.
+//! interpreter's, so that with `--exact` the CPU result is the interpreter's bit for bit.
 
 use super::emit::{broadcast_map, elt, identity, Buf, Emitter};
-use super::Gemm;
+use super::{fast_math, Numerics};
 use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Type};
 
@@ -118,13 +118,29 @@ fn convert(e: &mut Emitter, src: &Buf, dst: &Buf) {
     );
 }
 
-fn unary_value(e: &mut Emitter, op: UnaryOp, x: &str) -> String {
+/// `e^x` (f32): libm's for the exact numerics, the vectorizable one for the fast.
+fn exp_value(e: &mut Emitter, num: Numerics, x: &str) -> String {
+    match num {
+        Numerics::Exact => e.let_(&format!("math.exp {x} : f32")),
+        Numerics::Fast => fast_math::exp(e, x),
+    }
+}
+
+/// `tanh x` (f32), chosen as [`exp_value`] is.
+fn tanh_value(e: &mut Emitter, num: Numerics, x: &str) -> String {
+    match num {
+        Numerics::Exact => e.let_(&format!("math.tanh {x} : f32")),
+        Numerics::Fast => fast_math::tanh(e, x),
+    }
+}
+
+fn unary_value(e: &mut Emitter, num: Numerics, op: UnaryOp, x: &str) -> String {
     match op {
         UnaryOp::Neg => e.let_(&format!("arith.negf {x} : f32")),
         UnaryOp::Abs => e.let_(&format!("math.absf {x} : f32")),
-        UnaryOp::Exp => e.let_(&format!("math.exp {x} : f32")),
+        UnaryOp::Exp => exp_value(e, num, x),
         UnaryOp::Log => e.let_(&format!("math.log {x} : f32")),
-        UnaryOp::Tanh => e.let_(&format!("math.tanh {x} : f32")),
+        UnaryOp::Tanh => tanh_value(e, num, x),
         UnaryOp::Sqrt => e.let_(&format!("math.sqrt {x} : f32")),
         UnaryOp::Rsqrt => {
             let s = e.let_(&format!("math.sqrt {x} : f32"));
@@ -134,7 +150,7 @@ fn unary_value(e: &mut Emitter, op: UnaryOp, x: &str) -> String {
         UnaryOp::Sigmoid => {
             // 1 / (1 + exp(-x))
             let n = e.let_(&format!("arith.negf {x} : f32"));
-            let ex = e.let_(&format!("math.exp {n} : f32"));
+            let ex = exp_value(e, num, &n);
             let one = e.constant(1.0, "f32");
             let d = e.let_(&format!("arith.addf {one}, {ex} : f32"));
             e.let_(&format!("arith.divf {one}, {d} : f32"))
@@ -158,7 +174,7 @@ fn unary_value(e: &mut Emitter, op: UnaryOp, x: &str) -> String {
             let kxxx = e.let_(&format!("arith.mulf {kxx}, {x} : f32"));
             let inner = e.let_(&format!("arith.addf {x}, {kxxx} : f32"));
             let scaled = e.let_(&format!("arith.mulf {c}, {inner} : f32"));
-            let t = e.let_(&format!("math.tanh {scaled} : f32"));
+            let t = tanh_value(e, num, &scaled);
             let onet = e.let_(&format!("arith.addf {one}, {t} : f32"));
             let hx = e.let_(&format!("arith.mulf {half}, {x} : f32"));
             e.let_(&format!("arith.mulf {hx}, {onet} : f32"))
@@ -290,14 +306,14 @@ fn scale_down(e: &mut Emitter, x: &Buf, n: u64, out: &Buf) {
 }
 
 /// Lowers one op whose result is a fresh buffer `out`.
-pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf) {
+pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], out: &Buf) {
     let d = out.ty.dtype;
     let r = out.ty.rank();
     let par = vec!["parallel"; r];
     match kind {
         OpKind::Unary { op, .. } => elementwise(e, &[&ins[0]], out, |e, a| {
             let x = ext(e, &a[0], d);
-            let y = unary_value(e, *op, &x);
+            let y = unary_value(e, numerics, *op, &x);
             trunc(e, &y, d)
         }),
         OpKind::Binary { op, .. } => elementwise(e, &[&ins[0], &ins[1]], out, |e, a| {
@@ -320,7 +336,7 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
         }),
         OpKind::Broadcast { .. } => elementwise(e, &[&ins[0]], out, |_, a| a[0].clone()),
         OpKind::Convert { .. } => convert(e, &ins[0], out),
-        OpKind::MatMul { .. } => matmul(e, gemm, &ins[0], &ins[1], ins.get(2), out),
+        OpKind::MatMul { .. } => matmul(e, numerics, &ins[0], &ins[1], ins.get(2), out),
         OpKind::Transpose { perm, .. } => {
             let mut m = vec![String::new(); r];
             for (i, &p) in perm.iter().enumerate() {
@@ -369,7 +385,7 @@ pub fn lower(e: &mut Emitter, gemm: Gemm, kind: &OpKind, ins: &[Buf], out: &Buf)
             }
             store(e, &acc, out);
         }
-        OpKind::Softmax { axis, .. } => softmax(e, &ins[0], *axis, out),
+        OpKind::Softmax { axis, .. } => softmax(e, numerics, &ins[0], *axis, out),
         OpKind::LayerNorm { axis, eps, .. } => layernorm(e, &ins[0], *axis, eps.0, out),
         OpKind::Rank => {
             e.declarations
@@ -512,10 +528,10 @@ fn fill_value(e: &mut Emitter, v: f64, d: DType) -> String {
 }
 
 /// `out = a · b`, skipping (and zeroing) the first-axis entries where `mask` is false.
-fn matmul(e: &mut Emitter, gemm: Gemm, a: &Buf, b: &Buf, mask: Option<&Buf>, out: &Buf) {
+fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&Buf>, out: &Buf) {
     let acc = f32_scratch(e, out);
-    match gemm {
-        Gemm::Runtime => {
+    match numerics {
+        Numerics::Fast => {
             let (fa, fb) = (to_f32(e, a), to_f32(e, b));
             let cast = |e: &mut Emitter, x: &Buf, t: &str| {
                 e.let_(&format!(
@@ -539,7 +555,7 @@ fn matmul(e: &mut Emitter, gemm: Gemm, a: &Buf, b: &Buf, mask: Option<&Buf>, out
                 }
             }
         }
-        Gemm::Loops => {
+        Numerics::Exact => {
             let r = out.ty.rank();
             let nb = r - 2;
             let zero = e.constant(0.0, "f32");
@@ -601,7 +617,7 @@ fn drop_axis(r: usize, axis: usize) -> String {
         .join(", ")
 }
 
-fn softmax(e: &mut Emitter, x: &Buf, axis: usize, out: &Buf) {
+fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
     let r = x.ty.rank();
     let par = vec!["parallel"; r];
     let xf = to_f32(e, x);
@@ -615,7 +631,7 @@ fn softmax(e: &mut Emitter, x: &Buf, axis: usize, out: &Buf) {
         &par,
         |e, a| {
             let s = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
-            e.let_(&format!("math.exp {s} : f32"))
+            exp_value(e, num, &s)
         },
     );
     let sum = e.alloc(&without(&x.ty, axis));
