@@ -161,6 +161,7 @@ pub fn executable(
             .arg(&lib)
             .args([
                 "-lmpich",
+                "-lomp",
                 "-lm",
                 "-lpthread",
                 "-ldl",

@@ -145,6 +145,7 @@ impl Program {
             .iter_mut()
             .map(|p| (p as *mut *mut i64).cast::<c_void>())
             .collect();
+        crate::pool::bind_this_thread();
         // SAFETY: `Program::new`'s contract says `entry` takes exactly these memrefs; each packed
         // slot points to a pointer to a descriptor of a live buffer with the checked dtype and
         // shape, and all of them outlive the call.

@@ -265,20 +265,24 @@ fn native_records_the_build_machine_and_unknown_cpus_are_refused() {
 #[test]
 fn what_the_jit_says_reaches_the_user() {
     use ppc::lower::mlir;
-    let text = r#"module {
-  func.func private @ppc_nowhere(memref<*xf32>) attributes {llvm.emit_c_interface}
-  func.func @ppc_forward(%input: memref<2xf32>, %output: memref<2xf32>) attributes {llvm.emit_c_interface} {
+    // A lowered module, as `lower-mlir` writes them: with the CPU pipeline's transform script.
+    let text = format!(
+        r#"module attributes {{transform.with_named_sequence}} {{
+  func.func private @ppc_nowhere(memref<*xf32>) attributes {{llvm.emit_c_interface}}
+  func.func @ppc_forward(%input: memref<2xf32>, %output: memref<2xf32>) attributes {{llvm.emit_c_interface}} {{
     %u = memref.cast %input : memref<2xf32> to memref<*xf32>
     func.call @ppc_nowhere(%u) : (memref<*xf32>) -> ()
     return
-  }
-}"#;
+  }}
+{}}}"#,
+        ppc::lower::emit::TRANSFORM_SCRIPT
+    );
     let manifest = ppc_runtime::manifest::Manifest::parse(
         "ppc-manifest 1\narg input x f32 2\narg output y f32 2\n",
     )
     .expect("manifest");
     let ctx = mlir::context();
-    let mut module = mlir::parse(&ctx, text, "").expect("parses");
+    let mut module = mlir::parse(&ctx, &text, "").expect("parses");
     mlir::lower_to_llvm(&ctx, &mut module, "").expect("lowers");
     let Err(d) = mlir::jit(&module, manifest, 0) else {
         panic!("a call to a function nothing defines must not JIT")

@@ -174,6 +174,10 @@ impl<'a> Emitter<'a> {
             .chain([out.1.clone()])
             .map(|m| format!("affine_map<({domain}) -> ({m})>"))
             .collect();
+        let attrs = match parallel_dims(ins, &out, iters) {
+            0 => String::new(),
+            n => format!(" attrs = {{{}}}", PARALLEL_ATTRS[n - 1]),
+        };
         let iters: Vec<String> = iters.iter().map(|i| format!("\"{i}\"")).collect();
         let ins_names: Vec<&str> = ins.iter().map(|(b, _)| b.name.as_str()).collect();
         let ins_types: Vec<String> = ins.iter().map(|(b, _)| b.mty()).collect();
@@ -183,7 +187,7 @@ impl<'a> Emitter<'a> {
             format!(" ins({} : {})", ins_names.join(", "), ins_types.join(", "))
         };
         self.raw(&format!(
-            "linalg.generic {{indexing_maps = [{}], iterator_types = [{}]}}{ins_clause} outs({} : {}) {{",
+            "linalg.generic {{indexing_maps = [{}], iterator_types = [{}]}}{ins_clause} outs({} : {}){attrs} {{",
             maps.join(", "),
             iters.join(", "),
             out.0.name,
@@ -270,6 +274,50 @@ impl<'a> Emitter<'a> {
         self.raw(&close);
     }
 }
+
+/// Loop nests that touch fewer elements than this run on one thread: below it, starting the
+/// team cost more than it saved (BENCHMARKS.md).
+const MIN_PARALLEL_ELEMENTS: u64 = 16_384;
+
+/// The attributes that mark a `linalg.generic` for [`TRANSFORM_SCRIPT`]: its first one or two
+/// loops become a parallel loop over the threads.
+const PARALLEL_ATTRS: [&str; 2] = ["ppc.parallel_1", "ppc.parallel_2"];
+
+/// How many leading loops of a generic to run in parallel: none for small nests; the first
+/// (when it is parallel and indexes the output's first axis), and the second too when the
+/// first has fewer than 8 iterations (a stage axis of 4 would leave threads idle).
+fn parallel_dims(ins: &[(&Buf, String)], out: &(&Buf, String), iters: &[&str]) -> usize {
+    let work = ins
+        .iter()
+        .map(|(b, _)| b.ty.elements())
+        .chain([out.0.ty.elements()])
+        .max()
+        .unwrap_or(0);
+    let leading: Vec<&str> = out.1.split(", ").collect();
+    let is =
+        |i: usize| iters.get(i) == Some(&"parallel") && leading.get(i) == Some(&&*format!("d{i}"));
+    if work < MIN_PARALLEL_ELEMENTS || !is(0) {
+        return 0;
+    }
+    let first = out.0.ty.shape()[0];
+    if first < 8 && is(1) {
+        2
+    } else {
+        1
+    }
+}
+
+/// The transform-dialect script the CPU pipeline interprets (`transform-interpreter`): each
+/// marked generic becomes an `scf.forall` over its leading loops (later OpenMP's parallel loop)
+/// around the same generic on one tile. Private, so that `symbol-dce` drops it afterwards.
+pub const TRANSFORM_SCRIPT: &str = r#"  transform.named_sequence private @__transform_main(%m: !transform.any_op {transform.readonly}) {
+    %one = transform.structured.match attributes {ppc.parallel_1} in %m : (!transform.any_op) -> !transform.any_op
+    %t1, %l1 = transform.structured.tile_using_forall %one tile_sizes [1] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %two = transform.structured.match attributes {ppc.parallel_2} in %m : (!transform.any_op) -> !transform.any_op
+    %t2, %l2 = transform.structured.tile_using_forall %two tile_sizes [1, 1] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
+"#;
 
 /// `d0, d1, ...` for an identity map of rank `r`.
 pub fn identity(r: usize) -> String {

@@ -14,6 +14,7 @@
 
 pub mod emit;
 mod fast_math;
+mod fuse;
 pub mod machine;
 pub mod mlir;
 mod ops;
@@ -107,7 +108,10 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     };
 
     let mut out = String::new();
-    let _ = writeln!(out, "module {{");
+    let _ = writeln!(
+        out,
+        "module attributes {{transform.with_named_sequence}} {{"
+    );
     out.push_str("  func.func private @ppc_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) attributes {llvm.emit_c_interface}\n");
     out.push_str("  func.func private @ppc_matmul_f32_masked(memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) attributes {llvm.emit_c_interface}\n");
     out.push_str("  func.func private @ppc_trace_iteration_begin(i32)\n  func.func private @ppc_trace_iteration_end(i32)\n");
@@ -130,6 +134,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         out.push_str("  func.func private @ppc_main(i32, !llvm.ptr) -> i32\n");
         out.push_str("  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {\n    %r = func.call @ppc_main(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }\n");
     }
+    out.push_str(emit::TRANSFORM_SCRIPT);
     out.push_str("}\n");
     Ok(Lowered {
         mlir: out,
@@ -234,10 +239,19 @@ impl Walker<'_, '_> {
         block: &Block,
         env: &mut HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
+        let deferred = fuse::deferred(f, block);
         for &id in &block.ops {
             let op = &f.ops[id];
+            if op.results.first().is_some_and(|v| deferred.contains(v)) {
+                continue; // computed inside its consumer's loop nest
+            }
             self.e.at(f.op_spans.get(&id));
-            let ins: Vec<Buf> = op.kind.operands().iter().map(|v| env[v].clone()).collect();
+            // Deferred values have no buffer; only elementwise ops, which fuse them, read them.
+            let ins: Vec<Buf> = if ops::is_elementwise(&op.kind) {
+                Vec::new()
+            } else {
+                op.kind.operands().iter().map(|v| env[v].clone()).collect()
+            };
             match &op.kind {
                 OpKind::Reshape { .. } => {
                     let ty = f.ty(op.results[0]).clone();
@@ -295,6 +309,20 @@ impl Walker<'_, '_> {
                     trace(&mut self.e, "end");
                     self.e.end_for();
                     env.extend(op.results.iter().copied().zip(carried));
+                }
+                kind if ops::is_elementwise(kind) => {
+                    let out = self.e.alloc(f.ty(op.results[0]));
+                    fuse::emit(
+                        &mut self.e,
+                        self.numerics,
+                        f,
+                        block,
+                        id,
+                        env,
+                        &deferred,
+                        &out,
+                    );
+                    env.insert(op.results[0], out);
                 }
                 _ => {
                     let out = self.e.alloc(f.ty(op.results[0]));

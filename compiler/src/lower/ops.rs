@@ -231,20 +231,49 @@ fn compare_value(e: &mut Emitter, pred: CmpPred, a: &str, b: &str, d: DType) -> 
     }
 }
 
-/// An elementwise generic: `out[i] = f(ins[j][broadcast(i)]...)`.
-fn elementwise(
+/// Ops computed element by element from their operands' elements (NumPy-broadcast): one
+/// scalar function of [`elementwise_value`] each, which is what lets `fuse.rs` chain them.
+pub fn is_elementwise(kind: &OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Compare { .. }
+            | OpKind::Select { .. }
+            | OpKind::Broadcast { .. }
+            | OpKind::Convert { .. }
+    )
+}
+
+/// One element of an elementwise op: `args` are its operands' elements (of dtypes `ins`), the
+/// result is of dtype `out`, rounded as the interpreter rounds it.
+pub fn elementwise_value(
     e: &mut Emitter,
-    ins: &[&Buf],
-    out: &Buf,
-    f: impl FnOnce(&mut Emitter, &[String]) -> String,
-) {
-    let r = out.ty.rank();
-    let dst = out.ty.shape();
-    let maps: Vec<(&Buf, String)> = ins
-        .iter()
-        .map(|b| (*b, broadcast_map(&b.ty.shape(), &dst)))
-        .collect();
-    e.generic(r, &maps, (out, identity(r)), &vec!["parallel"; r], f);
+    numerics: Numerics,
+    kind: &OpKind,
+    args: &[String],
+    ins: &[DType],
+    out: DType,
+) -> String {
+    match kind {
+        OpKind::Unary { op, .. } => {
+            let x = ext(e, &args[0], out);
+            let y = unary_value(e, numerics, *op, &x);
+            trunc(e, &y, out)
+        }
+        OpKind::Binary { op, .. } => binary_value(e, *op, &args[0], &args[1], out),
+        OpKind::Compare { pred, .. } => compare_value(e, *pred, &args[0], &args[1], ins[0]),
+        OpKind::Select { .. } => e.let_(&format!(
+            "arith.select {}, {}, {} : {}",
+            args[0],
+            args[1],
+            args[2],
+            elt(out)
+        )),
+        OpKind::Broadcast { .. } => args[0].clone(),
+        OpKind::Convert { .. } => convert_value(e, &args[0], ins[0], out),
+        _ => unreachable!("invariant: {} is not elementwise", kind.name()),
+    }
 }
 
 /// The clamped position `[0, n)` of an i32 index value, as an `index`.
@@ -311,31 +340,6 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
     let r = out.ty.rank();
     let par = vec!["parallel"; r];
     match kind {
-        OpKind::Unary { op, .. } => elementwise(e, &[&ins[0]], out, |e, a| {
-            let x = ext(e, &a[0], d);
-            let y = unary_value(e, numerics, *op, &x);
-            trunc(e, &y, d)
-        }),
-        OpKind::Binary { op, .. } => elementwise(e, &[&ins[0], &ins[1]], out, |e, a| {
-            binary_value(e, *op, &a[0], &a[1], d)
-        }),
-        OpKind::Compare { pred, .. } => {
-            let od = ins[0].ty.dtype;
-            elementwise(e, &[&ins[0], &ins[1]], out, |e, a| {
-                compare_value(e, *pred, &a[0], &a[1], od)
-            })
-        }
-        OpKind::Select { .. } => elementwise(e, &[&ins[0], &ins[1], &ins[2]], out, |e, a| {
-            e.let_(&format!(
-                "arith.select {}, {}, {} : {}",
-                a[0],
-                a[1],
-                a[2],
-                elt(d)
-            ))
-        }),
-        OpKind::Broadcast { .. } => elementwise(e, &[&ins[0]], out, |_, a| a[0].clone()),
-        OpKind::Convert { .. } => convert(e, &ins[0], out),
         OpKind::MatMul { .. } => matmul(e, numerics, &ins[0], &ins[1], ins.get(2), out),
         OpKind::Transpose { perm, .. } => {
             let mut m = vec![String::new(); r];
@@ -513,6 +517,14 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                 "invariant: {} is lowered by the function walker",
                 kind.name()
             )
+        }
+        OpKind::Unary { .. }
+        | OpKind::Binary { .. }
+        | OpKind::Compare { .. }
+        | OpKind::Select { .. }
+        | OpKind::Broadcast { .. }
+        | OpKind::Convert { .. } => {
+            unreachable!("invariant: {} is lowered by fuse.rs", kind.name())
         }
     }
 }

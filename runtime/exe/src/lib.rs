@@ -127,7 +127,7 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
             return 1;
         }
     };
-    // The runtime's pool threads exist beside MPI, but only this thread calls it: "funneled".
+    // The pool's (OpenMP's) threads exist beside MPI, but only this thread calls it: "funneled".
     let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
         say(&format!("{prog}: error: MPI is already initialized"));
         return 1;

@@ -1,0 +1,195 @@
+//! Elementwise fusion: a chain of elementwise ops (`add`, `mul`, `gelu`, `select`, compares,
+//! converts, broadcasts) whose intermediate values have one use each becomes one
+//! `linalg.generic` that reads the chain's inputs and writes only its last value. The bias add
+//! and GELU after a matmul, or the scale and causal mask before a softmax, then make one pass
+//! over memory instead of one each, and one parallel loop instead of one each.
+//!
+//! Each fused op still rounds its value to its dtype, as when it had a buffer of its own, so
+//! fusion changes no bit (`--exact` stays bit-identical to the interpreter).
+//!
+//! ```text
+//! %ub = add %u, %b1        ──▶   linalg.generic ins(%u, %b1) outs(%a) {
+//! %a = gelu %ub                    gelu(add(u, b1))
+//!                                }
+//! ```
+
+use super::emit::{identity, Buf, Emitter};
+use super::ops::{elementwise_value, is_elementwise};
+use super::Numerics;
+use ppc_dialect::ir::{Block, Func, OpId, ValueId};
+use ppc_dialect::op::OpKind;
+use ppc_dialect::DType;
+use std::collections::{HashMap, HashSet};
+
+/// The values of `block` that are not given a buffer: results of elementwise ops whose only
+/// use is an elementwise op of the same block, which computes them in its own loop.
+pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
+    let mut fusable_uses: HashMap<ValueId, usize> = HashMap::new();
+    let mut other_uses: HashSet<ValueId> = HashSet::new();
+    for &id in &block.ops {
+        let kind = &f.ops[id].kind;
+        for v in kind.operands() {
+            if is_elementwise(kind) {
+                *fusable_uses.entry(v).or_default() += 1;
+            } else {
+                other_uses.insert(v);
+            }
+        }
+        if let OpKind::Loop { body, .. } = kind {
+            used_in(f, body, &mut other_uses);
+        }
+    }
+    other_uses.extend(&block.results);
+    block
+        .ops
+        .iter()
+        .map(|&id| &f.ops[id])
+        .filter(|op| is_elementwise(&op.kind))
+        .map(|op| op.results[0])
+        .filter(|v| fusable_uses.get(v) == Some(&1) && !other_uses.contains(v))
+        .collect()
+}
+
+/// Every value a block and the blocks inside it read.
+fn used_in(f: &Func, block: &Block, used: &mut HashSet<ValueId>) {
+    for &id in &block.ops {
+        let kind = &f.ops[id].kind;
+        used.extend(kind.operands());
+        if let OpKind::Loop { body, .. } = kind {
+            used_in(f, body, used);
+        }
+    }
+    used.extend(&block.results);
+}
+
+/// Where each loop dimension of an operand comes from in the fused loop nest: `Some(i)` is
+/// loop `i`, `None` the constant 0 of a broadcast axis.
+type Map = Vec<Option<usize>>;
+
+/// The map reading an operand of shape `src` (NumPy-broadcast) at each index of `dst`.
+fn broadcast(src: &[u64], dst: &[u64]) -> Map {
+    let off = dst.len() - src.len();
+    (0..src.len())
+        .map(|i| (src[i] != 1 || dst[i + off] == 1).then_some(i + off))
+        .collect()
+}
+
+/// One value of the fused computation.
+enum Node<'f> {
+    /// Input `i` of the generic.
+    Input(usize),
+    Op {
+        kind: &'f OpKind,
+        ins: Vec<Node<'f>>,
+        in_dtypes: Vec<DType>,
+        out: DType,
+    },
+}
+
+/// Builds the fused tree of one root op and the generic's inputs.
+struct Fusion<'f, 'e> {
+    f: &'f Func,
+    env: &'e HashMap<ValueId, Buf>,
+    deferred: &'e HashSet<ValueId>,
+    producers: HashMap<ValueId, OpId>,
+    /// The generic's inputs: a buffer and its map, each once.
+    inputs: Vec<(Buf, Map)>,
+}
+
+impl<'f> Fusion<'f, '_> {
+    /// `v` read through `map` (its dimensions in terms of the fused loops).
+    fn value(&mut self, v: ValueId, map: Map) -> Node<'f> {
+        if self.deferred.contains(&v) {
+            let op = &self.f.ops[self.producers[&v]];
+            return self.op(&op.kind, self.f.ty(v).dtype, &self.f.ty(v).shape(), &map);
+        }
+        let buf = &self.env[&v];
+        let at = self
+            .inputs
+            .iter()
+            .position(|(b, m)| b.name == buf.name && *m == map);
+        Node::Input(at.unwrap_or_else(|| {
+            self.inputs.push((buf.clone(), map));
+            self.inputs.len() - 1
+        }))
+    }
+
+    /// An elementwise op of shape `shape` whose dimensions are `map` of the fused loops.
+    fn op(&mut self, kind: &'f OpKind, out: DType, shape: &[u64], map: &Map) -> Node<'f> {
+        let operands = kind.operands();
+        let in_dtypes = operands.iter().map(|&x| self.f.ty(x).dtype).collect();
+        let ins = operands
+            .iter()
+            .map(|&x| {
+                let inner = broadcast(&self.f.ty(x).shape(), shape);
+                let composed = inner.iter().map(|d| d.and_then(|j| map[j])).collect();
+                self.value(x, composed)
+            })
+            .collect();
+        Node::Op {
+            kind,
+            ins,
+            in_dtypes,
+            out,
+        }
+    }
+}
+
+fn eval(e: &mut Emitter, numerics: Numerics, node: &Node, args: &[String]) -> String {
+    match node {
+        Node::Input(i) => args[*i].clone(),
+        Node::Op {
+            kind,
+            ins,
+            in_dtypes,
+            out,
+        } => {
+            let values: Vec<String> = ins.iter().map(|n| eval(e, numerics, n, args)).collect();
+            elementwise_value(e, numerics, kind, &values, in_dtypes, *out)
+        }
+    }
+}
+
+/// Writes the elementwise op `root` of `block` into `out`, computing the deferred values it
+/// reads (and those they read) in the same loop nest.
+pub fn emit(
+    e: &mut Emitter,
+    numerics: Numerics,
+    f: &Func,
+    block: &Block,
+    root: OpId,
+    env: &HashMap<ValueId, Buf>,
+    deferred: &HashSet<ValueId>,
+    out: &Buf,
+) {
+    let producers = block
+        .ops
+        .iter()
+        .filter_map(|&id| f.ops[id].results.first().map(|&v| (v, id)))
+        .collect();
+    let mut fusion = Fusion {
+        f,
+        env,
+        deferred,
+        producers,
+        inputs: Vec::new(),
+    };
+    let shape = out.ty.shape();
+    let r = shape.len();
+    let tree = fusion.op(
+        &f.ops[root].kind,
+        out.ty.dtype,
+        &shape,
+        &(0..r).map(Some).collect(),
+    );
+    let text = |m: &Map| {
+        m.iter()
+            .map(|d| d.map_or("0".to_string(), |i| format!("d{i}")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let ins: Vec<(&Buf, String)> = fusion.inputs.iter().map(|(b, m)| (b, text(m))).collect();
+    e.generic(r, &ins, (out, identity(r)), &vec!["parallel"; r], |e, a| {
+        eval(e, numerics, &tree, a)
+    });
+}
