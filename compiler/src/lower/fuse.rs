@@ -150,18 +150,24 @@ fn eval(e: &mut Emitter, numerics: Numerics, node: &Node, args: &[String]) -> St
     }
 }
 
-/// Writes the elementwise op `root` of `block` into `out`, computing the deferred values it
-/// reads (and those they read) in the same loop nest.
-pub fn emit(
-    e: &mut Emitter,
-    numerics: Numerics,
-    f: &Func,
-    block: &Block,
-    root: OpId,
-    env: &HashMap<ValueId, Buf>,
-    deferred: &HashSet<ValueId>,
-    out: &Buf,
-) {
+/// Where an elementwise op is lowered: its block, the buffers of the values computed so far,
+/// and the block's [`deferred`] values.
+pub struct Scope<'a> {
+    pub f: &'a Func,
+    pub block: &'a Block,
+    pub env: &'a HashMap<ValueId, Buf>,
+    pub deferred: &'a HashSet<ValueId>,
+}
+
+/// Writes the elementwise op `root` of the scope's block into `out`, computing the deferred
+/// values it reads (and those they read) in the same loop nest.
+pub fn emit(e: &mut Emitter, numerics: Numerics, scope: &Scope, root: OpId, out: &Buf) {
+    let Scope {
+        f,
+        block,
+        env,
+        deferred,
+    } = *scope;
     let producers = block
         .ops
         .iter()
