@@ -312,16 +312,13 @@ impl Walker<'_, '_> {
                 }
                 kind if ops::is_elementwise(kind) => {
                     let out = self.e.alloc(f.ty(op.results[0]));
-                    fuse::emit(
-                        &mut self.e,
-                        self.numerics,
+                    let scope = fuse::Scope {
                         f,
                         block,
-                        id,
                         env,
-                        &deferred,
-                        &out,
-                    );
+                        deferred: &deferred,
+                    };
+                    fuse::emit(&mut self.e, self.numerics, &scope, id, &out);
                     env.insert(op.results[0], out);
                 }
                 _ => {
