@@ -5,14 +5,15 @@ set -euo pipefail
 
 # LLVM/MLIR 22 for the MLIR lowering (melior / mlir-sys 220) and what they link against
 # (tblgen links Polly), with LLVM's opt and llc, which compile executables for --target-cpu;
-# binutils' objdump, with which the tests look for AVX-512 in baseline executables; MPICH for executables run under mpirun (the `mpi` crate builds against
+# binutils' objdump, with which the tests look for AVX-512 in baseline executables, and its gold
+# linker, which links executables; MPICH for executables run under mpirun (the `mpi` crate builds against
 # mpicc.mpich, executables link libmpich, tests launch mpirun.mpich); LLVM's OpenMP runtime,
 # the one thread pool of generated code and the runtime (libomp-22-dev; Debian has it bring the
-# ABI-compatible libomp.so.5 of libomp5-19).
+# ABI-compatible libomp.so.5 of libomp5-19); OpenBLAS, single-threaded, for the GEMMs.
 PACKAGES=(
   llvm-22 llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
   libzstd-dev libz3-dev libxml2-dev
-  mpich libmpich-dev binutils libomp-22-dev
+  mpich libmpich-dev binutils libomp-22-dev libopenblas-serial-dev
 )
 
 missing=()

@@ -1,27 +1,47 @@
-//! Single-thread GEMM rates for the products of `examples/mlp.ppc`'s stages: the packing-free
-//! few-row kernel (`small_m`) against `matrixmultiply`. The numbers in BENCHMARKS.md come from
-//! `cargo run --release -p ppc-runtime --example gemm`.
+//! Single-thread GEMM rates on pipeline-stage shapes: the packing-free few-row kernel
+//! (`small_m`, AVX-512 only) against OpenBLAS. `gemm.rs` picks between them from these numbers
+//! (BENCHMARKS.md): `cargo run --release -p ppc-runtime --example gemm`.
 
+use ppc_runtime::blas::{self, Operand};
 use std::time::Instant;
 
 fn main() {
+    println!(
+        "{:>16} {:>14} {:>14}",
+        "m x k x n", "small_m GF/s", "OpenBLAS GF/s"
+    );
     for (m, k, n) in [
         (16usize, 256usize, 1024usize),
         (16, 1024, 256),
-        (16, 512, 2048),
+        (16, 256, 256),
+        (16, 64, 1024),
+        (32, 64, 256),
+        (32, 256, 64),
+        (16, 16, 16),
+        (128, 256, 128),
+        (128, 32, 128),
+        (128, 128, 32),
     ] {
         let a = vec![1.0f32; m * k];
         // Four weight matrices in turn, as four stages would use them, so B is not cache-hot.
         let bs: Vec<Vec<f32>> = (0..4).map(|_| vec![0.5f32; k * n]).collect();
         let mut c = vec![0.0f32; m * n];
-        let reps = 400;
-        for (name, small) in [("small_m", true), ("matrixmultiply", false)] {
+        let flops = 2.0 * (m * n * k) as f64;
+        let reps = ((2e9 / flops) as usize).max(10);
+        let mut rates = Vec::new();
+        for small in [true, false] {
             if small && !ppc_runtime::small_m::available() {
+                rates.push("-".to_string());
                 continue;
             }
             let t = Instant::now();
             for r in 0..reps {
                 let b = &bs[r % 4];
+                let at = |ptr: *const f32, cols: usize| Operand {
+                    ptr,
+                    row_stride: cols as isize,
+                    col_stride: 1,
+                };
                 // SAFETY: the buffers have exactly the sizes passed; AVX-512 was checked above.
                 unsafe {
                     if small {
@@ -37,27 +57,27 @@ fn main() {
                             n,
                         )
                     } else {
-                        matrixmultiply::sgemm(
+                        blas::sgemm(
                             m,
                             k,
                             n,
-                            1.0,
-                            a.as_ptr(),
-                            k as isize,
-                            1,
-                            b.as_ptr(),
-                            n as isize,
-                            1,
-                            0.0,
-                            c.as_mut_ptr(),
-                            n as isize,
-                            1,
+                            at(a.as_ptr(), k),
+                            at(b.as_ptr(), n),
+                            at(c.as_mut_ptr(), n),
                         )
                     }
                 }
             }
-            let gflops = 2.0 * (m * k * n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
-            println!("{m}x{k}x{n} {name:>15}: {gflops:.1} GFLOP/s");
+            rates.push(format!(
+                "{:.1}",
+                flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9
+            ));
         }
+        println!(
+            "{:>16} {:>14} {:>14}",
+            format!("{m}x{k}x{n}"),
+            rates[0],
+            rates[1]
+        );
     }
 }

@@ -146,6 +146,9 @@ impl Program {
             .map(|p| (p as *mut *mut i64).cast::<c_void>())
             .collect();
         crate::pool::bind_this_thread();
+        if crate::trace::enabled() {
+            crate::trace::name_groups(&self.manifest.groups);
+        }
         // SAFETY: `Program::new`'s contract says `entry` takes exactly these memrefs; each packed
         // slot points to a pointer to a descriptor of a live buffer with the checked dtype and
         // shape, and all of them outlive the call.

@@ -1,6 +1,6 @@
 //! The GEMM that generated CPU code calls for f32 `matmul`: `C = A · B` over any batch axes,
 //! with NumPy broadcasting of the batch axes: the few-row kernel of `small_m.rs` for the
-//! few-row products of pipeline stages, `matrixmultiply`'s tuned kernels otherwise.
+//! few-row products of pipeline stages with wide weights on AVX-512 CPUs, OpenBLAS otherwise.
 //!
 //! It is called through MLIR's C interface with unranked memrefs (`memref<*xf32>`), so one
 //! symbol serves every tensor rank. The summation order differs from the reference interpreter's
@@ -179,12 +179,13 @@ unsafe fn matmul(
             let cp = entry(&c, flat, batch).offset(j0 as isize * cs);
             let ap = a.base().offset(batch_offset(&a, &idx));
             let bp = b.base().offset(batch_offset(&b, &idx) + j0 as isize * bs);
+            let width = j1 - j0;
             let unit = a.strides[ra - 1] == 1 && bs == 1 && cs == 1;
-            if unit && m <= SMALL_M && small_m_available() {
+            if unit && few_row_kernel_wins(m, k, width) {
                 crate::small_m::sgemm(
                     m,
                     k,
-                    j1 - j0,
+                    width,
                     ap,
                     a.strides[ra - 2] as usize,
                     bp,
@@ -192,25 +193,21 @@ unsafe fn matmul(
                     cp,
                     c.strides[r - 2] as usize,
                 );
-                trace::record(trace::Kind::GemmBlock, flat as i64, block_started);
-                return;
+            } else {
+                let operand = |ptr: *const f32, v: &View, rank: usize| crate::blas::Operand {
+                    ptr,
+                    row_stride: v.strides[rank - 2],
+                    col_stride: v.strides[rank - 1],
+                };
+                crate::blas::sgemm(
+                    m,
+                    k,
+                    width,
+                    operand(ap, &a, ra),
+                    operand(bp, &b, rb),
+                    operand(cp, &c, r),
+                );
             }
-            matrixmultiply::sgemm(
-                m,
-                k,
-                j1 - j0,
-                1.0,
-                ap,
-                a.strides[ra - 2],
-                a.strides[ra - 1],
-                bp,
-                b.strides[rb - 2],
-                bs,
-                0.0,
-                cp,
-                c.strides[r - 2],
-                cs,
-            );
         }
         trace::record(trace::Kind::GemmBlock, flat as i64, block_started);
     };
@@ -228,12 +225,13 @@ fn entry(c: &View, flat: usize, batch: &[usize]) -> *mut f32 {
     c.base().wrapping_offset(oc)
 }
 
-/// Up to this many rows, the few-row kernel of `small_m.rs` beats `matrixmultiply`.
-const SMALL_M: usize = 64;
-
-fn small_m_available() -> bool {
+/// Where the few-row kernel of `small_m.rs` beats OpenBLAS: AVX-512, at most 64 rows, and a
+/// weight block of at least 64K elements (measured, one thread: 16×256×256 101 against 73
+/// GFLOP/s, 16×256×1024 88 against 49; but 32×64×256 103 against 114 and 16×16×16 39 against
+/// 80; `cargo run --release -p ppc-runtime --example gemm`).
+fn few_row_kernel_wins(m: usize, k: usize, n: usize) -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(crate::small_m::available)
+    m <= 64 && k * n >= 65_536 && *AVAILABLE.get_or_init(crate::small_m::available)
 }
 
 /// The runtime functions generated code calls, by symbol, for registering with a JIT.

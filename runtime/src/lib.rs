@@ -8,6 +8,7 @@
 //! compiler.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod blas;
 pub mod comm;
 pub mod cpu;
 pub mod exec;

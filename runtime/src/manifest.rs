@@ -11,11 +11,13 @@
 //! arg input x f32 8,16,256
 //! arg param w1 f32 2,256,1024 normal 0.0625 layer_axes 1 shard_axis 0
 //! arg output y f32 8,16,256
+//! group relu+add, line 14
 //! ```
 //! `pipeline` is stages, microbatches, repeats, layers; `ranks` the processes the stage axis is
 //! split over (1 when absent); `target` the CPU the code was compiled for and the features it needs
 //! (absent for the JIT, which compiles for the CPU it runs on). A parameter's `shard_axis` holds this rank's slice of the stage
-//! axis. Arguments are listed in the order the entry function takes them.
+//! axis. Arguments are listed in the order the entry function takes them. `group` lines name the
+//! loop nests that generated code marks for `--trace`, numbered from 0 in order.
 
 use crate::rng::Init;
 use crate::tensor::DType;
@@ -53,6 +55,8 @@ pub struct Manifest {
     pub flops: u64,
     pub target: Option<Target>,
     pub args: Vec<Arg>,
+    /// Names of the traced loop nests (`ppc_trace_group_begin`'s numbers index them).
+    pub groups: Vec<String>,
 }
 
 /// The CPU generated code was compiled for (`ppc compile --target-cpu`).
@@ -116,6 +120,9 @@ impl Manifest {
             }
             s.push('\n');
         }
+        for g in &self.groups {
+            let _ = writeln!(s, "group {g}");
+        }
         s
     }
 
@@ -134,6 +141,7 @@ impl Manifest {
             flops: 0,
             target: None,
             args: vec![],
+            groups: vec![],
         };
         let num = |w: Option<&str>| -> Result<u64, String> {
             w.and_then(|w| w.parse().ok())
@@ -147,6 +155,7 @@ impl Manifest {
             let mut w = line.split(' ');
             match w.next() {
                 Some("model") => m.model = w.collect::<Vec<_>>().join(" "),
+                Some("group") => m.groups.push(w.collect::<Vec<_>>().join(" ")),
                 Some("pipeline") => {
                     m.stages = num(w.next())?;
                     m.microbatches = num(w.next())?;
@@ -293,6 +302,7 @@ mod tests {
                     shard_axis: None,
                 },
             ],
+            groups: vec!["gelu+add, line 60".into(), "softmax, line 39".into()],
         };
         assert_eq!(Manifest::parse(&m.to_text()), Ok(m));
         assert!(Manifest::parse("nonsense").is_err());

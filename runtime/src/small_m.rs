@@ -1,6 +1,6 @@
 //! A GEMM for the shapes pipeline stages have: few rows (the microbatch), large weights.
 //!
-//! `matrixmultiply` packs both operands into panels before multiplying; with 16 rows each weight
+//! A packing GEMM (OpenBLAS, `matrixmultiply`) packs both operands into panels before multiplying; with 16 rows each weight
 //! element is used only 16 times, so packing the weights costs about as much as the arithmetic
 //! (measured: 45% of a step in packing). This kernel instead keeps a whole 16×16 block of `C` in
 //! AVX-512 registers across the `k` loop and streams each 16-column strip of `B` through them
@@ -10,7 +10,8 @@
 //! prefetchers stop, so the kernel prefetches `PREFETCH_ROWS` rows ahead itself.
 //!
 //! Used for row-major operands with unit column stride when the CPU has AVX-512F; anything else
-//! goes to `matrixmultiply`. Sums run in k order with fused multiply-adds.
+//! goes to OpenBLAS (`gemm.rs` says where each is faster). Sums run in k order with fused
+//! multiply-adds.
 
 /// How far ahead (in rows of `B`) the kernel prefetches; 16 measured best on 4-8 KiB strides.
 const PREFETCH_ROWS: usize = 16;

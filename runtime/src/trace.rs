@@ -2,9 +2,11 @@
 //! format: open it in ui.perfetto.dev or chrome://tracing).
 //!
 //! One process per rank (`pid` = rank), one track per thread: each step, each iteration of the
-//! GPipe loop (numbered as `ppc schedule` numbers them, from 0), each GEMM on the thread that
-//! called it and each block of it on the thread that computed it, and each exchange with its
-//! wait. Laid over the schedule, the iterations show the pipeline's diagonal and its bubble.
+//! GPipe loop (numbered as `ppc schedule` numbers them, from 0), each loop nest of generated code
+//! (a fused group, named by its ops and model line, with its parallel loop's threads inside),
+//! each GEMM on the thread that called it and each block of it on the thread that computed it,
+//! and each exchange with its wait. Laid over the schedule, the iterations show the pipeline's
+//! diagonal and its bubble.
 //!
 //! Recording costs one relaxed atomic load while tracing is off. Ranks share a clock by wall
 //! time, so the tracks of several processes on one node line up.
@@ -21,15 +23,17 @@ pub enum Kind {
     Gemm = 2,
     GemmBlock = 3,
     Exchange = 4,
+    Group = 5,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 6] = [
         Kind::Step,
         Kind::Iteration,
         Kind::Gemm,
         Kind::GemmBlock,
         Kind::Exchange,
+        Kind::Group,
     ];
 
     fn name(self) -> &'static str {
@@ -39,6 +43,7 @@ impl Kind {
             Kind::Gemm => "GEMM",
             Kind::GemmBlock => "GEMM block",
             Kind::Exchange => "exchange (wait included)",
+            Kind::Group => "loop nest",
         }
     }
 }
@@ -107,6 +112,31 @@ pub fn record(kind: Kind, index: i64, start: Option<Instant>) {
 
 thread_local! {
     static ITERATION: std::cell::Cell<Option<(i32, Instant)>> = const { std::cell::Cell::new(None) };
+    static GROUP: std::cell::Cell<Option<(i32, Instant)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Names of the loop nests generated code numbers (the manifest's `group` lines).
+static GROUP_NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Names the loop nests of the program about to run.
+pub fn name_groups(names: &[String]) {
+    *GROUP_NAMES.lock().unwrap_or_else(|e| e.into_inner()) = names.to_vec();
+}
+
+/// Called by generated code before loop nest number `id`.
+#[no_mangle]
+pub extern "C" fn ppc_trace_group_begin(id: i32) {
+    if enabled() {
+        GROUP.with(|c| c.set(Some((id, Instant::now()))));
+    }
+}
+
+/// Called by generated code after loop nest number `id`.
+#[no_mangle]
+pub extern "C" fn ppc_trace_group_end(_id: i32) {
+    if let Some((id, start)) = GROUP.with(|c| c.take()) {
+        record(Kind::Group, i64::from(id), Some(start));
+    }
 }
 
 /// Called by generated code at the top of each iteration of the GPipe loop.
@@ -126,8 +156,10 @@ pub extern "C" fn ppc_trace_iteration_end(_t: i32) {
 }
 
 /// The functions generated code calls, for registering with a JIT.
-pub fn symbols() -> [(&'static str, *mut ()); 2] {
+pub fn symbols() -> [(&'static str, *mut ()); 4] {
     [
+        ("ppc_trace_group_begin", ppc_trace_group_begin as *mut ()),
+        ("ppc_trace_group_end", ppc_trace_group_end as *mut ()),
         (
             "ppc_trace_iteration_begin",
             ppc_trace_iteration_begin as *mut (),
@@ -168,6 +200,10 @@ pub fn write(path: &std::path::Path) -> Result<(), String> {
     };
     let ranks = crate::comm::size().max(1);
     let per_rank = all.len() / ranks;
+    let groups = GROUP_NAMES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let mut events = Vec::new();
     for rank in 0..ranks {
         events.push(format!(
@@ -184,6 +220,10 @@ pub fn write(path: &std::path::Path) -> Result<(), String> {
             let index = r[1] as i64;
             let name = match kind {
                 Kind::Iteration | Kind::Step => format!("{} {index}", kind.name()),
+                Kind::Group => usize::try_from(index)
+                    .ok()
+                    .and_then(|i| groups.get(i))
+                    .map_or_else(|| format!("loop nest {index}"), |g| json_escape(g)),
                 _ => kind.name().to_string(),
             };
             events.push(format!(
@@ -211,4 +251,10 @@ pub fn write(path: &std::path::Path) -> Result<(), String> {
     );
     crate::files::write_atomic(path, json.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// `s` inside a JSON string literal.
+fn json_escape(s: &str) -> String {
+    let quoted = serde_json::Value::String(s.to_string()).to_string();
+    quoted[1..quoted.len() - 1].to_string()
 }

@@ -523,6 +523,26 @@ pub(crate) fn assert_trace(path: &std::path::Path, ranks: u64, steps: u64, itera
             );
         }
         assert!(!named("GEMM").is_empty(), "rank {rank}: no GEMM spans");
+        // Loop nests of generated code: named by their ops and model line, inside a step.
+        let nests: Vec<&&serde_json::Value> =
+            spans.iter().filter(|e| e["cat"] == "loop nest").collect();
+        assert!(!nests.is_empty(), "rank {rank}: no loop nest spans");
+        for n in nests {
+            let name = n["name"].as_str().unwrap();
+            let line = name.rsplit_once(", line ").map(|(_, l)| l.parse::<u32>());
+            assert!(
+                matches!(line, Some(Ok(_))),
+                "rank {rank}: loop nest named {name:?}"
+            );
+            let ts = n["ts"].as_f64().unwrap();
+            assert!(
+                step_spans.iter().any(|s| {
+                    let s0 = s["ts"].as_f64().unwrap();
+                    s0 <= ts + 1.0 && ts <= s0 + s["dur"].as_f64().unwrap() + 1.0
+                }),
+                "rank {rank}: {name} outside every step"
+            );
+        }
         assert!(
             events
                 .iter()
@@ -533,7 +553,7 @@ pub(crate) fn assert_trace(path: &std::path::Path, ranks: u64, steps: u64, itera
 }
 
 #[test]
-fn executables_write_a_trace_of_steps_iterations_and_gemms() {
+fn executables_write_a_trace_of_steps_iterations_loop_nests_and_gemms() {
     // An executable, so that no other test's run shares the process it traces.
     let tiny = path("examples/tiny.ppc");
     let dir = std::env::temp_dir().join(format!("ppc-trace-{}", std::process::id()));

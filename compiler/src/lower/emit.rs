@@ -68,7 +68,7 @@ impl Lines {
 /// Writes one function's body.
 pub struct Emitter<'a> {
     file: &'a str,
-    lines: &'a Lines,
+    pub lines: &'a Lines,
     pub allocs: Vec<String>,
     pub frees: Vec<String>,
     pub body: Vec<String>,

@@ -159,6 +159,26 @@ pub struct Scope<'a> {
     pub deferred: &'a HashSet<ValueId>,
 }
 
+/// The names of the ops that the loop nest of `root` computes: `root`'s, then those of the
+/// deferred values it reads, depth first (`gelu+add`).
+pub fn ops_of(scope: &Scope, root: OpId) -> Vec<String> {
+    let op = &scope.f.ops[root];
+    let mut names = vec![op.kind.name().to_string()];
+    for v in op.kind.operands() {
+        if scope.deferred.contains(&v) {
+            let producer = scope
+                .block
+                .ops
+                .iter()
+                .find(|&&id| scope.f.ops[id].results.first() == Some(&v));
+            if let Some(&p) = producer {
+                names.extend(ops_of(scope, p));
+            }
+        }
+    }
+    names
+}
+
 /// Writes the elementwise op `root` of the scope's block into `out`, computing the deferred
 /// values it reads (and those they read) in the same loop nest.
 pub fn emit(e: &mut Emitter, numerics: Numerics, scope: &Scope, root: OpId, out: &Buf) {

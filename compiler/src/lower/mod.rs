@@ -68,6 +68,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         numerics: opts.numerics,
         params: Vec::new(),
         param_bufs: HashMap::new(),
+        groups: Vec::new(),
     };
     let input = Buf {
         name: "%input".into(),
@@ -105,6 +106,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         flops: model_flops(m),
         target: opts.target.clone(),
         args,
+        groups: w.groups,
     };
 
     let mut out = String::new();
@@ -115,6 +117,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     out.push_str("  func.func private @ppc_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) attributes {llvm.emit_c_interface}\n");
     out.push_str("  func.func private @ppc_matmul_f32_masked(memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) attributes {llvm.emit_c_interface}\n");
     out.push_str("  func.func private @ppc_trace_iteration_begin(i32)\n  func.func private @ppc_trace_iteration_end(i32)\n");
+    out.push_str("  func.func private @ppc_trace_group_begin(i32)\n  func.func private @ppc_trace_group_end(i32)\n");
     for d in &w.e.declarations {
         let _ = writeln!(out, "  {d}");
     }
@@ -200,6 +203,8 @@ struct Walker<'m, 'a> {
     /// Entry arguments for parameters, in first-use order: (name, buffer, param).
     params: Vec<(String, Buf, ppc_dialect::ir::Param)>,
     param_bufs: HashMap<(String, usize), Buf>,
+    /// Names of the loop nests marked for `--trace`, in the order of their numbers.
+    groups: Vec<String>,
 }
 
 impl Walker<'_, '_> {
@@ -318,17 +323,46 @@ impl Walker<'_, '_> {
                         env,
                         deferred: &deferred,
                     };
+                    let name = fuse::ops_of(&scope, id).join("+");
+                    let group = self.begin_group(f, id, name);
                     fuse::emit(&mut self.e, self.numerics, &scope, id, &out);
+                    self.end_group(group);
                     env.insert(op.results[0], out);
                 }
-                _ => {
+                kind => {
                     let out = self.e.alloc(f.ty(op.results[0]));
-                    ops::lower(&mut self.e, self.numerics, &op.kind, &ins, &out);
+                    // GEMMs have spans of their own, from the runtime.
+                    let group = (!matches!(kind, OpKind::MatMul { .. }))
+                        .then(|| self.begin_group(f, id, kind.name().to_string()));
+                    ops::lower(&mut self.e, self.numerics, kind, &ins, &out);
+                    if let Some(g) = group {
+                        self.end_group(g);
+                    }
                     env.insert(op.results[0], out);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and
+    /// its model line; returns its number.
+    fn begin_group(&mut self, f: &Func, id: ppc_dialect::ir::OpId, name: String) -> usize {
+        let (line, _) = self.e.lines.line_col(f.op_spans.get(&id).start as usize);
+        let n = self.groups.len();
+        self.groups.push(format!("{name}, line {line}"));
+        let c = self.e.constant(n as f64, "i32");
+        self.e.op(&format!(
+            "func.call @ppc_trace_group_begin({c}) : (i32) -> ()"
+        ));
+        n
+    }
+
+    fn end_group(&mut self, n: usize) {
+        let c = self.e.constant(n as f64, "i32");
+        self.e.op(&format!(
+            "func.call @ppc_trace_group_end({c}) : (i32) -> ()"
+        ));
     }
 
     /// Copies the yielded values into the carried buffers for the next iteration. A yield that

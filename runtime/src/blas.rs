@@ -1,0 +1,107 @@
+//! OpenBLAS's single-precision GEMM through its C interface: the maintained GEMM, with kernels
+//! chosen at run time for the CPU it runs on (Debian builds it with `DYNAMIC_ARCH`), so one
+//! executable is fast on AVX2 and AVX-512 nodes alike.
+//!
+//! It always runs on one thread: the runtime calls it once per block from the pool's threads
+//! (`pool.rs`), and a BLAS's own threads beside those would fight them for the cores. The
+//! serial build has none; a threaded one, where the system's alternatives select it, is told to
+//! use one thread.
+
+use std::sync::Once;
+
+#[link(name = "openblas")]
+extern "C" {
+    fn cblas_sgemm(
+        order: i32,
+        trans_a: i32,
+        trans_b: i32,
+        m: i32,
+        n: i32,
+        k: i32,
+        alpha: f32,
+        a: *const f32,
+        lda: i32,
+        b: *const f32,
+        ldb: i32,
+        beta: f32,
+        c: *mut f32,
+        ldc: i32,
+    );
+    fn openblas_set_num_threads(n: i32);
+}
+
+const ROW_MAJOR: i32 = 101;
+const NO_TRANS: i32 = 111;
+const TRANS: i32 = 112;
+
+/// One matrix operand: its first element and its strides (elements) between rows and columns.
+#[derive(Clone, Copy)]
+pub struct Operand {
+    pub ptr: *const f32,
+    pub row_stride: isize,
+    pub col_stride: isize,
+}
+
+impl Operand {
+    /// CBLAS's transpose flag and leading dimension, if one of the strides is 1.
+    fn layout(&self) -> Option<(i32, i32)> {
+        let lead = |s: isize| i32::try_from(s.max(1)).ok();
+        if self.col_stride == 1 {
+            Some((NO_TRANS, lead(self.row_stride)?))
+        } else if self.row_stride == 1 {
+            Some((TRANS, lead(self.col_stride)?))
+        } else {
+            None
+        }
+    }
+}
+
+/// `c[m×n] = a[m×k] · b[k×n]` (`c`'s pointer is written through).
+///
+/// # Safety
+/// The operands cover their `m×k`, `k×n` and `m×n` elements at their strides, and `c`
+/// overlaps neither input.
+pub unsafe fn sgemm(m: usize, k: usize, n: usize, a: Operand, b: Operand, c: Operand) {
+    static ONE_THREAD: Once = Once::new();
+    // SAFETY: sets OpenBLAS's thread count; no pointers involved.
+    ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
+    let dims = (i32::try_from(m), i32::try_from(n), i32::try_from(k));
+    let c_row_major = (c.col_stride == 1)
+        .then(|| i32::try_from(c.row_stride).ok())
+        .flatten();
+    match (a.layout(), b.layout(), c_row_major, dims) {
+        (Some((ta, lda)), Some((tb, ldb)), Some(ldc), (Ok(m), Ok(n), Ok(k))) => {
+            let c = c.ptr.cast_mut();
+            // SAFETY: the caller's contract, in CBLAS's terms.
+            unsafe {
+                cblas_sgemm(
+                    ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ptr, lda, b.ptr, ldb, 0.0, c, ldc,
+                )
+            }
+        }
+        // Operands with no unit stride (ppc's lowering makes none: it copies strided views):
+        // plain loops, in k order.
+        _ => {
+            for i in 0..m {
+                for j in 0..n {
+                    let mut sum = 0.0f32;
+                    for p in 0..k {
+                        // SAFETY: inside the operands, by the caller's contract.
+                        unsafe {
+                            let x = *a
+                                .ptr
+                                .offset(i as isize * a.row_stride + p as isize * a.col_stride);
+                            let y = *b
+                                .ptr
+                                .offset(p as isize * b.row_stride + j as isize * b.col_stride);
+                            sum += x * y;
+                        }
+                    }
+                    let at = i as isize * c.row_stride + j as isize * c.col_stride;
+                    // SAFETY: inside `c`, by the caller's contract.
+                    unsafe { *c.ptr.cast_mut().offset(at) = sum };
+                }
+            }
+        }
+    }
+}
