@@ -14,7 +14,22 @@ use std::fmt::Write;
 pub struct Buf {
     pub name: String,
     pub ty: Type,
-    pub layout: Option<String>,
+    pub layout: Option<Layout>,
+}
+
+/// Where a view's elements are in its buffer: strides, and an offset known when compiling or
+/// only at run time (`None`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout {
+    pub strides: Vec<usize>,
+    pub offset: Option<u64>,
+}
+
+impl Layout {
+    fn text(&self) -> String {
+        let offset = self.offset.map_or("?".to_string(), |o| o.to_string());
+        format!("strided<[{}], offset: {offset}>", list(&self.strides))
+    }
 }
 
 /// MLIR's element type for a dtype.
@@ -23,14 +38,14 @@ pub fn elt(d: DType) -> &'static str {
 }
 
 /// `memref<2x3xf32>` (or `memref<f32>` for a scalar), with an optional strided layout.
-pub fn memref_type(ty: &Type, layout: Option<&str>) -> String {
+pub fn memref_type(ty: &Type, layout: Option<&Layout>) -> String {
     let mut s = String::from("memref<");
     for d in ty.shape() {
         let _ = write!(s, "{d}x");
     }
     s.push_str(elt(ty.dtype));
     if let Some(l) = layout {
-        let _ = write!(s, ", {l}");
+        let _ = write!(s, ", {}", l.text());
     }
     s.push('>');
     s
@@ -38,7 +53,15 @@ pub fn memref_type(ty: &Type, layout: Option<&str>) -> String {
 
 impl Buf {
     pub fn mty(&self) -> String {
-        memref_type(&self.ty, self.layout.as_deref())
+        memref_type(&self.ty, self.layout.as_ref())
+    }
+
+    /// Its strides: the layout's, or those of a contiguous row-major buffer.
+    pub fn strides(&self) -> Vec<usize> {
+        self.layout.as_ref().map_or_else(
+            || ppc_runtime::tensor::strides(&self.ty.shape_usize()),
+            |l| l.strides.clone(),
+        )
     }
 }
 
@@ -231,21 +254,22 @@ impl<'a> Emitter<'a> {
         );
     }
 
-    /// A strided view of `b` starting at `offsets` with `sizes`.
+    /// A strided view of `b` (itself maybe a view) starting at `offsets` with `sizes`.
     pub fn subview(&mut self, b: &Buf, offsets: &[u64], sizes: &[u64]) -> Buf {
-        let strides = ppc_runtime::tensor::strides(&b.ty.shape_usize());
-        let offset: u64 = offsets
-            .iter()
-            .zip(&strides)
-            .map(|(&o, &s)| o * s as u64)
-            .sum();
-        let ty = Type::of(b.ty.dtype, sizes);
-        let layout = format!("strided<[{}], offset: {offset}>", list(&strides));
+        let strides = b.strides();
+        let base = b.layout.as_ref().map_or(Some(0), |l| l.offset);
+        let offset = base.map(|o| {
+            o + offsets
+                .iter()
+                .zip(&strides)
+                .map(|(&i, &s)| i * s as u64)
+                .sum::<u64>()
+        });
         let name = self.fresh();
         let view = Buf {
             name: name.clone(),
-            ty,
-            layout: Some(layout),
+            ty: Type::of(b.ty.dtype, sizes),
+            layout: Some(Layout { strides, offset }),
         };
         self.op(&format!(
             "{name} = memref.subview {}[{}] [{}] [{}] : {} to {}",

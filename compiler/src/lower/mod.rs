@@ -18,6 +18,7 @@ mod fuse;
 pub mod machine;
 pub mod mlir;
 mod ops;
+mod views;
 
 use emit::{escape, Buf, Emitter, Lines};
 use ppc_dialect::ir::{names, Block, Func, Item, Module, ValueId};
@@ -259,22 +260,14 @@ impl Walker<'_, '_> {
             };
             match &op.kind {
                 OpKind::Reshape { .. } => {
-                    let ty = f.ty(op.results[0]).clone();
-                    let strides = ppc_runtime::tensor::strides(&ty.shape_usize());
-                    let view = Buf {
-                        name: self.e.fresh(),
-                        ty,
-                        layout: None,
-                    };
-                    self.e.op(&format!(
-                        "{} = memref.reinterpret_cast {} to offset: [0], sizes: [{}], strides: [{}] : {} to {}",
-                        view.name,
-                        ins[0].name,
-                        emit::list(&view.ty.shape()),
-                        emit::list(&strides),
-                        ins[0].mty(),
-                        view.mty()
-                    ));
+                    let view = views::reshape(&mut self.e, &ins[0], f.ty(op.results[0]));
+                    env.insert(op.results[0], view);
+                }
+                OpKind::Index { x, index, axis } if views::uniform(f, *index).is_some() => {
+                    // The same position for every stage (a stage's layer loop picking its
+                    // layer's weights): a view of the stacked weights, no copy.
+                    let scalar = views::uniform(f, *index).expect("checked by the guard");
+                    let view = views::index(&mut self.e, &env[x], &env[&scalar], *axis);
                     env.insert(op.results[0], view);
                 }
                 OpKind::Call { callee, .. } => {

@@ -277,7 +277,7 @@ pub fn elementwise_value(
 }
 
 /// The clamped position `[0, n)` of an i32 index value, as an `index`.
-fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
+pub(super) fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
     let i = e.let_(&format!("arith.index_cast {v} : i32 to index"));
     let (zero, last) = (e.index(0), e.index(n - 1));
     let lo = e.let_(&format!("arith.maxsi {i}, {zero} : index"));

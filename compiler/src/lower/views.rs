@@ -1,0 +1,129 @@
+//! Values that are views of other buffers instead of copies: a stage's layer loop picking its
+//! layer's slice of the stacked weights, and reshapes. Views carry a strided layout with a
+//! dynamic offset (`strided<[…], offset: ?>`), which every consumer of a buffer accepts:
+//! `linalg.generic` operands, the runtime's GEMM (unranked memrefs carry their strides), copies.
+//!
+//! Copying each weight slice once per layer and iteration took a fifth of the transformer's step
+//! (`--trace`: the `index` loop nests, 1.3 of 6.8 ms).
+
+use super::emit::{list, Buf, Emitter, Layout};
+use super::ops::clamp_index;
+use ppc_dialect::ir::{Func, ValueId};
+use ppc_dialect::op::OpKind;
+use ppc_dialect::Type;
+
+/// If `index` is one scalar broadcast to every position (`broadcast %t`), that scalar.
+pub fn uniform(f: &Func, index: ValueId) -> Option<ValueId> {
+    f.ops.iter().find_map(|(_, op)| match op.kind {
+        OpKind::Broadcast { x } if op.results.first() == Some(&index) && f.ty(x).rank() == 0 => {
+            Some(x)
+        }
+        _ => None,
+    })
+}
+
+/// The layout of a view with these strides at a run-time offset.
+fn dynamic_layout(strides: &[usize]) -> Layout {
+    Layout {
+        strides: strides.to_vec(),
+        offset: None,
+    }
+}
+
+/// `x[.., k, ..]` (position `k`, clamped, of `axis`) for the scalar i32 buffer `k`, as a view.
+pub fn index(e: &mut Emitter, x: &Buf, k: &Buf, axis: usize) -> Buf {
+    let shape = x.ty.shape();
+    let v = e.let_(&format!("memref.load {}[] : {}", k.name, k.mty()));
+    let at = clamp_index(e, &v, shape[axis]);
+    let mut offsets: Vec<String> = vec!["0".into(); shape.len()];
+    offsets[axis] = at;
+    let mut sizes = shape.clone();
+    sizes[axis] = 1;
+    let mut strides = x.strides();
+    strides.remove(axis);
+    let view = Buf {
+        name: e.fresh(),
+        ty: x.ty.remove(axis),
+        layout: Some(dynamic_layout(&strides)),
+    };
+    e.op(&format!(
+        "{} = memref.subview {}[{}] [{}] [{}] : {} to {}",
+        view.name,
+        x.name,
+        offsets.join(", "),
+        list(&sizes),
+        list(&vec![1; sizes.len()]),
+        x.mty(),
+        view.mty()
+    ));
+    view
+}
+
+/// `x` reshaped to `ty`: a view. A strided `x` is viewed in place when the reshape only adds or
+/// drops axes of size 1 (the stage-aligned weights, `[stages, d, d]` to `[stages, 1, d, d]`), and
+/// copied to a contiguous buffer first otherwise.
+pub fn reshape(e: &mut Emitter, x: &Buf, ty: &Type) -> Buf {
+    if x.layout.is_none() {
+        let strides = ppc_runtime::tensor::strides(&ty.shape_usize());
+        return reinterpret(e, x, ty, "0", &strides);
+    }
+    let non_unit = |t: &Type| -> Vec<u64> { t.shape().into_iter().filter(|&d| d != 1).collect() };
+    if non_unit(&x.ty) != non_unit(ty) {
+        let copy = e.alloc(&x.ty);
+        e.copy(x, &copy);
+        return reshape(e, &copy, ty);
+    }
+    // The view's strides for its axes of size > 1, in order.
+    let mut kept =
+        x.ty.shape()
+            .into_iter()
+            .zip(x.strides())
+            .filter(|&(d, _)| d != 1)
+            .map(|(_, s)| s);
+    // Axes of size 1 are never stepped along: any stride will do.
+    let strides: Vec<usize> = ty
+        .shape()
+        .into_iter()
+        .map(|d| {
+            if d == 1 {
+                1
+            } else {
+                kept.next().expect("same non-unit axes")
+            }
+        })
+        .collect();
+    let rank = x.ty.rank();
+    let meta = e.fresh();
+    let sizes_strides = if rank == 0 {
+        String::new()
+    } else {
+        format!(", {meta}_sizes:{rank}, {meta}_strides:{rank}")
+    };
+    let index_types = vec!["index"; 1 + 2 * rank].join(", ");
+    e.op(&format!(
+        "{meta}_base, {meta}_offset{sizes_strides} = memref.extract_strided_metadata {} : {} -> memref<{}>, {index_types}",
+        x.name,
+        x.mty(),
+        super::emit::elt(x.ty.dtype)
+    ));
+    reinterpret(e, x, ty, &format!("{meta}_offset"), &strides)
+}
+
+/// `x`'s memory as a buffer of `ty` at `offset` with `strides`.
+fn reinterpret(e: &mut Emitter, x: &Buf, ty: &Type, offset: &str, strides: &[usize]) -> Buf {
+    let view = Buf {
+        name: e.fresh(),
+        ty: ty.clone(),
+        layout: (offset != "0").then(|| dynamic_layout(strides)),
+    };
+    e.op(&format!(
+        "{} = memref.reinterpret_cast {} to offset: [{offset}], sizes: [{}], strides: [{}] : {} to {}",
+        view.name,
+        x.name,
+        list(&view.ty.shape()),
+        list(strides),
+        x.mty(),
+        view.mty()
+    ));
+    view
+}
