@@ -51,7 +51,7 @@ pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
 }
 
 /// Every value a block and the blocks inside it read.
-fn used_in(f: &Func, block: &Block, used: &mut HashSet<ValueId>) {
+pub fn used_in(f: &Func, block: &Block, used: &mut HashSet<ValueId>) {
     for &id in &block.ops {
         let kind = &f.ops[id].kind;
         used.extend(kind.operands());

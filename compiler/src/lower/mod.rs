@@ -15,6 +15,7 @@
 pub mod emit;
 mod fast_math;
 mod fuse;
+mod in_place;
 pub mod machine;
 pub mod mlir;
 mod ops;
@@ -235,17 +236,22 @@ impl Walker<'_, '_> {
             };
             env.insert(p.value, buf);
         }
-        self.block(f, &f.body, &mut env)?;
+        self.block(f, &f.body, &mut env, &HashMap::new())?;
         Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
     }
 
+    /// Emits `block`'s ops. `into` gives the values computed straight into a loop's carried
+    /// buffer (`in_place.rs`) and that buffer.
     fn block(
         &mut self,
         f: &Func,
         block: &Block,
         env: &mut HashMap<ValueId, Buf>,
+        into: &HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
         let deferred = fuse::deferred(f, block);
+        let output =
+            |e: &mut Emitter, v: ValueId| into.get(&v).cloned().unwrap_or_else(|| e.alloc(f.ty(v)));
         for &id in &block.ops {
             let op = &f.ops[id];
             if op.results.first().is_some_and(|v| deferred.contains(v)) {
@@ -300,7 +306,11 @@ impl Walker<'_, '_> {
                     trace(&mut self.e, "begin");
                     env.insert(body.args[0], t);
                     env.extend(body.args[1..].iter().copied().zip(carried.iter().cloned()));
-                    self.block(f, body, env)?;
+                    let into = in_place::plan(f, body)
+                        .into_iter()
+                        .map(|(v, j)| (v, carried[j].clone()))
+                        .collect();
+                    self.block(f, body, env, &into)?;
                     self.e.at(f.op_spans.get(&id));
                     let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
                     self.carry(&yields, &carried);
@@ -309,7 +319,7 @@ impl Walker<'_, '_> {
                     env.extend(op.results.iter().copied().zip(carried));
                 }
                 kind if ops::is_elementwise(kind) => {
-                    let out = self.e.alloc(f.ty(op.results[0]));
+                    let out = output(&mut self.e, op.results[0]);
                     let scope = fuse::Scope {
                         f,
                         block,
@@ -323,7 +333,7 @@ impl Walker<'_, '_> {
                     env.insert(op.results[0], out);
                 }
                 kind => {
-                    let out = self.e.alloc(f.ty(op.results[0]));
+                    let out = output(&mut self.e, op.results[0]);
                     // GEMMs have spans of their own, from the runtime.
                     let group = (!matches!(kind, OpKind::MatMul { .. }))
                         .then(|| self.begin_group(f, id, kind.name().to_string()));

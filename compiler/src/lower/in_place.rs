@@ -1,0 +1,72 @@
+//! Loop-carried values updated in place: the op that computes a yielded value writes it
+//! straight into the buffer the loop carries it in, instead of into a buffer of its own that
+//! is then copied over the carried one at the end of every iteration (the GPipe loop's state
+//! and output buffers, a stage's activations between its layers).
+//!
+//! That is safe when nothing reads the carried value after that op, and the op itself reads it,
+//! if at all, element by element where it writes (an elementwise op over the same shape).
+
+use super::fuse;
+use super::ops::is_elementwise;
+use ppc_dialect::ir::{Block, Func, ValueId};
+use ppc_dialect::op::OpKind;
+use std::collections::{HashMap, HashSet};
+
+/// For a loop body, the yielded values that may be computed in place: value → position of the
+/// carried value (block argument `1 + position`) whose buffer it is written into.
+pub fn plan(f: &Func, body: &Block) -> HashMap<ValueId, usize> {
+    let deferred = fuse::deferred(f, body);
+    body.results
+        .iter()
+        .enumerate()
+        .filter(|&(j, y)| {
+            body.results.iter().filter(|&r| r == y).count() == 1
+                && safe(f, body, &deferred, body.args[1 + j], *y)
+        })
+        .map(|(j, &y)| (y, j))
+        .collect()
+}
+
+/// Whether the op computing `y` may write into the buffer of the carried value `arg`.
+fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: ValueId) -> bool {
+    let Some(pos) = body
+        .ops
+        .iter()
+        .position(|&id| f.ops[id].results.first() == Some(&y))
+    else {
+        return false; // a block argument or a value from outside
+    };
+    let kind = &f.ops[body.ops[pos]].kind;
+    if !is_elementwise(kind) && !matches!(kind, OpKind::Shift { .. }) {
+        return false;
+    }
+    // Views of `arg` would read it under another name.
+    let viewed = body.ops.iter().any(|&id| {
+        matches!(&f.ops[id].kind, OpKind::Reshape { x } | OpKind::Index { x, .. } if *x == arg)
+    });
+    // What the op reads, with the deferred values it computes in the same loop nest.
+    let mut reads = HashSet::new();
+    let mut pending = kind.operands();
+    while let Some(v) = pending.pop() {
+        if reads.insert(v) && deferred.contains(&v) {
+            if let Some(&id) = body
+                .ops
+                .iter()
+                .find(|&&id| f.ops[id].results.first() == Some(&v))
+            {
+                pending.extend(f.ops[id].kind.operands());
+            }
+        }
+    }
+    let same_shape = f.ty(arg).shape() == f.ty(y).shape();
+    let own_reads_ok = !reads.contains(&arg) || (is_elementwise(kind) && same_shape);
+    // Reads after it, the yields included (a carried value passed through unchanged).
+    let mut later: HashSet<ValueId> = body.results.iter().copied().collect();
+    for &id in &body.ops[pos + 1..] {
+        later.extend(f.ops[id].kind.operands());
+        if let OpKind::Loop { body: inner, .. } = &f.ops[id].kind {
+            fuse::used_in(f, inner, &mut later);
+        }
+    }
+    !viewed && own_reads_ok && !later.contains(&arg)
+}
