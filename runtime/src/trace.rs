@@ -126,32 +126,39 @@ pub fn name_groups(names: &[String]) {
 /// Called by generated code before loop nest number `id`.
 #[no_mangle]
 pub extern "C" fn ppc_trace_group_begin(id: i32) {
-    if enabled() {
-        GROUP.with(|c| c.set(Some((id, Instant::now()))));
-    }
+    open(&GROUP, id);
 }
 
 /// Called by generated code after loop nest number `id`.
 #[no_mangle]
 pub extern "C" fn ppc_trace_group_end(_id: i32) {
-    if let Some((id, start)) = GROUP.with(|c| c.take()) {
-        record(Kind::Group, i64::from(id), Some(start));
-    }
+    close(&GROUP, Kind::Group);
 }
 
 /// Called by generated code at the top of each iteration of the GPipe loop.
 #[no_mangle]
 pub extern "C" fn ppc_trace_iteration_begin(t: i32) {
-    if enabled() {
-        ITERATION.with(|c| c.set(Some((t, Instant::now()))));
-    }
+    open(&ITERATION, t);
 }
 
 /// Called by generated code at the bottom of each iteration of the GPipe loop.
 #[no_mangle]
 pub extern "C" fn ppc_trace_iteration_end(_t: i32) {
-    if let Some((t, start)) = ITERATION.with(|c| c.take()) {
-        record(Kind::Iteration, i64::from(t), Some(start));
+    close(&ITERATION, Kind::Iteration);
+}
+
+/// The span of one kind that generated code is in on this thread: its number and start.
+type Open = std::thread::LocalKey<std::cell::Cell<Option<(i32, Instant)>>>;
+
+fn open(span: &'static Open, id: i32) {
+    if enabled() {
+        span.with(|c| c.set(Some((id, Instant::now()))));
+    }
+}
+
+fn close(span: &'static Open, kind: Kind) {
+    if let Some((id, start)) = span.with(|c| c.take()) {
+        record(kind, i64::from(id), Some(start));
     }
 }
 
