@@ -9,11 +9,12 @@ set -euo pipefail
 # linker, which links executables; MPICH for executables run under mpirun (the `mpi` crate builds against
 # mpicc.mpich, executables link libmpich, tests launch mpirun.mpich); LLVM's OpenMP runtime,
 # the one thread pool of generated code and the runtime (libomp-22-dev; Debian has it bring the
-# ABI-compatible libomp.so.5 of libomp5-19); OpenBLAS, single-threaded, for the GEMMs.
+# ABI-compatible libomp.so.5 of libomp5-19); OpenBLAS for the GEMMs, its threaded build (called
+# from several threads at once, one thread per call; the serial build is not safe for that).
 PACKAGES=(
   llvm-22 llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev
   libzstd-dev libz3-dev libxml2-dev
-  mpich libmpich-dev binutils libomp-22-dev libopenblas-serial-dev
+  mpich libmpich-dev binutils libomp-22-dev libopenblas-pthread-dev
 )
 
 missing=()

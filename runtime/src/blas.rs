@@ -2,12 +2,14 @@
 //! chosen at run time for the CPU it runs on (Debian builds it with `DYNAMIC_ARCH`), so one
 //! executable is fast on AVX2 and AVX-512 nodes alike.
 //!
-//! It always runs on one thread: the runtime calls it once per block from the pool's threads
-//! (`pool.rs`), and a BLAS's own threads beside those would fight them for the cores. The
-//! serial build has none; a threaded one, where the system's alternatives select it, is told to
-//! use one thread.
+//! Each call runs on one thread: the runtime calls it once per block from the pool's threads
+//! (`pool.rs`), and a BLAS's own threads beside those would fight them for the cores, so it is
+//! told to use one. Several pool threads call it at once, which Debian's threaded build
+//! (`libopenblas0-pthread`, what setup installs) allows; its serial build shares one scratch
+//! buffer between callers (two threads gave wrong products on its Haswell kernels), so with that
+//! build, should the system's alternatives select it, the calls take turns.
 
-use std::sync::Once;
+use std::sync::{Mutex, OnceLock};
 
 #[link(name = "openblas")]
 extern "C" {
@@ -28,6 +30,22 @@ extern "C" {
         ldc: i32,
     );
     fn openblas_set_num_threads(n: i32);
+    /// 0: the serial build, 1: threads, 2: OpenMP.
+    fn openblas_get_parallel() -> i32;
+}
+
+/// Set up once: one thread per call; `Some` lock when calls must take turns (serial build).
+fn setup() -> Option<&'static Mutex<()>> {
+    static TURNS: OnceLock<Option<Mutex<()>>> = OnceLock::new();
+    TURNS
+        .get_or_init(|| {
+            // SAFETY: OpenBLAS's settings; no pointers involved.
+            unsafe {
+                openblas_set_num_threads(1);
+                (openblas_get_parallel() == 0).then(|| Mutex::new(()))
+            }
+        })
+        .as_ref()
 }
 
 const ROW_MAJOR: i32 = 101;
@@ -62,9 +80,7 @@ impl Operand {
 /// The operands cover their `m×k`, `k×n` and `m×n` elements at their strides, and `c`
 /// overlaps neither input.
 pub unsafe fn sgemm(m: usize, k: usize, n: usize, a: Operand, b: Operand, c: Operand) {
-    static ONE_THREAD: Once = Once::new();
-    // SAFETY: sets OpenBLAS's thread count; no pointers involved.
-    ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
+    let _turn = setup().map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
     let dims = (i32::try_from(m), i32::try_from(n), i32::try_from(k));
     let c_row_major = (c.col_stride == 1)
         .then(|| i32::try_from(c.row_stride).ok())

@@ -170,31 +170,61 @@ fn generated_code_is_vectorized_for_the_target() {
     assert!(vector > 100, "only {vector} lines use ymm registers");
 }
 
+/// The GEMMs as on an AVX2 node: no few-row AVX-512 kernel, OpenBLAS on its Haswell kernels,
+/// called from both pool threads at once (which its serial build got wrong).
 #[test]
 fn the_portable_gemm_path_matches_the_interpreter() {
     let dir = scratch("portable-gemm");
-    let model = "examples/mlp.ppc";
-    let exe = build(model, &dir, &[]);
-    let out = dir.join("out.safetensors");
-    let o = Command::new(&exe)
-        .args(["--seed", "4", "--output", &out.display().to_string()])
-        .env(
-            "PPC_CPU_DISABLE",
-            "avx512f,avx512bw,avx512cd,avx512dq,avx512vl",
-        )
-        .output()
-        .expect("runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let got = safetensors::read_tensor(&out, "output")
-        .expect("output")
-        .to_tensor();
-    let c = ppc::compare::compare(&interpreted(model, DType::F32, 4), &got);
-    assert!(
-        c.max_rel <= ppc::compare::tolerance(DType::F32),
-        "max_rel {}",
-        c.max_rel
-    );
+    for model in ["examples/mlp.ppc", "examples/transformer.ppc"] {
+        let exe = build(model, &dir, &[]);
+        let out = dir.join("out.safetensors");
+        let o = Command::new(&exe)
+            .args(["--seed", "4", "--output", &out.display().to_string()])
+            .env(
+                "PPC_CPU_DISABLE",
+                "avx512f,avx512bw,avx512cd,avx512dq,avx512vl",
+            )
+            .env("OPENBLAS_CORETYPE", "Haswell")
+            .env("PPC_NUM_THREADS", "2")
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let got = safetensors::read_tensor(&out, "output")
+            .expect("output")
+            .to_tensor();
+        let c = ppc::compare::compare(&interpreted(model, DType::F32, 4), &got);
+        assert!(
+            c.max_rel <= ppc::compare::tolerance(DType::F32),
+            "{model}: max_rel {}",
+            c.max_rel
+        );
+    }
     std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// bf16 values are converted and selected as integers: LLVM legalizes vector `bfloat` selects
+/// and conversions through `__truncsfbf2` on CPUs without AVX512-BF16, which the JIT on an AVX2
+/// node then cannot find (seen under `qemu-x86_64 -cpu Haswell`).
+#[test]
+fn bf16_values_are_never_float_typed_in_selects_or_conversions() {
+    let (code, mlir, err) = ppc(&[
+        "compile",
+        &path("examples/transformer.ppc"),
+        "--dtype",
+        "bf16",
+        "--emit=mlir",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for line in mlir.lines() {
+        let typed_bf16 = line.contains(": bf16") || line.contains("to bf16");
+        assert!(
+            !(typed_bf16
+                && (line.contains("arith.select")
+                    || line.contains("arith.truncf")
+                    || line.contains("arith.extf"))),
+            "{line}"
+        );
+    }
 }
 
 #[test]

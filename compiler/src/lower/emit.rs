@@ -172,7 +172,7 @@ impl<'a> Emitter<'a> {
     pub fn constant(&mut self, value: f64, ty: &str) -> String {
         let lit = match ty {
             "i1" => (if value != 0.0 { "true" } else { "false" }).to_string(),
-            "i32" | "index" => format!("{}", value as i64),
+            "i16" | "i32" | "index" => format!("{}", value as i64),
             _ => float_literal(value as f32),
         };
         self.let_(&format!("arith.constant {lit} : {ty}"))

@@ -31,11 +31,12 @@ use std::sync::Once;
 /// after `finalize-memref-to-llvm`, which must first lower the `memref.alloca_scope` that
 /// OpenMP's loop bodies are wrapped in.
 ///
-/// `arith-expand{include-bf16}` turns f32↔bf16 conversions into integer arithmetic (round to
-/// nearest even, NaN to the quiet NaN `0x7fc0`), so they neither need an AVX-512 BF16
+/// bf16 conversions and selects are integer arithmetic written by the lowering (`ops.rs`: round
+/// to nearest even, NaN to the quiet NaN `0x7fc0`), so they need neither an AVX-512 BF16
 /// instruction nor the `__truncsfbf2` that libgcc before 13 lacks, and round alike on every
-/// CPU. f16 conversions are F16C instructions (every x86-64-v3 CPU) or libgcc's
-/// `__truncsfhf2`/`__extendhfsf2` (libgcc 12 and later) below it: both IEEE round to nearest even.
+/// CPU; `arith-expand{include-bf16}` covers any a pass might add. f16 conversions are F16C
+/// instructions (every x86-64-v3 CPU) or libgcc's `__truncsfhf2`/`__extendhfsf2` (libgcc 12 and
+/// later) below it: both IEEE round to nearest even.
 pub const CPU_PIPELINE: &str = "builtin.module(transform-interpreter,symbol-dce,scf-forall-to-parallel,\
 convert-scf-to-openmp,convert-linalg-to-loops,arith-expand{include-bf16=true},lower-affine,convert-math-to-libm,\
 expand-strided-metadata,lower-affine,finalize-memref-to-llvm,convert-scf-to-cf,convert-to-llvm,reconcile-unrealized-casts)";

@@ -3,9 +3,12 @@
 //!
 //! Preconditions: `gpipe-loop` has run. Postconditions: one entry
 //! `@ppc_forward(inputs, params..., output)` with `llvm.emit_c_interface`, every value in a
-//! statically shaped buffer, calls inlined (so `@stage`'s weights become entry arguments), loops
-//! as `scf.for` over buffers updated in place, and every op located at its model-file span, so
-//! an MLIR error points at the `.ppc` line that caused it.
+//! statically shaped buffer or a view of one (`views.rs`), chains of elementwise ops fused into
+//! one `linalg.generic` (`fuse.rs`), big loop nests marked for the module's transform script to
+//! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments), loops
+//! as `scf.for` with their carried values computed in place where safe (`in_place.rs`), each
+//! loop nest between `--trace` calls, and every op located at its model-file span, so an MLIR
+//! error points at the `.ppc` line that caused it.
 //!
 //! ```text
 //! %out = call @stage, %stage_in : f32[#stages, b, d]      ──▶   linalg.generic ... loc("mlp.ppc":12:3)

@@ -11,20 +11,70 @@ use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Type};
 
 /// The value of a float block argument in f32.
+///
+/// bf16 is converted as integer arithmetic on its bits (here and in [`trunc`]), and bf16 values
+/// are never selected as floats ([`select_value`]): LLVM legalizes vector `bfloat` selects
+/// through `__truncsfbf2` on CPUs without AVX512-BF16 (a call libgcc before 13 lacks), and the
+/// arithmetic rounds alike on every CPU. f16 uses F16C (every x86-64-v3 CPU), or libgcc's
+/// `__truncsfhf2`/`__extendhfsf2` below it.
 fn ext(e: &mut Emitter, v: &str, d: DType) -> String {
     match d {
         DType::F32 => v.to_string(),
-        DType::BF16 | DType::F16 => e.let_(&format!("arith.extf {v} : {} to f32", elt(d))),
+        DType::BF16 => {
+            // The bits become the upper half of an f32's.
+            let b = e.let_(&format!("arith.bitcast {v} : bf16 to i16"));
+            let w = e.let_(&format!("arith.extui {b} : i16 to i32"));
+            let sixteen = e.constant(16.0, "i32");
+            let s = e.let_(&format!("arith.shli {w}, {sixteen} : i32"));
+            e.let_(&format!("arith.bitcast {s} : i32 to f32"))
+        }
+        DType::F16 => e.let_(&format!("arith.extf {v} : f16 to f32")),
         DType::I32 | DType::I1 => unreachable!("invariant: float op on {d}"),
     }
 }
 
-/// An f32 value rounded to a float dtype.
+/// An f32 value rounded to a float dtype: to nearest, ties to even; a NaN becomes the quiet
+/// NaN `0x7fc0` in bf16.
 fn trunc(e: &mut Emitter, v: &str, d: DType) -> String {
     match d {
         DType::F32 => v.to_string(),
-        DType::BF16 | DType::F16 => e.let_(&format!("arith.truncf {v} : f32 to {}", elt(d))),
+        DType::BF16 => {
+            let bits = e.let_(&format!("arith.bitcast {v} : f32 to i32"));
+            let (sixteen, one, half) = (
+                e.constant(16.0, "i32"),
+                e.constant(1.0, "i32"),
+                e.constant(f64::from(0x7fff), "i32"),
+            );
+            // Adding 0x7fff plus the lowest kept bit rounds the dropped half to even.
+            let kept = e.let_(&format!("arith.shrui {bits}, {sixteen} : i32"));
+            let lsb = e.let_(&format!("arith.andi {kept}, {one} : i32"));
+            let r = e.let_(&format!("arith.addi {bits}, {half} : i32"));
+            let r = e.let_(&format!("arith.addi {r}, {lsb} : i32"));
+            let hi = e.let_(&format!("arith.shrui {r}, {sixteen} : i32"));
+            let h = e.let_(&format!("arith.trunci {hi} : i32 to i16"));
+            let nan = e.let_(&format!("arith.cmpf uno, {v}, {v} : f32"));
+            let quiet = e.constant(f64::from(0x7fc0), "i16");
+            let h = e.let_(&format!("arith.select {nan}, {quiet}, {h} : i16"));
+            e.let_(&format!("arith.bitcast {h} : i16 to bf16"))
+        }
+        DType::F16 => e.let_(&format!("arith.truncf {v} : f32 to f16")),
         DType::I32 | DType::I1 => unreachable!("invariant: float op on {d}"),
+    }
+}
+
+/// `c ? a : b` for values of dtype `d`; 16-bit floats are selected as their bits (see [`ext`]).
+fn select_value(e: &mut Emitter, c: &str, a: &str, b: &str, d: DType) -> String {
+    match d {
+        DType::BF16 | DType::F16 => {
+            let t = elt(d);
+            let ai = e.let_(&format!("arith.bitcast {a} : {t} to i16"));
+            let bi = e.let_(&format!("arith.bitcast {b} : {t} to i16"));
+            let s = e.let_(&format!("arith.select {c}, {ai}, {bi} : i16"));
+            e.let_(&format!("arith.bitcast {s} : i16 to {t}"))
+        }
+        DType::F32 | DType::I32 | DType::I1 => {
+            e.let_(&format!("arith.select {c}, {a}, {b} : {}", elt(d)))
+        }
     }
 }
 
@@ -263,13 +313,7 @@ pub fn elementwise_value(
         }
         OpKind::Binary { op, .. } => binary_value(e, *op, &args[0], &args[1], out),
         OpKind::Compare { pred, .. } => compare_value(e, *pred, &args[0], &args[1], ins[0]),
-        OpKind::Select { .. } => e.let_(&format!(
-            "arith.select {}, {}, {} : {}",
-            args[0],
-            args[1],
-            args[2],
-            elt(out)
-        )),
+        OpKind::Select { .. } => select_value(e, &args[0], &args[1], &args[2], out),
         OpKind::Broadcast { .. } => args[0].clone(),
         OpKind::Convert { .. } => convert_value(e, &args[0], ins[0], out),
         _ => unreachable!("invariant: {} is not elementwise", kind.name()),
@@ -503,12 +547,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                     let k = clamp_index(e, &a[2], n);
                     let here = e.let_(&format!("linalg.index {axis} : index"));
                     let hit = e.let_(&format!("arith.cmpi eq, {here}, {k} : index"));
-                    e.let_(&format!(
-                        "arith.select {hit}, {}, {} : {}",
-                        a[1],
-                        a[0],
-                        elt(d)
-                    ))
+                    select_value(e, &hit, &a[1], &a[0], d)
                 },
             );
         }
