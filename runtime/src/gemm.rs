@@ -16,7 +16,7 @@ static SLOTS_ALL: AtomicU64 = AtomicU64::new(0);
 static SLOTS_BUSY: AtomicU64 = AtomicU64::new(0);
 
 /// The share of stage slots that masked GEMMs skipped since the last call: the bubble as the
-/// running program met it. `None` if no masked GEMM ran (`--gemm=loops`).
+/// running program met it. `None` if no masked GEMM ran (`--exact`).
 pub fn take_measured_bubble() -> Option<f64> {
     let all = SLOTS_ALL.swap(0, Ordering::Relaxed);
     let busy = SLOTS_BUSY.swap(0, Ordering::Relaxed);

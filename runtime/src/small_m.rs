@@ -1,7 +1,8 @@
 //! A GEMM for the shapes pipeline stages have: few rows (the microbatch), large weights.
 //!
-//! A packing GEMM (OpenBLAS, `matrixmultiply`) packs both operands into panels before multiplying; with 16 rows each weight
-//! element is used only 16 times, so packing the weights costs about as much as the arithmetic
+//! A packing GEMM (OpenBLAS, `matrixmultiply`) packs both operands into panels before
+//! multiplying; with 16 rows each weight element is used only 16 times, so packing the weights
+//! costs about as much as the arithmetic
 //! (measured: 45% of a step in packing). This kernel instead keeps a whole 16×16 block of `C` in
 //! AVX-512 registers across the `k` loop and streams each 16-column strip of `B` through them
 //! once, in place. Only `A` (the few rows) is repacked, k-major, so its broadcasts read
