@@ -300,7 +300,8 @@ impl<'a> Emitter<'a> {
 }
 
 /// Loop nests that touch fewer elements than this run on one thread: below it, starting the
-/// team cost more than it saved (BENCHMARKS.md).
+/// team cost more than it saved (BENCHMARKS.md: 4 K and 64 K were both slower on the
+/// transformer).
 const MIN_PARALLEL_ELEMENTS: u64 = 16_384;
 
 /// The attributes that mark a `linalg.generic` for [`TRANSFORM_SCRIPT`]: its first one or two
