@@ -387,6 +387,20 @@ impl OpKind {
         }
     }
 
+    /// True for ops computed element by element from their operands' elements (NumPy-broadcast),
+    /// which a backend may compute inside their consumer's loop (fusion).
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Unary { .. }
+                | OpKind::Binary { .. }
+                | OpKind::Compare { .. }
+                | OpKind::Select { .. }
+                | OpKind::Broadcast { .. }
+                | OpKind::Convert { .. }
+        )
+    }
+
     /// True for ops whose result type is given, not inferred from operands.
     pub fn has_declared_type(&self) -> bool {
         matches!(

@@ -146,15 +146,11 @@ fn every_example_matches_numpy_in_the_interpreter_the_jit_and_executables() {
             let (code, _, err) = ppc(&args);
             assert_eq!(code, 0, "{what}: {err}");
             let exe_out = f("exe.safetensors");
-            let o = Command::new(&exe)
-                .args(["--input", &input, "--params", &mine, "--output", &exe_out])
-                .output()
-                .expect("runs");
-            assert!(
-                o.status.success(),
-                "{what}: {}",
-                String::from_utf8_lossy(&o.stderr)
+            let (code, _, err) = crate::cpu::run(
+                Path::new(&exe),
+                &["--input", &input, "--params", &mine, "--output", &exe_out],
             );
+            assert_eq!(code, 0, "{what}: {err}");
 
             let tol = tolerance(dtype);
             for (label, ppc_out, params) in [

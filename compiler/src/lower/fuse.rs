@@ -14,7 +14,7 @@
 //! ```
 
 use super::emit::{identity, Buf, Emitter};
-use super::ops::{elementwise_value, is_elementwise};
+use super::ops::elementwise_value;
 use super::Numerics;
 use ppc_dialect::ir::{Block, Func, OpId, ValueId};
 use ppc_dialect::op::OpKind;
@@ -29,7 +29,7 @@ pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
     for &id in &block.ops {
         let kind = &f.ops[id].kind;
         for v in kind.operands() {
-            if is_elementwise(kind) {
+            if kind.is_elementwise() {
                 *fusable_uses.entry(v).or_default() += 1;
             } else {
                 other_uses.insert(v);
@@ -44,10 +44,19 @@ pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
         .ops
         .iter()
         .map(|&id| &f.ops[id])
-        .filter(|op| is_elementwise(&op.kind))
+        .filter(|op| op.kind.is_elementwise())
         .map(|op| op.results[0])
         .filter(|v| fusable_uses.get(v) == Some(&1) && !other_uses.contains(v))
         .collect()
+}
+
+/// The op of `block` whose result is `v`, if `v` is made there.
+pub fn producer(f: &Func, block: &Block, v: ValueId) -> Option<OpId> {
+    block
+        .ops
+        .iter()
+        .copied()
+        .find(|&id| f.ops[id].results.first() == Some(&v))
 }
 
 /// Every value a block and the blocks inside it read.
@@ -91,7 +100,7 @@ struct Fusion<'f, 'e> {
     f: &'f Func,
     env: &'e HashMap<ValueId, Buf>,
     deferred: &'e HashSet<ValueId>,
-    producers: HashMap<ValueId, OpId>,
+    block: &'f Block,
     /// The generic's inputs: a buffer and its map, each once.
     inputs: Vec<(Buf, Map)>,
 }
@@ -100,7 +109,8 @@ impl<'f> Fusion<'f, '_> {
     /// `v` read through `map` (its dimensions in terms of the fused loops).
     fn value(&mut self, v: ValueId, map: Map) -> Node<'f> {
         if self.deferred.contains(&v) {
-            let op = &self.f.ops[self.producers[&v]];
+            let id = producer(self.f, self.block, v).expect("invariant: deferred in this block");
+            let op = &self.f.ops[id];
             return self.op(&op.kind, self.f.ty(v).dtype, &self.f.ty(v).shape(), &map);
         }
         let buf = &self.env[&v];
@@ -166,12 +176,7 @@ pub fn ops_of(scope: &Scope, root: OpId) -> Vec<String> {
     let mut names = vec![op.kind.name().to_string()];
     for v in op.kind.operands() {
         if scope.deferred.contains(&v) {
-            let producer = scope
-                .block
-                .ops
-                .iter()
-                .find(|&&id| scope.f.ops[id].results.first() == Some(&v));
-            if let Some(&p) = producer {
+            if let Some(p) = producer(scope.f, scope.block, v) {
                 names.extend(ops_of(scope, p));
             }
         }
@@ -188,16 +193,11 @@ pub fn emit(e: &mut Emitter, numerics: Numerics, scope: &Scope, root: OpId, out:
         env,
         deferred,
     } = *scope;
-    let producers = block
-        .ops
-        .iter()
-        .filter_map(|&id| f.ops[id].results.first().map(|&v| (v, id)))
-        .collect();
     let mut fusion = Fusion {
         f,
         env,
         deferred,
-        producers,
+        block,
         inputs: Vec::new(),
     };
     let shape = out.ty.shape();

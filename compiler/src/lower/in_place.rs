@@ -7,7 +7,6 @@
 //! if at all, element by element where it writes (an elementwise op over the same shape).
 
 use super::fuse;
-use super::ops::is_elementwise;
 use ppc_dialect::ir::{Block, Func, ValueId};
 use ppc_dialect::op::OpKind;
 use std::collections::{HashMap, HashSet};
@@ -37,7 +36,7 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
         return false; // a block argument or a value from outside
     };
     let kind = &f.ops[body.ops[pos]].kind;
-    if !is_elementwise(kind) && !matches!(kind, OpKind::Shift { .. }) {
+    if !kind.is_elementwise() && !matches!(kind, OpKind::Shift { .. }) {
         return false;
     }
     // Views of `arg` would read it under another name.
@@ -49,17 +48,13 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
     let mut pending = kind.operands();
     while let Some(v) = pending.pop() {
         if reads.insert(v) && deferred.contains(&v) {
-            if let Some(&id) = body
-                .ops
-                .iter()
-                .find(|&&id| f.ops[id].results.first() == Some(&v))
-            {
+            if let Some(id) = fuse::producer(f, body, v) {
                 pending.extend(f.ops[id].kind.operands());
             }
         }
     }
     let same_shape = f.ty(arg).shape() == f.ty(y).shape();
-    let own_reads_ok = !reads.contains(&arg) || (is_elementwise(kind) && same_shape);
+    let own_reads_ok = !reads.contains(&arg) || (kind.is_elementwise() && same_shape);
     // Reads after it, the yields included (a carried value passed through unchanged).
     let mut later: HashSet<ValueId> = body.results.iter().copied().collect();
     for &id in &body.ops[pos + 1..] {

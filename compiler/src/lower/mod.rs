@@ -262,7 +262,7 @@ impl Walker<'_, '_> {
             }
             self.e.at(f.op_spans.get(&id));
             // Deferred values have no buffer; only elementwise ops, which fuse them, read them.
-            let ins: Vec<Buf> = if ops::is_elementwise(&op.kind) {
+            let ins: Vec<Buf> = if op.kind.is_elementwise() {
                 Vec::new()
             } else {
                 op.kind.operands().iter().map(|v| env[v].clone()).collect()
@@ -321,7 +321,7 @@ impl Walker<'_, '_> {
                     self.e.end_for();
                     env.extend(op.results.iter().copied().zip(carried));
                 }
-                kind if ops::is_elementwise(kind) => {
+                kind if kind.is_elementwise() => {
                     let out = output(&mut self.e, op.results[0]);
                     let scope = fuse::Scope {
                         f,

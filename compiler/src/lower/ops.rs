@@ -281,21 +281,8 @@ fn compare_value(e: &mut Emitter, pred: CmpPred, a: &str, b: &str, d: DType) -> 
     }
 }
 
-/// Ops computed element by element from their operands' elements (NumPy-broadcast): one
-/// scalar function of [`elementwise_value`] each, which is what lets `fuse.rs` chain them.
-pub fn is_elementwise(kind: &OpKind) -> bool {
-    matches!(
-        kind,
-        OpKind::Unary { .. }
-            | OpKind::Binary { .. }
-            | OpKind::Compare { .. }
-            | OpKind::Select { .. }
-            | OpKind::Broadcast { .. }
-            | OpKind::Convert { .. }
-    )
-}
-
-/// One element of an elementwise op: `args` are its operands' elements (of dtypes `ins`), the
+/// One element of an elementwise op ([`OpKind::is_elementwise`]), a scalar function, which is
+/// what lets `fuse.rs` chain them: `args` are its operands' elements (of dtypes `ins`), the
 /// result is of dtype `out`, rounded as the interpreter rounds it.
 pub fn elementwise_value(
     e: &mut Emitter,
