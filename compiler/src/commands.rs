@@ -184,6 +184,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let mut l = crate::timing::phase("parse and check", || load(&model))?;
             let opts = Options {
                 poison_bubbles: pass.poison_bubbles,
+                ..Options::default()
             };
             let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm" | "asm"))
                 || output.is_some()
@@ -359,6 +360,7 @@ fn verify(
     l.compile(
         &Options {
             poison_bubbles: pass.poison_bubbles,
+            ..Options::default()
         },
         None,
         None,

@@ -22,6 +22,9 @@ pub fn compile(
     dump: Option<&Path>,
 ) -> Result<(), PipelineError> {
     for (i, pass) in PASSES.iter().enumerate() {
+        if pass.training && !opts.train && until != Some(pass.name) {
+            break;
+        }
         timing::phase(pass.name, || (pass.run)(m, opts))
             .map_err(|d| PipelineError::Pass(pass.name, d))?;
         timing::phase("verify", || verify(m)).map_err(|d| PipelineError::Invalid(pass.name, d))?;

@@ -83,8 +83,19 @@ impl Builder {
         callee: FuncId,
         args: Vec<ValueId>,
     ) -> Result<ValueId, Diagnostic> {
+        Ok(self.call_n(hint, m, callee, args)?[0])
+    }
+
+    /// Appends a call of `m`'s function `callee`, returning all its results.
+    pub fn call_n(
+        &mut self,
+        hint: &str,
+        m: &Module,
+        callee: FuncId,
+        args: Vec<ValueId>,
+    ) -> Result<Vec<ValueId>, Diagnostic> {
         let kind = OpKind::Call { callee, args };
-        Ok(self.op_n(hint, kind, vec![], Some(&m.funcs[callee]))?[0])
+        self.op_n(hint, kind, vec![], Some(&m.funcs[callee]))
     }
 
     fn op_n(

@@ -66,6 +66,11 @@ impl<'m> Interp<'m> {
         }
     }
 
+    /// The module this interpreter runs.
+    pub fn module(&self) -> &'m Module {
+        self.module
+    }
+
     /// `M` seeded synthetic microbatches stacked as `[M, ...input]`, drawn per microbatch from
     /// the stream `("input", m)`.
     pub fn synthetic_inputs(&self) -> Tensor {
@@ -102,6 +107,12 @@ impl<'m> Interp<'m> {
             Some(p) => Ok(self.call(p, vec![inputs.clone()], 0)?.remove(0)),
             None => self.sequential(inputs),
         }
+    }
+
+    /// Replaces the weights that parameter `index` of `@func` has in layer `layer` (for
+    /// finite differences).
+    pub fn set_param(&mut self, func: &str, index: usize, layer: u64, t: Tensor) {
+        self.params.insert((func.to_string(), index, layer), t);
     }
 
     /// Runs `f` on `args`; unstacked parameters take the weights of layer `layer`.

@@ -249,6 +249,11 @@ pub mod names {
     pub const STAGE: &str = "stage";
     /// The GPipe loop over all microbatches (`gpipe-loop`).
     pub const PIPELINE: &str = "pipeline";
+
+    /// The reverse-mode gradient of function `f` (`autodiff`): `@f_vjp`.
+    pub fn vjp(f: &str) -> String {
+        format!("{f}_vjp")
+    }
 }
 
 /// The setting `stages / ranks`, usable as a dimension though no `pipeline` block gives it.

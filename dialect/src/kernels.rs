@@ -254,10 +254,12 @@ pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Tensor {
         }
     }
     let n_out: usize = shape.iter().product();
+    // Sums start from -0.0, the additive identity: a sum whose other terms are all zeros is
+    // its one nonzero term bit for bit, sign of zero included (autodiff relies on it).
     let init = if op == ReduceOp::Max {
         f32::NEG_INFINITY
     } else {
-        0.0
+        -0.0
     };
     let mut acc = vec![init; n_out];
     walk(&x.shape, &[st], |i, offs| {
@@ -310,7 +312,7 @@ pub fn softmax(x: &Tensor, axis: usize) -> Tensor {
                 m.max(v)
             }
         });
-        let mut sum = 0.0f32;
+        let mut sum = -0.0f32;
         for v in line.iter_mut() {
             *v = (*v - max).exp();
             sum += *v;
@@ -323,10 +325,10 @@ pub fn layernorm(x: &Tensor, axis: usize, eps: f64) -> Tensor {
     let eps = eps as f32;
     per_line(x, axis, |line| {
         let n = line.len() as f32;
-        let mean = line.iter().fold(0.0f32, |s, &v| s + v) / n;
+        let mean = line.iter().fold(-0.0f32, |s, &v| s + v) / n;
         let var = line
             .iter()
-            .fold(0.0f32, |s, &v| s + (v - mean) * (v - mean))
+            .fold(-0.0f32, |s, &v| s + (v - mean) * (v - mean))
             / n;
         let inv = 1.0 / (var + eps).sqrt();
         line.iter_mut().for_each(|v| *v = (*v - mean) * inv);

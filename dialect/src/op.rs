@@ -387,6 +387,60 @@ impl OpKind {
         }
     }
 
+    /// The same op reading `f(v)` for each operand `v`. A loop's body is kept as it is: its
+    /// values live in the function's arenas and are remapped by whoever copies the loop.
+    pub fn map_operands(&self, mut f: impl FnMut(ValueId) -> ValueId) -> OpKind {
+        let mut k = self.clone();
+        match &mut k {
+            OpKind::Unary { x, .. }
+            | OpKind::Transpose { x, .. }
+            | OpKind::Reshape { x }
+            | OpKind::Broadcast { x }
+            | OpKind::Convert { x }
+            | OpKind::Slice { x, .. }
+            | OpKind::Reduce { x, .. }
+            | OpKind::Softmax { x, .. }
+            | OpKind::LayerNorm { x, .. }
+            | OpKind::Pad { x, .. }
+            | OpKind::Shift { x, .. }
+            | OpKind::Exchange { x } => *x = f(*x),
+            OpKind::Binary { lhs, rhs, .. } | OpKind::Compare { lhs, rhs, .. } => {
+                *lhs = f(*lhs);
+                *rhs = f(*rhs);
+            }
+            OpKind::MatMul { lhs, rhs, mask } => {
+                *lhs = f(*lhs);
+                *rhs = f(*rhs);
+                *mask = mask.map(&mut f);
+            }
+            OpKind::Select {
+                cond,
+                on_true,
+                on_false,
+            } => {
+                *cond = f(*cond);
+                *on_true = f(*on_true);
+                *on_false = f(*on_false);
+            }
+            OpKind::Index { x, index, .. } => {
+                *x = f(*x);
+                *index = f(*index);
+            }
+            OpKind::Update {
+                x, update, index, ..
+            } => {
+                *x = f(*x);
+                *update = f(*update);
+                *index = f(*index);
+            }
+            OpKind::Concat { xs, .. }
+            | OpKind::Call { args: xs, .. }
+            | OpKind::Loop { inits: xs, .. } => xs.iter_mut().for_each(|v| *v = f(*v)),
+            OpKind::Iota { .. } | OpKind::Constant { .. } | OpKind::Rank => {}
+        }
+        k
+    }
+
     /// True for ops computed element by element from their operands' elements (NumPy-broadcast),
     /// which a backend may compute inside their consumer's loop (fusion).
     pub fn is_elementwise(&self) -> bool {

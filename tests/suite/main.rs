@@ -7,6 +7,7 @@ mod common;
 mod conformance;
 mod cpu;
 mod errors;
+mod grad;
 mod interp_ops;
 mod mpirun;
 mod oracle;

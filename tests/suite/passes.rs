@@ -113,10 +113,13 @@ fn pass_cases() {
     });
 }
 
-/// The interpreter's verdict on a pass: same numbers before and after.
+/// The interpreter's verdict on a pass: same numbers before and after (and, after
+/// `autodiff`, the pipelined program's gradients are the sequential model's).
 fn check_meaning(before: &Module, after: &Module) {
     let seed = 7;
-    if after.func(names::PIPELINE).is_some() {
+    if after.func(&names::vjp(names::PIPELINE)).is_some() {
+        crate::grad::assert_grads_equal(after, seed, "pipelined vs sequential gradients");
+    } else if after.func(names::PIPELINE).is_some() {
         let mut a = Interp::new(before, seed);
         let inputs = a.synthetic_inputs();
         let want = a.sequential(&inputs).expect("sequential runs");

@@ -12,7 +12,7 @@ use ppc_dialect::Overrides;
 use ppc_runtime::Rng;
 
 /// A small residual model with a mix of ops: matmul, bias, layernorm, tanh, a mask.
-fn model(s: u64, m: u64, r: u64, k: u64, b: u64, d: u64, h: u64) -> String {
+pub(crate) fn model(s: u64, m: u64, r: u64, k: u64, b: u64, d: u64, h: u64) -> String {
     format!(
         "dims {{ b = {b}, d = {d}, h = {h} }}
 pipeline {{ stages = {s}, layers_per_stage = {k}, microbatches = {m}, repeats = {r} }}
@@ -40,7 +40,7 @@ func @layer(%x: f32[b, d]) -> f32[b, d] {{
     )
 }
 
-fn pick(rng: &mut Rng, lo: u64, hi: u64) -> u64 {
+pub(crate) fn pick(rng: &mut Rng, lo: u64, hi: u64) -> u64 {
     lo + rng.next_u64() % (hi - lo + 1)
 }
 
@@ -70,6 +70,7 @@ fn pipelined_equals_sequential_bit_for_bit() {
                 &mut piped,
                 &Options {
                     poison_bubbles: poison,
+                    ..Options::default()
                 },
                 None,
                 None,
@@ -113,6 +114,7 @@ fn pipelined_equals_sequential_bit_for_bit() {
                 let mut sharded = load(&text, &over);
                 let opts = Options {
                     poison_bubbles: poison,
+                    ..Options::default()
                 };
                 compile(&mut sharded, &opts, None, None).expect("sharded compile");
                 let got = forward_on_ranks(
@@ -205,6 +207,7 @@ fn examples_pipeline_bit_exact_across_configurations() {
                 &mut piped,
                 &Options {
                     poison_bubbles: poison,
+                    ..Options::default()
                 },
                 None,
                 None,

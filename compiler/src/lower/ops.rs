@@ -315,10 +315,11 @@ pub(super) fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
     e.let_(&format!("arith.minsi {lo}, {last} : index"))
 }
 
-/// Reduces `x` (f32) over `axes` into `acc` (f32, shape without those axes).
+/// Reduces `x` (f32) over `axes` into `acc` (f32, shape without those axes). Sums start from
+/// -0.0, as in the interpreter.
 fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
     let r = x.ty.rank();
-    let init = if max { f64::NEG_INFINITY } else { 0.0 };
+    let init = if max { f64::NEG_INFINITY } else { -0.0 };
     let init = if acc.ty.dtype == DType::I32 {
         e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, "i32")
     } else {

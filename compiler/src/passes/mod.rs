@@ -2,11 +2,14 @@
 //! `fn(&mut Module, &Options) -> Result<(), Diagnostics>`; [`PASSES`] is the one table that the
 //! command line, `--print-after-all` and the test `// RUN:` lines read.
 
+mod autodiff;
 mod batching;
 mod gpipe_loop;
 mod shard_stages;
+mod vjp;
 mod vmap_stages;
 
+pub use autodiff::{autodiff, trainables};
 pub use gpipe_loop::gpipe_loop;
 pub use shard_stages::shard_stages;
 pub use vmap_stages::vmap_stages;
@@ -18,6 +21,8 @@ use ppc_dialect::{Diagnostics, Module};
 pub struct Options {
     /// Fill bubble slots (padding, initial state, shift fill) with NaN instead of zeros.
     pub poison_bubbles: bool,
+    /// Run the training passes ([`PassInfo::training`]) too.
+    pub train: bool,
 }
 
 /// One entry of the pass table.
@@ -25,6 +30,8 @@ pub struct PassInfo {
     /// Kebab-case name used by `--emit` and `// RUN:` lines.
     pub name: &'static str,
     pub summary: &'static str,
+    /// Only for training: runs with [`Options::train`], or when asked for by name.
+    pub training: bool,
     pub run: fn(&mut Module, &Options) -> Result<(), Diagnostics>,
 }
 
@@ -33,18 +40,27 @@ pub const PASSES: &[PassInfo] = &[
     PassInfo {
         name: "vmap-stages",
         summary: "vectorize the one-stage compute @layer over a leading stage axis into @stage",
+        training: false,
         run: vmap_stages,
     },
     PassInfo {
         name: "shard-stages",
         summary: "split @stage's stage axis over `ranks` processes (S/R consecutive stages each)",
+        training: false,
         run: shard_stages,
     },
     PassInfo {
         name: "gpipe-loop",
         summary:
             "wrap @stage in the GPipe loop @pipeline: shifting state, zero padding, stage-0 select",
+        training: false,
         run: gpipe_loop,
+    },
+    PassInfo {
+        name: "autodiff",
+        summary: "add @f_vjp, the reverse-mode gradient, for every function (training only)",
+        training: true,
+        run: autodiff,
     },
 ];
 

@@ -1,0 +1,620 @@
+//! `autodiff`: reverse mode on ppc IR. For every function `@f` of the module (callees first) it
+//! adds `@f_vjp`, its vector-Jacobian product:
+//!
+//! ```text
+//! @f_vjp(args..., d_results...) -> (results..., d_args..., d_params...)
+//! ```
+//!
+//! `d_args` are the cotangents of `@f`'s float arguments; `d_params` those of its trainable
+//! parameters ([`trainables`]: its own, then its callees', each once), always f32, so that
+//! gradients accumulate in f32 whatever the storage dtype. `@f_vjp` declares `@f`'s parameters
+//! again, so it reads the same weights.
+//!
+//! The per-op rules are one table (`vjp.rs`); this file handles what needs the whole program:
+//! - **call**: a call of `@g_vjp`, which recomputes `@g` inside (rematerialization: a stage's
+//!   activations live only while its backward runs); the callee's parameter cotangents add up
+//!   in the caller.
+//! - **loop** into a reverse loop of the same trip count. The forward loop keeps, per
+//!   iteration, only the carried values the backward reads (a "tape" `[trips, ...]`); the
+//!   reverse body recomputes from them what the rules need. For the GPipe loop that is the state
+//!   buffer, i.e. each iteration's stage input (GPipe's choice). Cotangents of values the body
+//!   reads from outside, parameters included, accumulate in the reverse loop's carried values.
+//! - **`@stage`** computes only where `%active`: its VJP returns zero cotangents (`-0.0`) for the
+//!   inactive stages, so bubble slots contribute exactly nothing, even when poisoned with NaN.
+//!
+//! Accumulators start at `-0.0` and add contributions in reverse iteration order, so the
+//! pipelined gradient of a parameter is the same sum, in the same order, as the sequential
+//! model's over microbatches `M-1, ..., 0`: equal bit for bit (tested).
+
+use super::vjp::{self, bin, select, zeros, Env};
+use super::Options;
+use ppc_dialect::build::Builder;
+use ppc_dialect::diag::{Diagnostic, Diagnostics};
+use ppc_dialect::ir::{names, Block, Func, FuncId, Module, Op, OpId, ValueId};
+use ppc_dialect::op::{BinaryOp, Float, OpKind};
+use ppc_dialect::{DType, Dim, Type};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// A trainable parameter: the function that declares it and its index among its parameters.
+pub type Slot = (FuncId, usize);
+
+pub fn autodiff(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
+    if m.funcs
+        .values()
+        .any(|f| m.func(&names::vjp(&f.name)).is_some())
+    {
+        return Err(vec![Diagnostic::plain(
+            "the module already has VJP functions: `autodiff` has run",
+        )]);
+    }
+    let ids: Vec<FuncId> = m.funcs.iter().map(|(id, _)| id).collect();
+    let mut vjps = HashMap::new();
+    for id in ids {
+        let diff = Diff {
+            m,
+            id,
+            f: &m.funcs[id],
+            vjps: &vjps,
+        };
+        let g = diff.build().map_err(|d| vec![d])?;
+        let g_id = m.funcs.push(g);
+        vjps.insert(id, g_id);
+    }
+    Ok(())
+}
+
+/// The parameters whose cotangents `@f_vjp` returns, in order: `f`'s own, then those of the
+/// functions it calls (transitively), each once.
+pub fn trainables(m: &Module, f: FuncId) -> Vec<Slot> {
+    let func = &m.funcs[f];
+    let mut out: Vec<Slot> = (0..func.params.len()).map(|i| (f, i)).collect();
+    for slot in callee_slots(m, func, &func.body) {
+        if !out.contains(&slot) {
+            out.push(slot);
+        }
+    }
+    out
+}
+
+/// The trainable parameters of the functions called in `block` (nested loops included).
+fn callee_slots(m: &Module, f: &Func, block: &Block) -> Vec<Slot> {
+    let mut out = Vec::new();
+    for &id in &block.ops {
+        let found = match &f.ops[id].kind {
+            OpKind::Call { callee, .. } => trainables(m, *callee),
+            OpKind::Loop { body, .. } => callee_slots(m, f, body),
+            _ => continue,
+        };
+        for s in found {
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+/// The type of a slot's cotangent: its parameter's, in f32.
+fn slot_type(m: &Module, (f, i): Slot) -> Type {
+    let func = &m.funcs[f];
+    func.ty(func.params[i].value).with_dtype(DType::F32)
+}
+
+/// Cotangents built so far: of source values, and of callees' parameters.
+#[derive(Default)]
+struct Cots {
+    values: HashMap<ValueId, ValueId>,
+    slots: BTreeMap<Slot, ValueId>,
+}
+
+/// The carried values a loop keeps per iteration: `(carried index, tape)`.
+type Tape = Vec<(usize, ValueId)>;
+/// The tapes of a block's loops.
+type Tapes = HashMap<OpId, Tape>;
+
+struct Diff<'a> {
+    m: &'a Module,
+    id: FuncId,
+    f: &'a Func,
+    vjps: &'a HashMap<FuncId, FuncId>,
+}
+
+impl Diff<'_> {
+    fn name(&self, v: ValueId) -> &str {
+        &self.f.values[v].name
+    }
+
+    fn is_float(&self, v: ValueId) -> bool {
+        self.f.ty(v).dtype.is_float()
+    }
+
+    fn build(&self) -> Result<Func, Diagnostic> {
+        let f = self.f;
+        let mut b = Builder::new(&names::vjp(&f.name));
+        let mut env = Env::new();
+        for &a in &f.body.args {
+            b.span = f.value_spans.get(&a);
+            let v = b.arg(self.name(a), f.ty(a).clone());
+            env.insert(a, v);
+        }
+        let ds: Vec<ValueId> = f
+            .body
+            .results
+            .iter()
+            .map(|&r| b.arg(&format!("d_{}", self.name(r)), f.ty(r).clone()))
+            .collect();
+        for p in &f.params {
+            b.span = f.value_spans.get(&p.value);
+            let v = b.param(
+                self.name(p.value),
+                f.ty(p.value).clone(),
+                p.init,
+                p.layer_axes,
+            );
+            env.insert(p.value, v);
+        }
+        let tapes = self.forward(&mut b, &f.body, &mut env, None)?;
+        let mut cots = Cots::default();
+        for (&r, &d) in f.body.results.iter().zip(&ds) {
+            self.add(&mut b, &mut cots, r, d)?;
+        }
+        self.backward(&mut b, &f.body, &env, &tapes, &mut cots)?;
+
+        let active = (f.name == names::STAGE).then(|| env[&f.body.args[1]]);
+        let mut outs: Vec<ValueId> = f.body.results.iter().map(|r| env[r]).collect();
+        for &a in f.body.args.iter().filter(|&&a| self.is_float(a)) {
+            let d = match cots.values.get(&a) {
+                Some(&d) => d,
+                None => zeros(&mut b, f.ty(a))?,
+            };
+            outs.push(mask_inactive(&mut b, active, d)?);
+        }
+        for slot in trainables(self.m, self.id) {
+            let own = (slot.0 == self.id).then(|| f.params[slot.1].value);
+            let d = match own.and_then(|p| cots.values.get(&p)) {
+                Some(&d) => to_f32(&mut b, d)?,
+                None => match cots.slots.get(&slot) {
+                    Some(&d) => d,
+                    None => zeros(&mut b, &slot_type(self.m, slot))?,
+                },
+            };
+            outs.push(mask_inactive(&mut b, active, d)?);
+        }
+        Ok(b.finish(outs))
+    }
+
+    /// Copies `block`'s ops (those in `only`, if given) into `b`, extending `env`; loops keep
+    /// the tapes their reverse loops read.
+    fn forward(
+        &self,
+        b: &mut Builder,
+        block: &Block,
+        env: &mut Env,
+        only: Option<&HashSet<OpId>>,
+    ) -> Result<Tapes, Diagnostic> {
+        let mut tapes = Tapes::new();
+        for &id in &block.ops {
+            if only.is_some_and(|o| !o.contains(&id)) {
+                continue;
+            }
+            let op = &self.f.ops[id];
+            b.span = self.f.op_spans.get(&id);
+            let hint = self.name(op.results[0]).to_string();
+            let outs = match &op.kind {
+                OpKind::Loop { .. } => {
+                    let (outs, tape) = self.forward_loop(b, op, env)?;
+                    tapes.insert(id, tape);
+                    outs
+                }
+                OpKind::Call { callee, args } => {
+                    let args = args.iter().map(|a| env[a]).collect();
+                    b.call_n(&hint, self.m, *callee, args)?
+                }
+                kind => {
+                    let kind = kind.map_operands(|v| env[&v]);
+                    let declared = kind
+                        .has_declared_type()
+                        .then(|| self.f.ty(op.results[0]).clone());
+                    vec![b.op(&hint, kind, declared)?]
+                }
+            };
+            for (&r, v) in op.results.iter().zip(outs) {
+                env.insert(r, v);
+            }
+        }
+        Ok(tapes)
+    }
+
+    /// The loop `op` with one more carried value per carried value its reverse loop reads:
+    /// `[trips, ...]`, slot `t` holding iteration `t`'s value.
+    fn forward_loop(
+        &self,
+        b: &mut Builder,
+        op: &Op,
+        env: &Env,
+    ) -> Result<(Vec<ValueId>, Tape), Diagnostic> {
+        let OpKind::Loop { trips, inits, body } = &op.kind else {
+            unreachable!("invariant: called on loops")
+        };
+        let carried = &body.args[1..];
+        let (_, needed) = needed(self.f, body);
+        let kept: Vec<usize> = (0..carried.len())
+            .filter(|&i| needed.contains(&carried[i]))
+            .collect();
+        let mut all_inits: Vec<ValueId> = inits.iter().map(|v| env[v]).collect();
+        let mut hints: Vec<String> = carried.iter().map(|&c| self.name(c).to_string()).collect();
+        for &i in &kept {
+            let ty = self.f.ty(carried[i]).insert(0, Dim::lit(*trips));
+            all_inits.push(zeros(b, &ty)?);
+            hints.push(format!("tape_{}", self.name(carried[i])));
+        }
+        let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
+        let outs = b.loop_op(*trips, all_inits, &hints, |b, t, car| {
+            let mut env = env.clone();
+            env.insert(body.args[0], t);
+            for (&a, &c) in carried.iter().zip(car) {
+                env.insert(a, c);
+            }
+            self.forward(b, body, &mut env, None)?;
+            let mut yields: Vec<ValueId> = body.results.iter().map(|v| env[v]).collect();
+            for (k, &i) in kept.iter().enumerate() {
+                let tape = car[carried.len() + k];
+                let kept = b.op(
+                    "tape",
+                    OpKind::Update {
+                        x: tape,
+                        update: car[i],
+                        index: t,
+                        axis: 0,
+                    },
+                    None,
+                )?;
+                yields.push(kept);
+            }
+            Ok(yields)
+        })?;
+        let n = carried.len();
+        let tape = kept.iter().zip(&outs[n..]).map(|(&i, &v)| (i, v)).collect();
+        Ok((outs[..n].to_vec(), tape))
+    }
+
+    /// Adds the cotangents of `block`'s operands and outer values to `cots`, from those of its
+    /// results, op by op in reverse.
+    fn backward(
+        &self,
+        b: &mut Builder,
+        block: &Block,
+        env: &Env,
+        tapes: &Tapes,
+        cots: &mut Cots,
+    ) -> Result<(), Diagnostic> {
+        for &id in block.ops.iter().rev() {
+            let op = &self.f.ops[id];
+            b.span = self.f.op_spans.get(&id);
+            match &op.kind {
+                OpKind::Loop { .. } => {
+                    let tape = tapes.get(&id).map_or(&[][..], Vec::as_slice);
+                    self.loop_vjp(b, op, env, tape, cots)?
+                }
+                OpKind::Call { .. } => self.call_vjp(b, op, env, cots)?,
+                kind => {
+                    let r = op.results[0];
+                    let Some(&d) = cots.values.get(&r) else {
+                        continue;
+                    };
+                    if !self.is_float(r) {
+                        continue;
+                    }
+                    for (v, c) in vjp::rule(b, self.f, env, kind, r, d)? {
+                        self.add(b, cots, v, c)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `call @g(args)`: `call @g_vjp(args, d_results)`.
+    fn call_vjp(
+        &self,
+        b: &mut Builder,
+        op: &Op,
+        env: &Env,
+        cots: &mut Cots,
+    ) -> Result<(), Diagnostic> {
+        let OpKind::Call { callee, args } = &op.kind else {
+            unreachable!("invariant: called on calls")
+        };
+        if op.results.iter().all(|r| !cots.values.contains_key(r)) {
+            return Ok(());
+        }
+        let mut vjp_args: Vec<ValueId> = args.iter().map(|a| env[a]).collect();
+        for &r in &op.results {
+            vjp_args.push(match cots.values.get(&r) {
+                Some(&d) => d,
+                None => zeros(b, self.f.ty(r))?,
+            });
+        }
+        let g = &self.m.funcs[*callee];
+        let outs = b.call_n(
+            &format!("vjp_{}", g.name),
+            self.m,
+            self.vjps[callee],
+            vjp_args,
+        )?;
+        let mut outs = outs[op.results.len()..].iter().copied();
+        for &a in args.iter().filter(|&&a| self.is_float(a)) {
+            let d = outs
+                .next()
+                .expect("invariant: a cotangent per float argument");
+            self.add(b, cots, a, d)?;
+        }
+        for (slot, d) in trainables(self.m, *callee).into_iter().zip(outs) {
+            self.add_slot(b, cots, slot, d)?;
+        }
+        Ok(())
+    }
+
+    /// A loop into a reverse loop of the same trip count (see the module docs).
+    fn loop_vjp(
+        &self,
+        b: &mut Builder,
+        op: &Op,
+        env: &Env,
+        tape: &[(usize, ValueId)],
+        cots: &mut Cots,
+    ) -> Result<(), Diagnostic> {
+        let OpKind::Loop { trips, inits, body } = &op.kind else {
+            unreachable!("invariant: called on loops")
+        };
+        let carried = &body.args[1..];
+        let floats: Vec<usize> = (0..carried.len())
+            .filter(|&i| self.is_float(carried[i]))
+            .collect();
+        if floats
+            .iter()
+            .all(|&i| !cots.values.contains_key(&op.results[i]))
+        {
+            return Ok(());
+        }
+        let captured: Vec<ValueId> = free_values(self.f, body)
+            .into_iter()
+            .filter(|&v| self.is_float(v))
+            .collect();
+        let slots = callee_slots(self.m, self.f, body);
+        let mut inits_r = Vec::new();
+        let mut hints = Vec::new();
+        for &i in &floats {
+            inits_r.push(match cots.values.get(&op.results[i]) {
+                Some(&d) => d,
+                None => zeros(b, self.f.ty(carried[i]))?,
+            });
+            hints.push(format!("d_{}", self.name(carried[i])));
+        }
+        for &v in &captured {
+            inits_r.push(zeros(b, self.f.ty(v))?);
+            hints.push(format!("d_{}", self.name(v)));
+        }
+        for &s in &slots {
+            inits_r.push(zeros(b, &slot_type(self.m, s))?);
+            let g = &self.m.funcs[s.0];
+            hints.push(format!(
+                "d_{}_{}",
+                g.name, g.values[g.params[s.1].value].name
+            ));
+        }
+        let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
+        let (recompute, _) = needed(self.f, body);
+        let outs = b.loop_op(*trips, inits_r, &hints, |b, tr, car| {
+            // Iteration `trips - 1 - tr` of the forward loop.
+            let last = b.op(
+                "last_trip",
+                OpKind::Constant {
+                    value: Float((*trips - 1) as f64),
+                },
+                Some(Type::scalar(DType::I32)),
+            )?;
+            let sub = OpKind::Binary {
+                op: BinaryOp::Sub,
+                lhs: last,
+                rhs: tr,
+            };
+            let t = b.op("t_fwd", sub, None)?;
+            let mut env = env.clone();
+            env.insert(body.args[0], t);
+            for &(i, tape) in tape {
+                let kept = b.op(
+                    self.name(carried[i]),
+                    OpKind::Index {
+                        x: tape,
+                        index: t,
+                        axis: 0,
+                    },
+                    None,
+                )?;
+                env.insert(carried[i], kept);
+            }
+            let inner = self.forward(b, body, &mut env, Some(&recompute))?;
+            let mut bc = Cots::default();
+            for (k, &i) in floats.iter().enumerate() {
+                self.add(b, &mut bc, body.results[i], car[k])?;
+            }
+            self.backward(b, body, &env, &inner, &mut bc)?;
+            let mut next = Vec::new();
+            for &i in &floats {
+                next.push(match bc.values.get(&carried[i]) {
+                    Some(&d) => d,
+                    None => zeros(b, self.f.ty(carried[i]))?,
+                });
+            }
+            let mut acc = car[floats.len()..].iter().copied();
+            for &v in &captured {
+                let a = acc
+                    .next()
+                    .expect("invariant: an accumulator per captured value");
+                next.push(match bc.values.get(&v) {
+                    Some(&d) => bin(b, BinaryOp::Add, a, d)?,
+                    None => a,
+                });
+            }
+            for s in &slots {
+                let a = acc.next().expect("invariant: an accumulator per parameter");
+                next.push(match bc.slots.get(s) {
+                    Some(&d) => bin(b, BinaryOp::Add, a, d)?,
+                    None => a,
+                });
+            }
+            Ok(next)
+        })?;
+        let mut outs = outs.into_iter();
+        for &i in &floats {
+            let d = outs
+                .next()
+                .expect("invariant: a result per carried cotangent");
+            self.add(b, cots, inits[i], d)?;
+        }
+        for &v in &captured {
+            let d = outs.next().expect("invariant: a result per captured value");
+            self.add(b, cots, v, d)?;
+        }
+        for &s in &slots {
+            let d = outs.next().expect("invariant: a result per parameter");
+            self.add_slot(b, cots, s, d)?;
+        }
+        Ok(())
+    }
+
+    /// `cots[v] += c` (non-float values have no cotangent).
+    fn add(
+        &self,
+        b: &mut Builder,
+        cots: &mut Cots,
+        v: ValueId,
+        c: ValueId,
+    ) -> Result<(), Diagnostic> {
+        if !self.is_float(v) {
+            return Ok(());
+        }
+        let sum = match cots.values.get(&v) {
+            Some(&e) => bin(b, BinaryOp::Add, e, c)?,
+            None => c,
+        };
+        cots.values.insert(v, sum);
+        Ok(())
+    }
+
+    fn add_slot(
+        &self,
+        b: &mut Builder,
+        cots: &mut Cots,
+        slot: Slot,
+        c: ValueId,
+    ) -> Result<(), Diagnostic> {
+        let sum = match cots.slots.get(&slot) {
+            Some(&e) => bin(b, BinaryOp::Add, e, c)?,
+            None => c,
+        };
+        cots.slots.insert(slot, sum);
+        Ok(())
+    }
+}
+
+/// `d` where the stage of its stage axis is active, `-0.0` elsewhere (no-op outside `@stage`).
+fn mask_inactive(
+    b: &mut Builder,
+    active: Option<ValueId>,
+    d: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let Some(active) = active else {
+        return Ok(d);
+    };
+    let ty = b.ty(d).clone();
+    let Some((pos, _)) = ty.stage_axis() else {
+        return Ok(d);
+    };
+    let dims = (0..ty.rank())
+        .map(|a| {
+            if a == pos {
+                ty.dims[a].clone()
+            } else {
+                Dim::lit(1)
+            }
+        })
+        .collect();
+    let cond = b.op(
+        "active_at",
+        OpKind::Reshape { x: active },
+        Some(Type::new(DType::I1, dims)),
+    )?;
+    let zero = b.op(
+        "zero",
+        OpKind::Constant { value: Float(-0.0) },
+        Some(Type::scalar(ty.dtype)),
+    )?;
+    select(b, cond, d, zero)
+}
+
+fn to_f32(b: &mut Builder, d: ValueId) -> Result<ValueId, Diagnostic> {
+    let ty = b.ty(d).clone();
+    if ty.dtype == DType::F32 {
+        return Ok(d);
+    }
+    b.op(
+        "d",
+        OpKind::Convert { x: d },
+        Some(ty.with_dtype(DType::F32)),
+    )
+}
+
+/// What the backward of `block` reads: the ops to recompute and the values they need (the
+/// primal values the rules read, closed over their producers in `block`).
+fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId>) {
+    let producer: HashMap<ValueId, OpId> = block
+        .ops
+        .iter()
+        .flat_map(|&id| f.ops[id].results.iter().map(move |&r| (r, id)))
+        .collect();
+    let mut want: Vec<ValueId> = block
+        .ops
+        .iter()
+        .flat_map(|&id| vjp::reads(f, &f.ops[id]))
+        .collect();
+    let (mut ops, mut values) = (HashSet::new(), HashSet::new());
+    while let Some(v) = want.pop() {
+        if !values.insert(v) {
+            continue;
+        }
+        if let Some(&id) = producer.get(&v) {
+            if ops.insert(id) {
+                let op = &f.ops[id];
+                want.extend(op.kind.operands());
+                if let OpKind::Loop { body, .. } = &op.kind {
+                    want.extend(free_values(f, body));
+                }
+            }
+        }
+    }
+    (ops, values)
+}
+
+/// The values `block` (nested blocks included) reads but does not define, in id order.
+fn free_values(f: &Func, block: &Block) -> Vec<ValueId> {
+    fn walk(f: &Func, block: &Block, defined: &mut HashSet<ValueId>, used: &mut Vec<ValueId>) {
+        defined.extend(&block.args);
+        for &id in &block.ops {
+            let op = &f.ops[id];
+            used.extend(op.kind.operands());
+            if let OpKind::Loop { body, .. } = &op.kind {
+                walk(f, body, defined, used);
+            }
+            defined.extend(&op.results);
+        }
+        used.extend(&block.results);
+    }
+    let (mut defined, mut used) = (HashSet::new(), Vec::new());
+    walk(f, block, &mut defined, &mut used);
+    let mut free: Vec<ValueId> = used.into_iter().filter(|v| !defined.contains(v)).collect();
+    free.sort_by_key(|v| v.index());
+    free.dedup();
+    free
+}

@@ -1,0 +1,273 @@
+//! The `autodiff` pass, checked by the interpreter: the pipelined program's gradients equal the
+//! sequential model's bit for bit (random S, M, R, k, with and without poisoned bubbles, and
+//! on the examples), and the sequential gradients agree with central finite differences on a
+//! model that uses every differentiable op.
+
+use crate::common::{load, root};
+use crate::passes::assert_bits_eq;
+use crate::properties::{model, pick};
+use ppc::passes::Options;
+use ppc::pipeline::{compile, PipelineError};
+use ppc_dialect::grad::Grads;
+use ppc_dialect::interp::Interp;
+use ppc_dialect::{Module, Overrides};
+use ppc_runtime::{Init, Rng, Tensor};
+
+fn train_opts(poison: bool) -> Options {
+    Options {
+        poison_bubbles: poison,
+        train: true,
+    }
+}
+
+/// A seeded cotangent for the outputs.
+fn cotangent(m: &Module, seed: u64) -> Tensor {
+    let mut shape = vec![m.pipeline.microbatches as usize];
+    shape.extend(m.input.shape_usize());
+    let n = shape.iter().product();
+    let data = Rng::stream(seed, "cotangent", 0).fill(Init::Normal(1.0), n);
+    Tensor::new(m.input.dtype, shape, data)
+}
+
+/// Runs both gradients of `text` under `over` and checks them equal, bit for bit.
+fn pipelined_equals_sequential(
+    text: &str,
+    over: &Overrides,
+    poison: bool,
+    seed: u64,
+    what: &str,
+) -> Grads {
+    let mut m = load(text, over);
+    compile(&mut m, &train_opts(poison), None, None).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    assert_grads_equal(&m, seed, what)
+}
+
+/// The gradients of the pipelined program `m` and of its sequential model, checked equal bit
+/// for bit, for seeded inputs and a seeded cotangent; returns the sequential ones.
+pub fn assert_grads_equal(m: &Module, seed: u64, what: &str) -> Grads {
+    let mut interp = Interp::new(m, seed);
+    let inputs = interp.synthetic_inputs();
+    let d = cotangent(m, seed);
+    let want = interp
+        .sequential_vjp(&inputs, &d)
+        .expect("sequential gradients");
+    let got = Interp::new(m, seed)
+        .pipeline_vjp(&inputs, &d)
+        .expect("pipelined gradients");
+    assert_bits_eq(&want.outputs, &got.outputs, &format!("{what}: outputs"));
+    assert_bits_eq(
+        &want.inputs,
+        &got.inputs,
+        &format!("{what}: input gradient"),
+    );
+    assert_eq!(want.params.len(), got.params.len());
+    for ((name, w), (_, g)) in want.params.iter().zip(&got.params) {
+        assert_eq!(w.len(), g.len(), "{what}: layers of {name}");
+        for (l, (w, g)) in w.iter().zip(g).enumerate() {
+            assert!(
+                w.data.iter().all(|v| v.is_finite()),
+                "{what}: the reference gradient of {name} in layer {l} is not finite"
+            );
+            assert_bits_eq(w, g, &format!("{what}: gradient of {name} in layer {l}"));
+        }
+    }
+    want
+}
+
+#[test]
+fn pipelined_gradients_equal_sequential_bit_for_bit() {
+    let mut rng = Rng::stream(2026, "grad-property", 0);
+    let mut ran = 0;
+    for case in 0..40u64 {
+        let (s, m, r, k) = (
+            pick(&mut rng, 1, 5),
+            pick(&mut rng, 1, 7),
+            pick(&mut rng, 1, 3),
+            pick(&mut rng, 1, 3),
+        );
+        if r > 1 && m < s {
+            continue;
+        }
+        let (b, d, h) = (
+            pick(&mut rng, 1, 3),
+            pick(&mut rng, 1, 4),
+            pick(&mut rng, 1, 5),
+        );
+        let text = model(s, m, r, k, b, d, h);
+        for poison in [false, true] {
+            let what =
+                format!("case {case}: S={s} M={m} R={r} k={k} b={b} d={d} h={h} poison={poison}");
+            let g = pipelined_equals_sequential(&text, &Overrides::default(), poison, case, &what);
+            let nonzero = g
+                .params
+                .iter()
+                .flat_map(|(_, ls)| ls)
+                .any(|t| t.data.iter().any(|&v| v != 0.0));
+            assert!(nonzero, "{what}: every parameter gradient is zero");
+            ran += 1;
+        }
+    }
+    assert!(ran >= 40, "only {ran} cases ran");
+}
+
+#[test]
+fn example_gradients_equal_sequential_bit_for_bit() {
+    for (file, over) in [
+        (
+            "mlp.ppc",
+            Overrides {
+                microbatches: Some(4),
+                dims: vec![("d".into(), 16), ("h".into(), 32)],
+                ..Overrides::default()
+            },
+        ),
+        (
+            "transformer.ppc",
+            Overrides {
+                repeats: Some(2),
+                ..Overrides::default()
+            },
+        ),
+        ("tiny.ppc", Overrides::default()),
+    ] {
+        let text = std::fs::read_to_string(root().join("examples").join(file)).expect("example");
+        for poison in [false, true] {
+            pipelined_equals_sequential(
+                &text,
+                &over,
+                poison,
+                7,
+                &format!("{file} poison={poison}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn autodiff_across_ranks_is_a_clear_error() {
+    let text = model(4, 4, 1, 1, 2, 3, 4);
+    let over = Overrides {
+        ranks: Some(2),
+        ..Overrides::default()
+    };
+    let mut m = load(&text, &over);
+    match compile(&mut m, &train_opts(false), None, None) {
+        Err(PipelineError::Pass("autodiff", d)) => {
+            assert!(
+                d[0].message.contains("not implemented yet"),
+                "{}",
+                d[0].message
+            )
+        }
+        other => panic!("expected an autodiff diagnostic, got {other:?}"),
+    }
+}
+
+/// `sum(d * y)` over all outputs of the sequential model, in f64.
+fn loss(interp: &mut Interp, inputs: &Tensor, d: &Tensor) -> f64 {
+    let y = interp.sequential(inputs).expect("forward");
+    y.data
+        .iter()
+        .zip(&d.data)
+        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+        .sum()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
+}
+
+/// Checks `<grad, u>` against the central difference of the loss along `u`.
+fn check_direction(what: &str, grad: &[f32], u: &[f32], plus: f64, minus: f64, eps: f64) {
+    let analytic = dot(grad, u);
+    let numeric = (plus - minus) / (2.0 * eps);
+    let scale = dot(grad, grad).sqrt() * dot(u, u).sqrt();
+    let err = (analytic - numeric).abs();
+    assert!(
+        err <= 1e-2 * (analytic.abs() + numeric.abs()) + 1e-3 * scale,
+        "{what}: gradient · u = {analytic}, finite difference {numeric} (|grad|·|u| = {scale})"
+    );
+}
+
+#[test]
+fn gradients_match_finite_differences_on_every_op() {
+    let text =
+        std::fs::read_to_string(root().join("tests/models/every_grad_op.ppc")).expect("model");
+    let mut m = load(&text, &Overrides::default());
+    compile(&mut m, &train_opts(false), None, None).expect("compile");
+    let layer = m.func("layer").expect("@layer").clone();
+    let eps = 1e-3;
+    for seed in 0..3u64 {
+        let mut interp = Interp::new(&m, seed);
+        let inputs = interp.synthetic_inputs();
+        let d = cotangent(&m, seed);
+        let grads = interp.sequential_vjp(&inputs, &d).expect("gradients");
+        // Along a random direction of the inputs.
+        let u = Rng::stream(seed, "direction", 0).fill(Init::Normal(1.0), inputs.len());
+        let shifted = |sign: f64| {
+            let data = inputs
+                .data
+                .iter()
+                .zip(&u)
+                .map(|(&x, &v)| (f64::from(x) + sign * eps * f64::from(v)) as f32)
+                .collect();
+            Tensor::new(inputs.dtype, inputs.shape.clone(), data)
+        };
+        let (plus, minus) = (
+            loss(&mut Interp::new(&m, seed), &shifted(1.0), &d),
+            loss(&mut Interp::new(&m, seed), &shifted(-1.0), &d),
+        );
+        check_direction(
+            &format!("seed {seed}: inputs"),
+            &grads.inputs.data,
+            &u,
+            plus,
+            minus,
+            eps,
+        );
+        // Along a random direction of each parameter of each layer.
+        for (i, (name, per_layer)) in grads.params.iter().enumerate() {
+            for (l, g) in per_layer.iter().enumerate() {
+                let mut base = Interp::new(&m, seed);
+                let ty = layer.ty(layer.params[i].value);
+                let w = ppc_dialect::interp::materialize(
+                    &ppc_runtime::init::Source::Seeded(seed),
+                    name,
+                    ty,
+                    &layer.params[i],
+                    l as u64,
+                    None,
+                )
+                .expect("weights");
+                let u = Rng::stream(seed, name, 1 + l as u64).fill(Init::Normal(1.0), w.len());
+                let mut at = |sign: f64| {
+                    let data = w
+                        .data
+                        .iter()
+                        .zip(&u)
+                        .map(|(&x, &v)| (f64::from(x) + sign * eps * f64::from(v)) as f32)
+                        .collect();
+                    base.set_param(
+                        "layer",
+                        i,
+                        l as u64,
+                        Tensor::new(w.dtype, w.shape.clone(), data),
+                    );
+                    loss(&mut base, &inputs, &d)
+                };
+                let (plus, minus) = (at(1.0), at(-1.0));
+                check_direction(
+                    &format!("seed {seed}: {name} of layer {l}"),
+                    &g.data,
+                    &u,
+                    plus,
+                    minus,
+                    eps,
+                );
+            }
+        }
+    }
+}
