@@ -21,8 +21,13 @@ pub fn compile(
     until: Option<&str>,
     dump: Option<&Path>,
 ) -> Result<(), PipelineError> {
+    // Training passes run for training, or when one of them is asked for by name.
+    let train = opts.train
+        || until
+            .and_then(crate::passes::find)
+            .is_some_and(|p| p.training);
     for (i, pass) in PASSES.iter().enumerate() {
-        if pass.training && !opts.train && until != Some(pass.name) {
+        if pass.training && !train {
             break;
         }
         timing::phase(pass.name, || (pass.run)(m, opts))

@@ -10,7 +10,7 @@ use crate::ir::{Block, Func, FuncId, Init, Module, Op, OpId, Param, Value, Value
 use crate::op::OpKind;
 use crate::span::Span;
 use crate::types::Type;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 pub struct Builder {
     pub func: Func,
@@ -173,6 +173,73 @@ impl Builder {
             ids.clone(),
         );
         Ok(ids)
+    }
+
+    /// Appends the body of `callee` (of `m`), which declares no parameters, reading `args`;
+    /// returns the values of its results.
+    pub fn inline(
+        &mut self,
+        m: &Module,
+        callee: &Func,
+        args: &[ValueId],
+    ) -> Result<Vec<ValueId>, Diagnostic> {
+        if !callee.params.is_empty() {
+            return Err(Diagnostic::plain(format!(
+                "cannot inline `@{}`: it declares parameters",
+                callee.name
+            )));
+        }
+        let mut env: HashMap<ValueId, ValueId> = callee
+            .body
+            .args
+            .iter()
+            .copied()
+            .zip(args.iter().copied())
+            .collect();
+        self.copy_block(m, callee, &callee.body, &mut env)?;
+        Ok(callee.body.results.iter().map(|v| env[v]).collect())
+    }
+
+    fn copy_block(
+        &mut self,
+        m: &Module,
+        f: &Func,
+        block: &Block,
+        env: &mut HashMap<ValueId, ValueId>,
+    ) -> Result<(), Diagnostic> {
+        for &id in &block.ops {
+            let op = &f.ops[id];
+            let hint = f.values[op.results[0]].name.clone();
+            self.span = f.op_spans.get(&id);
+            let outs = match &op.kind {
+                OpKind::Loop { trips, inits, body } => {
+                    let inits = inits.iter().map(|v| env[v]).collect();
+                    let hints: Vec<&str> = body.args[1..]
+                        .iter()
+                        .map(|&a| f.values[a].name.as_str())
+                        .collect();
+                    self.loop_op(*trips, inits, &hints, |b, t, carried| {
+                        env.insert(body.args[0], t);
+                        env.extend(body.args[1..].iter().copied().zip(carried.iter().copied()));
+                        b.copy_block(m, f, body, env)?;
+                        Ok(body.results.iter().map(|v| env[v]).collect())
+                    })?
+                }
+                OpKind::Call { callee, args } => {
+                    let args = args.iter().map(|v| env[v]).collect();
+                    self.call_n(&hint, m, *callee, args)?
+                }
+                kind => {
+                    let kind = kind.map_operands(|v| env[&v]);
+                    let declared = kind
+                        .has_declared_type()
+                        .then(|| f.ty(op.results[0]).clone());
+                    vec![self.op(&hint, kind, declared)?]
+                }
+            };
+            env.extend(op.results.iter().copied().zip(outs));
+        }
+        Ok(())
     }
 
     /// The finished function, returning `results`.

@@ -80,32 +80,70 @@ impl Interp<'_> {
         let vjp = m
             .func(&names::vjp(names::PIPELINE))
             .ok_or("the module has no `@pipeline_vjp`: run `gpipe-loop` and `autodiff` first")?;
-        let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
         let mut r = self.call(vjp, vec![inputs.clone(), d_outputs.clone()], 0)?;
         let grads = r.split_off(2);
         let d_inputs = r.remove(1);
         let outputs = r.remove(0);
-        // `@pipeline`'s trainable parameters are `@stage`'s, stacked [R?, S, k?, ...] in layer
-        // order.
-        let params = stage
-            .params
-            .iter()
-            .zip(grads)
-            .map(|(p, g)| {
-                let shape = stage.ty(p.value).shape_usize()[p.layer_axes..].to_vec();
-                let n: usize = shape.iter().product();
-                let per_layer = g
-                    .data
-                    .chunks(n)
-                    .map(|c| Tensor::new(DType::F32, shape.clone(), c.to_vec()))
-                    .collect();
-                (stage.values[p.value].name.clone(), per_layer)
-            })
-            .collect();
+        let params = per_layer(m, grads)?;
         Ok(Grads {
             outputs,
             inputs: d_inputs,
             params,
         })
     }
+}
+
+/// The loss of one training step and its gradients.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub loss: f32,
+    pub grads: Grads,
+}
+
+impl Interp<'_> {
+    /// One training step's loss and gradients (`@train_vjp`: the pipelined program, then the
+    /// model's loss on `targets`).
+    pub fn train_step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<Step, String> {
+        let m = self.module();
+        let vjp = m
+            .func(&names::vjp(names::TRAIN))
+            .ok_or("the module has no `@train_vjp`: compile it for training")?;
+        let one = Tensor::scalar(DType::F32, 1.0);
+        let d_y = Tensor::splat(inputs.dtype, inputs.shape.clone(), -0.0);
+        let args = vec![inputs.clone(), targets.clone(), one, d_y];
+        let mut r = self.call(vjp, args, 0)?;
+        // loss, outputs, d_inputs, d_targets (if float), then the parameters' gradients.
+        let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
+        let grads = r.split_off(r.len() - stage.params.len());
+        let d_inputs = r.remove(2);
+        let outputs = r.remove(1);
+        Ok(Step {
+            loss: r[0].data[0],
+            grads: Grads {
+                outputs,
+                inputs: d_inputs,
+                params: per_layer(m, grads)?,
+            },
+        })
+    }
+}
+
+/// Gradients of `@stage`'s parameters (stacked `[R?, S, k?, ...]` in layer order), per layer.
+fn per_layer(m: &crate::Module, grads: Vec<Tensor>) -> Result<Vec<(String, Vec<Tensor>)>, String> {
+    let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
+    Ok(stage
+        .params
+        .iter()
+        .zip(grads)
+        .map(|(p, g)| {
+            let shape = stage.ty(p.value).shape_usize()[p.layer_axes..].to_vec();
+            let n: usize = shape.iter().product();
+            let layers = g
+                .data
+                .chunks(n)
+                .map(|c| Tensor::new(DType::F32, shape.clone(), c.to_vec()))
+                .collect();
+            (stage.values[p.value].name.clone(), layers)
+        })
+        .collect())
 }

@@ -249,6 +249,8 @@ pub mod names {
     pub const STAGE: &str = "stage";
     /// The GPipe loop over all microbatches (`gpipe-loop`).
     pub const PIPELINE: &str = "pipeline";
+    /// The pipeline followed by the model's loss (`loss`, training only).
+    pub const TRAIN: &str = "train";
 
     /// The reverse-mode gradient of function `f` (`autodiff`): `@f_vjp`.
     pub fn vjp(f: &str) -> String {

@@ -12,7 +12,7 @@ use crate::diag::{Diagnostic, Diagnostics};
 use crate::infer::infer;
 use crate::ir::{names, Block, Func, FuncId, Item, Module, ValueId};
 use crate::op::OpKind;
-use crate::types::sizes;
+use crate::types::{sizes, Type};
 use std::collections::HashSet;
 
 /// Checks the structural and type invariants of every function.
@@ -199,6 +199,21 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
             layer.value_spans.get(&p.value),
             "here",
         )]);
+    }
+    if let (Some(t), Some(crate::ir::Loss::SoftmaxCrossEntropy)) = (&m.target, m.loss) {
+        let want = Type::of(crate::DType::I32, &m.input.shape()[..m.input.rank() - 1]);
+        if !t.same_as(&want) {
+            return Err(vec![Diagnostic::error(
+                format!(
+                    "`loss softmax_cross_entropy` takes one class index per row of outputs {}: targets must be {want}, got {}",
+                    sizes(&m.input),
+                    sizes(t)
+                ),
+                m.spans.get(&Item::Target),
+                "target type",
+            )
+            .with_note("the last axis of the outputs holds the logits of the classes")]);
+        }
     }
     if let Some(t) = &m.target {
         if !t.same_as(&m.input) && m.loss == Some(crate::ir::Loss::Mse) {

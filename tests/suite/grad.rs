@@ -271,3 +271,99 @@ fn gradients_match_finite_differences_on_every_op() {
         }
     }
 }
+
+/// A small residual model with a loss, for the training-step checks.
+fn trained_model(loss: &str) -> String {
+    let target = match loss {
+        "mse" => "f32[b, d]",
+        _ => "i32[b]",
+    };
+    format!(
+        "dims {{ b = 3, d = 5, h = 7 }}
+pipeline {{ stages = 2, layers_per_stage = 2, microbatches = 3, repeats = 2 }}
+input f32[b, d]
+target {target}
+loss {loss}
+
+func @layer(%x: f32[b, d]) -> f32[b, d] {{
+  param %w1: f32[d, h] = normal(0.5)
+  param %b1: f32[h] = uniform(-0.2, 0.2)
+  param %w2: f32[h, d] = normal(0.5)
+  %n = layernorm %x, axis = 1, eps = 0.001
+  %u = matmul %n, %w1
+  %v = add %u, %b1
+  %a = gelu %v
+  %o = matmul %a, %w2
+  %y = add %x, %o
+  return %y
+}}
+"
+    )
+}
+
+/// Seeded targets of the model's target type, stacked over microbatches.
+fn targets(m: &Module, seed: u64) -> Tensor {
+    let t = ppc::passes::target_type(m);
+    let mut shape = vec![m.pipeline.microbatches as usize];
+    shape.extend(t.shape_usize());
+    let n = shape.iter().product();
+    let mut rng = Rng::stream(seed, "targets", 0);
+    let data = if t.dtype == ppc_runtime::DType::I32 {
+        let classes = m.input.shape_usize()[m.input.rank() - 1] as u64;
+        (0..n).map(|_| (rng.next_u64() % classes) as f32).collect()
+    } else {
+        rng.fill(Init::Normal(1.0), n)
+    };
+    Tensor::new(t.dtype, shape, data)
+}
+
+#[test]
+fn loss_gradients_match_finite_differences() {
+    for loss_name in ["mse", "softmax_cross_entropy"] {
+        let mut m = load(&trained_model(loss_name), &Overrides::default());
+        compile(&mut m, &train_opts(true), None, None).expect("compile for training");
+        let seed = 3;
+        let mut interp = Interp::new(&m, seed);
+        let inputs = interp.synthetic_inputs();
+        let t = targets(&m, seed);
+        let step = interp.train_step(&inputs, &t).expect("train step");
+        assert!(
+            step.loss.is_finite() && step.loss > 0.0,
+            "{loss_name}: loss {}",
+            step.loss
+        );
+        let train = m.func("train").expect("@train");
+        let stage = m.func("stage").expect("@stage");
+        let eps = 1e-3;
+        for (i, (name, per_layer)) in step.grads.params.iter().enumerate() {
+            let p = &stage.params[i];
+            let w = ppc_dialect::interp::materialize(
+                &ppc_runtime::init::Source::Seeded(seed),
+                name,
+                stage.ty(p.value),
+                p,
+                0,
+                None,
+            )
+            .expect("weights");
+            let g: Vec<f32> = per_layer.iter().flat_map(|t| t.data.clone()).collect();
+            let u = Rng::stream(seed, name, 99).fill(Init::Normal(1.0), w.len());
+            let mut at = |sign: f64| {
+                let data = w
+                    .data
+                    .iter()
+                    .zip(&u)
+                    .map(|(&x, &v)| (f64::from(x) + sign * eps * f64::from(v)) as f32)
+                    .collect();
+                let mut interp = Interp::new(&m, seed);
+                interp.set_param("stage", i, 0, Tensor::new(w.dtype, w.shape.clone(), data));
+                let r = interp
+                    .call(train, vec![inputs.clone(), t.clone()], 0)
+                    .expect("loss");
+                f64::from(r[0].data[0])
+            };
+            let (plus, minus) = (at(1.0), at(-1.0));
+            check_direction(&format!("{loss_name}: {name}"), &g, &u, plus, minus, eps);
+        }
+    }
+}

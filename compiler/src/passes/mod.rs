@@ -5,12 +5,14 @@
 mod autodiff;
 mod batching;
 mod gpipe_loop;
+mod loss;
 mod shard_stages;
 mod vjp;
 mod vmap_stages;
 
 pub use autodiff::{autodiff, trainables};
 pub use gpipe_loop::gpipe_loop;
+pub use loss::{loss, target_type};
 pub use shard_stages::shard_stages;
 pub use vmap_stages::vmap_stages;
 
@@ -55,6 +57,13 @@ pub const PASSES: &[PassInfo] = &[
             "wrap @stage in the GPipe loop @pipeline: shifting state, zero padding, stage-0 select",
         training: false,
         run: gpipe_loop,
+    },
+    PassInfo {
+        name: "loss",
+        summary:
+            "add @train: the pipeline on all microbatches, then the model's loss (training only)",
+        training: true,
+        run: loss,
     },
     PassInfo {
         name: "autodiff",

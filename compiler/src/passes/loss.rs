@@ -1,0 +1,170 @@
+//! `loss`: the scalar a training step differentiates, `@train`: the pipelined model on all
+//! microbatches, then the model file's loss, averaged over every microbatch at once.
+//!
+//! Preconditions: `gpipe-loop` has run. Postconditions: the module also holds
+//! `@train(%x: [M, ...input], %target: [M, ...target]) -> (f32[], [M, ...input])`, the loss and
+//! the outputs it was computed from (a training run's predictions, e.g. a teacher's targets):
+//! - `loss mse` (the default; targets then have the input's type): the mean of `(y - target)^2`
+//!   over all elements of all microbatches;
+//! - `loss softmax_cross_entropy` (targets: one i32 class index per row of the outputs, whose
+//!   last axis holds the logits): the mean over rows of `logsumexp(y) - y[target]`, with the
+//!   maximum subtracted first so that no logit overflows.
+//!
+//! `@pipeline`'s loop is inlined into `@train`, so that `autodiff` sees it and runs the forward
+//! loop once (a call would be recomputed inside its VJP). Computed in f32 whatever the model's
+//! dtype. The mean over microbatches is one scale at the
+//! end, so every microbatch's gradient is scaled once, by `1/M` of the same number.
+
+use super::Options;
+use ppc_dialect::build::Builder;
+use ppc_dialect::diag::{Diagnostic, Diagnostics};
+use ppc_dialect::ir::{names, Item, Loss, Module, ValueId};
+use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
+use ppc_dialect::{DType, Dim, Type};
+
+pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
+    if m.func(names::TRAIN).is_some() {
+        return Err(vec![Diagnostic::plain(
+            "the module already has a `@train`: `loss` has run",
+        )]);
+    }
+    let pipeline = m.func_id(names::PIPELINE).ok_or_else(|| {
+        vec![Diagnostic::plain(
+            "`loss` needs `@pipeline`: run `gpipe-loop` first",
+        )]
+    })?;
+    let f = build(m, pipeline).map_err(|d| vec![d])?;
+    m.funcs.push(f);
+    Ok(())
+}
+
+/// The type of one microbatch of targets: as declared, or the input's (for `mse`).
+pub fn target_type(m: &Module) -> Type {
+    m.target.clone().unwrap_or_else(|| m.input.clone())
+}
+
+fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
+    let mut b = Builder::new(names::TRAIN);
+    b.span = m.spans.get(&Item::Loss);
+    let mbs = Dim::named("microbatches", m.pipeline.microbatches);
+    let x = b.arg("x", m.input.insert(0, mbs.clone()));
+    let target = b.arg("target", target_type(m).insert(0, mbs));
+    // Inlined, so that the gradient's forward loop runs once and keeps its tapes.
+    let out = b.inline(m, &m.funcs[pipeline], &[x])?[0];
+    let y = to_f32(&mut b, out)?;
+    let loss = match m.loss.unwrap_or(Loss::Mse) {
+        Loss::Mse => {
+            let t = to_f32(&mut b, target)?;
+            let diff = bin(&mut b, "diff", BinaryOp::Sub, y, t)?;
+            let sq = bin(&mut b, "squared", BinaryOp::Mul, diff, diff)?;
+            mean_all(&mut b, sq)?
+        }
+        Loss::SoftmaxCrossEntropy => cross_entropy(&mut b, y, target)?,
+    };
+    Ok(b.finish(vec![loss, out]))
+}
+
+/// Mean over rows of `logsumexp(y) - y[target]`, the classes on `y`'s last axis.
+fn cross_entropy(b: &mut Builder, y: ValueId, target: ValueId) -> Result<ValueId, Diagnostic> {
+    let yt = b.ty(y).clone();
+    let last = yt.rank() - 1;
+    let keep = |b: &mut Builder, v: ValueId| {
+        let mut dims = yt.dims.clone();
+        dims[last] = Dim::lit(1);
+        b.op(
+            "k",
+            OpKind::Reshape { x: v },
+            Some(Type::new(b.ty(v).dtype, dims)),
+        )
+    };
+    let reduce = |b: &mut Builder, hint: &str, op, x| {
+        let axes = vec![last];
+        b.op(hint, OpKind::Reduce { op, x, axes }, None)
+    };
+    let max = reduce(b, "max_logit", ReduceOp::Max, y)?;
+    let max = keep(b, max)?;
+    let z = bin(b, "shifted", BinaryOp::Sub, y, max)?;
+    let e = b.op(
+        "e",
+        OpKind::Unary {
+            op: UnaryOp::Exp,
+            x: z,
+        },
+        None,
+    )?;
+    let sum = reduce(b, "sum_exp", ReduceOp::Sum, e)?;
+    let lse = b.op(
+        "lse",
+        OpKind::Unary {
+            op: UnaryOp::Log,
+            x: sum,
+        },
+        None,
+    )?;
+    // The target's logit, picked by comparing the class axis with the index.
+    let classes = b.op(
+        "classes",
+        OpKind::Iota { axis: last },
+        Some(yt.with_dtype(DType::I32)),
+    )?;
+    let t = keep(b, target)?;
+    let hit = b.op(
+        "hit",
+        OpKind::Compare {
+            pred: CmpPred::Eq,
+            lhs: classes,
+            rhs: t,
+        },
+        None,
+    )?;
+    let zero = b.op(
+        "zero",
+        OpKind::Constant {
+            value: ppc_dialect::op::Float(0.0),
+        },
+        Some(Type::scalar(DType::F32)),
+    )?;
+    let picked = b.op(
+        "picked",
+        OpKind::Select {
+            cond: hit,
+            on_true: z,
+            on_false: zero,
+        },
+        None,
+    )?;
+    let logit = reduce(b, "target_logit", ReduceOp::Sum, picked)?;
+    let per_row = bin(b, "nll", BinaryOp::Sub, lse, logit)?;
+    mean_all(b, per_row)
+}
+
+fn mean_all(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {
+    let axes = (0..b.ty(x).rank()).collect();
+    b.op(
+        "loss",
+        OpKind::Reduce {
+            op: ReduceOp::Mean,
+            x,
+            axes,
+        },
+        None,
+    )
+}
+
+fn to_f32(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {
+    let t = b.ty(x).clone();
+    if t.dtype == DType::F32 {
+        return Ok(x);
+    }
+    b.op("f32", OpKind::Convert { x }, Some(t.with_dtype(DType::F32)))
+}
+
+fn bin(
+    b: &mut Builder,
+    hint: &str,
+    op: BinaryOp,
+    lhs: ValueId,
+    rhs: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
+}
