@@ -348,7 +348,7 @@ fn loss_gradients_match_finite_differences() {
             .expect("weights");
             let g: Vec<f32> = per_layer.iter().flat_map(|t| t.data.clone()).collect();
             let u = Rng::stream(seed, name, 99).fill(Init::Normal(1.0), w.len());
-            let mut at = |sign: f64| {
+            let at = |sign: f64| {
                 let data = w
                     .data
                     .iter()
