@@ -90,6 +90,11 @@ pub enum Command {
         /// Print a report of the generated pipeline instead of IR.
         #[arg(long, value_enum)]
         report: Option<ReportFormat>,
+        /// Compile the training step instead of the forward pass: the pipeline, the model's
+        /// loss, the backward pipeline (passes `loss` and `autodiff`); with -o, an executable
+        /// that trains (try `PATH --help`).
+        #[arg(long)]
+        train: bool,
         #[command(flatten)]
         pass: PassArgs,
         #[command(flatten)]

@@ -179,12 +179,13 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             codegen,
             target_cpu: target,
             time_passes,
+            train,
         } => {
             let timer = time_passes.then(crate::timing::start);
             let mut l = crate::timing::phase("parse and check", || load(&model))?;
             let opts = Options {
                 poison_bubbles: pass.poison_bubbles,
-                ..Options::default()
+                train,
             };
             let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm" | "asm"))
                 || output.is_some()

@@ -129,15 +129,30 @@ impl Program {
                 Role::Input => input.take(),
                 Role::Param => params.next(),
                 Role::Output => output.take(),
+                Role::Target | Role::Loss | Role::Grad => None,
             }
             .ok_or_else(|| format!("missing buffer for argument `{}`", a.name))?;
+            bufs.push(b);
+        }
+        self.call(bufs)
+    }
+
+    /// Calls the generated code on `bufs`, one per manifest argument, in order (checked).
+    pub fn call(&self, mut bufs: Vec<&mut HostBuffer>) -> Result<(), String> {
+        if bufs.len() != self.manifest.args.len() {
+            return Err(format!(
+                "the program takes {} arguments, got {}",
+                self.manifest.args.len(),
+                bufs.len()
+            ));
+        }
+        for (a, b) in self.manifest.args.iter().zip(&bufs) {
             if b.dtype != a.dtype || b.shape != a.shape {
                 return Err(format!(
                     "argument `{}` must be {}{:?}, got {}{:?}",
                     a.name, a.dtype, a.shape, b.dtype, b.shape
                 ));
             }
-            bufs.push(b);
         }
         let mut descriptors: Vec<Vec<i64>> = bufs.iter_mut().map(|b| b.descriptor()).collect();
         let mut desc_ptrs: Vec<*mut i64> = descriptors.iter_mut().map(|d| d.as_mut_ptr()).collect();
@@ -305,7 +320,9 @@ pub fn drive(
         .map_err(io)?;
     }
     if let Some(n) = opts.bench {
-        bench(program, n, [&mut input, &mut output], &mut params, out)?;
+        bench(m, m.flops, n, out, &mut || {
+            program.run(&mut input, &mut params, &mut output)
+        })?;
     }
     if let (true, Some(path)) = (speaks, &opts.output) {
         safetensors::write(path, &[(OUTPUT_TENSOR, &output)])?;
@@ -314,26 +331,26 @@ pub fn drive(
     Ok(output)
 }
 
-/// Warms up (pages in weights, fills caches), times `n` steps on every rank, and prints on
-/// rank 0 one JSON line: the job's median step (the slowest rank's), throughput, and per rank
-/// the time computing, the time waiting in exchanges and the bubble the masked GEMMs met.
-fn bench(
-    program: &Program,
+/// Warms up (pages in weights, fills caches), times `n` calls of `step` on every rank, and
+/// prints on rank 0 one JSON line: the job's median step (the slowest rank's), throughput
+/// (`flops` per step), and per rank the time computing, the time waiting in exchanges and the
+/// bubble the masked GEMMs met.
+pub fn bench(
+    m: &Manifest,
+    flops: u64,
     n: u32,
-    [input, output]: [&mut HostBuffer; 2],
-    params: &mut [HostBuffer],
     out: &mut dyn Write,
+    step: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<(), String> {
-    let m = &program.manifest;
     for _ in 0..2 {
-        program.run(input, params, output)?;
+        step()?;
     }
     comm::take_exchange_seconds();
     crate::gemm::take_measured_bubble();
     let (mut steps, mut waits) = (Vec::new(), Vec::new());
     for _ in 0..n.max(1) {
         let s = Instant::now();
-        program.run(input, params, output)?;
+        step()?;
         steps.push(s.elapsed().as_secs_f64());
         waits.push(comm::take_exchange_seconds());
     }
@@ -381,7 +398,7 @@ fn bench(
     writeln!(
         out,
         "{{\"median_step_s\":{step:e},\"useful_gflops\":{:.3},\"microbatches_per_s\":{:.3},\"steps\":{},\"ranks\":{},\"bubble_fraction\":{formula},\"per_rank\":[{}]}}",
-        m.flops as f64 / step / 1e9,
+        flops as f64 / step / 1e9,
         m.microbatches as f64 / step,
         steps.len(),
         ranks.len(),

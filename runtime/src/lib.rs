@@ -17,6 +17,7 @@ pub mod gemm;
 pub mod init;
 pub mod manifest;
 pub mod memref;
+pub mod optim;
 pub mod params;
 pub mod pool;
 pub mod rng;
@@ -24,6 +25,7 @@ pub mod safetensors;
 pub mod small_m;
 pub mod tensor;
 pub mod trace;
+pub mod train;
 
 pub use rng::{Init, Rng};
 pub use tensor::{DType, Tensor};

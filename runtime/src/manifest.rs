@@ -11,6 +11,7 @@
 //! arg input x f32 8,16,256
 //! arg param w1 f32 2,256,1024 normal 0.0625 layer_axes 1 shard_axis 0
 //! arg output y f32 8,16,256
+//! arg target target f32 8,16,256       (training programs: also `loss` and one `grad` per param)
 //! group relu+add, line 14
 //! ```
 //! `pipeline` is stages, microbatches, repeats, layers; `ranks` the processes the stage axis is
@@ -28,6 +29,34 @@ pub enum Role {
     Input,
     Param,
     Output,
+    /// Training programs: the targets of the loss, `[microbatches, ...target]`.
+    Target,
+    /// Training programs: the loss (f32 scalar).
+    Loss,
+    /// Training programs: the f32 gradient of the parameter of the same name.
+    Grad,
+}
+
+impl Role {
+    const ALL: [Role; 6] = [
+        Role::Input,
+        Role::Param,
+        Role::Output,
+        Role::Target,
+        Role::Loss,
+        Role::Grad,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Input => "input",
+            Role::Param => "param",
+            Role::Output => "output",
+            Role::Target => "target",
+            Role::Loss => "loss",
+            Role::Grad => "grad",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +112,17 @@ impl Manifest {
             .expect("invariant: a manifest has an output")
     }
 
+    /// The argument of role `role` (the first, if several).
+    pub fn arg(&self, role: Role) -> Option<&Arg> {
+        self.args.iter().find(|a| a.role == role)
+    }
+
+    /// True for a training step (`ppc compile --train`): it takes targets and returns the loss
+    /// and the gradients.
+    pub fn trains(&self) -> bool {
+        self.arg(Role::Loss).is_some()
+    }
+
     pub fn to_text(&self) -> String {
         let mut s = String::from("ppc-manifest 1\n");
         let _ = writeln!(s, "model {}", self.model);
@@ -99,11 +139,7 @@ impl Manifest {
             let _ = writeln!(s, "target {} {}", t.cpu, t.features.join(","));
         }
         for a in &self.args {
-            let role = match a.role {
-                Role::Input => "input",
-                Role::Param => "param",
-                Role::Output => "output",
-            };
+            let role = a.role.name();
             let shape: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
             let _ = write!(s, "arg {role} {} {} {}", a.name, a.dtype, shape.join(","));
             if a.role == Role::Param {
@@ -185,12 +221,11 @@ impl Manifest {
                     });
                 }
                 Some("arg") => {
-                    let role = match w.next() {
-                        Some("input") => Role::Input,
-                        Some("param") => Role::Param,
-                        Some("output") => Role::Output,
-                        other => return Err(format!("bad argument role {other:?}")),
-                    };
+                    let word = w.next();
+                    let role = Role::ALL
+                        .into_iter()
+                        .find(|r| Some(r.name()) == word)
+                        .ok_or_else(|| format!("bad argument role {word:?}"))?;
                     let name = w.next().ok_or("argument without a name")?.to_string();
                     let dtype = w.next().and_then(DType::from_name).ok_or("bad dtype")?;
                     let shape_text = w.next().ok_or("argument without a shape")?;

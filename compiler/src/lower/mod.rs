@@ -43,6 +43,28 @@ pub enum Numerics {
     Exact,
 }
 
+/// What the entry function computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `@pipeline`: `output = f(input, params)`.
+    Forward,
+    /// `@train_vjp` (after `loss` and `autodiff`): `loss, output, grads = f(input, target,
+    /// params)`, the gradients in f32, one per parameter.
+    Train,
+}
+
+impl Entry {
+    /// The training step for a module compiled for training (it has `@train_vjp`), else the
+    /// forward pass.
+    pub fn of(m: &Module) -> Entry {
+        if m.func(&names::vjp(names::TRAIN)).is_some() {
+            Entry::Train
+        } else {
+            Entry::Forward
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Options {
     pub numerics: Numerics,
@@ -61,11 +83,20 @@ pub struct Lowered {
 /// Name of the entry function.
 pub const ENTRY: &str = "ppc_forward";
 
-/// Lowers a module that went through `gpipe-loop`. `file` and `source` give locations.
+/// Lowers a module that went through `gpipe-loop`; its training step ([`Entry::of`]) if it
+/// went through `autodiff`.
+/// `file` and `source` give locations.
 pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Lowered, Diagnostic> {
-    let pipeline = m
-        .func(names::PIPELINE)
-        .ok_or_else(|| Diagnostic::plain("lower-mlir needs `@pipeline`: run `gpipe-loop` first"))?;
+    let entry = Entry::of(m);
+    let name = match entry {
+        Entry::Forward => names::PIPELINE.to_string(),
+        Entry::Train => names::vjp(names::TRAIN),
+    };
+    let f = m.func(&name).ok_or_else(|| {
+        Diagnostic::plain(format!(
+            "lower-mlir needs `@{name}`: run `gpipe-loop` (and `loss`, `autodiff` for training) first"
+        ))
+    })?;
     let lines = Lines::new(source);
     let mut w = Walker {
         m,
@@ -75,31 +106,83 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         param_bufs: HashMap::new(),
         groups: Vec::new(),
     };
-    let input = Buf {
-        name: "%input".into(),
-        ty: pipeline.ty(pipeline.body.args[0]).clone(),
-        layout: None,
-    };
-    let results = w.func(pipeline, vec![input.clone()])?;
-    let output = Buf {
-        name: "%output".into(),
-        ty: pipeline.result_types()[0].clone(),
-        layout: None,
-    };
-    w.e.at(m.spans.get(&Item::Pipeline));
-    w.e.copy(&results[0], &output);
-
-    let mut args = vec![arg(Role::Input, "input", &input.ty, None)];
     // Entry arguments are located at the pipeline block, return and frees at the end.
     let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
     let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
-    let mut sig = vec![format!("%input: {}{loc}", input.mty())];
+    let entry_buf = |name: &str, ty: &Type| Buf {
+        name: format!("%{name}"),
+        ty: ty.clone(),
+        layout: None,
+    };
+    // The entry's own arguments: (role, name, buffer); the rest of `f`'s are constants.
+    let mut inputs = vec![(
+        Role::Input,
+        "input",
+        entry_buf("input", f.ty(f.body.args[0])),
+    )];
+    let mut args: Vec<Buf> = vec![inputs[0].2.clone()];
+    if entry == Entry::Train {
+        // (x, target, d_loss, d_outputs): the loss's cotangent is 1, the outputs' zero.
+        let target = entry_buf("target", f.ty(f.body.args[1]));
+        args.push(target.clone());
+        inputs.push((Role::Target, "target", target));
+        w.e.at(m.spans.get(&Item::Pipeline));
+        for (&a, v) in f.body.args[2..].iter().zip([1.0, -0.0]) {
+            let b = w.e.alloc(f.ty(a));
+            let c = w.e.constant(v, "f32");
+            w.e.fill(&c, &b);
+            args.push(b);
+        }
+    }
+    let results = w.func(f, args)?;
+    // The results that leave the entry: (role, name, index in `f`'s results).
+    let mut outputs: Vec<(Role, String, usize)> = Vec::new();
+    match entry {
+        Entry::Forward => outputs.push((Role::Output, "output".into(), 0)),
+        Entry::Train => {
+            outputs.push((Role::Loss, "loss".into(), 0));
+            outputs.push((Role::Output, "output".into(), 1));
+            // Then the inputs' (and float targets') cotangents, then one per parameter of
+            // `@stage`, named as the parameter.
+            let stage = m
+                .func(names::STAGE)
+                .ok_or_else(|| Diagnostic::plain("no `@stage`"))?;
+            let first = results.len() - stage.params.len();
+            for (i, p) in stage.params.iter().enumerate() {
+                outputs.push((Role::Grad, stage.values[p.value].name.clone(), first + i));
+            }
+        }
+    }
+    let out_bufs: Vec<Buf> = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, (role, name, r))| {
+            let id = match role {
+                Role::Grad => format!("grad{i}"),
+                _ => name.clone(),
+            };
+            entry_buf(&id, &results[*r].ty)
+        })
+        .collect();
+    w.e.at(m.spans.get(&Item::Pipeline));
+    for ((_, _, r), out) in outputs.iter().zip(&out_bufs) {
+        w.e.copy(&results[*r], out);
+    }
+
+    let mut args = Vec::new();
+    let mut sig = Vec::new();
+    for (role, name, buf) in &inputs {
+        args.push(arg(*role, name, &buf.ty, None));
+        sig.push(format!("{}: {}{loc}", buf.name, buf.mty()));
+    }
     for (name, buf, p) in &w.params {
         args.push(arg(Role::Param, name, &buf.ty, Some(p)));
         sig.push(format!("{}: {}{loc}", buf.name, buf.mty()));
     }
-    args.push(arg(Role::Output, "output", &output.ty, None));
-    sig.push(format!("%output: {}{loc}", output.mty()));
+    for ((role, name, _), buf) in outputs.iter().zip(&out_bufs) {
+        args.push(arg(*role, name, &buf.ty, None));
+        sig.push(format!("{}: {}{loc}", buf.name, buf.mty()));
+    }
     let p = m.pipeline;
     let manifest = Manifest {
         model: file.to_string(),
@@ -207,7 +290,7 @@ struct Walker<'m, 'a> {
     numerics: Numerics,
     /// Entry arguments for parameters, in first-use order: (name, buffer, param).
     params: Vec<(String, Buf, ppc_dialect::ir::Param)>,
-    param_bufs: HashMap<(String, usize), Buf>,
+    param_bufs: HashMap<(String, String), Buf>,
     /// Names of the loop nests marked for `--trace`, in the order of their numbers.
     groups: Vec<String>,
 }
@@ -216,8 +299,9 @@ impl Walker<'_, '_> {
     /// Emits `f`'s body with `args` bound; returns its result buffers.
     fn func(&mut self, f: &Func, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
         let mut env: HashMap<ValueId, Buf> = f.body.args.iter().copied().zip(args).collect();
-        for (i, p) in f.params.iter().enumerate() {
-            let key = (f.name.clone(), i);
+        for p in &f.params {
+            // Keyed by name and type: `@stage` and `@stage_vjp` declare the same weights.
+            let key = (f.values[p.value].name.clone(), f.ty(p.value).to_string());
             let buf = match self.param_bufs.get(&key) {
                 Some(b) => b.clone(),
                 None => {

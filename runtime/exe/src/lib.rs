@@ -13,6 +13,8 @@ mod mpi_transport;
 use ppc_runtime::comm;
 use ppc_runtime::exec::{drive, PackedFn, Program, RunOptions};
 use ppc_runtime::manifest::Manifest;
+use ppc_runtime::optim::{Config, Kind};
+use ppc_runtime::train::{train, TrainOptions};
 use std::ffi::{c_char, c_int, CStr};
 use std::path::PathBuf;
 
@@ -54,6 +56,104 @@ Environment: PPC_NUM_THREADS (threads per rank; default: cores / ranks on this n
 PPC_CPU_DISABLE=avx512f,... (treat these CPU features as absent: the runtime's kernels take
 their portable paths and the start-up check applies), PPC_FAULT_RANK=r (testing: rank r dies
 at start, to check that the job ends)";
+
+const TRAIN_USAGE: &str =
+    "usage: MODEL [--steps N] [--lr X] [--optimizer sgd|adamw] [--momentum X] [--weight-decay X]
+         [--data FILE] [--save CKPT] [--resume CKPT] [--seed N] [--json] [--bench N]
+
+Trains the model that ppc compiled into this executable (`ppc compile --train`): each step runs
+the pipeline forward over every microbatch, the model's loss, the pipeline backward, and the
+optimizer on every parameter. Prints the loss per step with a progress bar and ETA on a
+terminal, one line per step otherwise.
+  --steps N          training steps (default 10)
+  --optimizer NAME   adamw (default: lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 0.01) or
+                     sgd (lr 0.01, momentum 0.9, no weight decay)
+  --lr X, --momentum X, --weight-decay X
+                     override the optimizer's settings
+  --data FILE        train on tensors `input` [N, ...input] and `target` [N, ...target] of a
+                     safetensors file, M rows per step (M microbatches), cycling; default: a
+                     seeded synthetic task (the same model with other weights labels 8 seeded
+                     batches of inputs; its argmax for softmax_cross_entropy)
+  --save CKPT        after the last step, write weights (`layers.L.NAME`, as --params files
+                     name them), optimizer state and step to a safetensors file, atomically
+  --resume CKPT      start from a checkpoint written by --save (the step count goes on)
+  --seed N           seed of the initial weights and of the synthetic task (default 0)
+  --json             one JSON line per step on stdout: {\"step\":N,\"loss\":X,\"step_s\":T}
+  --bench N          after the run, time N more steps (forward, backward, update) and print one
+                     JSON line as forward executables do
+  --help             print this and exit";
+
+/// What the executable was asked to do.
+enum Job {
+    Forward(RunOptions),
+    Train(TrainOptions),
+}
+
+fn parse_train_args(args: &[String]) -> Result<Option<TrainOptions>, String> {
+    let mut o = TrainOptions {
+        seed: 0,
+        steps: 10,
+        optimizer: Config::new(Kind::AdamW),
+        data: None,
+        save: None,
+        resume: None,
+        json: false,
+        bench: None,
+    };
+    let (mut lr, mut momentum, mut decay) = (None, None, None);
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        let number = |name: &str, v: String| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"))
+        };
+        let real = |name: &str, v: String| {
+            v.parse::<f32>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| format!("{name} needs a non-negative number, got `{v}`"))
+        };
+        match a.as_str() {
+            "--help" | "-h" => return Ok(None),
+            "--seed" => o.seed = number("--seed", value("--seed")?)?,
+            "--steps" => {
+                o.steps = u32::try_from(number("--steps", value("--steps")?)?)
+                    .map_err(|_| "--steps is too large")?
+            }
+            "--bench" => {
+                o.bench = Some(
+                    u32::try_from(number("--bench", value("--bench")?)?)
+                        .map_err(|_| "--bench is too large")?,
+                )
+            }
+            "--optimizer" => {
+                let v = value("--optimizer")?;
+                let kind = Kind::from_name(&v)
+                    .ok_or_else(|| format!("--optimizer is sgd or adamw, got `{v}`"))?;
+                o.optimizer = Config::new(kind);
+            }
+            "--lr" => lr = Some(real("--lr", value("--lr")?)?),
+            "--momentum" => momentum = Some(real("--momentum", value("--momentum")?)?),
+            "--weight-decay" => decay = Some(real("--weight-decay", value("--weight-decay")?)?),
+            "--data" => o.data = Some(PathBuf::from(value("--data")?)),
+            "--save" => o.save = Some(PathBuf::from(value("--save")?)),
+            "--resume" => o.resume = Some(PathBuf::from(value("--resume")?)),
+            "--json" => o.json = true,
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    // Settings apply to whichever optimizer was chosen, wherever --optimizer came.
+    let c = &mut o.optimizer;
+    c.lr = lr.unwrap_or(c.lr);
+    c.momentum = momentum.unwrap_or(c.momentum);
+    c.weight_decay = decay.unwrap_or(c.weight_decay);
+    Ok(Some(o))
+}
 
 fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
     let mut o = RunOptions {
@@ -102,20 +202,6 @@ fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
 pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> c_int {
     let args: Vec<String> = std::env::args().collect();
     let prog = args.first().cloned().unwrap_or_else(|| "model".into());
-    let opts = match parse_args(&args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            println!("{}", USAGE.replace("MODEL", &prog));
-            return 0;
-        }
-        Err(e) => {
-            say(&format!(
-                "{prog}: error: {e}\n{}",
-                USAGE.replace("MODEL", &prog)
-            ));
-            return 2;
-        }
-    };
     // SAFETY: the generated object defines `ppc_manifest` returning a NUL-terminated static string.
     let text = unsafe { CStr::from_ptr(ppc_manifest()) }
         .to_string_lossy()
@@ -127,19 +213,41 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
             return 1;
         }
     };
+    let (usage, parsed) = if manifest.trains() {
+        (
+            TRAIN_USAGE,
+            parse_train_args(&args).map(|o| o.map(Job::Train)),
+        )
+    } else {
+        (USAGE, parse_args(&args).map(|o| o.map(Job::Forward)))
+    };
+    let job = match parsed {
+        Ok(Some(j)) => j,
+        Ok(None) => {
+            println!("{}", usage.replace("MODEL", &prog));
+            return 0;
+        }
+        Err(e) => {
+            say(&format!(
+                "{prog}: error: {e}\n{}",
+                usage.replace("MODEL", &prog)
+            ));
+            return 2;
+        }
+    };
     // The pool's (OpenMP's) threads exist beside MPI, but only this thread calls it: "funneled".
     let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
         say(&format!("{prog}: error: MPI is already initialized"));
         return 1;
     };
     comm::install(Box::new(mpi_transport::Mpi::new(universe.world())));
-    let code = run(&prog, manifest, &opts);
+    let code = run(&prog, manifest, &job);
     drop(universe); // MPI_Finalize
     code
 }
 
 /// The run on this rank, after MPI is up; errors on a job of several ranks abort it.
-fn run(prog: &str, manifest: Manifest, opts: &RunOptions) -> c_int {
+fn run(prog: &str, manifest: Manifest, job: &Job) -> c_int {
     let t = comm::transport().expect("invariant: installed by ppc_main");
     let (rank, size) = (t.rank(), t.size());
     let who = if size > 1 {
@@ -189,13 +297,13 @@ fn run(prog: &str, manifest: Manifest, opts: &RunOptions) -> c_int {
     let entry: PackedFn = _mlir__mlir_ciface_ppc_forward;
     // SAFETY: the object that defines the entry was compiled together with this manifest.
     let program = unsafe { Program::new(manifest, entry) };
-    match drive(
-        &program,
-        opts,
-        &mut std::io::stdout(),
-        &mut std::io::stderr(),
-    ) {
-        Ok(_) => 0,
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let done = match job {
+        Job::Forward(opts) => drive(&program, opts, &mut out, &mut err).map(|_| ()),
+        Job::Train(opts) => train(&program, opts, &mut out, &mut err).map(|_| ()),
+    };
+    match done {
+        Ok(()) => 0,
         Err(e) => {
             say(&format!("{who}: error: {e}"));
             if size > 1 {

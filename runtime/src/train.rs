@@ -1,0 +1,418 @@
+//! Training with a compiled training step (`ppc compile --train`): the data, the step loop and
+//! its progress, the optimizer, checkpoints.
+//!
+//! Data is the safetensors file of `--data` (tensors `input` `[N, ...input]` and `target`
+//! `[N, ...target]`; step `s` takes rows `s·M, s·M + 1, ...` modulo N), or by default a seeded
+//! task a model can learn: the same model with other weights (a *teacher*, drawn with seed
+//! `seed + TEACHER_SEED_OFFSET`) labels a pool of seeded input batches (for
+//! `softmax_cross_entropy`, the argmax of its logits).
+//!
+//! A checkpoint (`--save`, written atomically; `--resume`) is a safetensors file: the f32 master
+//! weights as `layers.L.NAME` (the naming of `--params` files), the optimizer's moments as
+//! `optim.m.layers.L.NAME` (and `optim.v.` for AdamW), and `optim.step`. Per-layer names do
+//! not depend on how the stages are laid out, so a checkpoint resumes on any rank count.
+
+use crate::exec::{bench, Program};
+use crate::init::{self, Source};
+use crate::manifest::{Arg, Role};
+use crate::memref::HostBuffer;
+use crate::optim::{Config, Kind, Optimizer};
+use crate::params::tensor_name;
+use crate::safetensors;
+use crate::tensor::{DType, Tensor};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The teacher of the synthetic task is the model drawn with `seed + TEACHER_SEED_OFFSET`.
+pub const TEACHER_SEED_OFFSET: u64 = 1_000_003;
+/// Input batches the synthetic task cycles through.
+pub const SYNTHETIC_BATCHES: u64 = 8;
+
+/// What a training run is asked to do.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    pub seed: u64,
+    pub steps: u32,
+    pub optimizer: Config,
+    pub data: Option<PathBuf>,
+    pub save: Option<PathBuf>,
+    pub resume: Option<PathBuf>,
+    /// One JSON line per step on stdout instead of the progress display.
+    pub json: bool,
+    /// After the run, time this many more steps and print one JSON line.
+    pub bench: Option<u32>,
+}
+
+/// The losses of the steps that ran, in order.
+pub struct Trained {
+    pub losses: Vec<f32>,
+    pub optimizer: Optimizer,
+}
+
+pub fn train(
+    program: &Program,
+    opts: &TrainOptions,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Trained, String> {
+    let m = &program.manifest;
+    if !m.trains() {
+        return Err("this program is a forward pass: compile it with `ppc compile --train`".into());
+    }
+    let io = |e: std::io::Error| e.to_string();
+    let params_args: Vec<&Arg> = m.args.iter().filter(|a| a.role == Role::Param).collect();
+    // The gradient of each parameter, by name.
+    let grad_args: Vec<&Arg> = m.args.iter().filter(|a| a.role == Role::Grad).collect();
+    let grad_of: Vec<usize> = params_args
+        .iter()
+        .map(|p| {
+            grad_args
+                .iter()
+                .position(|g| g.name == p.name)
+                .ok_or_else(|| format!("the program has no gradient for parameter `{}`", p.name))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut params = program.params(&Source::Seeded(opts.seed))?;
+    let mut optimizer = Optimizer::new(opts.optimizer, &params);
+    if let Some(path) = &opts.resume {
+        optimizer = resume(path, &params_args, opts.optimizer, &mut params)?;
+        writeln!(
+            err,
+            "resumed from {} at step {}",
+            path.display(),
+            optimizer.step
+        )
+        .map_err(io)?;
+    }
+    let data = Data::new(program, opts)?;
+    let mut bufs = Buffers::new(program);
+    let first = optimizer.step;
+    let mut losses = Vec::new();
+    let started = Instant::now();
+    let terminal = !opts.json && std::io::stderr().is_terminal();
+    let mut step_once = |params: &mut Vec<HostBuffer>,
+                         optimizer: &mut Optimizer,
+                         step: u64|
+     -> Result<f32, String> {
+        let (input, target) = data.batch(m, step);
+        let loss = bufs.run(program, input, target, params)?;
+        let grads: Vec<Tensor> = grad_of.iter().map(|&g| bufs.grads[g].to_tensor()).collect();
+        optimizer.update(params, &grads);
+        Ok(loss)
+    };
+    for s in 0..u64::from(opts.steps) {
+        let t = Instant::now();
+        let step = first + s;
+        let loss = step_once(&mut params, &mut optimizer, step)?;
+        if !loss.is_finite() {
+            return Err(format!(
+                "step {}: the loss is {loss}: lower the learning rate (--lr)",
+                step + 1
+            ));
+        }
+        losses.push(loss);
+        let took = t.elapsed().as_secs_f64();
+        let done = s + 1;
+        if opts.json {
+            writeln!(
+                out,
+                "{{\"step\":{},\"loss\":{loss:e},\"step_s\":{took:e}}}",
+                step + 1
+            )
+            .map_err(io)?;
+        } else {
+            let eta = started.elapsed().as_secs_f64() / done as f64
+                * (u64::from(opts.steps) - done) as f64;
+            let line = format!(
+                "step {}/{}  loss {loss:.6}  {}  {took:.3} s/step  ETA {eta:.0} s",
+                step + 1,
+                first + u64::from(opts.steps),
+                bar(done, u64::from(opts.steps)),
+            );
+            if terminal {
+                write!(err, "\r{line}").map_err(io)?;
+            } else {
+                writeln!(err, "{line}").map_err(io)?;
+            }
+        }
+    }
+    if terminal {
+        writeln!(err).map_err(io)?;
+    }
+    if let Some(path) = &opts.save {
+        save(path, &params_args, &optimizer)?;
+        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+    }
+    if let Some(n) = opts.bench {
+        // Forward, backward (about twice the forward's matmuls) and update.
+        let flops = 3 * m.flops;
+        let mut step = optimizer.step;
+        let mut bench_opt = optimizer.clone();
+        bench(m, flops, n, out, &mut || {
+            step += 1;
+            step_once(&mut params, &mut bench_opt, step).map(|_| ())
+        })?;
+    }
+    Ok(Trained { losses, optimizer })
+}
+
+/// `[#####.....]`: `done` of `total`.
+fn bar(done: u64, total: u64) -> String {
+    let width = 20;
+    let full = (done * width / total.max(1)) as usize;
+    format!(
+        "[{}{}]",
+        "#".repeat(full),
+        ".".repeat(width as usize - full)
+    )
+}
+
+/// The buffers of one call of the training step besides the parameters.
+struct Buffers {
+    output: HostBuffer,
+    loss: HostBuffer,
+    grads: Vec<HostBuffer>,
+}
+
+impl Buffers {
+    fn new(program: &Program) -> Buffers {
+        let m = &program.manifest;
+        let zeros = |a: &Arg| HostBuffer::zeros(a.dtype, &a.shape);
+        Buffers {
+            output: zeros(m.output()),
+            loss: zeros(m.arg(Role::Loss).expect("invariant: a training program")),
+            grads: m
+                .args
+                .iter()
+                .filter(|a| a.role == Role::Grad)
+                .map(zeros)
+                .collect(),
+        }
+    }
+
+    /// Runs the step; returns the loss.
+    fn run(
+        &mut self,
+        program: &Program,
+        mut input: HostBuffer,
+        mut target: HostBuffer,
+        params: &mut [HostBuffer],
+    ) -> Result<f32, String> {
+        let mut bufs = Vec::new();
+        let (mut params, mut grads) = (params.iter_mut(), self.grads.iter_mut());
+        let (mut i, mut t, mut o, mut l) = (
+            Some(&mut input),
+            Some(&mut target),
+            Some(&mut self.output),
+            Some(&mut self.loss),
+        );
+        for a in &program.manifest.args {
+            let b = match a.role {
+                Role::Input => i.take(),
+                Role::Target => t.take(),
+                Role::Param => params.next(),
+                Role::Output => o.take(),
+                Role::Loss => l.take(),
+                Role::Grad => grads.next(),
+            }
+            .ok_or_else(|| format!("missing buffer for argument `{}`", a.name))?;
+            bufs.push(b);
+        }
+        program.call(bufs)?;
+        Ok(self.loss.to_tensor().data[0])
+    }
+}
+
+/// Batches of inputs and targets, `[M, ...]` each.
+enum Data {
+    /// Step `s` uses batch `s mod len`.
+    Pool(Vec<(HostBuffer, HostBuffer)>),
+    /// `[N, ...]` rows; step `s` uses rows `s·M + i mod N`.
+    File { input: Tensor, target: Tensor },
+}
+
+impl Data {
+    fn new(program: &Program, opts: &TrainOptions) -> Result<Data, String> {
+        let m = &program.manifest;
+        let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
+        let mb = input.shape[0];
+        match &opts.data {
+            Some(path) => {
+                let read = |name: &str, a: &Arg| -> Result<Tensor, String> {
+                    let b = safetensors::read_tensor(path, name)?;
+                    if b.shape.len() != a.shape.len()
+                        || b.shape[1..] != a.shape[1..]
+                        || b.shape[0] == 0
+                    {
+                        return Err(format!(
+                            "{}: tensor `{name}` is {}{:?}, but this model trains on [N, {}] ({} per microbatch)",
+                            path.display(),
+                            b.dtype,
+                            b.shape,
+                            a.shape[1..].iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+                            a.dtype
+                        ));
+                    }
+                    Ok(b.to_tensor())
+                };
+                let (x, y) = (read("input", input)?, read("target", target)?);
+                if x.shape[0] != y.shape[0] {
+                    return Err(format!(
+                        "{}: {} inputs but {} targets",
+                        path.display(),
+                        x.shape[0],
+                        y.shape[0]
+                    ));
+                }
+                Ok(Data::File {
+                    input: x,
+                    target: y,
+                })
+            }
+            None => {
+                let teacher = program.params(&Source::Seeded(opts.seed + TEACHER_SEED_OFFSET))?;
+                let mut bufs = Buffers::new(program);
+                let mut teacher = teacher;
+                let mut pool = Vec::new();
+                for b in 0..SYNTHETIC_BATCHES {
+                    let x = HostBuffer::from_tensor(&init::synthetic_inputs(
+                        opts.seed.wrapping_mul(SYNTHETIC_BATCHES) + b,
+                        input.dtype,
+                        &input.shape[1..],
+                        mb,
+                    ));
+                    let zero = HostBuffer::zeros(target.dtype, &target.shape);
+                    bufs.run(program, x.clone(), zero, &mut teacher)?;
+                    let y = bufs.output.to_tensor();
+                    let t = match target.dtype {
+                        DType::I32 => argmax_last(&y, target),
+                        _ => Tensor::new(target.dtype, target.shape.clone(), y.data),
+                    };
+                    pool.push((x, HostBuffer::from_tensor(&t)));
+                }
+                Ok(Data::Pool(pool))
+            }
+        }
+    }
+
+    fn batch(&self, m: &crate::manifest::Manifest, step: u64) -> (HostBuffer, HostBuffer) {
+        match self {
+            Data::Pool(pool) => pool[(step % pool.len() as u64) as usize].clone(),
+            Data::File { input, target } => {
+                let target_arg = m.arg(Role::Target).expect("invariant: training");
+                (rows(input, m.input(), step), rows(target, target_arg, step))
+            }
+        }
+    }
+}
+
+/// The `M` rows of `t` that step `step` trains on, as argument `a` takes them.
+fn rows(t: &Tensor, a: &Arg, step: u64) -> HostBuffer {
+    let (mb, n) = (a.shape[0] as u64, t.shape[0] as u64);
+    let inner: usize = a.shape[1..].iter().product();
+    let data = (0..mb)
+        .flat_map(|i| {
+            let r = ((step * mb + i) % n) as usize;
+            t.data[r * inner..(r + 1) * inner].to_vec()
+        })
+        .collect();
+    HostBuffer::from_tensor(&Tensor::new(a.dtype, a.shape.clone(), data))
+}
+
+/// The index of the largest logit of each row (the last axis of `y`).
+fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
+    let classes = *y.shape.last().expect("invariant: logits have a class axis");
+    let data = y
+        .data
+        .chunks(classes)
+        .map(|row| {
+            let best = (0..classes).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+            best as f32
+        })
+        .collect();
+    Tensor::new(DType::I32, target.shape.clone(), data)
+}
+
+/// The per-layer tensors of a stacked parameter `a` (`[layer axes..., ...]`) holding `data`.
+fn layers_of<'d>(a: &Arg, data: &'d [f32]) -> Vec<(u64, Tensor, &'d [f32])> {
+    let shape = a.shape[a.layer_axes..].to_vec();
+    let n: usize = shape.iter().product();
+    data.chunks(n)
+        .enumerate()
+        .map(|(l, c)| {
+            (
+                l as u64,
+                Tensor::new(DType::F32, shape.clone(), c.to_vec()),
+                c,
+            )
+        })
+        .collect()
+}
+
+fn save(path: &std::path::Path, params: &[&Arg], opt: &Optimizer) -> Result<(), String> {
+    let mut named: Vec<(String, HostBuffer)> = Vec::new();
+    for (i, a) in params.iter().enumerate() {
+        let mut add = |prefix: &str, data: &[f32]| {
+            for (l, t, _) in layers_of(a, data) {
+                named.push((
+                    format!("{prefix}{}", tensor_name(l, &a.name)),
+                    HostBuffer::from_tensor(&t),
+                ));
+            }
+        };
+        add("", &opt.master[i]);
+        add("optim.m.", &opt.m[i]);
+        if opt.config.kind == Kind::AdamW {
+            add("optim.v.", &opt.v[i]);
+        }
+    }
+    let step = Tensor::new(DType::I32, vec![], vec![opt.step as f32]);
+    named.push(("optim.step".into(), HostBuffer::from_tensor(&step)));
+    let refs: Vec<(&str, &HostBuffer)> = named.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    safetensors::write(path, &refs)
+}
+
+fn resume(
+    path: &std::path::Path,
+    params: &[&Arg],
+    config: Config,
+    bufs: &mut [HostBuffer],
+) -> Result<Optimizer, String> {
+    let read = |name: &str, a: &Arg| -> Result<Vec<f32>, String> {
+        let mut data = Vec::new();
+        let layers: usize = a.shape[..a.layer_axes].iter().product();
+        let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
+        for l in 0..layers as u64 {
+            let key = format!("{name}{}", tensor_name(l, &a.name));
+            let t = safetensors::read_tensor(path, &key)?;
+            if t.shape != inner {
+                return Err(format!(
+                    "{}: tensor `{key}` is {:?}, the model's is {inner:?}",
+                    path.display(),
+                    t.shape
+                ));
+            }
+            data.extend(t.to_tensor().data);
+        }
+        Ok(data)
+    };
+    let mut opt = Optimizer::new(config, bufs);
+    for (i, a) in params.iter().enumerate() {
+        opt.master[i] = read("", a)?;
+        opt.m[i] = read("optim.m.", a)?;
+        if config.kind == Kind::AdamW {
+            opt.v[i] = read("optim.v.", a)
+                .map_err(|e| format!("{e} (a checkpoint of SGD cannot resume with AdamW)"))?;
+        }
+        bufs[i] = HostBuffer::from_tensor(&Tensor::new(
+            a.dtype,
+            a.shape.clone(),
+            opt.master[i].clone(),
+        ));
+    }
+    opt.step = safetensors::read_tensor(path, "optim.step")?
+        .to_tensor()
+        .data[0] as u64;
+    Ok(opt)
+}
