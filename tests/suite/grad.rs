@@ -13,7 +13,7 @@ use ppc_dialect::interp::Interp;
 use ppc_dialect::{Module, Overrides};
 use ppc_runtime::{Init, Rng, Tensor};
 
-fn train_opts(poison: bool) -> Options {
+pub(crate) fn train_opts(poison: bool) -> Options {
     Options {
         poison_bubbles: poison,
         train: true,
@@ -302,7 +302,7 @@ func @layer(%x: f32[b, d]) -> f32[b, d] {{
 }
 
 /// Seeded targets of the model's target type, stacked over microbatches.
-fn targets(m: &Module, seed: u64) -> Tensor {
+pub(crate) fn targets(m: &Module, seed: u64) -> Tensor {
     let t = ppc::passes::target_type(m);
     let mut shape = vec![m.pipeline.microbatches as usize];
     shape.extend(t.shape_usize());
