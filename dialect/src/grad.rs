@@ -5,10 +5,11 @@
 //! Parameter gradients add up over microbatches `M-1, ..., 0`, starting from `-0.0`: the order
 //! in which the pipeline's reverse loop meets them, so the two agree bit for bit.
 
-use crate::interp::{microbatch, stack, Interp};
+use crate::interp::{microbatch, on_ranks, shard, stack, Interp};
 use crate::ir::names;
 use crate::kernels;
 use crate::op::BinaryOp;
+use ppc_runtime::init::{global_layer, Source};
 use ppc_runtime::{DType, Tensor};
 
 /// The outputs and the gradients of one backward pass.
@@ -73,37 +74,47 @@ impl Interp<'_> {
 
     /// The pipelined program's gradients (one process).
     pub fn pipeline_vjp(&mut self, inputs: &Tensor, d_outputs: &Tensor) -> Result<Grads, String> {
+        one_process(self.module())?;
+        merge(vec![self.pipeline_vjp_part(inputs, d_outputs)?])
+    }
+
+    /// This rank's part of the pipelined program's gradients.
+    fn pipeline_vjp_part(&mut self, inputs: &Tensor, d_outputs: &Tensor) -> Result<Part, String> {
         let m = self.module();
-        if m.pipeline.ranks > 1 {
-            return Err("gradients of a program split over ranks are not supported yet".into());
-        }
         let vjp = m
             .func(&names::vjp(names::PIPELINE))
             .ok_or("the module has no `@pipeline_vjp`: run `gpipe-loop` and `autodiff` first")?;
-        let mut r = self.call(vjp, vec![inputs.clone(), d_outputs.clone()], 0)?;
+        // The outputs are the last rank's: the cotangent enters there alone (elsewhere it would
+        // flow back through the exchanges into the neighbours' stages).
+        let d = if self.rank() + 1 == m.pipeline.ranks {
+            d_outputs.clone()
+        } else {
+            Tensor::splat(d_outputs.dtype, d_outputs.shape.clone(), -0.0)
+        };
+        let mut r = self.call(vjp, vec![inputs.clone(), d], 0)?;
         let grads = r.split_off(2);
         let d_inputs = r.remove(1);
-        let outputs = r.remove(0);
-        let params = per_layer(m, grads)?;
-        Ok(Grads {
-            outputs,
+        Ok(Part {
+            loss: 0.0,
+            outputs: r.remove(0),
             inputs: d_inputs,
-            params,
+            params: self.per_layer(grads)?,
         })
     }
-}
 
-/// The loss of one training step and its gradients.
-#[derive(Clone, Debug)]
-pub struct Step {
-    pub loss: f32,
-    pub grads: Grads,
-}
-
-impl Interp<'_> {
     /// One training step's loss and gradients (`@train_vjp`: the pipelined program, then the
-    /// model's loss on `targets`).
+    /// model's loss on `targets`), in one process.
     pub fn train_step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<Step, String> {
+        one_process(self.module())?;
+        let part = self.train_step_part(inputs, targets)?;
+        let loss = part.loss;
+        Ok(Step {
+            loss,
+            grads: merge(vec![part])?,
+        })
+    }
+
+    fn train_step_part(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<Part, String> {
         let m = self.module();
         let vjp = m
             .func(&names::vjp(names::TRAIN))
@@ -117,33 +128,136 @@ impl Interp<'_> {
         let grads = r.split_off(r.len() - stage.params.len());
         let d_inputs = r.remove(2);
         let outputs = r.remove(1);
-        Ok(Step {
+        Ok(Part {
             loss: r[0].data[0],
-            grads: Grads {
-                outputs,
-                inputs: d_inputs,
-                params: per_layer(m, grads)?,
-            },
+            outputs,
+            inputs: d_inputs,
+            params: self.per_layer(grads)?,
         })
+    }
+
+    /// Gradients of `@stage`'s parameters (stacked `[R?, S, k?, ...]`, this rank's stages) as
+    /// `(model layer, gradient)`.
+    fn per_layer(&self, grads: Vec<Tensor>) -> Result<LayerGrads, String> {
+        let m = self.module();
+        let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
+        Ok(stage
+            .params
+            .iter()
+            .zip(grads)
+            .map(|(p, g)| {
+                let ty = stage.ty(p.value);
+                let full = ty.shape_usize();
+                let (lead, shape) = full.split_at(p.layer_axes);
+                let n: usize = shape.iter().product();
+                let shard = shard(m, ty, self.rank());
+                let layers = g
+                    .data
+                    .chunks(n)
+                    .enumerate()
+                    .map(|(l, c)| {
+                        let t = Tensor::new(DType::F32, shape.to_vec(), c.to_vec());
+                        (global_layer(l, lead, shard), t)
+                    })
+                    .collect();
+                (stage.values[p.value].name.clone(), layers)
+            })
+            .collect())
     }
 }
 
-/// Gradients of `@stage`'s parameters (stacked `[R?, S, k?, ...]` in layer order), per layer.
-fn per_layer(m: &crate::Module, grads: Vec<Tensor>) -> Result<Vec<(String, Vec<Tensor>)>, String> {
-    let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
-    Ok(stage
-        .params
-        .iter()
-        .zip(grads)
-        .map(|(p, g)| {
-            let shape = stage.ty(p.value).shape_usize()[p.layer_axes..].to_vec();
-            let n: usize = shape.iter().product();
-            let layers = g
-                .data
-                .chunks(n)
-                .map(|c| Tensor::new(DType::F32, shape.clone(), c.to_vec()))
-                .collect();
-            (stage.values[p.value].name.clone(), layers)
+/// The loss of one training step and its gradients.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub loss: f32,
+    pub grads: Grads,
+}
+
+/// Per parameter, its name and `(model layer, gradient)` of the layers one rank holds.
+type LayerGrads = Vec<(String, Vec<(usize, Tensor)>)>;
+
+/// One rank's gradients: the parameters of its stages, by model layer.
+struct Part {
+    loss: f32,
+    outputs: Tensor,
+    inputs: Tensor,
+    params: LayerGrads,
+}
+
+fn one_process(m: &crate::Module) -> Result<(), String> {
+    if m.pipeline.ranks > 1 {
+        return Err(format!(
+            "the program is split over {} ranks: use the `_on_ranks` functions",
+            m.pipeline.ranks
+        ));
+    }
+    Ok(())
+}
+
+/// The ranks' parts as one: outputs from the last rank (which holds the last stage), input
+/// gradients from rank 0 (the first), every layer's parameters from the rank that holds it.
+fn merge(parts: Vec<Part>) -> Result<Grads, String> {
+    let mut params: Vec<(String, Vec<Option<Tensor>>)> = Vec::new();
+    for part in &parts {
+        for (i, (name, layers)) in part.params.iter().enumerate() {
+            if params.len() <= i {
+                params.push((name.clone(), Vec::new()));
+            }
+            let slots = &mut params[i].1;
+            for (l, t) in layers {
+                if slots.len() <= *l {
+                    slots.resize(*l + 1, None);
+                }
+                slots[*l] = Some(t.clone());
+            }
+        }
+    }
+    let params = params
+        .into_iter()
+        .map(|(name, slots)| {
+            let layers = slots
+                .into_iter()
+                .enumerate()
+                .map(|(l, t)| t.ok_or_else(|| format!("no rank holds layer {l} of `{name}`")))
+                .collect::<Result<_, _>>()?;
+            Ok((name, layers))
         })
-        .collect())
+        .collect::<Result<_, String>>()?;
+    let first = parts.first().ok_or("no ranks")?;
+    let last = parts.last().ok_or("no ranks")?;
+    Ok(Grads {
+        outputs: last.outputs.clone(),
+        inputs: first.inputs.clone(),
+        params,
+    })
+}
+
+/// [`Interp::pipeline_vjp`] of a module sharded over ranks (one thread per rank).
+pub fn pipeline_vjp_on_ranks(
+    m: &crate::Module,
+    seed: u64,
+    source: &Source,
+    inputs: &Tensor,
+    d_outputs: &Tensor,
+) -> Result<Grads, String> {
+    merge(on_ranks(m, seed, source, |i| {
+        i.pipeline_vjp_part(inputs, d_outputs)
+    })?)
+}
+
+/// [`Interp::train_step`] of a module sharded over ranks (one thread per rank); the loss is the
+/// last rank's, the one whose outputs are the model's.
+pub fn train_step_on_ranks(
+    m: &crate::Module,
+    seed: u64,
+    source: &Source,
+    inputs: &Tensor,
+    targets: &Tensor,
+) -> Result<Step, String> {
+    let parts = on_ranks(m, seed, source, |i| i.train_step_part(inputs, targets))?;
+    let loss = parts.last().ok_or("no ranks")?.loss;
+    Ok(Step {
+        loss,
+        grads: merge(parts)?,
+    })
 }

@@ -18,9 +18,10 @@ use std::collections::HashMap;
 /// The fill used for poisoned bubbles, as a number the text format can hold.
 pub const POISON: f64 = f64::NAN;
 
-/// How one rank of a sharded program reaches the others: `exchange` sends to the next rank
-/// and returns what the previous one sent, or an error if a neighbour is gone.
-pub type Exchange<'m> = Box<dyn FnMut(Tensor) -> Result<Tensor, String> + 'm>;
+/// How one rank of a sharded program reaches the others: `exchange(x, false)` sends to the next
+/// rank and returns what the previous one sent; `exchange(x, true)` the other way round; an
+/// error if a neighbour is gone.
+pub type Exchange<'m> = Box<dyn FnMut(Tensor, bool) -> Result<Tensor, String> + 'm>;
 
 /// An interpreter for one module and one seed (and one rank of a sharded module); caches
 /// materialized parameters.
@@ -64,6 +65,11 @@ impl<'m> Interp<'m> {
             exchange: Some(exchange),
             ..Interp::with_params(module, seed, source)
         }
+    }
+
+    /// The rank this interpreter runs (0 of 1 for a program in one process).
+    pub fn rank(&self) -> u64 {
+        self.rank
     }
 
     /// The module this interpreter runs.
@@ -229,10 +235,10 @@ impl<'m> Interp<'m> {
                     axis,
                 } => vec![k::update(get(*x), get(*update), get(*index), *axis)],
                 OpKind::Rank => vec![Tensor::scalar(DType::I32, self.rank as f32)],
-                OpKind::Exchange { x } => {
+                OpKind::Exchange { x, reverse } => {
                     let x = get(*x).clone();
                     vec![match &mut self.exchange {
-                        Some(exchange) => exchange(x)?,
+                        Some(exchange) => exchange(x, *reverse)?,
                         None => x,
                     }]
                 }
@@ -306,28 +312,53 @@ pub fn forward_on_ranks(
     source: &Source,
     inputs: &Tensor,
 ) -> Result<Tensor, String> {
+    let mut all = on_ranks(m, seed, source, |interp| interp.forward(inputs))?;
+    Ok(all.pop().expect("invariant: at least one rank"))
+}
+
+/// Runs `run` on an interpreter for each rank of a module sharded over `ranks` ranks, one
+/// thread per rank, exchanges passing tensors around the ring; returns every rank's result in
+/// rank order, or the error of the first rank that failed.
+pub fn on_ranks<T: Send>(
+    m: &Module,
+    seed: u64,
+    source: &Source,
+    run: impl Fn(&mut Interp) -> Result<T, String> + Sync,
+) -> Result<Vec<T>, String> {
     use std::sync::mpsc::channel;
     let ranks = m.pipeline.ranks as usize;
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..ranks).map(|_| channel::<Tensor>()).unzip();
+    // Channel `r` of a ring carries what rank `r` receives in that direction.
+    let ring = || -> (Vec<_>, Vec<_>) { (0..ranks).map(|_| channel::<Tensor>()).unzip() };
+    let ((forward_tx, forward_rx), (back_tx, back_rx)) = (ring(), ring());
     const GONE: &str = "a neighbouring rank stopped";
     let gone = |rank: usize| format!("rank {rank}: {GONE}");
-    let results: Vec<Result<Tensor, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = receivers
+    let run = &run;
+    let results: Vec<Result<T, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = forward_rx
             .into_iter()
+            .zip(back_rx)
             .enumerate()
-            .map(|(rank, from_prev)| {
-                let to_next = senders[(rank + 1) % ranks].clone();
+            .map(|(rank, (from_prev, from_next))| {
+                let to_next = forward_tx[(rank + 1) % ranks].clone();
+                let to_prev = back_tx[(rank + ranks - 1) % ranks].clone();
                 scope.spawn(move || {
-                    let exchange: Exchange = Box::new(move |x| {
-                        to_next.send(x).map_err(|_| gone(rank))?;
-                        from_prev.recv().map_err(|_| gone(rank))
+                    let exchange: Exchange = Box::new(move |x, reverse| {
+                        let (to, from) = if reverse {
+                            (&to_prev, &from_next)
+                        } else {
+                            (&to_next, &from_prev)
+                        };
+                        to.send(x).map_err(|_| gone(rank))?;
+                        from.recv().map_err(|_| gone(rank))
                     });
-                    Interp::on_rank(m, seed, source.clone(), rank as u64, exchange).forward(inputs)
+                    let mut interp =
+                        Interp::on_rank(m, seed, source.clone(), rank as u64, exchange);
+                    run(&mut interp)
                 })
             })
             .collect();
         // Only the ranks hold senders now: a rank that stops early ends its neighbours' waits.
-        drop(senders);
+        drop((forward_tx, back_tx));
         handles
             .into_iter()
             .enumerate()
@@ -346,10 +377,10 @@ pub fn forward_on_ranks(
     if let Some(e) = first_cause.or_else(|| results.iter().find_map(|r| r.as_ref().err())) {
         return Err(e.clone());
     }
-    results
+    Ok(results
         .into_iter()
-        .last()
-        .expect("invariant: at least one rank")
+        .map(|r| r.expect("checked above"))
+        .collect())
 }
 
 /// The model's parameters as files hold them: each of `@layer`'s, for every layer.

@@ -175,9 +175,11 @@ pub enum OpKind {
     /// This process's rank, `0..ranks` (an i32 scalar). Only `shard-stages` creates it.
     Rank,
     /// The ring exchange of a program sharded over ranks: the result is the operand of the
-    /// previous rank (rank `ranks - 1` for rank 0); with one rank, the operand itself.
+    /// previous rank (rank `ranks - 1` for rank 0), or with `reverse` (text: `from = next`) of
+    /// the next rank, the direction of the backward pass; with one rank, the operand itself.
     Exchange {
         x: ValueId,
+        reverse: bool,
     },
     /// Call of another function of the module; its parameters are its own.
     Call {
@@ -358,7 +360,7 @@ impl OpKind {
             | OpKind::LayerNorm { x, .. }
             | OpKind::Pad { x, .. }
             | OpKind::Shift { x, .. }
-            | OpKind::Exchange { x } => vec![*x],
+            | OpKind::Exchange { x, .. } => vec![*x],
             OpKind::Binary { lhs, rhs, .. }
             | OpKind::Compare { lhs, rhs, .. }
             | OpKind::MatMul {
@@ -403,7 +405,7 @@ impl OpKind {
             | OpKind::LayerNorm { x, .. }
             | OpKind::Pad { x, .. }
             | OpKind::Shift { x, .. }
-            | OpKind::Exchange { x } => *x = f(*x),
+            | OpKind::Exchange { x, .. } => *x = f(*x),
             OpKind::Binary { lhs, rhs, .. } | OpKind::Compare { lhs, rhs, .. } => {
                 *lhs = f(*lhs);
                 *rhs = f(*rhs);

@@ -197,7 +197,8 @@ fn attrs(kind: &OpKind) -> Vec<String> {
         | OpKind::Convert { .. }
         | OpKind::Constant { .. }
         | OpKind::Rank
-        | OpKind::Exchange { .. }
+        | OpKind::Exchange { reverse: false, .. }
         | OpKind::Call { .. } => vec![],
+        OpKind::Exchange { reverse: true, .. } => vec!["from = next".to_string()],
     }
 }

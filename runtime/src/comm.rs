@@ -16,8 +16,9 @@ use std::time::Instant;
 pub trait Transport: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
-    /// Sends `send` to rank `rank + 1` and receives the previous rank's into `recv` (ring order).
-    fn exchange(&self, send: &[u8], recv: &mut [u8]);
+    /// Sends `send` to rank `rank + 1` and receives the previous rank's into `recv` (ring
+    /// order); with `reverse`, to rank `rank - 1` from the next one (the backward pass).
+    fn exchange(&self, send: &[u8], recv: &mut [u8], reverse: bool);
     /// Gathers `values` (the same count on every rank) to rank 0, rank by rank; `None` elsewhere.
     fn gather(&self, values: &[f64]) -> Option<Vec<f64>>;
     /// The largest of every rank's `value`, on every rank.
@@ -75,7 +76,7 @@ pub extern "C" fn ppc_rank() -> i32 {
 /// # Safety
 /// `send` and `recv` point to live memref descriptors of the same shape with `elem`-byte
 /// elements, which do not overlap.
-unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize) {
+unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize, reverse: bool) {
     let start = Instant::now();
     // SAFETY: forwarded from this function's contract.
     let (send, recv) = unsafe { (Strided::of(send, elem), Strided::of(recv, elem)) };
@@ -84,7 +85,7 @@ unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize) {
     unsafe { send.gather(&mut out) };
     let mut back = vec![0u8; recv.bytes()];
     match transport() {
-        Some(t) => t.exchange(&out, &mut back),
+        Some(t) => t.exchange(&out, &mut back, reverse),
         None => back.copy_from_slice(&out),
     }
     // SAFETY: `recv` describes live memory (contract); `back` has exactly its size.
@@ -94,24 +95,27 @@ unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize) {
 }
 
 macro_rules! exchange_fn {
-    ($name:ident, $bytes:expr) => {
-        /// The ring exchange for one element type (generated code's `exchange` op).
+    ($name:ident, $bytes:expr, $reverse:expr) => {
+        /// The ring exchange for one element type and direction (generated code's `exchange`).
         ///
         /// # Safety
         /// As [`exchange`].
         #[no_mangle]
         pub unsafe extern "C" fn $name(send: *const Unranked, recv: *const Unranked) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { exchange(send, recv, $bytes) }
+            unsafe { exchange(send, recv, $bytes, $reverse) }
         }
     };
 }
-exchange_fn!(_mlir_ciface_ppc_exchange_f32, 4);
-exchange_fn!(_mlir_ciface_ppc_exchange_bf16, 2);
-exchange_fn!(_mlir_ciface_ppc_exchange_f16, 2);
+exchange_fn!(_mlir_ciface_ppc_exchange_f32, 4, false);
+exchange_fn!(_mlir_ciface_ppc_exchange_bf16, 2, false);
+exchange_fn!(_mlir_ciface_ppc_exchange_f16, 2, false);
+exchange_fn!(_mlir_ciface_ppc_exchange_back_f32, 4, true);
+exchange_fn!(_mlir_ciface_ppc_exchange_back_bf16, 2, true);
+exchange_fn!(_mlir_ciface_ppc_exchange_back_f16, 2, true);
 
 /// The runtime functions of this module, by symbol, for registering with a JIT.
-pub fn symbols() -> [(&'static str, *mut ()); 4] {
+pub fn symbols() -> [(&'static str, *mut ()); 7] {
     [
         ("ppc_rank", ppc_rank as *mut ()),
         (
@@ -125,6 +129,18 @@ pub fn symbols() -> [(&'static str, *mut ()); 4] {
         (
             "_mlir_ciface_ppc_exchange_f16",
             _mlir_ciface_ppc_exchange_f16 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_exchange_back_f32",
+            _mlir_ciface_ppc_exchange_back_f32 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_exchange_back_bf16",
+            _mlir_ciface_ppc_exchange_back_bf16 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_exchange_back_f16",
+            _mlir_ciface_ppc_exchange_back_f16 as *mut (),
         ),
     ]
 }

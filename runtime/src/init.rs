@@ -83,7 +83,7 @@ pub fn param_from(
 }
 
 /// The row-major index, in the full layer axes, of local layer `l`.
-fn global_layer(l: usize, local: &[usize], shard: Option<Shard>) -> usize {
+pub fn global_layer(l: usize, local: &[usize], shard: Option<Shard>) -> usize {
     let Some(s) = shard else { return l };
     let (mut rest, mut flat, mut scale) = (l, 0, 1);
     for ax in (0..local.len()).rev() {

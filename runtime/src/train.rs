@@ -13,15 +13,15 @@
 //! not depend on how the stages are laid out, so a checkpoint resumes on any rank count.
 
 use crate::exec::{bench, Program};
-use crate::init::{self, Source};
-use crate::manifest::{Arg, Role};
+use crate::init::{self, global_layer, Shard, Source};
+use crate::manifest::{Arg, Manifest, Role};
 use crate::memref::HostBuffer;
 use crate::optim::{Config, Kind, Optimizer};
 use crate::params::tensor_name;
 use crate::safetensors;
 use crate::tensor::{DType, Tensor};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The teacher of the synthetic task is the model drawn with `seed + TEACHER_SEED_OFFSET`.
@@ -76,21 +76,25 @@ pub fn train(
     let mut params = program.params(&Source::Seeded(opts.seed))?;
     let mut optimizer = Optimizer::new(opts.optimizer, &params);
     if let Some(path) = &opts.resume {
-        optimizer = resume(path, &params_args, opts.optimizer, &mut params)?;
-        writeln!(
-            err,
-            "resumed from {} at step {}",
-            path.display(),
-            optimizer.step
-        )
-        .map_err(io)?;
+        optimizer = resume(path, m, &params_args, opts.optimizer, &mut params)?;
+        if crate::comm::rank() == 0 {
+            writeln!(
+                err,
+                "resumed from {} at step {}",
+                path.display(),
+                optimizer.step
+            )
+            .map_err(io)?;
+        }
     }
     let data = Data::new(program, opts)?;
     let mut bufs = Buffers::new(program);
     let first = optimizer.step;
     let mut losses = Vec::new();
     let started = Instant::now();
-    let terminal = !opts.json && std::io::stderr().is_terminal();
+    // The last rank holds the model's outputs, and so the loss.
+    let speaks = crate::comm::rank() == program.output_rank();
+    let terminal = speaks && !opts.json && std::io::stderr().is_terminal();
     let mut step_once = |params: &mut Vec<HostBuffer>,
                          optimizer: &mut Optimizer,
                          step: u64|
@@ -114,7 +118,8 @@ pub fn train(
         losses.push(loss);
         let took = t.elapsed().as_secs_f64();
         let done = s + 1;
-        if opts.json {
+        if !speaks {
+        } else if opts.json {
             writeln!(
                 out,
                 "{{\"step\":{},\"loss\":{loss:e},\"step_s\":{took:e}}}",
@@ -141,8 +146,9 @@ pub fn train(
         writeln!(err).map_err(io)?;
     }
     if let Some(path) = &opts.save {
-        save(path, &params_args, &optimizer)?;
-        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+        if save(path, m, &params_args, &optimizer)? {
+            writeln!(err, "wrote {}", path.display()).map_err(io)?;
+        }
     }
     if let Some(n) = opts.bench {
         // Forward, backward (about twice the forward's matmuls) and update.
@@ -334,31 +340,39 @@ fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
     Tensor::new(DType::I32, target.shape.clone(), data)
 }
 
-/// The per-layer tensors of a stacked parameter `a` (`[layer axes..., ...]`) holding `data`.
-fn layers_of<'d>(a: &Arg, data: &'d [f32]) -> Vec<(u64, Tensor, &'d [f32])> {
-    let shape = a.shape[a.layer_axes..].to_vec();
-    let n: usize = shape.iter().product();
-    data.chunks(n)
-        .enumerate()
-        .map(|(l, c)| {
-            (
-                l as u64,
-                Tensor::new(DType::F32, shape.clone(), c.to_vec()),
-                c,
-            )
-        })
+/// The model layer of each of the `[layer axes...]` slices of parameter `a` on rank `rank`.
+fn layer_ids(m: &Manifest, a: &Arg, rank: usize) -> Vec<u64> {
+    let lead = &a.shape[..a.layer_axes];
+    let shard = a.shard_axis.map(|axis| Shard {
+        axis,
+        full: m.stages as usize,
+        offset: rank * a.shape[axis],
+    });
+    let count: usize = lead.iter().product();
+    (0..count)
+        .map(|l| global_layer(l, lead, shard) as u64)
         .collect()
 }
 
-fn save(path: &std::path::Path, params: &[&Arg], opt: &Optimizer) -> Result<(), String> {
+/// Writes the checkpoint (on rank 0, which gathers every rank's stages); true where written.
+fn save(path: &Path, m: &Manifest, params: &[&Arg], opt: &Optimizer) -> Result<bool, String> {
     let mut named: Vec<(String, HostBuffer)> = Vec::new();
     for (i, a) in params.iter().enumerate() {
+        let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
+        let n: usize = inner.iter().product();
         let mut add = |prefix: &str, data: &[f32]| {
-            for (l, t, _) in layers_of(a, data) {
-                named.push((
-                    format!("{prefix}{}", tensor_name(l, &a.name)),
-                    HostBuffer::from_tensor(&t),
-                ));
+            let local: Vec<f64> = data.iter().map(|&v| f64::from(v)).collect();
+            // Every rank holds slices of the same shape, so rank `r`'s are chunk `r`.
+            let Some(all) = crate::comm::gather(&local) else {
+                return;
+            };
+            for (r, chunk) in all.chunks(local.len()).enumerate() {
+                for (l, values) in layer_ids(m, a, r).into_iter().zip(chunk.chunks(n)) {
+                    let values = values.iter().map(|&v| v as f32).collect();
+                    let t = Tensor::new(DType::F32, inner.clone(), values);
+                    let name = format!("{prefix}{}", tensor_name(l, &a.name));
+                    named.push((name, HostBuffer::from_tensor(&t)));
+                }
             }
         };
         add("", &opt.master[i]);
@@ -367,24 +381,32 @@ fn save(path: &std::path::Path, params: &[&Arg], opt: &Optimizer) -> Result<(), 
             add("optim.v.", &opt.v[i]);
         }
     }
+    if crate::comm::rank() != 0 {
+        return Ok(false);
+    }
+    // In one order whatever the rank count, so that the bytes are too.
+    named.sort_by(|a, b| a.0.cmp(&b.0));
     let step = Tensor::new(DType::I32, vec![], vec![opt.step as f32]);
     named.push(("optim.step".into(), HostBuffer::from_tensor(&step)));
     let refs: Vec<(&str, &HostBuffer)> = named.iter().map(|(n, b)| (n.as_str(), b)).collect();
-    safetensors::write(path, &refs)
+    safetensors::write(path, &refs)?;
+    Ok(true)
 }
 
+/// This rank's parameters and optimizer state from a checkpoint of [`save`], of any rank count.
 fn resume(
-    path: &std::path::Path,
+    path: &Path,
+    m: &Manifest,
     params: &[&Arg],
     config: Config,
     bufs: &mut [HostBuffer],
 ) -> Result<Optimizer, String> {
-    let read = |name: &str, a: &Arg| -> Result<Vec<f32>, String> {
-        let mut data = Vec::new();
-        let layers: usize = a.shape[..a.layer_axes].iter().product();
+    let rank = crate::comm::rank();
+    let read = |prefix: &str, a: &Arg| -> Result<Vec<f32>, String> {
         let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
-        for l in 0..layers as u64 {
-            let key = format!("{name}{}", tensor_name(l, &a.name));
+        let mut data = Vec::new();
+        for l in layer_ids(m, a, rank) {
+            let key = format!("{prefix}{}", tensor_name(l, &a.name));
             let t = safetensors::read_tensor(path, &key)?;
             if t.shape != inner {
                 return Err(format!(
@@ -405,11 +427,8 @@ fn resume(
             opt.v[i] = read("optim.v.", a)
                 .map_err(|e| format!("{e} (a checkpoint of SGD cannot resume with AdamW)"))?;
         }
-        bufs[i] = HostBuffer::from_tensor(&Tensor::new(
-            a.dtype,
-            a.shape.clone(),
-            opt.master[i].clone(),
-        ));
+        let w = Tensor::new(a.dtype, a.shape.clone(), opt.master[i].clone());
+        bufs[i] = HostBuffer::from_tensor(&w);
     }
     opt.step = safetensors::read_tensor(path, "optim.step")?
         .to_tensor()

@@ -8,9 +8,10 @@ use crate::passes::assert_bits_eq;
 use crate::properties::{model, pick};
 use ppc::passes::Options;
 use ppc::pipeline::{compile, PipelineError};
-use ppc_dialect::grad::Grads;
+use ppc_dialect::grad::{pipeline_vjp_on_ranks, Grads};
 use ppc_dialect::interp::Interp;
 use ppc_dialect::{Module, Overrides};
+use ppc_runtime::init::Source;
 use ppc_runtime::{Init, Rng, Tensor};
 
 pub(crate) fn train_opts(poison: bool) -> Options {
@@ -42,6 +43,11 @@ fn pipelined_equals_sequential(
     assert_grads_equal(&m, seed, what)
 }
 
+/// The stage counts that divide `s` (ranks a pipeline of `s` stages can be split over), up to 4.
+fn rank_counts(s: u64) -> Vec<u64> {
+    (2..=s.min(4)).filter(|r| s.is_multiple_of(*r)).collect()
+}
+
 /// The gradients of the pipelined program `m` and of its sequential model, checked equal bit
 /// for bit, for seeded inputs and a seeded cotangent; returns the sequential ones.
 pub fn assert_grads_equal(m: &Module, seed: u64, what: &str) -> Grads {
@@ -51,8 +57,7 @@ pub fn assert_grads_equal(m: &Module, seed: u64, what: &str) -> Grads {
     let want = interp
         .sequential_vjp(&inputs, &d)
         .expect("sequential gradients");
-    let got = Interp::new(m, seed)
-        .pipeline_vjp(&inputs, &d)
+    let got = pipeline_vjp_on_ranks(m, seed, &Source::Seeded(seed), &inputs, &d)
         .expect("pipelined gradients");
     assert_bits_eq(&want.outputs, &got.outputs, &format!("{what}: outputs"));
     assert_bits_eq(
@@ -77,7 +82,7 @@ pub fn assert_grads_equal(m: &Module, seed: u64, what: &str) -> Grads {
 #[test]
 fn pipelined_gradients_equal_sequential_bit_for_bit() {
     let mut rng = Rng::stream(2026, "grad-property", 0);
-    let mut ran = 0;
+    let (mut ran, mut sharded) = (0, 0);
     for case in 0..40u64 {
         let (s, m, r, k) = (
             pick(&mut rng, 1, 5),
@@ -98,6 +103,15 @@ fn pipelined_gradients_equal_sequential_bit_for_bit() {
             let what =
                 format!("case {case}: S={s} M={m} R={r} k={k} b={b} d={d} h={h} poison={poison}");
             let g = pipelined_equals_sequential(&text, &Overrides::default(), poison, case, &what);
+            for ranks in rank_counts(s) {
+                let over = Overrides {
+                    ranks: Some(ranks),
+                    ..Overrides::default()
+                };
+                let what = format!("{what} ranks={ranks}");
+                pipelined_equals_sequential(&text, &over, poison, case, &what);
+                sharded += 1;
+            }
             let nonzero = g
                 .params
                 .iter()
@@ -107,7 +121,10 @@ fn pipelined_gradients_equal_sequential_bit_for_bit() {
             ran += 1;
         }
     }
-    assert!(ran >= 40, "only {ran} cases ran");
+    assert!(
+        ran >= 40 && sharded >= 20,
+        "only {ran} cases ran, {sharded} split over ranks"
+    );
 }
 
 #[test]
@@ -140,26 +157,6 @@ fn example_gradients_equal_sequential_bit_for_bit() {
                 &format!("{file} poison={poison}"),
             );
         }
-    }
-}
-
-#[test]
-fn autodiff_across_ranks_is_a_clear_error() {
-    let text = model(4, 4, 1, 1, 2, 3, 4);
-    let over = Overrides {
-        ranks: Some(2),
-        ..Overrides::default()
-    };
-    let mut m = load(&text, &over);
-    match compile(&mut m, &train_opts(false), None, None) {
-        Err(PipelineError::Pass("autodiff", d)) => {
-            assert!(
-                d[0].message.contains("not implemented yet"),
-                "{}",
-                d[0].message
-            )
-        }
-        other => panic!("expected an autodiff diagnostic, got {other:?}"),
     }
 }
 

@@ -15,6 +15,6 @@ mod passes;
 mod portable;
 mod properties;
 mod robustness;
-mod train;
 mod roundtrip;
+mod train;
 mod verify;

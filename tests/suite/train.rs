@@ -45,10 +45,7 @@ fn compiled_gradients_match_the_interpreter() {
         let inputs = interp.synthetic_inputs();
         let t = targets(&m, seed);
         let want = interp.train_step(&inputs, &t).expect("interpreter");
-        let src = backend::Source {
-            file,
-            text: &text,
-        };
+        let src = backend::Source { file, text: &text };
         let jit = backend::jit(&m, &src, Numerics::Fast, 2).expect("JIT");
         let program = &jit.program;
         let mut params = program
@@ -58,29 +55,46 @@ fn compiled_gradients_match_the_interpreter() {
             let a = program.manifest.arg(role).expect("argument");
             HostBuffer::zeros(a.dtype, &a.shape)
         };
-        let (mut x, mut y) = (HostBuffer::from_tensor(&inputs), HostBuffer::from_tensor(&t));
+        let (mut x, mut y) = (
+            HostBuffer::from_tensor(&inputs),
+            HostBuffer::from_tensor(&t),
+        );
         let (mut out, mut loss) = (zeros(Role::Output), zeros(Role::Loss));
-        let grad_args: Vec<_> = program.manifest.args.iter().filter(|a| a.role == Role::Grad).collect();
-        let mut grads: Vec<HostBuffer> =
-            grad_args.iter().map(|a| HostBuffer::zeros(a.dtype, &a.shape)).collect();
+        let grad_args: Vec<_> = program
+            .manifest
+            .args
+            .iter()
+            .filter(|a| a.role == Role::Grad)
+            .collect();
+        let mut grads: Vec<HostBuffer> = grad_args
+            .iter()
+            .map(|a| HostBuffer::zeros(a.dtype, &a.shape))
+            .collect();
         let mut bufs = Vec::new();
         let (mut p, mut g) = (params.iter_mut(), grads.iter_mut());
-        let (mut xs, mut ys, mut os, mut ls) = (Some(&mut x), Some(&mut y), Some(&mut out), Some(&mut loss));
+        let (mut xs, mut ys, mut os, mut ls) =
+            (Some(&mut x), Some(&mut y), Some(&mut out), Some(&mut loss));
         for a in &program.manifest.args {
-            bufs.push(match a.role {
-                Role::Input => xs.take(),
-                Role::Target => ys.take(),
-                Role::Param => p.next(),
-                Role::Output => os.take(),
-                Role::Loss => ls.take(),
-                Role::Grad => g.next(),
-            }
-            .expect("a buffer per argument"));
+            bufs.push(
+                match a.role {
+                    Role::Input => xs.take(),
+                    Role::Target => ys.take(),
+                    Role::Param => p.next(),
+                    Role::Output => os.take(),
+                    Role::Loss => ls.take(),
+                    Role::Grad => g.next(),
+                }
+                .expect("a buffer per argument"),
+            );
         }
         program.call(bufs).expect("runs");
         let got_loss = loss.to_tensor().data[0];
         let rel = (f64::from(got_loss) - f64::from(want.loss)).abs() / f64::from(want.loss).abs();
-        assert!(rel <= 1e-5, "{file}: loss {got_loss} vs the interpreter's {}", want.loss);
+        assert!(
+            rel <= 1e-5,
+            "{file}: loss {got_loss} vs the interpreter's {}",
+            want.loss
+        );
         for (a, buf) in grad_args.iter().zip(&grads) {
             let (_, per_layer) = want
                 .grads
@@ -90,12 +104,23 @@ fn compiled_gradients_match_the_interpreter() {
                 .expect("a gradient of the same name");
             let w: Vec<f32> = per_layer.iter().flat_map(|t| t.data.clone()).collect();
             let got = buf.to_tensor();
-            assert!(got.data.iter().all(|v| v.is_finite()), "{file}: gradient of {} is not finite", a.name);
+            assert!(
+                got.data.iter().all(|v| v.is_finite()),
+                "{file}: gradient of {} is not finite",
+                a.name
+            );
             let err = normwise(&w, &got.data);
-            assert!(err <= 1e-5, "{file}: gradient of {}: normwise error {err:e}", a.name);
+            assert!(
+                err <= 1e-5,
+                "{file}: gradient of {}: normwise error {err:e}",
+                a.name
+            );
         }
         let want_out: Tensor = want.grads.outputs;
-        assert!(normwise(&want_out.data, &out.to_tensor().data) <= 1e-5, "{file}: outputs");
+        assert!(
+            normwise(&want_out.data, &out.to_tensor().data) <= 1e-5,
+            "{file}: outputs"
+        );
     }
 }
 
@@ -115,9 +140,18 @@ fn first_and_last(stdout: &str, n: usize) -> (f64, f64) {
 fn executables_train_and_resume_byte_identically() {
     let dir = std::env::temp_dir().join(format!("ppc-train-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch");
-    let mlp = [path("examples/mlp.ppc"), "--dim".into(), "d=32".into(), "--dim".into(), "h=64".into()];
+    let mlp = [
+        path("examples/mlp.ppc"),
+        "--dim".into(),
+        "d=32".into(),
+        "--dim".into(),
+        "h=64".into(),
+    ];
     let transformer = [path("examples/transformer.ppc")];
-    for (name, model, lr) in [("mlp", &mlp[..], "3e-3"), ("transformer", &transformer[..], "1e-3")] {
+    for (name, model, lr) in [
+        ("mlp", &mlp[..], "3e-3"),
+        ("transformer", &transformer[..], "1e-3"),
+    ] {
         let exe = dir.join(name);
         let mut args: Vec<&str> = vec!["compile"];
         args.extend(model.iter().map(String::as_str));
@@ -131,20 +165,44 @@ fn executables_train_and_resume_byte_identically() {
                 .args(extra)
                 .output()
                 .expect("runs");
-            assert!(o.status.success(), "{name} {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                o.status.success(),
+                "{name} {extra:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
             String::from_utf8(o.stdout).expect("utf-8")
         };
         let out = run(&["--steps", "60"]);
         let (first, last) = first_and_last(&out, 8);
-        assert!(last < 0.7 * first, "{name}: the loss went from {first} to {last}");
+        assert!(
+            last < 0.7 * first,
+            "{name}: the loss went from {first} to {last}"
+        );
         // 6 steps at once, or 3, a checkpoint, and 3 more: the same bytes.
-        let ckpt = |n: &str| dir.join(format!("{name}-{n}.safetensors")).display().to_string();
+        let ckpt = |n: &str| {
+            dir.join(format!("{name}-{n}.safetensors"))
+                .display()
+                .to_string()
+        };
         run(&["--steps", "6", "--save", &ckpt("whole")]);
         run(&["--steps", "3", "--save", &ckpt("half")]);
-        run(&["--steps", "3", "--resume", &ckpt("half"), "--save", &ckpt("resumed")]);
+        run(&[
+            "--steps",
+            "3",
+            "--resume",
+            &ckpt("half"),
+            "--save",
+            &ckpt("resumed"),
+        ]);
         let read = |n: &str| std::fs::read(ckpt(n)).expect("checkpoint");
-        assert!(read("whole") == read("resumed"), "{name}: resuming changed the weights");
-        assert!(read("half") != read("whole"), "{name}: training did not change the checkpoint");
+        assert!(
+            read("whole") == read("resumed"),
+            "{name}: resuming changed the weights"
+        );
+        assert!(
+            read("half") != read("whole"),
+            "{name}: training did not change the checkpoint"
+        );
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
 }

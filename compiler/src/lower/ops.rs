@@ -429,9 +429,9 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
             let v = e.let_("func.call @ppc_rank() : () -> i32");
             e.fill(&v, out);
         }
-        OpKind::Exchange { .. } => {
+        OpKind::Exchange { reverse, .. } => {
             let t = elt(d);
-            let f = format!("ppc_exchange_{t}");
+            let f = format!("ppc_exchange_{}{t}", if *reverse { "back_" } else { "" });
             e.declarations.insert(format!(
                 "func.func private @{f}(memref<*x{t}>, memref<*x{t}>) attributes {{llvm.emit_c_interface}}"
             ));

@@ -338,7 +338,14 @@ impl Ranks {
     /// receives it from the last rank.
     fn last_stage(&self, b: &mut Builder, out: ValueId) -> Result<(ValueId, ValueId), Diagnostic> {
         let boundary = index(b, "boundary", out, self.last_local)?;
-        let from_prev = b.op("from_prev", OpKind::Exchange { x: boundary }, None)?;
+        let from_prev = b.op(
+            "from_prev",
+            OpKind::Exchange {
+                x: boundary,
+                reverse: false,
+            },
+            None,
+        )?;
         let last = b.op(
             "last",
             OpKind::Select {

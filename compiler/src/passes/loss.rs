@@ -61,6 +61,48 @@ fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::F
         }
         Loss::SoftmaxCrossEntropy => cross_entropy(&mut b, y, target)?,
     };
+    // Split over ranks, every rank computes a loss from its output buffer, but only the last
+    // rank's holds the model's outputs (gpipe-loop.rs): the loss, and so its gradient, is the
+    // last rank's alone, zero elsewhere (a gradient seeded on another rank would flow back
+    // through the exchanges into the stages of its neighbours).
+    let loss = match m.pipeline.ranks {
+        1 => loss,
+        ranks => {
+            let rank = b.op("rank", OpKind::Rank, None)?;
+            let last = b.op(
+                "last_rank",
+                OpKind::Constant {
+                    value: ppc_dialect::op::Float((ranks - 1) as f64),
+                },
+                Some(Type::scalar(DType::I32)),
+            )?;
+            let is_last = b.op(
+                "is_last_rank",
+                OpKind::Compare {
+                    pred: CmpPred::Eq,
+                    lhs: rank,
+                    rhs: last,
+                },
+                None,
+            )?;
+            let zero = b.op(
+                "no_loss",
+                OpKind::Constant {
+                    value: ppc_dialect::op::Float(0.0),
+                },
+                Some(Type::scalar(DType::F32)),
+            )?;
+            b.op(
+                "rank_loss",
+                OpKind::Select {
+                    cond: is_last,
+                    on_true: loss,
+                    on_false: zero,
+                },
+                None,
+            )?
+        }
+    };
     Ok(b.finish(vec![loss, out]))
 }
 

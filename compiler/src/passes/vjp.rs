@@ -346,13 +346,13 @@ pub fn rule(
             )?;
             vec![(*x, dx), (*update, du)]
         }
-        OpKind::Exchange { .. } => {
-            return Err(Diagnostic::error(
-                "autodiff of `exchange` (a pipeline split over ranks) is not implemented yet",
-                b.span,
-                "differentiating this",
-            )
-            .with_note("differentiate the one-rank program (`--ranks 1`)"))
+        // The transpose of the ring exchange is the exchange the other way round.
+        OpKind::Exchange { x, reverse } => {
+            let back = OpKind::Exchange {
+                x: d,
+                reverse: !reverse,
+            };
+            vec![(*x, b.op("d", back, None)?)]
         }
         OpKind::Convert { .. }
         | OpKind::Index { .. }

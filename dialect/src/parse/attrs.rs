@@ -40,6 +40,21 @@ impl Args<'_> {
         Ok((a, *s))
     }
 
+    /// An optional word attribute (`from = next`) and where it is.
+    pub(super) fn ident_opt(&mut self, key: &str) -> PResult<Option<(String, Span)>> {
+        if !self.attrs.iter().any(|(k, _, _)| k == key) {
+            return Ok(None);
+        }
+        match self.take(key)? {
+            (Attr::Ident(w), span) => Ok(Some((w.clone(), span))),
+            (_, span) => Err(Diagnostic::error(
+                format!("`{key}` must be a word"),
+                span,
+                "not a word",
+            )),
+        }
+    }
+
     pub(super) fn int(&mut self, key: &str) -> PResult<usize> {
         let (a, span) = self.take(key)?;
         match a {

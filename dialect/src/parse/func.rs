@@ -452,7 +452,19 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                 }
                 "exchange" => {
                     arity(1)?;
-                    OpKind::Exchange { x: ids[0] }
+                    let reverse = match a.ident_opt("from")? {
+                        None => false,
+                        Some((w, _)) if w == "previous" => false,
+                        Some((w, _)) if w == "next" => true,
+                        Some((w, span)) => {
+                            return Err(Diagnostic::error(
+                                format!("`from` is `previous` or `next`, not `{w}`"),
+                                span,
+                                "not a neighbour",
+                            ))
+                        }
+                    };
+                    OpKind::Exchange { x: ids[0], reverse }
                 }
                 "call" => {
                     let (callee, cspan) = symbol.clone().ok_or_else(|| {

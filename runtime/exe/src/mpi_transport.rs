@@ -36,13 +36,16 @@ impl Transport for Mpi {
         self.size
     }
 
-    fn exchange(&self, send: &[u8], recv: &mut [u8]) {
-        let next = self
+    fn exchange(&self, send: &[u8], recv: &mut [u8], reverse: bool) {
+        let mut next = self
             .world
             .process_at_rank(((self.rank + 1) % self.size) as i32);
-        let prev = self
+        let mut prev = self
             .world
             .process_at_rank(((self.rank + self.size - 1) % self.size) as i32);
+        if reverse {
+            std::mem::swap(&mut next, &mut prev);
+        }
         p2p::send_receive_into(send, &next, recv, &prev);
     }
 
