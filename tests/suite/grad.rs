@@ -7,7 +7,7 @@ use crate::common::{load, root};
 use crate::passes::assert_bits_eq;
 use crate::properties::{model, pick};
 use ppc::passes::Options;
-use ppc::pipeline::{compile, PipelineError};
+use ppc::pipeline::compile;
 use ppc_dialect::grad::{pipeline_vjp_on_ranks, Grads};
 use ppc_dialect::interp::Interp;
 use ppc_dialect::{Module, Overrides};
