@@ -118,6 +118,12 @@ pub enum Command {
         /// before comparing, which must then fail.
         #[arg(long, value_name = "N", hide = true)]
         perturb: Option<usize>,
+        /// Check the training step's gradients instead of the forward pass: `interp`, the
+        /// pipelined program's parameter and input gradients (for a seeded cotangent of the
+        /// outputs) against the sequential model's, bit for bit, on every rank count; `cpu`,
+        /// the compiled training step's loss and gradients against the interpreter's.
+        #[arg(long)]
+        grad: bool,
         #[command(flatten)]
         pass: PassArgs,
         #[command(flatten)]

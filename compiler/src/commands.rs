@@ -238,6 +238,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             perturb,
             pass,
             codegen,
+            grad,
         } => {
             let check = Check {
                 backend,
@@ -245,6 +246,9 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 params: params.params,
                 perturb,
             };
+            if grad {
+                return verify_grad(&model, &check, &pass, &codegen, out, err);
+            }
             return verify(&model, &check, &pass, &codegen, out, err);
         }
         Command::Schedule { model, svg } => {
@@ -454,6 +458,144 @@ fn verify(
     });
     writeln!(out, "{json}").map_err(io)?;
     Ok(if ok { 0 } else { 1 })
+}
+
+/// `ppc verify --grad`: the training step's gradients, pipelined against sequential (interp)
+/// or compiled against interpreted (cpu).
+fn verify_grad(
+    model: &ModelArgs,
+    check: &Check,
+    pass: &PassArgs,
+    codegen: &CodegenArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, Failure> {
+    let mut l = load(model)?;
+    if check.backend == Backend::Cpu {
+        one_process(&l, "ppc verify --grad --backend cpu")?;
+    }
+    let opts = Options {
+        poison_bubbles: pass.poison_bubbles,
+        train: true,
+    };
+    l.compile(&opts, None, None)?;
+    let (m, seed) = (&l.module, check.seed);
+    let source = param_source(m, seed, check.params.as_deref())?;
+    let inputs = ppc_dialect::interp::synthetic_inputs(m, seed);
+    // Each check gives (what, reference, result) triples, the reference first.
+    let (pairs, tol): (Vec<(String, Tensor, Tensor)>, f64) = match check.backend {
+        Backend::Interp => {
+            let d = ppc_dialect::grad::synthetic_cotangent(m, seed);
+            let mut interp = Interp::with_params(m, seed, source.clone());
+            let want = interp.sequential_vjp(&inputs, &d)?;
+            let got = ppc_dialect::grad::pipeline_vjp_on_ranks(m, seed, &source, &inputs, &d)?;
+            (grad_pairs(&want, &got), 0.0)
+        }
+        Backend::Cpu => {
+            let targets = ppc_dialect::interp::synthetic_targets(m, seed);
+            let want =
+                Interp::with_params(m, seed, source.clone()).train_step(&inputs, &targets)?;
+            let jit = l.jit(codegen)?;
+            let mut params = jit.program.params(&source)?;
+            let (x, t) = (
+                HostBuffer::from_tensor(&inputs),
+                HostBuffer::from_tensor(&targets),
+            );
+            let got = ppc_runtime::train::step(&jit.program, x, t, &mut params)?;
+            let names = jit.program.specs().into_iter().map(|s| s.name);
+            let mut pairs = vec![(
+                "loss".to_string(),
+                Tensor::scalar(ppc_dialect::DType::F32, want.loss),
+                Tensor::scalar(ppc_dialect::DType::F32, got.loss),
+            )];
+            for (name, g) in names.zip(got.grads) {
+                let (_, layers) = want
+                    .grads
+                    .params
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .ok_or_else(|| Failure(format!("error: no gradient of `{name}`\n")))?;
+                let w: Vec<f32> = layers.iter().flat_map(|t| t.data.iter().copied()).collect();
+                pairs.push((
+                    format!("gradient of {name}"),
+                    Tensor::new(g.dtype, g.shape.clone(), w),
+                    g,
+                ));
+            }
+            let tol = if codegen.exact {
+                0.0
+            } else {
+                tolerance(m.input.dtype)
+            };
+            (pairs, tol)
+        }
+    };
+    let mut pairs = pairs;
+    if let Some(i) = check.perturb {
+        // Testing: the first result compared (the outputs, or the loss) made wrong.
+        let got = &mut pairs[0].2;
+        let n = got.data.len();
+        *got.data.get_mut(i).ok_or_else(|| {
+            Failure(format!("error: --perturb {i}: the result has {n} elements\n"))
+        })? += 1.0;
+    }
+    let mut ok = true;
+    let mut worst: Option<(String, f64)> = None;
+    for (what, want, got) in &pairs {
+        let c = compare(want, got);
+        let good = if tol == 0.0 {
+            c.bit_exact
+        } else {
+            c.max_rel <= tol
+        };
+        ok &= good;
+        if worst.as_ref().is_none_or(|(_, r)| c.max_rel > *r) {
+            worst = Some((what.clone(), c.max_rel));
+        }
+        if !good {
+            writeln!(err, "{what}: differs (normwise {:e})", c.max_rel).map_err(io)?;
+        }
+    }
+    let p = m.pipeline;
+    let (worst_what, worst_rel) = worst.unwrap_or_default();
+    let json = serde_json::json!({
+        "backend": match check.backend { Backend::Cpu => "cpu", Backend::Interp => "interp" },
+        "grad": true, "dtype": m.input.dtype.name(),
+        "stages": p.stages, "microbatches": p.microbatches, "repeats": p.repeats, "layers": p.layers, "ranks": p.ranks,
+        "poison_bubbles": pass.poison_bubbles, "seed": seed, "compared": pairs.len(),
+        "max_rel_diff": worst_rel, "worst": worst_what, "tolerance": tol, "ok": ok,
+    });
+    writeln!(out, "{json}").map_err(io)?;
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// The outputs', input gradients' and every layer's parameter gradients' (reference, result).
+fn grad_pairs(
+    want: &ppc_dialect::grad::Grads,
+    got: &ppc_dialect::grad::Grads,
+) -> Vec<(String, Tensor, Tensor)> {
+    let mut pairs = vec![
+        (
+            "outputs".to_string(),
+            want.outputs.clone(),
+            got.outputs.clone(),
+        ),
+        (
+            "input gradient".to_string(),
+            want.inputs.clone(),
+            got.inputs.clone(),
+        ),
+    ];
+    for ((name, w), (_, g)) in want.params.iter().zip(&got.params) {
+        for (l, (w, g)) in w.iter().zip(g).enumerate() {
+            pairs.push((
+                format!("gradient of {name} in layer {l}"),
+                w.clone(),
+                g.clone(),
+            ));
+        }
+    }
+    pairs
 }
 
 fn shape_of(t: &Tensor) -> String {

@@ -12,6 +12,16 @@ use crate::op::BinaryOp;
 use ppc_runtime::init::{global_layer, Source};
 use ppc_runtime::{DType, Tensor};
 
+/// A seeded cotangent of the outputs, `[M, ...input]`: standard normal values.
+pub fn synthetic_cotangent(m: &crate::Module, seed: u64) -> Tensor {
+    let mut shape = vec![m.pipeline.microbatches as usize];
+    shape.extend(m.input.shape_usize());
+    let n = shape.iter().product();
+    let data =
+        ppc_runtime::Rng::stream(seed, "cotangent", 0).fill(ppc_runtime::Init::Normal(1.0), n);
+    Tensor::new(m.input.dtype, shape, data)
+}
+
 /// The outputs and the gradients of one backward pass.
 #[derive(Clone, Debug)]
 pub struct Grads {

@@ -426,6 +426,23 @@ pub fn synthetic_inputs(m: &Module, seed: u64) -> Tensor {
     )
 }
 
+/// `[M, ...target]` seeded targets for `seed` (the model's `target` type, or its input's): class
+/// indices below the outputs' last axis for i32 targets, standard normal values otherwise.
+pub fn synthetic_targets(m: &Module, seed: u64) -> Tensor {
+    let t = m.target_type();
+    let mut shape = vec![m.pipeline.microbatches as usize];
+    shape.extend(t.shape_usize());
+    let n = shape.iter().product();
+    let mut rng = ppc_runtime::Rng::stream(seed, "target", 0);
+    let data = if t.dtype == DType::I32 {
+        let classes = m.input.shape_usize().last().copied().unwrap_or(1) as u64;
+        (0..n).map(|_| (rng.next_u64() % classes) as f32).collect()
+    } else {
+        rng.fill(ppc_runtime::Init::Normal(1.0), n)
+    };
+    Tensor::new(t.dtype, shape, data)
+}
+
 /// Slice `i` of the leading axis.
 pub fn microbatch(t: &Tensor, i: usize) -> Tensor {
     let inner: usize = t.shape[1..].iter().product();

@@ -274,6 +274,12 @@ impl Module {
             .map(|(id, _)| id)
     }
 
+    /// The type of one microbatch of targets: as declared, or the input's (what `loss mse`,
+    /// the default loss, compares outputs with).
+    pub fn target_type(&self) -> Type {
+        self.target.clone().unwrap_or_else(|| self.input.clone())
+    }
+
     /// The size of a named dimension: a `dims` entry or a pipeline setting.
     pub fn dim(&self, name: &str) -> Option<u64> {
         self.dims

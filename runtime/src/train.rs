@@ -57,22 +57,8 @@ pub fn train(
     err: &mut dyn Write,
 ) -> Result<Trained, String> {
     let m = &program.manifest;
-    if !m.trains() {
-        return Err("this program is a forward pass: compile it with `ppc compile --train`".into());
-    }
     let io = |e: std::io::Error| e.to_string();
     let params_args: Vec<&Arg> = m.args.iter().filter(|a| a.role == Role::Param).collect();
-    // The gradient of each parameter, by name.
-    let grad_args: Vec<&Arg> = m.args.iter().filter(|a| a.role == Role::Grad).collect();
-    let grad_of: Vec<usize> = params_args
-        .iter()
-        .map(|p| {
-            grad_args
-                .iter()
-                .position(|g| g.name == p.name)
-                .ok_or_else(|| format!("the program has no gradient for parameter `{}`", p.name))
-        })
-        .collect::<Result<_, _>>()?;
     let mut params = program.params(&Source::Seeded(opts.seed))?;
     let mut optimizer = Optimizer::new(opts.optimizer, &params);
     if let Some(path) = &opts.resume {
@@ -88,7 +74,7 @@ pub fn train(
         }
     }
     let data = Data::new(program, opts)?;
-    let mut bufs = Buffers::new(program);
+    let mut bufs = Buffers::new(program)?;
     let first = optimizer.step;
     let mut losses = Vec::new();
     let started = Instant::now();
@@ -101,7 +87,7 @@ pub fn train(
      -> Result<f32, String> {
         let (input, target) = data.batch(m, step);
         let loss = bufs.run(program, input, target, params)?;
-        let grads: Vec<Tensor> = grad_of.iter().map(|&g| bufs.grads[g].to_tensor()).collect();
+        let grads = bufs.grads_by_param();
         optimizer.update(params, &grads);
         Ok(loss)
     };
@@ -174,27 +160,70 @@ fn bar(done: u64, total: u64) -> String {
     )
 }
 
+/// One call of a compiled training step: the loss, the outputs, and the f32 gradient of each
+/// parameter, in the order of the manifest's parameters.
+pub struct StepOutput {
+    pub loss: f32,
+    pub outputs: Tensor,
+    pub grads: Vec<Tensor>,
+}
+
+/// Runs the training step of `program` once on `params` (which it does not change).
+pub fn step(
+    program: &Program,
+    input: HostBuffer,
+    target: HostBuffer,
+    params: &mut [HostBuffer],
+) -> Result<StepOutput, String> {
+    let mut bufs = Buffers::new(program)?;
+    let loss = bufs.run(program, input, target, params)?;
+    Ok(StepOutput {
+        loss,
+        outputs: bufs.output.to_tensor(),
+        grads: bufs.grads_by_param(),
+    })
+}
+
 /// The buffers of one call of the training step besides the parameters.
 struct Buffers {
     output: HostBuffer,
     loss: HostBuffer,
     grads: Vec<HostBuffer>,
+    /// For each parameter, the index of its gradient (the one of the same name).
+    grad_of: Vec<usize>,
 }
 
 impl Buffers {
-    fn new(program: &Program) -> Buffers {
+    fn new(program: &Program) -> Result<Buffers, String> {
         let m = &program.manifest;
-        let zeros = |a: &Arg| HostBuffer::zeros(a.dtype, &a.shape);
-        Buffers {
-            output: zeros(m.output()),
-            loss: zeros(m.arg(Role::Loss).expect("invariant: a training program")),
-            grads: m
-                .args
-                .iter()
-                .filter(|a| a.role == Role::Grad)
-                .map(zeros)
-                .collect(),
+        if !m.trains() {
+            return Err(
+                "this program is a forward pass: compile it with `ppc compile --train`".into(),
+            );
         }
+        let zeros = |a: &Arg| HostBuffer::zeros(a.dtype, &a.shape);
+        let of = |role| m.args.iter().filter(move |a: &&Arg| a.role == role);
+        let grad_names: Vec<&str> = of(Role::Grad).map(|a| a.name.as_str()).collect();
+        let grad_of = of(Role::Param)
+            .map(|p| {
+                grad_names.iter().position(|g| *g == p.name).ok_or_else(|| {
+                    format!("the program has no gradient for parameter `{}`", p.name)
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Buffers {
+            output: zeros(m.output()),
+            loss: zeros(m.arg(Role::Loss).expect("invariant: checked above")),
+            grads: of(Role::Grad).map(zeros).collect(),
+            grad_of,
+        })
+    }
+
+    fn grads_by_param(&self) -> Vec<Tensor> {
+        self.grad_of
+            .iter()
+            .map(|&g| self.grads[g].to_tensor())
+            .collect()
     }
 
     /// Runs the step; returns the loss.
@@ -278,7 +307,7 @@ impl Data {
             }
             None => {
                 let teacher = program.params(&Source::Seeded(opts.seed + TEACHER_SEED_OFFSET))?;
-                let mut bufs = Buffers::new(program);
+                let mut bufs = Buffers::new(program)?;
                 let mut teacher = teacher;
                 let mut pool = Vec::new();
                 for b in 0..SYNTHETIC_BATCHES {

@@ -8,8 +8,8 @@ use crate::passes::assert_bits_eq;
 use crate::properties::{model, pick};
 use ppc::passes::Options;
 use ppc::pipeline::compile;
-use ppc_dialect::grad::{pipeline_vjp_on_ranks, Grads};
-use ppc_dialect::interp::Interp;
+use ppc_dialect::grad::{pipeline_vjp_on_ranks, synthetic_cotangent, Grads};
+use ppc_dialect::interp::{synthetic_targets, Interp};
 use ppc_dialect::{Module, Overrides};
 use ppc_runtime::init::Source;
 use ppc_runtime::{Init, Rng, Tensor};
@@ -19,15 +19,6 @@ pub(crate) fn train_opts(poison: bool) -> Options {
         poison_bubbles: poison,
         train: true,
     }
-}
-
-/// A seeded cotangent for the outputs.
-fn cotangent(m: &Module, seed: u64) -> Tensor {
-    let mut shape = vec![m.pipeline.microbatches as usize];
-    shape.extend(m.input.shape_usize());
-    let n = shape.iter().product();
-    let data = Rng::stream(seed, "cotangent", 0).fill(Init::Normal(1.0), n);
-    Tensor::new(m.input.dtype, shape, data)
 }
 
 /// Runs both gradients of `text` under `over` and checks them equal, bit for bit.
@@ -53,7 +44,7 @@ fn rank_counts(s: u64) -> Vec<u64> {
 pub fn assert_grads_equal(m: &Module, seed: u64, what: &str) -> Grads {
     let mut interp = Interp::new(m, seed);
     let inputs = interp.synthetic_inputs();
-    let d = cotangent(m, seed);
+    let d = synthetic_cotangent(m, seed);
     let want = interp
         .sequential_vjp(&inputs, &d)
         .expect("sequential gradients");
@@ -200,7 +191,7 @@ fn gradients_match_finite_differences_on_every_op() {
     for seed in 0..3u64 {
         let mut interp = Interp::new(&m, seed);
         let inputs = interp.synthetic_inputs();
-        let d = cotangent(&m, seed);
+        let d = synthetic_cotangent(&m, seed);
         let grads = interp.sequential_vjp(&inputs, &d).expect("gradients");
         // Along a random direction of the inputs.
         let u = Rng::stream(seed, "direction", 0).fill(Init::Normal(1.0), inputs.len());
@@ -298,22 +289,6 @@ func @layer(%x: f32[b, d]) -> f32[b, d] {{
     )
 }
 
-/// Seeded targets of the model's target type, stacked over microbatches.
-pub(crate) fn targets(m: &Module, seed: u64) -> Tensor {
-    let t = ppc::passes::target_type(m);
-    let mut shape = vec![m.pipeline.microbatches as usize];
-    shape.extend(t.shape_usize());
-    let n = shape.iter().product();
-    let mut rng = Rng::stream(seed, "targets", 0);
-    let data = if t.dtype == ppc_runtime::DType::I32 {
-        let classes = m.input.shape_usize()[m.input.rank() - 1] as u64;
-        (0..n).map(|_| (rng.next_u64() % classes) as f32).collect()
-    } else {
-        rng.fill(Init::Normal(1.0), n)
-    };
-    Tensor::new(t.dtype, shape, data)
-}
-
 #[test]
 fn loss_gradients_match_finite_differences() {
     for loss_name in ["mse", "softmax_cross_entropy"] {
@@ -322,7 +297,7 @@ fn loss_gradients_match_finite_differences() {
         let seed = 3;
         let mut interp = Interp::new(&m, seed);
         let inputs = interp.synthetic_inputs();
-        let t = targets(&m, seed);
+        let t = synthetic_targets(&m, seed);
         let step = interp.train_step(&inputs, &t).expect("train step");
         assert!(
             step.loss.is_finite() && step.loss > 0.0,

@@ -2,11 +2,11 @@
 //! loss falls on the synthetic task) and resume from checkpoints byte for byte.
 
 use crate::common::{load, path, ppc, root};
-use crate::grad::{targets, train_opts};
+use crate::grad::train_opts;
 use ppc::backend;
 use ppc::lower::Numerics;
 use ppc::pipeline::compile;
-use ppc_dialect::interp::Interp;
+use ppc_dialect::interp::{synthetic_targets, Interp};
 use ppc_dialect::Overrides;
 use ppc_runtime::manifest::Role;
 use ppc_runtime::memref::HostBuffer;
@@ -43,7 +43,7 @@ fn compiled_gradients_match_the_interpreter() {
         let seed = 5;
         let mut interp = Interp::new(&m, seed);
         let inputs = interp.synthetic_inputs();
-        let t = targets(&m, seed);
+        let t = synthetic_targets(&m, seed);
         let want = interp.train_step(&inputs, &t).expect("interpreter");
         let src = backend::Source { file, text: &text };
         let jit = backend::jit(&m, &src, Numerics::Fast, 2).expect("JIT");
@@ -51,51 +51,25 @@ fn compiled_gradients_match_the_interpreter() {
         let mut params = program
             .params(&ppc_runtime::init::Source::Seeded(seed))
             .expect("params");
-        let zeros = |role| {
-            let a = program.manifest.arg(role).expect("argument");
-            HostBuffer::zeros(a.dtype, &a.shape)
-        };
-        let (mut x, mut y) = (
+        let (x, y) = (
             HostBuffer::from_tensor(&inputs),
             HostBuffer::from_tensor(&t),
         );
-        let (mut out, mut loss) = (zeros(Role::Output), zeros(Role::Loss));
-        let grad_args: Vec<_> = program
+        let got = ppc_runtime::train::step(program, x, y, &mut params).expect("runs");
+        let param_args: Vec<_> = program
             .manifest
             .args
             .iter()
-            .filter(|a| a.role == Role::Grad)
+            .filter(|a| a.role == Role::Param)
             .collect();
-        let mut grads: Vec<HostBuffer> = grad_args
-            .iter()
-            .map(|a| HostBuffer::zeros(a.dtype, &a.shape))
-            .collect();
-        let mut bufs = Vec::new();
-        let (mut p, mut g) = (params.iter_mut(), grads.iter_mut());
-        let (mut xs, mut ys, mut os, mut ls) =
-            (Some(&mut x), Some(&mut y), Some(&mut out), Some(&mut loss));
-        for a in &program.manifest.args {
-            bufs.push(
-                match a.role {
-                    Role::Input => xs.take(),
-                    Role::Target => ys.take(),
-                    Role::Param => p.next(),
-                    Role::Output => os.take(),
-                    Role::Loss => ls.take(),
-                    Role::Grad => g.next(),
-                }
-                .expect("a buffer per argument"),
-            );
-        }
-        program.call(bufs).expect("runs");
-        let got_loss = loss.to_tensor().data[0];
+        let got_loss = got.loss;
         let rel = (f64::from(got_loss) - f64::from(want.loss)).abs() / f64::from(want.loss).abs();
         assert!(
             rel <= 1e-5,
             "{file}: loss {got_loss} vs the interpreter's {}",
             want.loss
         );
-        for (a, buf) in grad_args.iter().zip(&grads) {
+        for (a, got) in param_args.iter().zip(&got.grads) {
             let (_, per_layer) = want
                 .grads
                 .params
@@ -103,7 +77,6 @@ fn compiled_gradients_match_the_interpreter() {
                 .find(|(n, _)| *n == a.name)
                 .expect("a gradient of the same name");
             let w: Vec<f32> = per_layer.iter().flat_map(|t| t.data.clone()).collect();
-            let got = buf.to_tensor();
             assert!(
                 got.data.iter().all(|v| v.is_finite()),
                 "{file}: gradient of {} is not finite",
@@ -118,7 +91,7 @@ fn compiled_gradients_match_the_interpreter() {
         }
         let want_out: Tensor = want.grads.outputs;
         assert!(
-            normwise(&want_out.data, &out.to_tensor().data) <= 1e-5,
+            normwise(&want_out.data, &got.outputs.data) <= 1e-5,
             "{file}: outputs"
         );
     }

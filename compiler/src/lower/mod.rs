@@ -129,8 +129,10 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         w.e.at(m.spans.get(&Item::Pipeline));
         for (&a, v) in f.body.args[2..].iter().zip([1.0, -0.0]) {
             let b = w.e.alloc(f.ty(a));
-            let c = w.e.constant(v, "f32");
-            w.e.fill(&c, &b);
+            let fill = OpKind::Constant {
+                value: ppc_dialect::op::Float(v),
+            };
+            ops::lower(&mut w.e, w.numerics, &fill, &[], &b);
             args.push(b);
         }
     }

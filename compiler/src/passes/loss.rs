@@ -38,17 +38,12 @@ pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
     Ok(())
 }
 
-/// The type of one microbatch of targets: as declared, or the input's (for `mse`).
-pub fn target_type(m: &Module) -> Type {
-    m.target.clone().unwrap_or_else(|| m.input.clone())
-}
-
 fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::TRAIN);
     b.span = m.spans.get(&Item::Loss);
     let mbs = Dim::named("microbatches", m.pipeline.microbatches);
     let x = b.arg("x", m.input.insert(0, mbs.clone()));
-    let target = b.arg("target", target_type(m).insert(0, mbs));
+    let target = b.arg("target", m.target_type().insert(0, mbs));
     // Inlined, so that the gradient's forward loop runs once and keeps its tapes.
     let out = b.inline(m, &m.funcs[pipeline], &[x])?[0];
     let y = to_f32(&mut b, out)?;

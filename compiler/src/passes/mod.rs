@@ -12,7 +12,7 @@ mod vmap_stages;
 
 pub use autodiff::{autodiff, trainables};
 pub use gpipe_loop::gpipe_loop;
-pub use loss::{loss, target_type};
+pub use loss::loss;
 pub use shard_stages::shard_stages;
 pub use vmap_stages::vmap_stages;
 
