@@ -590,17 +590,36 @@ fn verify_grad_checks_gradients_and_can_fail() {
         &["--backend", "cpu", "--dtype", "bf16", "--exact"],
     ] {
         let mut all = vec!["verify", "--grad", &transformer];
+        all.extend(["--dim", "t=4", "--dim", "dh=4"]);
         all.extend(args);
         let (code, out, err) = ppc(&all);
         assert_eq!(code, 0, "{args:?}: {out}{err}");
         let j = json_last_line(&out);
         assert_eq!(j["ok"], true, "{args:?}: {j}");
-        assert!(j["compared"].as_u64().is_some_and(|n| n > 10), "{args:?}: {j}");
+        assert!(
+            j["compared"].as_u64().is_some_and(|n| n > 10),
+            "{args:?}: {j}"
+        );
     }
     for backend in ["interp", "cpu"] {
-        let args = ["verify", "--grad", &transformer, "--backend", backend, "--perturb", "0"];
+        let args = [
+            "verify",
+            "--grad",
+            &transformer,
+            "--dim",
+            "t=4",
+            "--dim",
+            "dh=4",
+            "--backend",
+            backend,
+            "--perturb",
+            "0",
+        ];
         let (code, out, err) = ppc(&args);
-        assert_eq!(code, 1, "{backend}: a perturbed result must fail\n{out}{err}");
+        assert_eq!(
+            code, 1,
+            "{backend}: a perturbed result must fail\n{out}{err}"
+        );
         assert_eq!(json_last_line(&out)["ok"], false);
         assert!(err.contains("differs"), "{err}");
     }
