@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: ppc's compiled executable against JAX's SPMD GPipe (jax_gpipe.py), same models
-# (the MLP at two widths, the transformer at the example's and a larger shape), in one run: ROUNDS rounds of each, interleaved (the machine is noisy). Prints the
+# (the MLP at two widths, the transformer at the example's and a larger shape; the training
+# step of the MLP and of the transformer example), in one run: ROUNDS rounds of each, interleaved (the machine is noisy). Prints the
 # median forward throughput of each, their ratio, the ratio of every round, and compile times.
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
@@ -22,16 +23,21 @@ printf '%-34s %12s %12s %8s %16s %14s %12s\n' config "ppc GFLOP/s" "jax GFLOP/s"
 
 # compare NAME MODEL "PPC DIMS" "JAX ARGS": ROUNDS rounds of ppc then JAX, back to back, so that
 # both see the same machine; one table row with the median of each and the ratio of the medians.
+# With a fifth argument `train`, the training step (forward, backward, AdamW) of both.
 compare() {
-  local name=$1 model=$2 dims=$3 jax_args=$4
-  local t0 t1 exe="$OUT/model"
+  local name=$1 model=$2 dims=$3 jax_args=$4 mode=${5:-forward}
+  local t0 t1 exe="$OUT/model" ppc_flags="" run_flags=""
+  if [ "$mode" = train ]; then
+    ppc_flags="--train" run_flags="--steps 0" jax_args="$jax_args --train"
+  fi
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
-  $PPC compile "$model" $dims -o "$exe" 2>/dev/null
+  $PPC compile "$model" $dims $ppc_flags -o "$exe" 2>/dev/null
   t1=$(date +%s.%N)
   local ppc_all=() jax_all=() jit_all=() jax_json
   for _ in $(seq "$ROUNDS"); do
-    ppc_all+=("$("$exe" --bench "$STEPS" | tail -1 | field useful_gflops)")
+    # shellcheck disable=SC2086
+    ppc_all+=("$("$exe" $run_flags --bench "$STEPS" | tail -1 | field useful_gflops)")
     # shellcheck disable=SC2086
     jax_json=$("$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$STEPS")
     jax_all+=("$(echo "$jax_json" | field useful_gflops)")
@@ -56,6 +62,9 @@ compare "transformer (example)" examples/transformer.ppc "" "--model transformer
 compare "transformer b=8 t=128 h=8 dh=32" examples/transformer.ppc \
   "--dim b=8 --dim t=128 --dim heads=8 --dim dh=32" \
   "--model transformer --b 8 --t 128 --heads 8 --dh 32"
+compare "train: mlp d=256 h=1024" examples/mlp.ppc "" "" train
+compare "train: transformer (example)" examples/transformer.ppc "" \
+  "--model transformer --b 2 --t 16 --heads 4 --dh 16" train
 echo
 echo "compile time of every example (ppc compile -o, release build):"
 for f in examples/*.ppc; do
