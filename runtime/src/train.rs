@@ -42,6 +42,8 @@ pub struct TrainOptions {
     pub json: bool,
     /// After the run, time this many more steps and print one JSON line.
     pub bench: Option<u32>,
+    /// Write a Chrome/Perfetto trace of the training steps to this file.
+    pub trace: Option<PathBuf>,
 }
 
 /// The losses of the steps that ran, in order.
@@ -91,10 +93,14 @@ pub fn train(
         optimizer.update(params, &grads);
         Ok(loss)
     };
+    if opts.trace.is_some() {
+        crate::trace::enable();
+    }
     for s in 0..u64::from(opts.steps) {
         let t = Instant::now();
         let step = first + s;
         let loss = step_once(&mut params, &mut optimizer, step)?;
+        crate::trace::record(crate::trace::Kind::Step, step as i64, Some(t));
         if !loss.is_finite() {
             return Err(format!(
                 "step {}: the loss is {loss}: lower the learning rate (--lr)",
@@ -130,6 +136,12 @@ pub fn train(
     }
     if terminal {
         writeln!(err).map_err(io)?;
+    }
+    if let Some(path) = &opts.trace {
+        crate::trace::write(path)?;
+        if crate::comm::rank() == 0 {
+            writeln!(err, "wrote {}", path.display()).map_err(io)?;
+        }
     }
     if let Some(path) = &opts.save {
         if save(path, m, &params_args, &optimizer)? {

@@ -41,7 +41,7 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
     }
     // Views of `arg` would read it under another name.
     let viewed = body.ops.iter().any(|&id| {
-        matches!(&f.ops[id].kind, OpKind::Reshape { x } | OpKind::Index { x, .. } if *x == arg)
+        matches!(&f.ops[id].kind, OpKind::Reshape { x } | OpKind::Index { x, .. } | OpKind::Transpose { x, .. } if *x == arg)
     });
     // What the op reads, with the deferred values it computes in the same loop nest.
     let mut reads = HashSet::new();

@@ -358,6 +358,11 @@ impl Walker<'_, '_> {
                     let view = views::reshape(&mut self.e, &ins[0], f.ty(op.results[0]));
                     env.insert(op.results[0], view);
                 }
+                OpKind::Transpose { perm, .. } => {
+                    let ty = f.ty(op.results[0]);
+                    let view = views::transpose(&mut self.e, &ins[0], perm, ty);
+                    env.insert(op.results[0], view);
+                }
                 OpKind::Index { x, index, axis } if views::uniform(f, *index).is_some() => {
                     // The same position for every stage (a stage's layer loop picking its
                     // layer's weights): a view of the stacked weights, no copy.

@@ -92,6 +92,12 @@ pub fn reshape(e: &mut Emitter, x: &Buf, ty: &Type) -> Buf {
             }
         })
         .collect();
+    let offset = dynamic_offset(e, x);
+    reinterpret(e, x, ty, &offset, &strides)
+}
+
+/// `x`'s offset (in elements) as an SSA value, read from its descriptor.
+fn dynamic_offset(e: &mut Emitter, x: &Buf) -> String {
     let rank = x.ty.rank();
     let meta = e.fresh();
     let sizes_strides = if rank == 0 {
@@ -106,7 +112,38 @@ pub fn reshape(e: &mut Emitter, x: &Buf, ty: &Type) -> Buf {
         x.mty(),
         super::emit::elt(x.ty.dtype)
     ));
-    reinterpret(e, x, ty, &format!("{meta}_offset"), &strides)
+    format!("{meta}_offset")
+}
+
+/// `x` with its axes permuted (result axis `i` is `x`'s axis `perm[i]`): a view with permuted
+/// strides, no copy. The runtime's GEMM reads operands through any strides, so the transposes
+/// that autodiff puts before matmuls cost nothing.
+pub fn transpose(e: &mut Emitter, x: &Buf, perm: &[usize], ty: &Type) -> Buf {
+    let s = x.strides();
+    let strides: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
+    let (offset, known) = match x.layout.as_ref().map(|l| l.offset) {
+        None => ("0".to_string(), Some(0)),
+        Some(Some(o)) => (o.to_string(), Some(o)),
+        Some(None) => (dynamic_offset(e, x), None),
+    };
+    let view = Buf {
+        name: e.fresh(),
+        ty: ty.clone(),
+        layout: Some(Layout {
+            strides: strides.clone(),
+            offset: known,
+        }),
+    };
+    e.op(&format!(
+        "{} = memref.reinterpret_cast {} to offset: [{offset}], sizes: [{}], strides: [{}] : {} to {}",
+        view.name,
+        x.name,
+        list(&view.ty.shape()),
+        list(&strides),
+        x.mty(),
+        view.mty()
+    ));
+    view
 }
 
 /// `x`'s memory as a buffer of `ty` at `offset` with `strides`.

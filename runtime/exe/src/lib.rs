@@ -59,7 +59,7 @@ at start, to check that the job ends)";
 
 const TRAIN_USAGE: &str =
     "usage: MODEL [--steps N] [--lr X] [--optimizer sgd|adamw] [--momentum X] [--weight-decay X]
-         [--data FILE] [--save CKPT] [--resume CKPT] [--seed N] [--json] [--bench N]
+         [--data FILE] [--save CKPT] [--resume CKPT] [--seed N] [--json] [--bench N] [--trace FILE]
 
 Trains the model that ppc compiled into this executable (`ppc compile --train`): each step runs
 the pipeline forward over every microbatch, the model's loss, the pipeline backward, and the
@@ -78,6 +78,8 @@ terminal, one line per step otherwise.
                      name them), optimizer state and step to a safetensors file, atomically
   --resume CKPT      start from a checkpoint written by --save (the step count goes on)
   --seed N           seed of the initial weights and of the synthetic task (default 0)
+  --trace FILE       write a Chrome/Perfetto trace of the steps (ui.perfetto.dev): per step,
+                     GPipe loop iteration (forward and backward), loop nest, GEMM and exchange
   --json             one JSON line per step on stdout: {\"step\":N,\"loss\":X,\"step_s\":T}
   --bench N          after the run, time N more steps (forward, backward, update) and print one
                      JSON line as forward executables do
@@ -99,6 +101,7 @@ fn parse_train_args(args: &[String]) -> Result<Option<TrainOptions>, String> {
         resume: None,
         json: false,
         bench: None,
+        trace: None,
     };
     let (mut lr, mut momentum, mut decay) = (None, None, None);
     let mut it = args.iter().skip(1);
@@ -144,6 +147,7 @@ fn parse_train_args(args: &[String]) -> Result<Option<TrainOptions>, String> {
             "--save" => o.save = Some(PathBuf::from(value("--save")?)),
             "--resume" => o.resume = Some(PathBuf::from(value("--resume")?)),
             "--json" => o.json = true,
+            "--trace" => o.trace = Some(PathBuf::from(value("--trace")?)),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
