@@ -26,6 +26,8 @@ pub struct Module {
     /// The type of one microbatch of targets, for training.
     pub target: Option<Type>,
     pub loss: Option<Loss>,
+    /// The `train { ... }` block's settings as written (optimizer and its hyper-parameters).
+    pub train: Vec<(String, String)>,
     /// In definition order: a function calls only functions before it.
     pub funcs: Arena<Func>,
     /// Spans of module-level items.
@@ -47,6 +49,7 @@ pub enum Item {
     Input,
     Target,
     Loss,
+    Train,
 }
 
 impl Item {
@@ -58,6 +61,7 @@ impl Item {
             Item::Input => "input",
             Item::Target => "target",
             Item::Loss => "loss",
+            Item::Train => "train",
         }
     }
 }

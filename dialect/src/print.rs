@@ -43,6 +43,10 @@ pub fn print(m: &Module) -> String {
     if let Some(l) = m.loss {
         let _ = writeln!(out, "loss {}", l.name());
     }
+    if !m.train.is_empty() {
+        let s: Vec<String> = m.train.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        let _ = writeln!(out, "train {{ {} }}", s.join(", "));
+    }
     for f in m.funcs.values() {
         out.push('\n');
         print_func(&mut out, m, f);

@@ -13,6 +13,7 @@
 //! arg output y f32 8,16,256
 //! arg target target f32 8,16,256       (training programs: also `loss` and one `grad` per param)
 //! group relu+add, line 14
+//! train optimizer=sgd lr=0.05
 //! ```
 //! `pipeline` is stages, microbatches, repeats, layers; `ranks` the processes the stage axis is
 //! split over (1 when absent); `target` the CPU the code was compiled for and the features it needs
@@ -86,6 +87,8 @@ pub struct Manifest {
     pub args: Vec<Arg>,
     /// Names of the traced loop nests (`ppc_trace_group_begin`'s numbers index them).
     pub groups: Vec<String>,
+    /// Training programs: the model file's `train { ... }` settings (the optimizer's defaults).
+    pub train: Vec<(String, String)>,
 }
 
 /// The CPU generated code was compiled for (`ppc compile --target-cpu`).
@@ -159,6 +162,10 @@ impl Manifest {
         for g in &self.groups {
             let _ = writeln!(s, "group {g}");
         }
+        if !self.train.is_empty() {
+            let kv: Vec<String> = self.train.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(s, "train {}", kv.join(" "));
+        }
         s
     }
 
@@ -178,6 +185,7 @@ impl Manifest {
             target: None,
             args: vec![],
             groups: vec![],
+            train: vec![],
         };
         let num = |w: Option<&str>| -> Result<u64, String> {
             w.and_then(|w| w.parse().ok())
@@ -192,6 +200,12 @@ impl Manifest {
             match w.next() {
                 Some("model") => m.model = w.collect::<Vec<_>>().join(" "),
                 Some("group") => m.groups.push(w.collect::<Vec<_>>().join(" ")),
+                Some("train") => {
+                    for kv in w {
+                        let (k, v) = kv.split_once('=').ok_or("bad training setting")?;
+                        m.train.push((k.to_string(), v.to_string()));
+                    }
+                }
                 Some("pipeline") => {
                     m.stages = num(w.next())?;
                     m.microbatches = num(w.next())?;
@@ -328,6 +342,15 @@ mod tests {
                     shard_axis: None,
                 },
                 Arg {
+                    role: Role::Grad,
+                    name: "w".into(),
+                    dtype: DType::F32,
+                    shape: vec![2, 4, 16, 16],
+                    init: Init::Zeros,
+                    layer_axes: 0,
+                    shard_axis: None,
+                },
+                Arg {
                     role: Role::Output,
                     name: "y".into(),
                     dtype: DType::F32,
@@ -338,6 +361,10 @@ mod tests {
                 },
             ],
             groups: vec!["gelu+add, line 60".into(), "softmax, line 39".into()],
+            train: vec![
+                ("optimizer".into(), "sgd".into()),
+                ("lr".into(), "1e-3".into()),
+            ],
         };
         assert_eq!(Manifest::parse(&m.to_text()), Ok(m));
         assert!(Manifest::parse("nonsense").is_err());

@@ -40,7 +40,59 @@ pub struct Config {
     pub weight_decay: f32,
 }
 
+/// The settings a model file's `train { ... }` block and an executable's command line may give.
+pub const SETTINGS: [&str; 7] = [
+    "optimizer",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "eps",
+];
+
 impl Config {
+    /// The optimizer the settings choose (the last `optimizer = ...`; AdamW if none), with its
+    /// defaults, then the other settings applied in order (a later one wins); the first bad one
+    /// is an error.
+    pub fn from_settings(settings: &[(String, String)]) -> Result<Config, String> {
+        let kind = match settings.iter().rev().find(|(k, _)| k == "optimizer") {
+            Some((_, v)) => Kind::from_name(v)
+                .ok_or_else(|| format!("`optimizer` is `sgd` or `adamw`, not `{v}`"))?,
+            None => Kind::AdamW,
+        };
+        let mut c = Config::new(kind);
+        for (k, v) in settings.iter().filter(|(k, _)| k != "optimizer") {
+            c.set(k, v)?;
+        }
+        Ok(c)
+    }
+
+    /// Sets one numeric setting (`lr`, `momentum`, ...) from its text.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let x: f32 = value
+            .parse()
+            .ok()
+            .filter(|x: &f32| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| format!("`{key}` needs a non-negative number, got `{value}`"))?;
+        let slot = match key {
+            "lr" => &mut self.lr,
+            "momentum" => &mut self.momentum,
+            "weight_decay" => &mut self.weight_decay,
+            "beta1" => &mut self.beta1,
+            "beta2" => &mut self.beta2,
+            "eps" => &mut self.eps,
+            _ => {
+                return Err(format!(
+                    "unknown training setting `{key}` (expected one of: {})",
+                    SETTINGS.join(", ")
+                ))
+            }
+        };
+        *slot = x;
+        Ok(())
+    }
+
     pub fn new(kind: Kind) -> Config {
         match kind {
             Kind::Sgd => Config {

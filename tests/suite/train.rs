@@ -186,3 +186,52 @@ fn executables_train_and_resume_byte_identically() {
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+/// The model file's `train { ... }` block sets the executable's optimizer; its command line
+/// overrides it.
+#[test]
+fn the_train_block_sets_the_optimizer_and_the_command_line_overrides_it() {
+    let dir = std::env::temp_dir().join(format!("ppc-train-block-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let tiny = std::fs::read_to_string(root().join("examples/tiny.ppc")).expect("tiny");
+    let with_block = tiny.replace(
+        "input f32[b, d]\n",
+        "input f32[b, d]\ntrain { optimizer = sgd, lr = 0.05 }\n",
+    );
+    assert_ne!(with_block, tiny);
+    let losses = |text: &str, name: &str, flags: &[&str]| {
+        let (model, exe) = (dir.join(format!("{name}.ppc")), dir.join(name));
+        std::fs::write(&model, text).expect("model");
+        let (m, e) = (model.display().to_string(), exe.display().to_string());
+        let (code, _, err) = ppc(&["compile", &m, "--train", "-o", &e]);
+        assert_eq!(code, 0, "{err}");
+        let o = std::process::Command::new(&exe)
+            .args(["--steps", "20", "--json"])
+            .args(flags)
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).expect("utf-8")
+    };
+    let from_block = losses(&with_block, "block", &[]);
+    let from_flags = losses(&tiny, "plain", &["--optimizer", "sgd", "--lr", "0.05"]);
+    let default = losses(&tiny, "plain", &[]);
+    let strip = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| l.split(",\"step_s\"").next().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(
+        strip(&from_block),
+        strip(&from_flags),
+        "the block is SGD at lr 0.05"
+    );
+    assert_ne!(strip(&from_block), strip(&default), "AdamW by default");
+    let overridden = losses(
+        &with_block,
+        "block",
+        &["--optimizer", "adamw", "--lr", "0.001"],
+    );
+    assert_eq!(strip(&overridden), strip(&default), "the command line wins");
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

@@ -197,6 +197,10 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         target: opts.target.clone(),
         args,
         groups: w.groups,
+        train: match entry {
+            Entry::Train => m.train.clone(),
+            Entry::Forward => Vec::new(),
+        },
     };
 
     let mut out = String::new();

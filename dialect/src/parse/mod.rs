@@ -81,6 +81,7 @@ pub fn parse(src: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
         input: None,
         target: None,
         loss: None,
+        train: None,
         funcs: Default::default(),
         spans: SpanTable::default(),
         resolved: None,
@@ -139,7 +140,9 @@ fn rule_name(r: Rule) -> String {
         | Rule::input
         | Rule::target
         | Rule::loss
-        | Rule::func => "`dims`, `pipeline`, `input`, `target`, `loss` or `func`",
+        | Rule::train
+        | Rule::func => "`dims`, `pipeline`, `input`, `target`, `loss`, `train` or `func`",
+        Rule::train_setting => "a setting like `lr = 0.001`",
         Rule::ty => "a type like `f32[b, d]`",
         Rule::stmt | Rule::results => "an op like `%y = relu %x`",
         Rule::ret => "`return`",

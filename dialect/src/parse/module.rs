@@ -20,6 +20,7 @@ pub(super) struct ModuleBuilder<'a> {
     pub(super) input: Option<Type>,
     pub(super) target: Option<Type>,
     pub(super) loss: Option<Loss>,
+    pub(super) train: Option<Vec<(String, String)>>,
     pub(super) funcs: Arena<Func>,
     pub(super) spans: SpanTable<Item>,
     /// The pipeline, once `dims` and `pipeline` are both known (needed to resolve shapes).
@@ -113,6 +114,33 @@ impl ModuleBuilder<'_> {
                         .with_note("expected `mse` or `softmax_cross_entropy`"))
                     }
                 });
+                Ok(())
+            }
+            Rule::train => {
+                self.once(Item::Train, span, self.train.is_some())?;
+                let mut settings: Vec<(String, String)> = Vec::new();
+                for s in item.into_inner() {
+                    let mut it = s.into_inner();
+                    let (name, value) = (it.next().expect("name"), it.next().expect("value"));
+                    if settings.iter().any(|(n, _)| n == name.as_str()) {
+                        return Err(Diagnostic::error(
+                            format!("training setting `{}` is given twice", name.as_str()),
+                            span_of(&name),
+                            "again here",
+                        ));
+                    }
+                    settings.push((name.as_str().to_string(), value.as_str().to_string()));
+                    // The runtime's optimizer is the one definition of what is valid.
+                    ppc_runtime::optim::Config::from_settings(&settings).map_err(|e| {
+                        let at = if e.starts_with("unknown") {
+                            &name
+                        } else {
+                            &value
+                        };
+                        Diagnostic::error(e, span_of(at), "in this training setting")
+                    })?;
+                }
+                self.train = Some(settings);
                 Ok(())
             }
             Rule::func => {
@@ -505,6 +533,7 @@ impl ModuleBuilder<'_> {
             input,
             target: self.target,
             loss: self.loss,
+            train: self.train.unwrap_or_default(),
             funcs: self.funcs,
             spans: self.spans,
         })

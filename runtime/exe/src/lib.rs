@@ -13,7 +13,7 @@ mod mpi_transport;
 use ppc_runtime::comm;
 use ppc_runtime::exec::{drive, PackedFn, Program, RunOptions};
 use ppc_runtime::manifest::Manifest;
-use ppc_runtime::optim::{Config, Kind};
+use ppc_runtime::optim::{Config, Kind, SETTINGS};
 use ppc_runtime::train::{train, TrainOptions};
 use std::ffi::{c_char, c_int, CStr};
 use std::path::PathBuf;
@@ -68,8 +68,9 @@ terminal, one line per step otherwise.
   --steps N          training steps (default 10)
   --optimizer NAME   adamw (default: lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 0.01) or
                      sgd (lr 0.01, momentum 0.9, no weight decay)
-  --lr X, --momentum X, --weight-decay X
-                     override the optimizer's settings
+  --lr X, --momentum X, --weight-decay X, --beta1 X, --beta2 X, --eps X
+                     the optimizer's settings; defaults come from the model file's
+                     `train { ... }` block (ppc compile embeds it), these override it
   --data FILE        train on tensors `input` [N, ...input] and `target` [N, ...target] of a
                      safetensors file, M rows per step (M microbatches), cycling; default: a
                      seeded synthetic task (the same model with other weights labels 8 seeded
@@ -91,7 +92,11 @@ enum Job {
     Train(TrainOptions),
 }
 
-fn parse_train_args(args: &[String]) -> Result<Option<TrainOptions>, String> {
+/// The training options: the model file's `train` settings, then the command line's.
+fn parse_train_args(
+    args: &[String],
+    model: &[(String, String)],
+) -> Result<Option<TrainOptions>, String> {
     let mut o = TrainOptions {
         seed: 0,
         steps: 10,
@@ -103,7 +108,7 @@ fn parse_train_args(args: &[String]) -> Result<Option<TrainOptions>, String> {
         bench: None,
         trace: None,
     };
-    let (mut lr, mut momentum, mut decay) = (None, None, None);
+    let mut settings = model.to_vec();
     let mut it = args.iter().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
@@ -114,12 +119,6 @@ fn parse_train_args(args: &[String]) -> Result<Option<TrainOptions>, String> {
         let number = |name: &str, v: String| {
             v.parse::<u64>()
                 .map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"))
-        };
-        let real = |name: &str, v: String| {
-            v.parse::<f32>()
-                .ok()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| format!("{name} needs a non-negative number, got `{v}`"))
         };
         match a.as_str() {
             "--help" | "-h" => return Ok(None),
@@ -134,28 +133,23 @@ fn parse_train_args(args: &[String]) -> Result<Option<TrainOptions>, String> {
                         .map_err(|_| "--bench is too large")?,
                 )
             }
-            "--optimizer" => {
-                let v = value("--optimizer")?;
-                let kind = Kind::from_name(&v)
-                    .ok_or_else(|| format!("--optimizer is sgd or adamw, got `{v}`"))?;
-                o.optimizer = Config::new(kind);
-            }
-            "--lr" => lr = Some(real("--lr", value("--lr")?)?),
-            "--momentum" => momentum = Some(real("--momentum", value("--momentum")?)?),
-            "--weight-decay" => decay = Some(real("--weight-decay", value("--weight-decay")?)?),
             "--data" => o.data = Some(PathBuf::from(value("--data")?)),
             "--save" => o.save = Some(PathBuf::from(value("--save")?)),
             "--resume" => o.resume = Some(PathBuf::from(value("--resume")?)),
             "--json" => o.json = true,
             "--trace" => o.trace = Some(PathBuf::from(value("--trace")?)),
-            other => return Err(format!("unknown argument `{other}`")),
+            flag => {
+                // --optimizer, --lr, --weight-decay, ...: the settings of a `train` block.
+                let key = flag
+                    .strip_prefix("--")
+                    .map(|k| k.replace('-', "_"))
+                    .filter(|k| SETTINGS.contains(&k.as_str()))
+                    .ok_or_else(|| format!("unknown argument `{flag}`"))?;
+                settings.push((key, value(flag)?));
+            }
         }
     }
-    // Settings apply to whichever optimizer was chosen, wherever --optimizer came.
-    let c = &mut o.optimizer;
-    c.lr = lr.unwrap_or(c.lr);
-    c.momentum = momentum.unwrap_or(c.momentum);
-    c.weight_decay = decay.unwrap_or(c.weight_decay);
+    o.optimizer = Config::from_settings(&settings)?;
     Ok(Some(o))
 }
 
@@ -220,7 +214,7 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
     let (usage, parsed) = if manifest.trains() {
         (
             TRAIN_USAGE,
-            parse_train_args(&args).map(|o| o.map(Job::Train)),
+            parse_train_args(&args, &manifest.train).map(|o| o.map(Job::Train)),
         )
     } else {
         (USAGE, parse_args(&args).map(|o| o.map(Job::Forward)))
