@@ -168,6 +168,17 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
         .sum()
 }
 
+/// `t + sign·eps·u`, rounded to `t`'s dtype.
+fn moved(t: &Tensor, u: &[f32], sign: f64, eps: f64) -> Tensor {
+    let data = t
+        .data
+        .iter()
+        .zip(u)
+        .map(|(&x, &v)| (f64::from(x) + sign * eps * f64::from(v)) as f32)
+        .collect();
+    Tensor::new(t.dtype, t.shape.clone(), data)
+}
+
 /// Checks `<grad, u>` against the central difference of the loss along `u`.
 fn check_direction(what: &str, grad: &[f32], u: &[f32], plus: f64, minus: f64, eps: f64) {
     let analytic = dot(grad, u);
@@ -195,15 +206,7 @@ fn gradients_match_finite_differences_on_every_op() {
         let grads = interp.sequential_vjp(&inputs, &d).expect("gradients");
         // Along a random direction of the inputs.
         let u = Rng::stream(seed, "direction", 0).fill(Init::Normal(1.0), inputs.len());
-        let shifted = |sign: f64| {
-            let data = inputs
-                .data
-                .iter()
-                .zip(&u)
-                .map(|(&x, &v)| (f64::from(x) + sign * eps * f64::from(v)) as f32)
-                .collect();
-            Tensor::new(inputs.dtype, inputs.shape.clone(), data)
-        };
+        let shifted = |sign: f64| moved(&inputs, &u, sign, eps);
         let (plus, minus) = (
             loss(&mut Interp::new(&m, seed), &shifted(1.0), &d),
             loss(&mut Interp::new(&m, seed), &shifted(-1.0), &d),
@@ -232,18 +235,7 @@ fn gradients_match_finite_differences_on_every_op() {
                 .expect("weights");
                 let u = Rng::stream(seed, name, 1 + l as u64).fill(Init::Normal(1.0), w.len());
                 let mut at = |sign: f64| {
-                    let data = w
-                        .data
-                        .iter()
-                        .zip(&u)
-                        .map(|(&x, &v)| (f64::from(x) + sign * eps * f64::from(v)) as f32)
-                        .collect();
-                    base.set_param(
-                        "layer",
-                        i,
-                        l as u64,
-                        Tensor::new(w.dtype, w.shape.clone(), data),
-                    );
+                    base.set_param("layer", i, l as u64, moved(&w, &u, sign, eps));
                     loss(&mut base, &inputs, &d)
                 };
                 let (plus, minus) = (at(1.0), at(-1.0));
@@ -321,14 +313,8 @@ fn loss_gradients_match_finite_differences() {
             let g: Vec<f32> = per_layer.iter().flat_map(|t| t.data.clone()).collect();
             let u = Rng::stream(seed, name, 99).fill(Init::Normal(1.0), w.len());
             let at = |sign: f64| {
-                let data = w
-                    .data
-                    .iter()
-                    .zip(&u)
-                    .map(|(&x, &v)| (f64::from(x) + sign * eps * f64::from(v)) as f32)
-                    .collect();
                 let mut interp = Interp::new(&m, seed);
-                interp.set_param("stage", i, 0, Tensor::new(w.dtype, w.shape.clone(), data));
+                interp.set_param("stage", i, 0, moved(&w, &u, sign, eps));
                 let r = interp
                     .call(train, vec![inputs.clone(), t.clone()], 0)
                     .expect("loss");

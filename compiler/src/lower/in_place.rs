@@ -4,9 +4,11 @@
 //! and output buffers, a stage's activations between its layers).
 //!
 //! That is safe when nothing reads the carried value after that op, and the op itself reads it,
-//! if at all, element by element where it writes (an elementwise op over the same shape).
+//! if at all, element by element where it writes (an elementwise op over the same shape), or
+//! it is an `update` of one slice of it (a gradient accumulator's): then only that slice is
+//! written.
 
-use super::fuse;
+use super::{fuse, views};
 use ppc_dialect::ir::{Block, Func, ValueId};
 use ppc_dialect::op::OpKind;
 use std::collections::{HashMap, HashSet};
@@ -36,6 +38,21 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
         return false; // a block argument or a value from outside
     };
     let kind = &f.ops[body.ops[pos]].kind;
+    // Reads after it, the yields included (a carried value passed through unchanged).
+    let mut later: HashSet<ValueId> = body.results.iter().copied().collect();
+    for &id in &body.ops[pos + 1..] {
+        later.extend(f.ops[id].kind.operands());
+        if let OpKind::Loop { body: inner, .. } = &f.ops[id].kind {
+            fuse::used_in(f, inner, &mut later);
+        }
+    }
+    // An update of one slice of `arg` (an accumulator's) writes just that slice, if neither
+    // `arg` nor a view of it is read afterwards.
+    if let OpKind::Update { x, index, .. } = kind {
+        return *x == arg
+            && views::uniform(f, *index).is_some()
+            && aliases(f, body, arg).iter().all(|v| !later.contains(v));
+    }
     if !kind.is_elementwise() && !matches!(kind, OpKind::Shift { .. }) {
         return false;
     }
@@ -55,13 +72,21 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
     }
     let same_shape = f.ty(arg).shape() == f.ty(y).shape();
     let own_reads_ok = !reads.contains(&arg) || (kind.is_elementwise() && same_shape);
-    // Reads after it, the yields included (a carried value passed through unchanged).
-    let mut later: HashSet<ValueId> = body.results.iter().copied().collect();
-    for &id in &body.ops[pos + 1..] {
-        later.extend(f.ops[id].kind.operands());
-        if let OpKind::Loop { body: inner, .. } = &f.ops[id].kind {
-            fuse::used_in(f, inner, &mut later);
+    !viewed && own_reads_ok && !later.contains(&arg)
+}
+
+/// `arg` and the views of it in `body` (reshapes, transposes, indexes, of it or of its views).
+fn aliases(f: &Func, body: &Block, arg: ValueId) -> HashSet<ValueId> {
+    let mut out = HashSet::from([arg]);
+    for &id in &body.ops {
+        let op = &f.ops[id];
+        if let OpKind::Reshape { x } | OpKind::Index { x, .. } | OpKind::Transpose { x, .. } =
+            &op.kind
+        {
+            if out.contains(x) {
+                out.insert(op.results[0]);
+            }
         }
     }
-    !viewed && own_reads_ok && !later.contains(&arg)
+    out
 }

@@ -367,6 +367,21 @@ impl Walker<'_, '_> {
                     let view = views::transpose(&mut self.e, &ins[0], perm, ty);
                     env.insert(op.results[0], view);
                 }
+                OpKind::Update { x, index, axis, .. } if views::uniform(f, *index).is_some() => {
+                    // The same position for every stage: the slice is a view; only it is
+                    // written, after a copy of `x` unless `x` is the output buffer itself (a
+                    // carried accumulator updated in place).
+                    let scalar = views::uniform(f, *index).expect("checked by the guard");
+                    let out = output(&mut self.e, op.results[0]);
+                    let group = self.begin_group(f, id, "update".to_string());
+                    if env[x].name != out.name {
+                        self.e.copy(&env[x], &out);
+                    }
+                    let slice = views::index(&mut self.e, &out, &env[&scalar], *axis);
+                    self.e.copy(&ins[1], &slice);
+                    self.end_group(group);
+                    env.insert(op.results[0], out);
+                }
                 OpKind::Index { x, index, axis } if views::uniform(f, *index).is_some() => {
                     // The same position for every stage (a stage's layer loop picking its
                     // layer's weights): a view of the stacked weights, no copy.

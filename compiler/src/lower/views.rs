@@ -12,8 +12,12 @@ use ppc_dialect::ir::{Func, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::Type;
 
-/// If `index` is one scalar broadcast to every position (`broadcast %t`), that scalar.
+/// If `index` is one position for every slice (a scalar, or a scalar broadcast to every
+/// position: `broadcast %t`), that scalar.
 pub fn uniform(f: &Func, index: ValueId) -> Option<ValueId> {
+    if f.ty(index).rank() == 0 {
+        return Some(index);
+    }
     f.ops.iter().find_map(|(_, op)| match op.kind {
         OpKind::Broadcast { x } if op.results.first() == Some(&index) && f.ty(x).rank() == 0 => {
             Some(x)

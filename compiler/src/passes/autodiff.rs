@@ -297,6 +297,12 @@ impl Diff<'_> {
                     self.loop_vjp(b, op, env, tape, cots)?
                 }
                 OpKind::Call { .. } => self.call_vjp(b, op, env, cots)?,
+                // `index`'s transpose adds into the slice it read, not a zero buffer's worth.
+                OpKind::Index { x, index, axis } if self.is_float(*x) => {
+                    if let Some(&d) = cots.values.get(&op.results[0]) {
+                        self.add_slice(b, cots, *x, d, env[index], *axis)?;
+                    }
+                }
                 kind => {
                     let r = op.results[0];
                     let Some(&d) = cots.values.get(&r) else {
@@ -381,6 +387,10 @@ impl Diff<'_> {
             .into_iter()
             .filter(|&v| self.is_float(v))
             .collect();
+        let sliced: Vec<bool> = captured
+            .iter()
+            .map(|&v| only_indexed(self.f, body, v))
+            .collect();
         let slots = callee_slots(self.m, self.f, body);
         let mut inits_r = Vec::new();
         let mut hints = Vec::new();
@@ -439,6 +449,13 @@ impl Diff<'_> {
             for (k, &i) in floats.iter().enumerate() {
                 self.add(b, &mut bc, body.results[i], car[k])?;
             }
+            // A captured value read by one `index` only gets its cotangent added into the slice
+            // that was read, straight into its accumulator (same bits: one term per iteration).
+            for (k, &v) in captured.iter().enumerate() {
+                if sliced[k] {
+                    bc.values.insert(v, car[floats.len() + k]);
+                }
+            }
             self.backward(b, body, &env, &inner, &mut bc)?;
             let mut next = Vec::new();
             for &i in &floats {
@@ -448,11 +465,12 @@ impl Diff<'_> {
                 });
             }
             let mut acc = car[floats.len()..].iter().copied();
-            for &v in &captured {
+            for (&v, &seeded) in captured.iter().zip(&sliced) {
                 let a = acc
                     .next()
                     .expect("invariant: an accumulator per captured value");
                 next.push(match bc.values.get(&v) {
+                    Some(&d) if seeded => d,
                     Some(&d) => bin(b, BinaryOp::Add, a, d)?,
                     None => a,
                 });
@@ -500,6 +518,36 @@ impl Diff<'_> {
             None => c,
         };
         cots.values.insert(v, sum);
+        Ok(())
+    }
+
+    /// `cots[x][.., index, ..] += d` along `axis` (zeros elsewhere if `x` has no cotangent yet):
+    /// the same bits as adding `update(zeros, d, index)`, since `-0.0` adds nothing.
+    fn add_slice(
+        &self,
+        b: &mut Builder,
+        cots: &mut Cots,
+        x: ValueId,
+        d: ValueId,
+        index: ValueId,
+        axis: usize,
+    ) -> Result<(), Diagnostic> {
+        let (base, update) = match cots.values.get(&x) {
+            Some(&e) => {
+                let read = OpKind::Index { x: e, index, axis };
+                let old = b.op("d", read, None)?;
+                (e, bin(b, BinaryOp::Add, old, d)?)
+            }
+            None => (zeros(b, self.f.ty(x))?, d),
+        };
+        let write = OpKind::Update {
+            x: base,
+            update,
+            index,
+            axis,
+        };
+        let sum = b.op("d", write, None)?;
+        cots.values.insert(x, sum);
         Ok(())
     }
 
@@ -595,6 +643,27 @@ fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId>) {
         }
     }
     (ops, values)
+}
+
+/// Whether the only use of `v` in `block` (nested blocks and yields included) is one `index`
+/// of `block` itself.
+fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
+    fn uses(f: &Func, block: &Block, v: ValueId) -> usize {
+        let mut n = block.results.iter().filter(|&&r| r == v).count();
+        for &id in &block.ops {
+            let op = &f.ops[id];
+            n += op.kind.operands().iter().filter(|&&o| o == v).count();
+            if let OpKind::Loop { body, .. } = &op.kind {
+                n += uses(f, body, v);
+            }
+        }
+        n
+    }
+    let indexed = block
+        .ops
+        .iter()
+        .any(|&id| matches!(&f.ops[id].kind, OpKind::Index { x, .. } if *x == v));
+    indexed && uses(f, block, v) == 1
 }
 
 /// The values `block` (nested blocks included) reads but does not define, in id order.

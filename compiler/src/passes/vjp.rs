@@ -5,7 +5,8 @@
 //! Zero cotangents are `-0.0`, the additive identity: adding a structural zero (a bubble slot,
 //! the stages a select did not pick, the slices an `index` did not read) never changes a bit,
 //! which is what makes pipelined gradients equal the sequential model's bit for bit.
-//! `loop` and `call` are not here: they need the whole pass (`autodiff.rs`).
+//! `loop`, `call` and `index` (whose transpose adds into an accumulator's slice) are not here:
+//! they need the whole pass (`autodiff.rs`).
 
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
@@ -303,21 +304,8 @@ pub fn rule(
             };
             vec![(*x, dx)]
         }
-        // `index` and `update` transpose into each other.
-        OpKind::Index { x, index, axis } if f.ty(*x).dtype.is_float() => {
-            let z = zeros(b, &ty(*x))?;
-            let dx = b.op(
-                "d",
-                OpKind::Update {
-                    x: z,
-                    update: d,
-                    index: p(*index),
-                    axis: *axis,
-                },
-                None,
-            )?;
-            vec![(*x, dx)]
-        }
+        // `index` and `update` transpose into each other: `update`'s here, `index`'s (an update
+        // of the cotangent's slice) in `autodiff.rs`, which adds it into the accumulator.
         OpKind::Update {
             x,
             update,
@@ -355,13 +343,12 @@ pub fn rule(
             vec![(*x, b.op("d", back, None)?)]
         }
         OpKind::Convert { .. }
-        | OpKind::Index { .. }
         | OpKind::Compare { .. }
         | OpKind::Iota { .. }
         | OpKind::Constant { .. }
         | OpKind::Rank => vec![],
-        OpKind::Call { .. } | OpKind::Loop { .. } => {
-            unreachable!("invariant: autodiff differentiates calls and loops itself")
+        OpKind::Index { .. } | OpKind::Call { .. } | OpKind::Loop { .. } => {
+            unreachable!("invariant: autodiff differentiates index, calls and loops itself")
         }
     })
 }
