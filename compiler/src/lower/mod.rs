@@ -2,7 +2,9 @@
 //! memref, linalg, scf), with its manifest. The only code that uses melior is `mlir.rs`.
 //!
 //! Preconditions: `gpipe-loop` has run. Postconditions: one entry
-//! `@ppc_forward(inputs, params..., output)` with `llvm.emit_c_interface`, every value in a
+//! `@ppc_forward(inputs, params..., output)` with `llvm.emit_c_interface` (for a module compiled
+//! for training, [`Entry::Train`]: `(inputs, targets, params..., loss, output, grads...)`,
+//! lowered from `@train_vjp`), every value in a
 //! statically shaped buffer or a view of one (`views.rs`), chains of elementwise ops fused into
 //! one `linalg.generic` (`fuse.rs`), big loop nests marked for the module's transform script to
 //! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments), loops
