@@ -22,11 +22,12 @@ fn lower(
     src: &Source,
     numerics: Numerics,
     target: Option<&Target>,
-    executable: bool,
+    executable: Option<u64>,
 ) -> Result<Lowered, Diagnostics> {
     let opts = lower::Options {
         numerics,
-        executable,
+        executable: executable.is_some(),
+        replicas: executable.unwrap_or(1),
         target: target.cloned(),
     };
     lower::lower(m, &opts, src.file, src.text).map_err(|d| vec![d])
@@ -35,7 +36,7 @@ fn lower(
 /// The MLIR module (`--emit=mlir`), verified by MLIR, with its model-file locations.
 pub fn emit_mlir(m: &Module, src: &Source, numerics: Numerics) -> Result<String, Diagnostics> {
     use melior::ir::operation::{OperationLike, OperationPrintingFlags};
-    let l = lower(m, src, numerics, None, false)?;
+    let l = lower(m, src, numerics, None, None)?;
     let ctx = mlir::context();
     let module = mlir::parse(&ctx, &l.mlir, src.text)?;
     let flags = OperationPrintingFlags::new().enable_debug_info(true, false);
@@ -47,7 +48,7 @@ pub fn emit_mlir(m: &Module, src: &Source, numerics: Numerics) -> Result<String,
 
 /// The LLVM dialect after the CPU pipeline (`--emit=llvm`).
 pub fn emit_llvm(m: &Module, src: &Source, numerics: Numerics) -> Result<String, Diagnostics> {
-    let l = lower(m, src, numerics, None, false)?;
+    let l = lower(m, src, numerics, None, None)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
@@ -61,7 +62,7 @@ pub fn jit(
     numerics: Numerics,
     opt_level: usize,
 ) -> Result<mlir::Jit, Diagnostics> {
-    let l = lower(m, src, numerics, None, false)?;
+    let l = lower(m, src, numerics, None, None)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
@@ -76,7 +77,7 @@ pub fn emit_asm(
     target: &Target,
     opt_level: usize,
 ) -> Result<String, Diagnostics> {
-    let (_dir, asm) = machine_code(m, src, numerics, target, opt_level, Output::Assembly)?;
+    let (_dir, asm) = machine_code(m, src, numerics, target, opt_level, None)?;
     std::fs::read_to_string(&asm).map_err(|e| {
         vec![Diagnostic::plain(format!(
             "cannot read {}: {e}",
@@ -86,19 +87,25 @@ pub fn emit_asm(
 }
 
 /// Lowers, translates to LLVM IR and compiles it for `target`, into a file of a new scratch
-/// directory (removed when the returned `TempDir` drops). An object is for an executable, so
-/// its module also has `main` and the packed entry the runtime calls.
+/// directory (removed when the returned `TempDir` drops): an object for an executable of
+/// `replicas` pipelines (its module also has `main` and the packed entry the runtime calls),
+/// or, with `None`, assembly.
 fn machine_code(
     m: &Module,
     src: &Source,
     numerics: Numerics,
     target: &Target,
     opt_level: usize,
-    kind: Output,
+    replicas: Option<u64>,
 ) -> Result<(TempDir, PathBuf), Diagnostics> {
-    let executable = kind == Output::Object;
+    let executable = replicas.is_some();
+    let kind = if executable {
+        Output::Object
+    } else {
+        Output::Assembly
+    };
     let l = timing::phase("lower-mlir", || {
-        lower(m, src, numerics, Some(target), executable)
+        lower(m, src, numerics, Some(target), replicas)
     })?;
     let ctx = mlir::context();
     let mut module = timing::phase("MLIR parse and verify", || {
@@ -150,10 +157,11 @@ pub fn executable(
     numerics: Numerics,
     target: &Target,
     opt_level: usize,
+    replicas: u64,
     out: &Path,
 ) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
-    let (dir, obj) = machine_code(m, src, numerics, target, opt_level, Output::Object)?;
+    let (dir, obj) = machine_code(m, src, numerics, target, opt_level, Some(replicas))?;
     let linked = dir.0.join("model");
     let status = timing::phase("link", || {
         Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

@@ -95,6 +95,11 @@ pub enum Command {
         /// that trains (try `PATH --help`).
         #[arg(long)]
         train: bool,
+        /// With --train: D pipelines side by side (data × pipeline parallel), run as
+        /// `mpirun.mpich -n D·R` (R = --ranks); each trains on its own batches and their
+        /// gradients are averaged once per step, in a fixed order.
+        #[arg(long, value_name = "D", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        replicas: u64,
         #[command(flatten)]
         pass: PassArgs,
         #[command(flatten)]

@@ -180,6 +180,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             target_cpu: target,
             time_passes,
             train,
+            replicas,
         } => {
             let timer = time_passes.then(crate::timing::start);
             let mut l = crate::timing::phase("parse and check", || load(&model))?;
@@ -199,7 +200,14 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             if let Some(path) = &output {
                 let t = Instant::now();
                 let opt = codegen.opt_level.into();
-                backend::executable(&l.module, &l.source(), numerics, &target, opt, path)
+                if replicas > 1 && !train {
+                    return Err(Failure(
+                        "error: --replicas runs pipelines side by side for training: add --train\n"
+                            .into(),
+                    ));
+                }
+                let src = l.source();
+                backend::executable(&l.module, &src, numerics, &target, opt, replicas, path)
                     .map_err(|d| l.fail(&d))?;
                 writeln!(
                     err,

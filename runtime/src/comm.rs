@@ -25,6 +25,13 @@ pub trait Transport: Send + Sync {
     fn max(&self, value: f64) -> f64;
     /// Waits until every rank got here.
     fn barrier(&self);
+    /// This process's pipeline among the replicas (`--replicas`), `0..replicas`.
+    fn replica(&self) -> usize {
+        0
+    }
+    /// Sums `values` over the replicas' ranks that hold the same stages, in replica order (the
+    /// same bits on every run), leaving the sum on each of them.
+    fn sum_across_replicas(&self, _values: &mut [f32]) {}
     /// Ends the whole job now, with `code`.
     fn abort(&self, code: i32) -> !;
 }
@@ -47,6 +54,18 @@ pub fn rank() -> usize {
 
 pub fn size() -> usize {
     transport().map_or(1, |t| t.size())
+}
+
+/// [`Transport::replica`]: 0 in a process of one rank.
+pub fn replica() -> usize {
+    transport().map_or(0, |t| t.replica())
+}
+
+/// [`Transport::sum_across_replicas`]; nothing to do without replicas.
+pub fn sum_across_replicas(values: &mut [f32]) {
+    if let Some(t) = transport() {
+        t.sum_across_replicas(values)
+    }
 }
 
 /// [`Transport::max`], or `value` itself in a process of one rank.

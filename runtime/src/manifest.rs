@@ -81,6 +81,9 @@ pub struct Manifest {
     pub repeats: u64,
     pub layers: u64,
     pub ranks: u64,
+    /// Training programs: pipelines run side by side on `replicas × ranks` processes, each on its
+    /// own microbatches, their gradients summed once per step (data × pipeline parallel).
+    pub replicas: u64,
     /// Floating-point operations of one forward step of the sequential model (no bubbles).
     pub flops: u64,
     pub target: Option<Target>,
@@ -137,6 +140,9 @@ impl Manifest {
         if self.ranks != 1 {
             let _ = writeln!(s, "ranks {}", self.ranks);
         }
+        if self.replicas != 1 {
+            let _ = writeln!(s, "replicas {}", self.replicas);
+        }
         let _ = writeln!(s, "flops {}", self.flops);
         if let Some(t) = &self.target {
             let _ = writeln!(s, "target {} {}", t.cpu, t.features.join(","));
@@ -181,6 +187,7 @@ impl Manifest {
             repeats: 0,
             layers: 0,
             ranks: 1,
+            replicas: 1,
             flops: 0,
             target: None,
             args: vec![],
@@ -216,6 +223,12 @@ impl Manifest {
                     m.ranks = num(w.next())?;
                     if m.ranks == 0 {
                         return Err("a program needs at least one rank".into());
+                    }
+                }
+                Some("replicas") => {
+                    m.replicas = num(w.next())?;
+                    if m.replicas == 0 {
+                        return Err("a program needs at least one replica".into());
                     }
                 }
                 Some("flops") => m.flops = num(w.next())?,
@@ -308,6 +321,7 @@ mod tests {
             repeats: 2,
             layers: 8,
             ranks: 2,
+            replicas: 3,
             flops: 123,
             target: Some(Target {
                 cpu: "x86-64-v3".into(),

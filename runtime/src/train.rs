@@ -7,6 +7,10 @@
 //! `seed + TEACHER_SEED_OFFSET`) labels a pool of seeded input batches (for
 //! `softmax_cross_entropy`, the argmax of its logits).
 //!
+//! With `--replicas D` (`ppc compile`), D pipelines train side by side, replica `j` on batch
+//! `step·D + j`; after the microbatch loop their gradients are summed once, in replica order
+//! (the same bits on every run), and averaged, so every replica applies the same update.
+//!
 //! A checkpoint (`--save`, written atomically; `--resume`) is a safetensors file: the f32 master
 //! weights as `layers.L.NAME` (the naming of `--params` files), the optimizer's moments as
 //! `optim.m.layers.L.NAME` (and `optim.v.` for AdamW), and `optim.step`. Per-layer names do
@@ -81,15 +85,27 @@ pub fn train(
     let mut losses = Vec::new();
     let started = Instant::now();
     // The last rank holds the model's outputs, and so the loss.
-    let speaks = crate::comm::rank() == program.output_rank();
+    let speaks = crate::comm::rank() == program.output_rank() && crate::comm::replica() == 0;
     let terminal = speaks && !opts.json && std::io::stderr().is_terminal();
     let mut step_once = |params: &mut Vec<HostBuffer>,
                          optimizer: &mut Optimizer,
                          step: u64|
      -> Result<f32, String> {
-        let (input, target) = data.batch(m, step);
-        let loss = bufs.run(program, input, target, params)?;
-        let grads = bufs.grads_by_param();
+        // Replica `j` of `D` trains on batch `step·D + j`; the step's gradient is their mean.
+        let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
+        let (input, target) = data.batch(m, step * replicas + replica);
+        let mut loss = bufs.run(program, input, target, params)?;
+        let mut grads = bufs.grads_by_param();
+        if replicas > 1 {
+            let d = replicas as f32;
+            for g in &mut grads {
+                crate::comm::sum_across_replicas(&mut g.data);
+                g.data.iter_mut().for_each(|v| *v /= d);
+            }
+            let mut l = [loss];
+            crate::comm::sum_across_replicas(&mut l);
+            loss = l[0] / d;
+        }
         optimizer.update(params, &grads);
         Ok(loss)
     };
@@ -397,6 +413,10 @@ fn layer_ids(m: &Manifest, a: &Arg, rank: usize) -> Vec<u64> {
 
 /// Writes the checkpoint (on rank 0, which gathers every rank's stages); true where written.
 fn save(path: &Path, m: &Manifest, params: &[&Arg], opt: &Optimizer) -> Result<bool, String> {
+    // Every replica holds the same weights: the first one writes them.
+    if crate::comm::replica() != 0 {
+        return Ok(false);
+    }
     let mut named: Vec<(String, HostBuffer)> = Vec::new();
     for (i, a) in params.iter().enumerate() {
         let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();

@@ -425,3 +425,99 @@ fn training_checkpoints_are_byte_identical_on_1_2_and_4_ranks_and_resume_on_any(
     );
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+/// Data × pipeline parallel: 2 replicas of a 2-rank pipeline, 8 microbatches each, train like
+/// one pipeline on the same 16 microbatches (up to summation order), and the same bits on
+/// every run.
+#[test]
+fn replicas_train_like_one_pipeline_on_all_their_microbatches() {
+    use ppc_runtime::memref::HostBuffer;
+    use ppc_runtime::{Init, Rng, Tensor};
+    let dir = scratch("replicas");
+    // 64 rows of [b=2, d=32] inputs, targets half of them.
+    let x = Rng::stream(5, "data", 0).fill(Init::Normal(1.0), 64 * 2 * 32);
+    let y: Vec<f32> = x.iter().map(|v| 0.5 * v).collect();
+    let buf = |v: Vec<f32>| {
+        HostBuffer::from_tensor(&Tensor::new(ppc_runtime::DType::F32, vec![64, 2, 32], v))
+    };
+    let data = dir.join("data.safetensors");
+    ppc_runtime::safetensors::write(&data, &[("input", &buf(x)), ("target", &buf(y))])
+        .expect("data");
+    let data_s = data.display().to_string();
+    let (replicated, single) = (dir.join("replicated"), dir.join("single"));
+    build(
+        "examples/mlp.ppc",
+        &replicated,
+        2,
+        &["--train", "--replicas", "2"],
+    );
+    build(
+        "examples/mlp.ppc",
+        &single,
+        1,
+        &["--train", "--microbatches", "16"],
+    );
+    let ckpt = |n: &str| dir.join(format!("{n}.safetensors")).display().to_string();
+    let train = |exe: &Path, ranks, name: &str| {
+        let args = [
+            "--steps",
+            "3",
+            "--data",
+            &data_s,
+            "--json",
+            "--save",
+            &ckpt(name),
+        ];
+        let l = launch(exe, Some(ranks), &args, &[]);
+        assert_eq!(l.code, 0, "{name}: {}", l.stderr);
+        let losses: Vec<f64> = l
+            .stdout
+            .lines()
+            .filter_map(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+            .filter_map(|v| v["loss"].as_f64())
+            .collect();
+        assert_eq!(
+            losses.len(),
+            3,
+            "{name}: one line per step, from one rank:\n{}",
+            l.stdout
+        );
+        losses
+    };
+    let a = train(&replicated, 4, "a");
+    train(&replicated, 4, "b");
+    let one = train(&single, 1, "one");
+    for (r, s) in a.iter().zip(&one) {
+        assert!(
+            (r - s).abs() <= 1e-5 * s.abs(),
+            "losses {a:?} against one pipeline's {one:?}"
+        );
+    }
+    let read = |n: &str| std::fs::read(ckpt(n)).expect("checkpoint");
+    assert!(
+        read("a") == read("b"),
+        "two runs of the replicas wrote different bytes"
+    );
+    let tensors = |n: &str| ppc_runtime::safetensors::decode(&read(n)).expect("safetensors");
+    for ((name, r), (_, s)) in tensors("a").iter().zip(&tensors("one")) {
+        let (r, s) = (r.to_tensor(), s.to_tensor());
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for (p, q) in r.data.iter().zip(&s.data) {
+            num += f64::from(p - q).powi(2);
+            den += f64::from(*q).powi(2);
+        }
+        assert!(
+            num.sqrt() <= 1e-4 * den.sqrt().max(1e-30),
+            "{name}: the replicas' weights drift from one pipeline's"
+        );
+    }
+    // A launch on the wrong process count says how to launch it.
+    let l = launch(&replicated, Some(2), &["--steps", "1"], &[]);
+    assert_ne!(l.code, 0);
+    assert!(
+        l.stderr.contains("2 replicas of 2 ranks") && l.stderr.contains("-n 4"),
+        "{}",
+        l.stderr
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

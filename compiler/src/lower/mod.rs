@@ -72,6 +72,8 @@ pub struct Options {
     pub numerics: Numerics,
     /// Also emit `main` (calling the runtime's `ppc_main`) for a standalone executable.
     pub executable: bool,
+    /// Pipelines side by side (`--replicas`, training only), recorded in the manifest.
+    pub replicas: u64,
     /// The CPU the code is compiled for, recorded in the manifest; `None`: this one (the JIT).
     pub target: Option<ppc_runtime::manifest::Target>,
 }
@@ -195,6 +197,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         repeats: p.repeats,
         layers: p.layers,
         ranks: p.ranks,
+        replicas: opts.replicas,
         flops: model_flops(m),
         target: opts.target.clone(),
         args,

@@ -10,6 +10,7 @@
 
 mod mpi_transport;
 
+use mpi::traits::Communicator;
 use ppc_runtime::comm;
 use ppc_runtime::exec::{drive, PackedFn, Program, RunOptions};
 use ppc_runtime::manifest::Manifest;
@@ -242,20 +243,27 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
         say(&format!("{prog}: error: MPI is already initialized"));
         return 1;
     };
-    comm::install(Box::new(mpi_transport::Mpi::new(universe.world())));
-    let code = run(&prog, manifest, &job);
+    let world = universe.world();
+    let world_size = world.size() as usize;
+    // Pipelines side by side only when the job has the compiled number of processes (`run`
+    // says what is wrong otherwise).
+    let replicas = manifest.replicas as usize;
+    let fits = world_size == manifest.ranks as usize * replicas;
+    let transport = mpi_transport::Mpi::new(world, if fits { replicas } else { 1 });
+    comm::install(Box::new(transport));
+    let code = run(&prog, manifest, &job, world_size);
     drop(universe); // MPI_Finalize
     code
 }
 
 /// The run on this rank, after MPI is up; errors on a job of several ranks abort it.
-fn run(prog: &str, manifest: Manifest, job: &Job) -> c_int {
+fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
     let t = comm::transport().expect("invariant: installed by ppc_main");
-    let (rank, size) = (t.rank(), t.size());
-    let who = if size > 1 {
-        format!("{prog} (rank {rank} of {size})")
-    } else {
-        prog.to_string()
+    let (rank, size) = (t.rank(), world_size);
+    let who = match (size > 1, manifest.replicas > 1) {
+        (_, true) => format!("{prog} (rank {rank} of replica {})", t.replica()),
+        (true, false) => format!("{prog} (rank {rank} of {size})"),
+        (false, false) => prog.to_string(),
     };
     if let Some(Err(e)) = manifest.target.as_ref().map(ppc_runtime::cpu::check) {
         // Before any generated code runs: it may hold instructions this CPU would trap on.
@@ -265,11 +273,22 @@ fn run(prog: &str, manifest: Manifest, job: &Job) -> c_int {
         }
         return 1;
     }
-    if manifest.ranks as usize != size {
-        let r = manifest.ranks;
+    if (manifest.ranks * manifest.replicas) as usize != size {
+        let (r, d) = (manifest.ranks, manifest.replicas);
+        let n = r * d;
+        let compiled = if d == 1 {
+            format!(
+                "{r} rank{} (ppc compile --ranks {r})",
+                if r == 1 { "" } else { "s" }
+            )
+        } else {
+            format!(
+                "{d} replicas of {r} rank{} ({n} processes)",
+                if r == 1 { "" } else { "s" }
+            )
+        };
         say(&format!(
-            "{who}: error: compiled for {r} rank{} (ppc compile --ranks {r}) but launched on {size}; run it as `mpirun.mpich -n {r} {prog}`",
-            if r == 1 { "" } else { "s" }
+            "{who}: error: compiled for {compiled} but launched on {size}; run it as `mpirun.mpich -n {n} {prog}`"
         ));
         if size > 1 {
             t.barrier(); // every rank has said it
