@@ -44,6 +44,15 @@ pub fn load(text: &str, overrides: &Overrides) -> Module {
     })
 }
 
+/// The `loss` of every JSON line of a training executable's `--json` output, in order.
+pub fn json_losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["loss"].as_f64())
+        .collect()
+}
+
 /// Runs `ppc ARGS...` in-process: (exit status, stdout, stderr).
 pub fn ppc(args: &[&str]) -> (i32, String, String) {
     let (mut out, mut err) = (Vec::new(), Vec::new());

@@ -3,7 +3,7 @@
 //! the world size it was launched with, and every fault (wrong rank count, bad input on rank 0,
 //! a rank that dies) ends the whole job promptly with a message and a non-zero exit.
 
-use crate::common::{path, ppc};
+use crate::common::{json_losses, path, ppc};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -405,12 +405,7 @@ fn training_checkpoints_are_byte_identical_on_1_2_and_4_ranks_and_resume_on_any(
         &[],
     );
     assert_eq!(l.code, 0, "{}", l.stderr);
-    let losses: Vec<f64> = l
-        .stdout
-        .lines()
-        .filter_map(|s| serde_json::from_str::<serde_json::Value>(s).ok())
-        .filter_map(|v| v["loss"].as_f64())
-        .collect();
+    let losses = json_losses(&l.stdout);
     assert_eq!(
         losses.len(),
         40,
@@ -470,12 +465,7 @@ fn replicas_train_like_one_pipeline_on_all_their_microbatches() {
         ];
         let l = launch(exe, Some(ranks), &args, &[]);
         assert_eq!(l.code, 0, "{name}: {}", l.stderr);
-        let losses: Vec<f64> = l
-            .stdout
-            .lines()
-            .filter_map(|s| serde_json::from_str::<serde_json::Value>(s).ok())
-            .filter_map(|v| v["loss"].as_f64())
-            .collect();
+        let losses = json_losses(&l.stdout);
         assert_eq!(
             losses.len(),
             3,

@@ -1,7 +1,7 @@
 //! Training: compiled gradients against the interpreter's, and executables that train (the
 //! loss falls on the synthetic task) and resume from checkpoints byte for byte.
 
-use crate::common::{load, path, ppc, root};
+use crate::common::{json_losses, load, path, ppc, root};
 use crate::grad::train_opts;
 use ppc::backend;
 use ppc::lower::Numerics;
@@ -106,11 +106,7 @@ fn compiled_gradients_match_the_interpreter() {
 
 /// Mean of the first and of the last `n` losses of a `--json` run's output.
 fn first_and_last(stdout: &str, n: usize) -> (f64, f64) {
-    let losses: Vec<f64> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["loss"].as_f64())
-        .collect();
+    let losses = json_losses(stdout);
     assert!(losses.len() >= 2 * n, "too few steps: {stdout}");
     let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
     (mean(&losses[..n]), mean(&losses[losses.len() - n..]))
