@@ -1,5 +1,6 @@
 //! The compile-time report (`ppc compile --report=json`): the pipeline's shape, the bubble
-//! counted from the generated loop, and the memory each buffer takes.
+//! counted from the generated loop, and the memory each buffer takes (with `--train`, also what
+//! the training step keeps for its backward loop).
 
 use crate::schedule::Schedule;
 use ppc_dialect::ir::{names, Block, Func, Module};
@@ -33,7 +34,47 @@ pub fn stages_held(stage: &Func) -> Result<u64, String> {
     Ok(state.dims[axis].size)
 }
 
-/// The report of a module that went through `gpipe-loop`.
+/// Bytes the forward loops of `f` keep per iteration for the backward loop (their `tape_*`
+/// carried values, which `autodiff` adds), nested loops included.
+fn tape_bytes(f: &Func, block: &Block) -> u64 {
+    block
+        .ops
+        .iter()
+        .map(|&id| match &f.ops[id].kind {
+            OpKind::Loop { body, .. } => {
+                let kept: u64 = body.args[1..]
+                    .iter()
+                    .filter(|&&a| f.values[a].name.starts_with("tape_"))
+                    .map(|&a| f.ty(a).bytes())
+                    .sum();
+                kept + tape_bytes(f, body)
+            }
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The training step's memory (after `autodiff`): what it keeps between the forward and the
+/// backward loop, per rank (GPipe: each iteration's stage input), and the sizes of all values
+/// of one stage's recomputing backward (a bound on what it holds at once).
+fn training(m: &Module, local: u64) -> Option<Value> {
+    let step = m.func(&names::vjp(names::TRAIN))?;
+    let stage_vjp = m.func(&names::vjp(names::STAGE))?;
+    let stage = m.func(names::STAGE)?;
+    let grads: u64 = stage
+        .params
+        .iter()
+        .map(|q| 4 * stage.ty(q.value).elements())
+        .sum();
+    Some(json!({
+        "remat": "stage",
+        "kept_activation_bytes_per_rank": tape_bytes(step, &step.body),
+        "stage_backward_value_bytes_per_stage": result_bytes(stage_vjp, &stage_vjp.body) / local,
+        "gradient_bytes_per_stage": grads / local,
+    }))
+}
+
+/// The report of a module that went through `gpipe-loop` (and, for training, `autodiff`).
 pub fn report(m: &Module) -> Result<Value, String> {
     let sched = Schedule::of(m)?;
     let p = m.pipeline;
@@ -43,7 +84,7 @@ pub fn report(m: &Module) -> Result<Value, String> {
     let param_bytes: u64 = stage.params.iter().map(|q| stage.ty(q.value).bytes()).sum();
     let x = m.input.bytes();
     let formula = (s - 1) as f64 / p.iterations() as f64;
-    Ok(json!({
+    let mut r = json!({
         "stages": s,
         "microbatches": p.microbatches,
         "repeats": p.repeats,
@@ -61,5 +102,9 @@ pub fn report(m: &Module) -> Result<Value, String> {
         "input_buffer_bytes": sched.iterations() * x,
         "output_buffer_bytes": p.microbatches * x,
         "stage_activation_bytes_per_stage": result_bytes(stage, &stage.body) / local,
-    }))
+    });
+    if let Some(t) = training(m, local) {
+        r["training"] = t;
+    }
+    Ok(r)
 }

@@ -624,3 +624,26 @@ fn verify_grad_checks_gradients_and_can_fail() {
         assert!(err.contains("differs"), "{err}");
     }
 }
+
+#[test]
+fn the_training_report_counts_what_the_backward_loop_keeps() {
+    let mlp = path("examples/mlp.ppc");
+    let report = |extra: &[&str]| {
+        let mut args = vec!["compile", &mlp, "--train", "--report=json"];
+        args.extend(extra);
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        json_last_line(&out)
+    };
+    for ranks in ["1", "2", "4"] {
+        let r = report(&["--ranks", ranks]);
+        // GPipe's rematerialization keeps each iteration's stage input: the state buffer.
+        let kept = r["training"]["kept_activation_bytes_per_rank"].as_u64();
+        let state = r["state_buffer_bytes_per_rank"].as_u64().expect("state");
+        let iterations = r["iterations"].as_u64().expect("iterations");
+        assert_eq!(kept, Some(iterations * state), "{ranks} ranks: {r}");
+        assert_eq!(r["training"]["remat"], "stage");
+    }
+    let (_, forward, _) = ppc(&["compile", &mlp, "--report=json"]);
+    assert!(json_last_line(&forward).get("training").is_none());
+}
