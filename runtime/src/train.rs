@@ -50,12 +50,14 @@ pub struct TrainOptions {
     pub trace: Option<PathBuf>,
 }
 
-/// The losses of the steps that ran, in order.
+/// What a run did: the losses of its steps, in order, and the optimizer's final state.
 pub struct Trained {
     pub losses: Vec<f32>,
     pub optimizer: Optimizer,
 }
 
+/// Trains with `program`'s training step as `opts` says: the loss per step on `err` (a
+/// progress bar on a terminal) or as JSON lines on `out`, from the rank that holds the loss.
 pub fn train(
     program: &Program,
     opts: &TrainOptions,
