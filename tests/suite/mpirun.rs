@@ -398,12 +398,9 @@ fn training_checkpoints_are_byte_identical_on_1_2_and_4_ranks_and_resume_on_any(
     }
     let exe = dir.join("transformer_2");
     build("examples/transformer.ppc", &exe, 2, &["--train"]);
-    let l = launch(
-        &exe,
-        Some(2),
-        &["--steps", "40", "--json", "--lr", "2e-3"],
-        &[],
-    );
+    let saved = dir.join("transformer.safetensors").display().to_string();
+    let args = ["--steps", "40", "--json", "--lr", "2e-3", "--save", &saved];
+    let l = launch(&exe, Some(2), &args, &[]);
     assert_eq!(l.code, 0, "{}", l.stderr);
     let losses = json_losses(&l.stdout);
     assert_eq!(
@@ -417,6 +414,23 @@ fn training_checkpoints_are_byte_identical_on_1_2_and_4_ranks_and_resume_on_any(
     assert!(
         last < 0.8 * first,
         "transformer on 2 ranks: loss {first} -> {last}"
+    );
+    // Resumed on 4 ranks, it goes on from where it was, not from the start.
+    let exe4 = dir.join("transformer_4");
+    build("examples/transformer.ppc", &exe4, 4, &["--train"]);
+    let args = ["--steps", "8", "--json", "--lr", "2e-3", "--resume", &saved];
+    let l = launch(&exe4, Some(4), &args, &[]);
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    let resumed = json_losses(&l.stdout);
+    assert!(
+        l.stdout.contains("\"step\":41"),
+        "the step count goes on:\n{}",
+        l.stdout
+    );
+    assert!(
+        mean(&resumed) < 0.8 * first,
+        "resumed on 4 ranks: loss {}",
+        mean(&resumed)
     );
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
