@@ -323,3 +323,83 @@ fn what_the_jit_says_reaches_the_user() {
         "{said}"
     );
 }
+
+/// Training executables for the baseline: no AVX-512 outside the dispatched kernels, and on the
+/// portable path (AVX-512 hidden, OpenBLAS's Haswell kernels) they train as they do here, in
+/// f32, bf16 and f16: the same losses and gradients up to the GEMMs' summation order.
+#[test]
+fn training_executables_for_the_baseline_train_alike_on_the_portable_path() {
+    let dir = scratch("portable-train");
+    let cases = [
+        ("examples/mlp.ppc", DType::F32),
+        ("examples/mlp.ppc", DType::BF16),
+        ("examples/transformer.ppc", DType::F16),
+    ];
+    for (model, dtype) in cases {
+        let what = format!("{model} {dtype}");
+        let d = dtype.to_string();
+        let exe = build(
+            model,
+            &dir,
+            &["--train", "--target-cpu", "x86-64-v3", "--dtype", &d],
+        );
+        let stray: Vec<String> = functions_using_zmm(&exe)
+            .into_iter()
+            .filter(|f| !dispatched_at_run_time(f))
+            .collect();
+        assert!(
+            stray.is_empty(),
+            "{what}: AVX-512 outside the dispatched kernels: {stray:?}"
+        );
+        let train = |name: &str, portable: bool| {
+            let ckpt = dir.join(format!("{name}.safetensors"));
+            let mut cmd = Command::new(&exe);
+            // SGD: weights linear in the gradients (AdamW's first steps move each weight by
+            // about ±lr whatever the gradient's size, so a tiny gradient's sign decides).
+            cmd.args(["--steps", "3", "--json", "--optimizer", "sgd"]);
+            cmd.args(["--save", &ckpt.display().to_string()]);
+            if portable {
+                cmd.env(
+                    "PPC_CPU_DISABLE",
+                    "avx512f,avx512bw,avx512cd,avx512dq,avx512vl",
+                )
+                .env("OPENBLAS_CORETYPE", "Haswell")
+                .env("PPC_NUM_THREADS", "2");
+            }
+            let o = cmd.output().expect("runs");
+            assert!(
+                o.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let losses = crate::common::json_losses(&String::from_utf8_lossy(&o.stdout));
+            let weights = safetensors::decode(&std::fs::read(&ckpt).expect("checkpoint"))
+                .expect("safetensors");
+            (losses, weights)
+        };
+        let ((want_loss, want), (got_loss, got)) = (train("here", false), train("portable", true));
+        let tol = ppc::compare::tolerance(dtype);
+        assert_eq!(want_loss.len(), 3, "{what}");
+        for (w, g) in want_loss.iter().zip(&got_loss) {
+            assert!(
+                (w - g).abs() <= tol * w.abs(),
+                "{what}: losses {want_loss:?} vs {got_loss:?}"
+            );
+        }
+        // SGD's momentum buffers hold the sums of the gradients: compare those, not the weights
+        // (which their initial values dominate).
+        let momenta = |ts: &[(String, ppc_runtime::memref::HostBuffer)]| -> Vec<(String, ppc_runtime::Tensor)> {
+            ts.iter()
+                .filter(|(n, _)| n.starts_with("optim.m."))
+                .map(|(n, b)| (n.clone(), b.to_tensor()))
+                .collect()
+        };
+        let (want, got) = (momenta(&want), momenta(&got));
+        assert!(!want.is_empty() && want.len() == got.len(), "{what}");
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            let c = ppc::compare::compare(w, g);
+            assert!(c.max_rel <= tol, "{what}: {name}: max_rel {}", c.max_rel);
+        }
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
