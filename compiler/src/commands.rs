@@ -435,15 +435,7 @@ fn verify(
             (y.to_tensor(), if exact { 0.0 } else { tolerance(dtype) })
         }
     };
-    if let Some(i) = perturb {
-        let n = got.data.len();
-        let v = got.data.get_mut(i).ok_or_else(|| {
-            Failure(format!(
-                "error: --perturb {i}: the result has {n} elements\n"
-            ))
-        })?;
-        *v += 1.0;
-    }
+    perturbed(&mut got, perturb)?;
     let (vs_seq, vs_interp) = (compare(&want, &got), compare(&piped, &got));
     // Where the result is furthest from the sequential model, as an index into the output.
     let worst = vs_seq.worst.map(|i| {
@@ -466,6 +458,19 @@ fn verify(
     });
     writeln!(out, "{json}").map_err(io)?;
     Ok(if ok { 0 } else { 1 })
+}
+
+/// `--perturb N` (testing verify itself): element `N` of the result under test plus one.
+fn perturbed(got: &mut Tensor, at: Option<usize>) -> Result<(), Failure> {
+    let Some(i) = at else { return Ok(()) };
+    let n = got.data.len();
+    let v = got.data.get_mut(i).ok_or_else(|| {
+        Failure(format!(
+            "error: --perturb {i}: the result has {n} elements\n"
+        ))
+    })?;
+    *v += 1.0;
+    Ok(())
 }
 
 /// `ppc verify --grad`: the training step's gradients, pipelined against sequential (interp)
@@ -491,7 +496,7 @@ fn verify_grad(
     let source = param_source(m, seed, check.params.as_deref())?;
     let inputs = ppc_dialect::interp::synthetic_inputs(m, seed);
     // Each check gives (what, reference, result) triples, the reference first.
-    let (pairs, tol): (Vec<(String, Tensor, Tensor)>, f64) = match check.backend {
+    let (mut pairs, tol): (Vec<(String, Tensor, Tensor)>, f64) = match check.backend {
         Backend::Interp => {
             let d = ppc_dialect::grad::synthetic_cotangent(m, seed);
             let mut interp = Interp::with_params(m, seed, source.clone());
@@ -541,17 +546,8 @@ fn verify_grad(
             (pairs, tol)
         }
     };
-    let mut pairs = pairs;
-    if let Some(i) = check.perturb {
-        // Testing: the first result compared (the outputs, or the loss) made wrong.
-        let got = &mut pairs[0].2;
-        let n = got.data.len();
-        *got.data.get_mut(i).ok_or_else(|| {
-            Failure(format!(
-                "error: --perturb {i}: the result has {n} elements\n"
-            ))
-        })? += 1.0;
-    }
+    // Testing: the first result compared (the outputs, or the loss) made wrong.
+    perturbed(&mut pairs[0].2, check.perturb)?;
     let mut ok = true;
     let mut worst: Option<(String, f64)> = None;
     for (what, want, got) in &pairs {
