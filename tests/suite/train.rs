@@ -4,23 +4,14 @@
 use crate::common::{json_losses, load, path, ppc, root};
 use crate::grad::train_opts;
 use ppc::backend;
+use ppc::compare::{compare, tolerance};
 use ppc::lower::Numerics;
 use ppc::pipeline::compile;
 use ppc_dialect::interp::{synthetic_targets, Interp};
 use ppc_dialect::Overrides;
 use ppc_runtime::manifest::Role;
 use ppc_runtime::memref::HostBuffer;
-use ppc_runtime::Tensor;
-
-/// `|got - want| / |want|` over all elements.
-fn normwise(want: &[f32], got: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&w, &g) in want.iter().zip(got) {
-        num += (f64::from(g) - f64::from(w)).powi(2);
-        den += f64::from(w).powi(2);
-    }
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
+use ppc_runtime::{DType, Tensor};
 
 #[test]
 fn compiled_gradients_match_the_interpreter() {
@@ -89,18 +80,16 @@ fn compiled_gradients_match_the_interpreter() {
                 "{file}: gradient of {} is not finite",
                 a.name
             );
-            let err = normwise(&w, &got.data);
+            let want = Tensor::new(got.dtype, got.shape.clone(), w);
+            let err = compare(&want, got).max_rel;
             assert!(
-                err <= 1e-5,
+                err <= tolerance(DType::F32),
                 "{file}: gradient of {}: normwise error {err:e}",
                 a.name
             );
         }
-        let want_out: Tensor = want.grads.outputs;
-        assert!(
-            normwise(&want_out.data, &got.outputs.data) <= 1e-5,
-            "{file}: outputs"
-        );
+        let c = compare(&want.grads.outputs, &got.outputs);
+        assert!(c.max_rel <= tolerance(DType::F32), "{file}: outputs");
     }
 }
 
