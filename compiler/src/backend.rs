@@ -1,6 +1,7 @@
-//! The CPU backend: lower the pipelined module through MLIR, then JIT it for `ppc run` (this
+//! The backends: lower the pipelined module through MLIR, then JIT it for `ppc run` (this
 //! CPU), or compile it for the `--target-cpu` and link it with the runtime into a standalone
-//! executable for `ppc compile -o`.
+//! executable for `ppc compile -o`. With `--target cuda` ([`Gpu`]) the loop nests become PTX
+//! kernels embedded in the executable, launched by its host code through the runtime.
 
 use crate::lower::machine::{self, Output};
 use crate::lower::{self, mlir, Lowered, Numerics};
@@ -17,11 +18,18 @@ pub struct Source<'a> {
     pub text: &'a str,
 }
 
+/// `--target cuda`: the GPU architecture kernels are compiled for (`sm_90`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gpu {
+    pub arch: String,
+}
+
 fn lower(
     m: &Module,
     src: &Source,
     numerics: Numerics,
     target: Option<&Target>,
+    gpu: Option<&Gpu>,
     executable: Option<u64>,
 ) -> Result<Lowered, Diagnostics> {
     let opts = lower::Options {
@@ -29,14 +37,20 @@ fn lower(
         executable: executable.is_some(),
         replicas: executable.unwrap_or(1),
         target: target.cloned(),
+        gpu: gpu.map(|g| g.arch.clone()),
     };
     lower::lower(m, &opts, src.file, src.text).map_err(|d| vec![d])
 }
 
 /// The MLIR module (`--emit=mlir`), verified by MLIR, with its model-file locations.
-pub fn emit_mlir(m: &Module, src: &Source, numerics: Numerics) -> Result<String, Diagnostics> {
+pub fn emit_mlir(
+    m: &Module,
+    src: &Source,
+    numerics: Numerics,
+    gpu: Option<&Gpu>,
+) -> Result<String, Diagnostics> {
     use melior::ir::operation::{OperationLike, OperationPrintingFlags};
-    let l = lower(m, src, numerics, None, None)?;
+    let l = lower(m, src, numerics, None, gpu, None)?;
     let ctx = mlir::context();
     let module = mlir::parse(&ctx, &l.mlir, src.text)?;
     let flags = OperationPrintingFlags::new().enable_debug_info(true, false);
@@ -48,7 +62,7 @@ pub fn emit_mlir(m: &Module, src: &Source, numerics: Numerics) -> Result<String,
 
 /// The LLVM dialect after the CPU pipeline (`--emit=llvm`).
 pub fn emit_llvm(m: &Module, src: &Source, numerics: Numerics) -> Result<String, Diagnostics> {
-    let l = lower(m, src, numerics, None, None)?;
+    let l = lower(m, src, numerics, None, None, None)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
@@ -62,7 +76,7 @@ pub fn jit(
     numerics: Numerics,
     opt_level: usize,
 ) -> Result<mlir::Jit, Diagnostics> {
-    let l = lower(m, src, numerics, None, None)?;
+    let l = lower(m, src, numerics, None, None, None)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
     mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
@@ -77,7 +91,7 @@ pub fn emit_asm(
     target: &Target,
     opt_level: usize,
 ) -> Result<String, Diagnostics> {
-    let (_dir, asm) = machine_code(m, src, numerics, target, opt_level, None)?;
+    let (_dir, asm) = machine_code(m, src, numerics, target, None, opt_level, None)?;
     std::fs::read_to_string(&asm).map_err(|e| {
         vec![Diagnostic::plain(format!(
             "cannot read {}: {e}",
@@ -86,15 +100,64 @@ pub fn emit_asm(
     })
 }
 
+/// The PTX of every kernel of the program for `gpu` (`--emit=ptx`), module by module, each
+/// after a `// ppc kernel module NAME` line.
+pub fn emit_ptx(
+    m: &Module,
+    src: &Source,
+    numerics: Numerics,
+    gpu: &Gpu,
+) -> Result<String, Diagnostics> {
+    let l = lower(m, src, numerics, None, Some(gpu), None)?;
+    let ctx = mlir::context();
+    let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
+    let pipeline = mlir::cuda_pipeline(&gpu.arch, &libdevice().map_err(|d| vec![d])?);
+    mlir::run_pipeline(&ctx, &mut module, &pipeline, "CUDA", src.text)?;
+    let mut out = String::new();
+    for (name, ptx) in mlir::ptx_modules(&module) {
+        out.push_str(&format!("// ppc kernel module {name}\n{ptx}\n"));
+    }
+    Ok(out)
+}
+
+/// CUDA's library of math functions for kernels (`libdevice.10.bc`): under
+/// `$PPC_CUDA_TOOLKIT`, else under `tools/cuda-nvcc` of the checkout ppc was built in (where
+/// `scripts/setup.sh` unpacks PyPI's `nvidia-cuda-nvcc-cu12`), else under `/usr/local/cuda`.
+pub fn libdevice() -> Result<PathBuf, Diagnostic> {
+    const IN_TOOLKIT: &str = "nvvm/libdevice/libdevice.10.bc";
+    let mut roots: Vec<PathBuf> = std::env::var_os("PPC_CUDA_TOOLKIT")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(
+            exe.ancestors()
+                .skip(1)
+                .take(4)
+                .map(|d| d.join("tools/cuda-nvcc/nvidia/cuda_nvcc")),
+        );
+    }
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    roots
+        .iter()
+        .map(|r| r.join(IN_TOOLKIT))
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            Diagnostic::plain("--target cuda needs CUDA's libdevice.10.bc and found none")
+                .with_note("run scripts/setup.sh (it unpacks PyPI's nvidia-cuda-nvcc-cu12 into tools/cuda-nvcc), or set PPC_CUDA_TOOLKIT to a folder with nvvm/libdevice/libdevice.10.bc")
+        })
+}
+
 /// Lowers, translates to LLVM IR and compiles it for `target`, into a file of a new scratch
 /// directory (removed when the returned `TempDir` drops): an object for an executable of
 /// `replicas` pipelines (its module also has `main` and the packed entry the runtime calls),
-/// or, with `None`, assembly.
+/// or, with `None`, assembly. With `gpu`, the kernels are PTX inside that object.
 fn machine_code(
     m: &Module,
     src: &Source,
     numerics: Numerics,
     target: &Target,
+    gpu: Option<&Gpu>,
     opt_level: usize,
     replicas: Option<u64>,
 ) -> Result<(TempDir, PathBuf), Diagnostics> {
@@ -105,15 +168,26 @@ fn machine_code(
         Output::Assembly
     };
     let l = timing::phase("lower-mlir", || {
-        lower(m, src, numerics, Some(target), replicas)
+        lower(m, src, numerics, Some(target), gpu, replicas)
     })?;
     let ctx = mlir::context();
     let mut module = timing::phase("MLIR parse and verify", || {
         mlir::parse(&ctx, &l.mlir, src.text)
     })?;
-    timing::phase("MLIR CPU pipeline", || {
-        mlir::lower_to_llvm(&ctx, &mut module, src.text)
-    })?;
+    match gpu {
+        None => timing::phase("MLIR CPU pipeline", || {
+            mlir::lower_to_llvm(&ctx, &mut module, src.text)
+        })?,
+        Some(g) => {
+            let pipeline = mlir::cuda_pipeline(&g.arch, &libdevice().map_err(|d| vec![d])?);
+            timing::phase("MLIR CUDA pipeline (kernels to PTX)", || {
+                mlir::run_pipeline(&ctx, &mut module, &pipeline, "CUDA", src.text)
+            })?;
+            timing::phase("MLIR CUDA host pipeline", || {
+                mlir::run_pipeline(&ctx, &mut module, mlir::CUDA_HOST_PIPELINE, "CUDA host", src.text)
+            })?;
+        }
+    }
     let mut text = timing::phase("translate to LLVM IR", || {
         mlir::llvm_ir(&ctx, &module, src.text)
     })?;
@@ -156,12 +230,13 @@ pub fn executable(
     src: &Source,
     numerics: Numerics,
     target: &Target,
+    gpu: Option<&Gpu>,
     opt_level: usize,
     replicas: u64,
     out: &Path,
 ) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
-    let (dir, obj) = machine_code(m, src, numerics, target, opt_level, Some(replicas))?;
+    let (dir, obj) = machine_code(m, src, numerics, target, gpu, opt_level, Some(replicas))?;
     let linked = dir.0.join("model");
     let status = timing::phase("link", || {
         Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

@@ -65,10 +65,19 @@ pub enum Command {
         #[command(flatten)]
         model: ModelArgs,
         /// Print the IR after this pass, or `mlir` (the lowered MLIR module), `llvm` (the LLVM
-        /// dialect after the CPU pipeline) or `asm` (the machine code for --target-cpu).
-        /// Default: after the last pass.
+        /// dialect after the CPU pipeline), `asm` (the machine code for --target-cpu) or `ptx`
+        /// (the GPU kernels of --target cuda). Default: after the last pass.
         #[arg(long, value_parser = emit_name)]
         emit: Option<String>,
+        /// What runs the loop nests: `cpu` (vectorized, on the rank's threads) or `cuda` (PTX
+        /// kernels on the rank's NVIDIA GPU, GEMMs in cuBLAS; the executable needs the CUDA
+        /// driver, and the host code still runs on --target-cpu).
+        #[arg(long, value_enum, default_value_t = Device::Cpu)]
+        target: Device,
+        /// With --target cuda: the GPU architecture the kernels are compiled for (sm_80 A100,
+        /// sm_90 H100/H200).
+        #[arg(long, value_name = "ARCH", default_value = "sm_90", value_parser = gpu_arch)]
+        gpu_arch: String,
         /// The CPU the executable's generated code is compiled for: x86-64-v3 (AVX2, FMA; the
         /// default, every x86-64 server since 2015), x86-64-v4 (AVX-512), x86-64-v2, x86-64, or
         /// native (this machine: its every feature becomes a requirement). Build for the oldest
@@ -272,6 +281,13 @@ pub enum Backend {
     Interp,
 }
 
+/// What runs the generated loop nests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum ReportFormat {
     Json,
@@ -289,16 +305,30 @@ fn dim_override(s: &str) -> Result<(String, u64), String> {
 }
 
 fn emit_name(s: &str) -> Result<String, String> {
-    if matches!(s, "mlir" | "llvm" | "asm") {
+    if matches!(s, "mlir" | "llvm" | "asm" | "ptx") {
         return Ok(s.to_string());
     }
     passes::find(s).map(|p| p.name.to_string()).ok_or_else(|| {
         let names: Vec<&str> = passes::PASSES.iter().map(|p| p.name).collect();
         format!(
-            "unknown pass `{s}`; passes: {}, then mlir, llvm and asm",
+            "unknown pass `{s}`; passes: {}, then mlir, llvm, asm and ptx",
             names.join(", ")
         )
     })
+}
+
+/// `sm_NN` or `sm_NNa`, as NVIDIA names architectures (and LLVM's NVPTX backend takes them).
+fn gpu_arch(s: &str) -> Result<String, String> {
+    let digits = s
+        .strip_prefix("sm_")
+        .map(|d| d.trim_end_matches('a'))
+        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+    match digits {
+        Some(_) => Ok(s.to_string()),
+        None => Err(format!(
+            "`{s}` is not a GPU architecture: expected sm_NN, as in sm_90 (H100, H200) or sm_80 (A100)"
+        )),
+    }
 }
 
 fn target_cpu(s: &str) -> Result<Target, String> {

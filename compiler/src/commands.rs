@@ -2,7 +2,9 @@
 //! rendered diagnostics with file:line:col, or a one-line `error:` message.
 
 use crate::backend::{self, Source};
-use crate::cli::{Backend, CodegenArgs, Command, ModelArgs, PassArgs, ReportFormat, RunArgs};
+use crate::cli::{
+    Backend, CodegenArgs, Command, Device, ModelArgs, PassArgs, ReportFormat, RunArgs,
+};
 use crate::compare::{compare, tolerance};
 
 use crate::passes::Options;
@@ -178,17 +180,32 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             pass,
             codegen,
             target_cpu: target,
+            target: device,
+            gpu_arch,
             time_passes,
             train,
             replicas,
         } => {
+            let gpu = (device == Device::Cuda).then(|| backend::Gpu {
+                arch: gpu_arch.clone(),
+            });
+            if gpu.is_some() && codegen.exact {
+                return Err(Failure(
+                    "error: --exact is the CPU's bit-exact mode; --target cuda computes with CUDA's own math (within the dtype's tolerance)\n".into(),
+                ));
+            }
+            if gpu.is_none() && emit.as_deref() == Some("ptx") {
+                return Err(Failure(
+                    "error: --emit=ptx prints the GPU kernels: add --target cuda\n".into(),
+                ));
+            }
             let timer = time_passes.then(crate::timing::start);
             let mut l = crate::timing::phase("parse and check", || load(&model))?;
             let opts = Options {
                 poison_bubbles: pass.poison_bubbles,
                 train,
             };
-            let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm" | "asm"))
+            let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm" | "asm" | "ptx"))
                 || output.is_some()
                 || fmt.is_some();
             l.compile(
@@ -207,8 +224,17 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                     ));
                 }
                 let src = l.source();
-                backend::executable(&l.module, &src, numerics, &target, opt, replicas, path)
-                    .map_err(|d| l.fail(&d))?;
+                backend::executable(
+                    &l.module,
+                    &src,
+                    numerics,
+                    &target,
+                    gpu.as_ref(),
+                    opt,
+                    replicas,
+                    path,
+                )
+                .map_err(|d| l.fail(&d))?;
                 writeln!(
                     err,
                     "wrote {} in {:.2} s",
@@ -220,8 +246,15 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let text =
                 match (fmt, emit.as_deref()) {
                     (Some(ReportFormat::Json), _) => format!("{}\n", report(&l.module)?),
-                    (None, Some("mlir")) => backend::emit_mlir(&l.module, &l.source(), numerics)
-                        .map_err(|d| l.fail(&d))?,
+                    (None, Some("mlir")) => {
+                        backend::emit_mlir(&l.module, &l.source(), numerics, gpu.as_ref())
+                            .map_err(|d| l.fail(&d))?
+                    }
+                    (None, Some("ptx")) => {
+                        let g = gpu.as_ref().expect("checked above: --emit=ptx needs a GPU");
+                        backend::emit_ptx(&l.module, &l.source(), numerics, g)
+                            .map_err(|d| l.fail(&d))?
+                    }
                     (None, Some("llvm")) => backend::emit_llvm(&l.module, &l.source(), numerics)
                         .map_err(|d| l.fail(&d))?,
                     (None, Some("asm")) => {

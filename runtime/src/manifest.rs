@@ -87,6 +87,8 @@ pub struct Manifest {
     /// Floating-point operations of one forward step of the sequential model (no bubbles).
     pub flops: u64,
     pub target: Option<Target>,
+    /// `--target cuda`: the GPU architecture of the kernels (`sm_90`); `None` for the CPU.
+    pub gpu: Option<String>,
     pub args: Vec<Arg>,
     /// Names of the traced loop nests (`ppc_trace_group_begin`'s numbers index them).
     pub groups: Vec<String>,
@@ -147,6 +149,9 @@ impl Manifest {
         if let Some(t) = &self.target {
             let _ = writeln!(s, "target {} {}", t.cpu, t.features.join(","));
         }
+        if let Some(arch) = &self.gpu {
+            let _ = writeln!(s, "gpu {arch}");
+        }
         for a in &self.args {
             let role = a.role.name();
             let shape: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
@@ -190,6 +195,7 @@ impl Manifest {
             replicas: 1,
             flops: 0,
             target: None,
+            gpu: None,
             args: vec![],
             groups: vec![],
             train: vec![],
@@ -246,6 +252,9 @@ impl Manifest {
                             .map(str::to_string)
                             .collect(),
                     });
+                }
+                Some("gpu") => {
+                    m.gpu = Some(w.next().ok_or("gpu without an architecture")?.to_string());
                 }
                 Some("arg") => {
                     let word = w.next();
@@ -327,6 +336,7 @@ mod tests {
                 cpu: "x86-64-v3".into(),
                 features: vec!["avx2".into(), "fma".into()],
             }),
+            gpu: Some("sm_90".into()),
             args: vec![
                 Arg {
                     role: Role::Input,

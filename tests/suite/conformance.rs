@@ -227,7 +227,7 @@ fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
     };
     // The numerics change only some ops' lowering: where the two MLIR modules are the same
     // text, the second backend would run the very same program.
-    let same = |g| backend::emit_mlir(&m, &src, g).ok();
+    let same = |g| backend::emit_mlir(&m, &src, g, None).ok();
     let numerics = if same(Numerics::Exact) == same(Numerics::Fast) {
         vec![(Numerics::Exact, case.rule)]
     } else {

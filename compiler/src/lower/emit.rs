@@ -4,6 +4,7 @@
 //! entry and freed at exit, so values computed in a loop body reuse their buffer each iteration.
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
+use super::gpu_map::{self, Tiling};
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Type};
 use std::fmt::Write;
@@ -97,6 +98,8 @@ pub struct Emitter<'a> {
     pub body: Vec<String>,
     /// Runtime functions the body calls besides the GEMMs, declared once at module level.
     pub declarations: std::collections::BTreeSet<String>,
+    /// `--target cuda`: the tilings of the loop nests so far (`gpu_map.rs`); `None` for the CPU.
+    pub gpu: Option<Vec<Tiling>>,
     next: usize,
     indent: usize,
     loc: String,
@@ -111,10 +114,17 @@ impl<'a> Emitter<'a> {
             frees: vec![],
             body: vec![],
             declarations: Default::default(),
+            gpu: None,
             next: 0,
             indent: 2,
             loc: String::new(),
         }
+    }
+
+    /// Writes for `--target cuda` when `gpu`.
+    pub fn for_gpu(mut self, gpu: bool) -> Emitter<'a> {
+        self.gpu = gpu.then(Vec::new);
+        self
     }
 
     /// Locations of everything emitted until the next call point at `span` of the model file.
@@ -197,9 +207,16 @@ impl<'a> Emitter<'a> {
             .chain([out.1.clone()])
             .map(|m| format!("affine_map<({domain}) -> ({m})>"))
             .collect();
-        let attrs = match parallel_dims(ins, &out, iters) {
-            0 => String::new(),
-            n => format!(" attrs = {{{}}}", PARALLEL_ATTRS[n - 1]),
+        let attrs = match self.gpu_tag(ins, &out, iters) {
+            Some(Some(tag)) => format!(" attrs = {{{tag}}}"),
+            Some(None) => {
+                self.host_access();
+                String::new()
+            }
+            None => match parallel_dims(ins, &out, iters) {
+                0 => String::new(),
+                n => format!(" attrs = {{{}}}", PARALLEL_ATTRS[n - 1]),
+            },
         };
         let iters: Vec<String> = iters.iter().map(|i| format!("\"{i}\"")).collect();
         let ins_names: Vec<&str> = ins.iter().map(|(b, _)| b.name.as_str()).collect();
@@ -231,8 +248,44 @@ impl<'a> Emitter<'a> {
         self.raw(&close);
     }
 
+    /// For `--target cuda` (else `None`): the tag of the kernel this nest becomes, or `None`
+    /// when it stays on the host.
+    fn gpu_tag(
+        &mut self,
+        ins: &[(&Buf, String)],
+        out: &(&Buf, String),
+        iters: &[&str],
+    ) -> Option<Option<String>> {
+        let tilings = self.gpu.as_mut()?;
+        let sizes = domain_sizes(ins, out, iters.len());
+        Some(gpu_map::tiling(&sizes, iters).map(|t| {
+            let k = tilings.iter().position(|u| *u == t).unwrap_or_else(|| {
+                tilings.push(t);
+                tilings.len() - 1
+            });
+            gpu_map::tag(k)
+        }))
+    }
+
+    /// Before host code reads or writes a buffer (`--target cuda`): wait for the kernels that
+    /// may still use it. Buffers are CUDA managed memory, which both sides address.
+    pub fn host_access(&mut self) {
+        if self.gpu.is_some() {
+            self.declarations
+                .insert("func.func private @ppc_gpu_sync()".into());
+            self.op("func.call @ppc_gpu_sync() : () -> ()");
+        }
+    }
+
     /// Fills `out` with a scalar SSA value of its element type.
     pub fn fill(&mut self, value: &str, out: &Buf) {
+        if self.gpu.is_some() {
+            // A generic, so that it becomes a kernel like the others.
+            let r = out.ty.rank();
+            let v = value.to_string();
+            self.generic(r, &[], (out, identity(r)), &vec!["parallel"; r], |_, _| v);
+            return;
+        }
         self.op(&format!(
             "linalg.fill ins({value} : {}) outs({} : {})",
             elt(out.ty.dtype),
@@ -343,6 +396,20 @@ pub const TRANSFORM_SCRIPT: &str = r#"  transform.named_sequence private @__tran
     transform.yield
   }
 "#;
+
+/// The trip count of each of a generic's `dims` loops, from the operands that index by it.
+fn domain_sizes(ins: &[(&Buf, String)], out: &(&Buf, String), dims: usize) -> Vec<u64> {
+    let mut sizes = vec![1; dims];
+    for (b, map) in ins.iter().chain([out]) {
+        let shape = b.ty.shape();
+        for (axis, expr) in map.split(", ").enumerate() {
+            if let Some(d) = expr.strip_prefix('d').and_then(|d| d.parse::<usize>().ok()) {
+                sizes[d] = shape[axis];
+            }
+        }
+    }
+    sizes
+}
 
 /// `d0, d1, ...` for an identity map of rank `r`.
 pub fn identity(r: usize) -> String {

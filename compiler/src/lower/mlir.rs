@@ -41,6 +41,74 @@ pub const CPU_PIPELINE: &str = "builtin.module(transform-interpreter,symbol-dce,
 convert-scf-to-openmp,convert-linalg-to-loops,arith-expand{include-bf16=true},lower-affine,convert-math-to-libm,\
 expand-strided-metadata,lower-affine,finalize-memref-to-llvm,convert-scf-to-cf,convert-to-llvm,reconcile-unrealized-casts)";
 
+/// The CUDA pipeline's first half (`--target cuda`): the module's transform script maps each
+/// tagged loop nest onto blocks and threads (`gpu_map.rs`); the kernels are outlined and
+/// compiled to PTX for `arch` (math functions from CUDA's `libdevice`, inlined); the host code
+/// keeps `gpu.launch_func`s and the PTX as `gpu.binary`s. [`CUDA_HOST_PIPELINE`] finishes it.
+pub fn cuda_pipeline(arch: &str, libdevice: &std::path::Path) -> String {
+    format!(
+        "builtin.module(transform-interpreter,symbol-dce,convert-linalg-to-loops,\
+gpu-launch-sink-index-computations,gpu-kernel-outlining,lower-affine,canonicalize,cse,\
+nvvm-attach-target{{chip={arch} features=+ptx80 O=3 l={}}},\
+gpu.module(expand-strided-metadata,lower-affine,arith-expand{{include-bf16=true}},convert-scf-to-cf,\
+convert-gpu-to-nvvm,canonicalize,cse,reconcile-unrealized-casts),gpu-module-to-binary{{format=isa}})",
+        libdevice.display()
+    )
+}
+
+/// The host half of the CUDA pipeline: as the CPU's, but buffers come from the runtime's
+/// allocator (`_mlir_memref_to_llvm_alloc`: CUDA managed memory) and launches become calls of
+/// MLIR's GPU runtime interface (`mgpuLaunchKernel`, ...), which the runtime implements.
+pub const CUDA_HOST_PIPELINE: &str = "builtin.module(arith-expand{include-bf16=true},lower-affine,\
+convert-math-to-libm,expand-strided-metadata,lower-affine,finalize-memref-to-llvm{use-generic-functions=true},\
+convert-scf-to-cf,gpu-to-llvm,convert-to-llvm,reconcile-unrealized-casts)";
+
+/// Runs `pipeline` on `module`; MLIR's complaints become diagnostics on `source`.
+pub fn run_pipeline(
+    ctx: &Context,
+    module: &mut Module,
+    pipeline: &str,
+    what: &str,
+    source: &str,
+) -> Result<(), Diagnostics> {
+    let diags = Collector::attach(ctx);
+    let pm = PassManager::new(ctx);
+    parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline)
+        .map_err(|e| vec![Diagnostic::plain(format!("bad pass pipeline: {e}"))])?;
+    pm.run(module)
+        .map_err(|_| diags.take(source, &format!("the {what} pass pipeline failed")))
+}
+
+/// The PTX of each kernel module (`gpu.binary` after [`cuda_pipeline`]), with its name.
+pub fn ptx_modules(module: &Module) -> Vec<(String, String)> {
+    use melior::ir::attribute::AttributeLike;
+    let mut out = Vec::new();
+    let body = module.body();
+    let mut op = body.first_operation();
+    while let Some(o) = op {
+        if o.name().as_string_ref().as_str() == Ok("gpu.binary") {
+            let name = o
+                .attribute("sym_name")
+                .map(|a| a.to_string().trim_matches('"').to_string())
+                .unwrap_or_default();
+            if let Ok(objects) = o.attribute("objects") {
+                // SAFETY: `objects` of a `gpu.binary` is an array of `#gpu.object`s; the
+                // string returned points into the attribute, which lives as long as `module`,
+                // and is copied at once.
+                let ptx = unsafe {
+                    let first = mlir_sys::mlirArrayAttrGetElement(objects.to_raw(), 0);
+                    let s = mlir_sys::mlirGPUObjectAttrGetObject(first);
+                    let bytes = std::slice::from_raw_parts(s.data.cast::<u8>(), s.length);
+                    String::from_utf8_lossy(bytes).trim_end_matches('\0').to_string()
+                };
+                out.push((name, ptx));
+            }
+        }
+        op = o.next_in_block();
+    }
+    out
+}
+
 /// An MLIR context with every dialect, pass and LLVM translation registered.
 pub fn context() -> Context {
     static PASSES: Once = Once::new();
@@ -118,12 +186,12 @@ pub fn parse<'c>(ctx: &'c Context, text: &str, source: &str) -> Result<Module<'c
 
 /// Runs the CPU pipeline on `module`, leaving only the LLVM dialect.
 pub fn lower_to_llvm(ctx: &Context, module: &mut Module, source: &str) -> Result<(), Diagnostics> {
-    let diags = Collector::attach(ctx);
-    let pm = PassManager::new(ctx);
-    parse_pass_pipeline(pm.as_operation_pass_manager(), CPU_PIPELINE)
-        .map_err(|e| vec![Diagnostic::plain(format!("bad pass pipeline: {e}"))])?;
-    pm.run(module)
-        .map_err(|_| diags.take(source, "the CPU pass pipeline failed"))?;
+    run_pipeline(ctx, module, CPU_PIPELINE, "CPU", source)?;
+    only_llvm_left(module)
+}
+
+/// Checks that only the LLVM dialect is left at the module's top level.
+fn only_llvm_left(module: &Module) -> Result<(), Diagnostics> {
     // The execution engine crashes on anything but the LLVM dialect: check before handing over.
     let body = module.body();
     let mut op = body.first_operation();

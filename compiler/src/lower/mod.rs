@@ -20,6 +20,7 @@
 pub mod emit;
 mod fast_math;
 mod fuse;
+pub mod gpu_map;
 mod in_place;
 pub mod machine;
 pub mod mlir;
@@ -76,6 +77,9 @@ pub struct Options {
     pub replicas: u64,
     /// The CPU the code is compiled for, recorded in the manifest; `None`: this one (the JIT).
     pub target: Option<ppc_runtime::manifest::Target>,
+    /// `--target cuda`: the GPU architecture (`sm_90`) the kernels are compiled for; loop nests
+    /// are tagged for GPU blocks and threads (`gpu_map.rs`) and buffers shared with the host.
+    pub gpu: Option<String>,
 }
 
 /// The MLIR module text and the manifest of its entry.
@@ -104,7 +108,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     let lines = Lines::new(source);
     let mut w = Walker {
         m,
-        e: Emitter::new(file, &lines),
+        e: Emitter::new(file, &lines).for_gpu(opts.gpu.is_some()),
         numerics: opts.numerics,
         params: Vec::new(),
         param_bufs: HashMap::new(),
@@ -200,6 +204,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         replicas: opts.replicas,
         flops: model_flops(m),
         target: opts.target.clone(),
+        gpu: opts.gpu.clone(),
         args,
         groups: w.groups,
         train: match entry {
@@ -236,7 +241,10 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         out.push_str("  func.func private @ppc_main(i32, !llvm.ptr) -> i32\n");
         out.push_str("  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {\n    %r = func.call @ppc_main(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }\n");
     }
-    out.push_str(emit::TRANSFORM_SCRIPT);
+    match &w.e.gpu {
+        Some(tilings) => out.push_str(&gpu_map::script(tilings)),
+        None => out.push_str(emit::TRANSFORM_SCRIPT),
+    }
     out.push_str("}\n");
     Ok(Lowered {
         mlir: out,
@@ -409,6 +417,7 @@ impl Walker<'_, '_> {
                     let ti = self
                         .e
                         .let_(&format!("arith.index_cast {iv} : index to i32"));
+                    self.e.host_access();
                     self.e
                         .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
                     // The GPipe loop's iterations are spans of `--trace` (a flag test when

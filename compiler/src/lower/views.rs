@@ -37,6 +37,7 @@ fn dynamic_layout(strides: &[usize]) -> Layout {
 /// `x[.., k, ..]` (position `k`, clamped, of `axis`) for the scalar i32 buffer `k`, as a view.
 pub fn index(e: &mut Emitter, x: &Buf, k: &Buf, axis: usize) -> Buf {
     let shape = x.ty.shape();
+    e.host_access();
     let v = e.let_(&format!("memref.load {}[] : {}", k.name, k.mty()));
     let at = clamp_index(e, &v, shape[axis]);
     let mut offsets: Vec<String> = vec!["0".into(); shape.len()];
