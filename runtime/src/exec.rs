@@ -154,7 +154,15 @@ impl Program {
                 ));
             }
         }
+        // A CUDA program's kernels address only GPU memory: its arguments are staged there.
+        let staged = crate::cuda::active().then(|| {
+            crate::cuda::bind_this_thread();
+            crate::cuda::Staged::of(&bufs)
+        });
         let mut descriptors: Vec<Vec<i64>> = bufs.iter_mut().map(|b| b.descriptor()).collect();
+        if let Some(s) = &staged {
+            s.point(&mut descriptors);
+        }
         let mut desc_ptrs: Vec<*mut i64> = descriptors.iter_mut().map(|d| d.as_mut_ptr()).collect();
         let mut packed: Vec<*mut c_void> = desc_ptrs
             .iter_mut()
@@ -168,6 +176,9 @@ impl Program {
         // slot points to a pointer to a descriptor of a live buffer with the checked dtype and
         // shape, and all of them outlive the call.
         unsafe { (self.entry)(packed.as_mut_ptr()) };
+        if let Some(s) = staged {
+            s.back(&self.manifest, &mut bufs);
+        }
         Ok(())
     }
 }

@@ -23,10 +23,10 @@ pub fn take_measured_bubble() -> Option<f64> {
     (all > 0).then(|| (all - busy) as f64 / all as f64)
 }
 
-struct View {
-    ptr: *mut f32,
-    sizes: Vec<usize>,
-    strides: Vec<isize>,
+pub(crate) struct View {
+    pub(crate) ptr: *mut f32,
+    pub(crate) sizes: Vec<usize>,
+    pub(crate) strides: Vec<isize>,
 }
 
 impl View {
@@ -42,7 +42,7 @@ unsafe impl Sync for View {}
 
 /// # Safety
 /// `u` points to a live unranked memref descriptor of f32 elements.
-unsafe fn view(u: *const Unranked) -> View {
+pub(crate) unsafe fn view(u: *const Unranked) -> View {
     // SAFETY: the caller guarantees `u` and its descriptor are valid; the descriptor layout is
     // `{allocated, aligned, offset, sizes[rank], strides[rank]}` in 8-byte words.
     unsafe {
@@ -64,7 +64,7 @@ unsafe fn view(u: *const Unranked) -> View {
 
 /// Element offset of batch index `idx` (of the result's batch shape) in an operand whose batch
 /// axes broadcast against it.
-fn batch_offset(v: &View, idx: &[usize]) -> isize {
+pub(crate) fn batch_offset(v: &View, idx: &[usize]) -> isize {
     let nb = v.sizes.len() - 2;
     let skip = idx.len() - nb;
     (0..nb)
@@ -105,6 +105,8 @@ pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32_masked(
     c: *const Unranked,
     mask: *const Unranked,
 ) {
+    // The mask was computed on the GPU, if there is one.
+    crate::cuda::sync();
     // SAFETY: forwarded from this function's contract; i1 memrefs hold one byte per element.
     unsafe {
         let words = (*mask).descriptor.cast::<i64>();
@@ -136,6 +138,11 @@ unsafe fn matmul(
     let started = trace::start();
     // SAFETY: forwarded from this function's contract.
     let (a, b, c) = unsafe { (view(a), view(b), view(c)) };
+    if crate::cuda::active() {
+        crate::cuda::gemm::matmul(&a, &b, &c, active);
+        trace::record(trace::Kind::Gemm, 0, started);
+        return;
+    }
     let r = c.sizes.len();
     let (m, n) = (c.sizes[r - 2], c.sizes[r - 1]);
     let k = a.sizes[a.sizes.len() - 1];

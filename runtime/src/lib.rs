@@ -11,6 +11,7 @@
 pub mod blas;
 pub mod comm;
 pub mod cpu;
+pub mod cuda;
 pub mod exec;
 pub mod files;
 pub mod gemm;

@@ -296,6 +296,20 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
         }
         return 1;
     }
+    if let Some(arch) = &manifest.gpu {
+        // One GPU per rank: MPICH's launcher says which of the node's ranks this one is.
+        let local = std::env::var("MPI_LOCALRANKID")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(rank);
+        if let Err(e) = ppc_runtime::cuda::init(local) {
+            say(&format!("{who}: error: {e} (kernels compiled for {arch})"));
+            if size > 1 {
+                abort_job(t);
+            }
+            return 1;
+        }
+    }
     if std::env::var("PPC_FAULT_RANK")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -320,7 +334,13 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
     let program = unsafe { Program::new(manifest, entry) };
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     let done = match job {
-        Job::Forward(opts) => drive(&program, opts, &mut out, &mut err).map(|_| ()),
+        Job::Forward(opts) => {
+            let mut opts = opts.clone();
+            if program.manifest.gpu.is_some() {
+                opts.backend = "cuda executable".into();
+            }
+            drive(&program, &opts, &mut out, &mut err).map(|_| ())
+        }
         Job::Train(opts) => train(&program, opts, &mut out, &mut err).map(|_| ()),
     };
     match done {

@@ -1,0 +1,116 @@
+//! `matmul` on the GPU: cuBLAS's f32 GEMM (no TF32: `CUBLAS_DEFAULT_MATH`), queued on the
+//! rank's stream. Batch entries whose operands sit at a constant stride from one another go in
+//! one strided-batched call; entries of stages in a bubble slot are written as zeros by a
+//! call with `alpha = 0` (cuBLAS then reads neither operand), not computed.
+//!
+//! cuBLAS is column-major: row-major `C = A · B` is computed as `Cᵀ = Bᵀ · Aᵀ`, each operand
+//! given as it lies in memory (a row-major matrix read as its column-major transpose).
+
+use super::{blas_check, device, or_fail, queued};
+use crate::gemm::{batch_offset, View};
+use crate::tensor::unflatten;
+use cudarc::cublas::sys as blas;
+use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+
+/// How cuBLAS reads a `rows × cols` operand with these strides as the column-major transpose
+/// of itself: the operation and the leading dimension, or `None` if neither axis is unit-stride.
+fn transposed(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<(blas::cublasOperation_t, i64)> {
+    if cs == 1 && (rows == 1 || rs >= cols as isize) {
+        Some((CUBLAS_OP_N, rs.max(cols as isize).max(1) as i64))
+    } else if rs == 1 && (cols == 1 || cs >= rows as isize) {
+        Some((CUBLAS_OP_T, cs.max(rows as isize).max(1) as i64))
+    } else {
+        None
+    }
+}
+
+/// `c = a · b` over `c`'s batch axes, entries with `active[i] == false` (over the first batch
+/// axis) zero. The views point into managed memory.
+pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
+    let (ra, rb, r) = (a.sizes.len(), b.sizes.len(), c.sizes.len());
+    let (m, n, k) = (c.sizes[r - 2], c.sizes[r - 1], a.sizes[ra - 1]);
+    let batch = &c.sizes[..r - 2];
+    let count: usize = batch.iter().product();
+    let per_first = batch.iter().skip(1).product::<usize>().max(1);
+    let layout = |v: &View, rank: usize, rows, cols| {
+        transposed(rows, cols, v.strides[rank - 2], v.strides[rank - 1]).unwrap_or_else(|| {
+            super::fail("matmul on the GPU: an operand has no unit-stride axis (internal error)")
+        })
+    };
+    let (op_a, lda) = layout(a, ra, m, k);
+    let (op_b, ldb) = layout(b, rb, k, n);
+    let (op_c, ldc) = layout(c, r, m, n);
+    if op_c != CUBLAS_OP_N {
+        super::fail("matmul on the GPU: the result is not row-major (internal error)");
+    }
+    // Element offsets of each batch entry in each operand.
+    let offsets: Vec<[isize; 3]> = (0..count)
+        .map(|flat| {
+            let idx = unflatten(flat, batch);
+            let oc: isize = idx.iter().zip(&c.strides).map(|(&i, &s)| i as isize * s).sum();
+            [batch_offset(a, &idx), batch_offset(b, &idx), oc]
+        })
+        .collect();
+    let is_active = |flat: usize| active.is_none_or(|act| act[flat / per_first]);
+    // Runs of consecutive entries of one activity at constant strides: one call each.
+    let mut start = 0;
+    while start < count {
+        let on = is_active(start);
+        let mut end = start + 1;
+        let stride = |i: usize| -> [isize; 3] {
+            std::array::from_fn(|j| offsets[i + 1][j] - offsets[i][j])
+        };
+        while end < count
+            && is_active(end) == on
+            && (end == start + 1 || stride(end - 1) == stride(start))
+        {
+            end += 1;
+        }
+        let steps = if end - start > 1 { stride(start) } else { [0; 3] };
+        let [oa, ob, oc] = offsets[start];
+        let (alpha, beta) = (if on { 1.0f32 } else { 0.0 }, 0.0f32);
+        // SAFETY: the pointers and strides describe the operands of entries start..end inside
+        // the views' buffers (managed memory, addressable by the GPU); the handle is bound to
+        // the rank's stream.
+        let status = unsafe {
+            blas::cublasSgemmStridedBatched(
+                device().blas,
+                op_b,
+                op_a,
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha,
+                b.ptr.offset(ob),
+                ldb as i32,
+                steps[1] as i64,
+                a.ptr.offset(oa),
+                lda as i32,
+                steps[0] as i64,
+                &beta,
+                c.ptr.offset(oc),
+                ldc as i32,
+                steps[2] as i64,
+                (end - start) as i32,
+            )
+        };
+        or_fail(blas_check(status, "sgemm (cublasSgemmStridedBatched)"));
+        start = end;
+    }
+    queued();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_major_operands_are_read_untransposed_and_column_major_ones_transposed() {
+        assert_eq!(transposed(16, 256, 256, 1), Some((CUBLAS_OP_N, 256)));
+        // A transposed view of a row-major [256, 16] matrix.
+        assert_eq!(transposed(16, 256, 1, 16), Some((CUBLAS_OP_T, 16)));
+        // A single row: the row stride does not matter.
+        assert_eq!(transposed(1, 64, 0, 1), Some((CUBLAS_OP_N, 64)));
+        assert_eq!(transposed(4, 4, 8, 2), None);
+    }
+}

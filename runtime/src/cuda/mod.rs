@@ -1,0 +1,231 @@
+//! The CUDA executor (`ppc compile --target cuda`): the rank's GPU, its one stream, and the
+//! functions the generated host code calls.
+//!
+//! MLIR lowers the host side of a CUDA program to calls of its GPU runtime interface
+//! (`mgpuModuleLoadJIT`, `mgpuLaunchKernel`, ...), which Debian's MLIR ships no library for;
+//! this module implements that interface on the CUDA driver through `cudarc` (loaded at run
+//! time: executables start and say what is missing on machines without a driver). Every
+//! buffer is CUDA managed memory, which host and device address alike: kernels and cuBLAS
+//! calls are queued on one stream without waiting, and the host waits ([`sync`]) only before it
+//! touches a buffer itself (a loop counter, a layer index, the ring exchange, the results).
+//!
+//! Nothing here has run on a GPU yet: `scripts/gpu-check.sh` is the check to run on one.
+#![allow(unsafe_code)]
+
+pub mod abi;
+pub mod gemm;
+
+use cudarc::cublas::sys as blas;
+use cudarc::driver::sys as cu;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// The rank's GPU: its context, the stream everything is queued on, the cuBLAS handle.
+struct Device {
+    ctx: cu::CUcontext,
+    stream: cu::CUstream,
+    blas: blas::cublasHandle_t,
+}
+
+// SAFETY: CUDA contexts, streams and cuBLAS handles may be used from any thread once the
+// context is current there ([`bind_this_thread`]); the runtime queues work from one thread.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+static DEVICE: OnceLock<Device> = OnceLock::new();
+
+/// Work was queued since the host last waited.
+static QUEUED: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`init`] has run: a CUDA program is running.
+pub fn active() -> bool {
+    DEVICE.get().is_some()
+}
+
+/// Opens GPU `local_rank % count` of this node (one rank per GPU under mpirun); returns its
+/// name. Fails with a message, never a panic, where no driver, GPU or cuBLAS is found.
+pub fn init(local_rank: usize) -> Result<String, String> {
+    // SAFETY: each call is a plain driver or cuBLAS call with out-pointers to locals; the
+    // libraries are probed before the first call into them (cudarc panics on a missing one).
+    unsafe {
+        if !cu::is_culib_present() {
+            return Err("no CUDA driver (libcuda.so.1) on this machine: this executable was compiled with --target cuda and runs on an NVIDIA GPU; recompile without --target cuda to run on the CPU".into());
+        }
+        check(cu::cuInit(0), "cuInit")?;
+        let mut count = 0;
+        check(cu::cuDeviceGetCount(&mut count), "cuDeviceGetCount")?;
+        if count <= 0 {
+            return Err("the CUDA driver sees no GPU".into());
+        }
+        let ordinal = (local_rank % count as usize) as i32;
+        let mut dev = 0;
+        check(cu::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
+        let mut name = [0 as std::ffi::c_char; 128];
+        check(cu::cuDeviceGetName(name.as_mut_ptr(), 128, dev), "cuDeviceGetName")?;
+        let mut ctx = std::ptr::null_mut();
+        check(cu::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+        check(cu::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        let mut stream = std::ptr::null_mut();
+        check(
+            cu::cuStreamCreate(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            "cuStreamCreate",
+        )?;
+        if !blas::is_culib_present() {
+            return Err("cuBLAS (libcublas.so.12) not found: the GEMMs of --target cuda run in cuBLAS; install CUDA 12's cuBLAS or put it on LD_LIBRARY_PATH".into());
+        }
+        let mut handle = std::ptr::null_mut();
+        blas_check(blas::cublasCreate_v2(&mut handle), "cublasCreate")?;
+        blas_check(blas::cublasSetStream_v2(handle, stream.cast()), "cublasSetStream")?;
+        let name = std::ffi::CStr::from_ptr(name.as_ptr())
+            .to_string_lossy()
+            .into_owned();
+        let _ = DEVICE.set(Device {
+            ctx,
+            stream,
+            blas: handle,
+        });
+        Ok(format!("GPU {ordinal} of {count}: {name}"))
+    }
+}
+
+fn device() -> &'static Device {
+    DEVICE.get().unwrap_or_else(|| {
+        fail("generated CUDA code ran before the GPU was opened (internal error)")
+    })
+}
+
+/// Makes the GPU's context current on the calling thread (before calling generated code).
+pub fn bind_this_thread() {
+    if let Some(d) = DEVICE.get() {
+        // SAFETY: `ctx` is the primary context retained by `init`.
+        or_fail(check(unsafe { cu::cuCtxSetCurrent(d.ctx) }, "cuCtxSetCurrent"));
+    }
+}
+
+/// Waits for everything queued on the stream, if anything was (a no-op on the CPU).
+pub fn sync() {
+    if QUEUED.swap(false, Ordering::AcqRel) {
+        // SAFETY: the stream was created by `init`.
+        or_fail(check(
+            unsafe { cu::cuStreamSynchronize(device().stream) },
+            "waiting for the GPU (cuStreamSynchronize)",
+        ));
+    }
+}
+
+/// Notes that work was queued on the stream.
+fn queued() {
+    QUEUED.store(true, Ordering::Release);
+}
+
+/// `size` bytes of managed memory (at least one: CUDA refuses empty allocations).
+pub fn alloc(size: usize) -> *mut c_void {
+    let mut ptr: cu::CUdeviceptr = 0;
+    // SAFETY: an out-pointer to a local.
+    or_fail(check(
+        unsafe {
+            cu::cuMemAllocManaged(
+                &mut ptr,
+                size.max(1),
+                cu::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+            )
+        },
+        "allocating GPU memory (cuMemAllocManaged)",
+    ));
+    ptr as *mut c_void
+}
+
+/// Frees what [`alloc`] returned, once the GPU is done with it.
+pub fn free(ptr: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    sync();
+    // SAFETY: `ptr` came from `alloc` and nothing queued uses it any more.
+    or_fail(check(unsafe { cu::cuMemFree_v2(ptr as cu::CUdeviceptr) }, "cuMemFree"));
+}
+
+fn check(r: cu::CUresult, what: &str) -> Result<(), String> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut s: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the driver returns a pointer to a static string, or leaves it null.
+    let why = unsafe {
+        cu::cuGetErrorString(r, &mut s);
+        if s.is_null() {
+            format!("{r:?}")
+        } else {
+            std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned()
+        }
+    };
+    Err(format!("CUDA: {what} failed: {why}"))
+}
+
+fn blas_check(r: blas::cublasStatus_t, what: &str) -> Result<(), String> {
+    if r == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("cuBLAS: {what} failed: {r:?}"))
+    }
+}
+
+/// Errors inside calls from generated code cannot be returned: say what failed and exit.
+fn or_fail(r: Result<(), String>) {
+    if let Err(e) = r {
+        fail(&e);
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(1)
+}
+
+/// The arguments of one call of a CUDA program, copied into managed memory.
+pub struct Staged {
+    ptrs: Vec<*mut c_void>,
+}
+
+impl Staged {
+    /// Managed copies of `bufs`.
+    pub fn of(bufs: &[&mut crate::memref::HostBuffer]) -> Staged {
+        sync();
+        let ptrs = bufs
+            .iter()
+            .map(|b| {
+                let bytes = b.bytes();
+                let p = alloc(bytes.len());
+                // SAFETY: `p` holds `bytes.len()` bytes of managed memory, which the host
+                // addresses, and no GPU work uses it yet.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast(), bytes.len()) };
+                p
+            })
+            .collect();
+        Staged { ptrs }
+    }
+
+    /// Points each memref descriptor (`{allocated, aligned, offset, ...}`) at its copy.
+    pub fn point(&self, descriptors: &mut [Vec<i64>]) {
+        for (d, &p) in descriptors.iter_mut().zip(&self.ptrs) {
+            d[0] = p as i64;
+            d[1] = p as i64;
+        }
+    }
+
+    /// Waits for the GPU, copies the results (outputs, loss, gradients) back into `bufs` and
+    /// frees the copies.
+    pub fn back(self, manifest: &crate::manifest::Manifest, bufs: &mut [&mut crate::memref::HostBuffer]) {
+        use crate::manifest::Role;
+        sync();
+        for ((a, b), &p) in manifest.args.iter().zip(bufs.iter_mut()).zip(&self.ptrs) {
+            if matches!(a.role, Role::Output | Role::Loss | Role::Grad) {
+                let bytes = b.bytes_mut();
+                // SAFETY: `p` holds a copy of this buffer's size; the GPU is done with it.
+                unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), bytes.as_mut_ptr(), bytes.len()) };
+            }
+            free(p);
+        }
+    }
+}
