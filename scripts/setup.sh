@@ -43,8 +43,28 @@ oracle_venv() {
   "$venv/bin/pip" install -q numpy
 }
 
+# CUDA's ptxas and libdevice from PyPI's nvidia-cuda-nvcc-cu12 wheel (no GPU or driver needed),
+# unpacked into tools/cuda-nvcc: `ppc compile --target cuda` links libdevice's math functions
+# into its kernels, and the tests assemble every generated kernel with ptxas.
+cuda_tools() {
+  local root dir wheel
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  dir="$root/tools/cuda-nvcc"
+  if [ -x "$dir/nvidia/cuda_nvcc/bin/ptxas" ] && [ -f "$dir/nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc" ]; then
+    return 0
+  fi
+  echo "setup: unpacking nvidia-cuda-nvcc-cu12 (ptxas, libdevice) from PyPI into tools/cuda-nvcc" >&2
+  rm -rf "$dir" && mkdir -p "$dir/wheel"
+  "$root/tests/oracle/.venv/bin/pip" download -q --no-deps -d "$dir/wheel" nvidia-cuda-nvcc-cu12==12.9.86
+  wheel=$(ls "$dir"/wheel/*.whl)
+  python3 -m zipfile -e "$wheel" "$dir"
+  rm -rf "$dir/wheel"
+  chmod +x "$dir/nvidia/cuda_nvcc/bin/ptxas"
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   oracle_venv
+  cuda_tools
   exit 0
 fi
 
@@ -59,3 +79,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 oracle_venv
+cuda_tools

@@ -6,6 +6,7 @@ mod cli;
 mod common;
 mod conformance;
 mod cpu;
+mod cuda;
 mod errors;
 mod grad;
 mod interp_ops;

@@ -38,6 +38,12 @@ static DEVICE: OnceLock<Device> = OnceLock::new();
 /// Work was queued since the host last waited.
 static QUEUED: AtomicBool = AtomicBool::new(false);
 
+/// Whether this machine has a CUDA driver to load.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library; no driver call.
+    unsafe { cu::is_culib_present() }
+}
+
 /// Whether [`init`] has run: a CUDA program is running.
 pub fn active() -> bool {
     DEVICE.get().is_some()
@@ -49,7 +55,7 @@ pub fn init(local_rank: usize) -> Result<String, String> {
     // SAFETY: each call is a plain driver or cuBLAS call with out-pointers to locals; the
     // libraries are probed before the first call into them (cudarc panics on a missing one).
     unsafe {
-        if !cu::is_culib_present() {
+        if !driver_present() {
             return Err("no CUDA driver (libcuda.so.1) on this machine: this executable was compiled with --target cuda and runs on an NVIDIA GPU; recompile without --target cuda to run on the CPU".into());
         }
         check(cu::cuInit(0), "cuInit")?;

@@ -1,0 +1,146 @@
+//! `--target cuda` without a GPU: every example's kernels (f32, bf16, f16; linear and circular;
+//! one and two ranks; the training step) are PTX that NVIDIA's own assembler, `ptxas` from
+//! PyPI's `nvidia-cuda-nvcc-cu12` (unpacked by `scripts/setup.sh`), accepts for sm_90; an
+//! executable on a machine without a CUDA driver says so and exits non-zero. What only a GPU
+//! can check is in `scripts/gpu-check.sh`.
+
+use crate::common::{examples, ppc, root};
+use crate::cpu::{build, run, scratch};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ptxas() -> PathBuf {
+    let p = root().join("tools/cuda-nvcc/nvidia/cuda_nvcc/bin/ptxas");
+    assert!(p.exists(), "{} is missing: run scripts/setup.sh", p.display());
+    p
+}
+
+/// `--emit=ptx` for `args`, split into its modules: (name, PTX).
+fn kernels(args: &[&str]) -> Vec<(String, String)> {
+    let mut argv = vec!["compile", "--target", "cuda", "--emit=ptx"];
+    argv.extend(args);
+    let (code, out, err) = ppc(&argv);
+    assert_eq!(code, 0, "ppc {argv:?}: {err}");
+    let modules: Vec<(String, String)> = out
+        .split("// ppc kernel module ")
+        .skip(1)
+        .map(|m| {
+            let (name, ptx) = m.split_once('\n').expect("a module header line");
+            (name.to_string(), ptx.to_string())
+        })
+        .collect();
+    assert!(!modules.is_empty(), "no kernels for {argv:?}");
+    modules
+}
+
+/// Assembles each module with ptxas for sm_90; panics with ptxas's message on the first it
+/// rejects.
+fn assemble(what: &str, modules: &[(String, String)], dir: &Path) {
+    for (i, (name, ptx)) in modules.iter().enumerate() {
+        assert!(
+            ptx.contains(".target sm_90") && ptx.contains(".entry"),
+            "{what}: {name} is not an sm_90 kernel"
+        );
+        let file = dir.join(format!("k{i}.ptx"));
+        std::fs::write(&file, ptx).expect("write ptx");
+        let o = Command::new(ptxas())
+            .args(["-arch=sm_90", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .expect("ptxas runs");
+        assert!(
+            o.status.success(),
+            "{what}: ptxas rejects module {name}:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+#[test]
+fn every_example_compiles_to_ptx_that_ptxas_accepts() {
+    let mut configs: Vec<(String, Vec<&str>)> = Vec::new();
+    for model in examples() {
+        for dtype in ["f32", "bf16", "f16"] {
+            for repeats in ["1", "2"] {
+                for ranks in ["1", "2"] {
+                    let file = model.display().to_string();
+                    let args = vec!["--dtype", dtype, "--repeats", repeats, "--ranks", ranks];
+                    configs.push((file, args));
+                }
+            }
+        }
+    }
+    assert_eq!(configs.len(), 36, "three examples × 12");
+    // The training step: backward kernels and the loss.
+    for model in ["examples/mlp.ppc", "examples/transformer.ppc"] {
+        let file = root().join(model).display().to_string();
+        configs.push((file, vec!["--train", "--ranks", "2", "--dtype", "bf16"]));
+    }
+    let dir = scratch("ptxas");
+    let total = std::sync::atomic::AtomicUsize::new(0);
+    let dir = &dir;
+    std::thread::scope(|s| {
+        for (t, chunk) in configs.chunks(configs.len().div_ceil(2)).enumerate() {
+            let total = &total;
+            s.spawn(move || {
+                let sub = dir.join(t.to_string());
+                std::fs::create_dir_all(&sub).expect("scratch");
+                for (file, args) in chunk {
+                    let mut argv = vec![file.as_str()];
+                    argv.extend(args);
+                    let modules = kernels(&argv);
+                    assemble(&format!("{argv:?}"), &modules, &sub);
+                    total.fetch_add(modules.len(), std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    // Every loop nest with a parallel loop is a kernel: hundreds, not a handful.
+    assert!(total.into_inner() > 1000);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn kernels_use_blocks_of_threads_and_load_bf16_as_16_bits() {
+    let file = root().join("examples/mlp.ppc").display().to_string();
+    let modules = kernels(&[file.as_str(), "--dtype", "bf16"]);
+    // The innermost loop goes to threads: most kernels have 256-thread blocks.
+    let wide = modules
+        .iter()
+        .filter(|(_, p)| p.contains(".maxntid 256, 1, 1"))
+        .count();
+    assert!(wide * 2 > modules.len(), "{wide} of {}", modules.len());
+    // bf16 stays 16-bit in memory; math is f32 (ops.rs rounds by integer arithmetic).
+    assert!(modules.iter().any(|(_, p)| p.contains("ld.global.b16") || p.contains("ld.global.u16")));
+}
+
+#[test]
+fn a_cuda_executable_without_a_driver_says_so_and_exits_nonzero() {
+    let dir = scratch("cuda-exe");
+    let exe = build("examples/tiny.ppc", &dir, &["--target", "cuda"]);
+    let (code, out, err) = run(&exe, &["--steps", "1"]);
+    if ppc_runtime::cuda::driver_present() {
+        // A machine with a GPU: the run itself is scripts/gpu-check.sh's to judge.
+        eprintln!("a CUDA driver is present: ran with exit status {code}");
+    } else {
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(err.contains("no CUDA driver"), "{err}");
+        assert!(err.contains("--target cuda"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cuda_options_are_checked() {
+    let file = root().join("examples/tiny.ppc").display().to_string();
+    let (code, _, err) = ppc(&["compile", &file, "--emit=ptx"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("add --target cuda"), "{err}");
+    let (code, _, err) = ppc(&["compile", &file, "--target", "cuda", "--exact", "--emit=ptx"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--exact"), "{err}");
+    let (code, _, err) = ppc(&["compile", &file, "--target", "cuda", "--gpu-arch", "90"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("sm_NN"), "{err}");
+}
