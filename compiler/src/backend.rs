@@ -184,7 +184,13 @@ fn machine_code(
                 mlir::run_pipeline(&ctx, &mut module, &pipeline, "CUDA", src.text)
             })?;
             timing::phase("MLIR CUDA host pipeline", || {
-                mlir::run_pipeline(&ctx, &mut module, mlir::CUDA_HOST_PIPELINE, "CUDA host", src.text)
+                mlir::run_pipeline(
+                    &ctx,
+                    &mut module,
+                    mlir::CUDA_HOST_PIPELINE,
+                    "CUDA host",
+                    src.text,
+                )
             })?;
         }
     }
@@ -290,10 +296,14 @@ pub fn executable(
 }
 
 /// A scratch directory, removed with everything in it when dropped (also on errors).
-struct TempDir(PathBuf);
+pub struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new() -> Result<TempDir, Diagnostics> {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn new() -> Result<TempDir, Diagnostics> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let d = std::env::temp_dir().join(format!(

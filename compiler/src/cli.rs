@@ -279,6 +279,19 @@ pub enum Backend {
     Cpu,
     /// The reference interpreter (the definition of every op).
     Interp,
+    /// Compiled for `--target cuda` (GPU 0, sm_90 kernels) into a scratch executable, run in
+    /// one process; needs a CUDA driver and GPU.
+    Cuda,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Interp => "interp",
+            Backend::Cuda => "cuda",
+        }
+    }
 }
 
 /// What runs the generated loop nests.

@@ -101,6 +101,42 @@ impl Loaded {
         })
     }
 
+    /// The compiled module as a `--target cuda` executable for sm_90, in a scratch directory
+    /// (removed when the returned guard drops).
+    fn cuda_executable(
+        &self,
+        codegen: &CodegenArgs,
+        err: &mut dyn Write,
+    ) -> Result<(backend::TempDir, std::path::PathBuf), Failure> {
+        let t = Instant::now();
+        let dir = backend::TempDir::new().map_err(|d| self.fail(&d))?;
+        let exe = dir.path().join("model");
+        let target =
+            crate::target::resolve("native").map_err(|e| Failure(format!("error: {e}\n")))?;
+        let gpu = backend::Gpu {
+            arch: "sm_90".into(),
+        };
+        backend::executable(
+            &self.module,
+            &self.source(),
+            codegen.numerics(),
+            &target,
+            Some(&gpu),
+            codegen.opt_level.into(),
+            1,
+            &exe,
+        )
+        .map_err(|d| self.fail(&d))?;
+        writeln!(
+            err,
+            "compiled {} for cuda in {:.2} s",
+            self.path,
+            t.elapsed().as_secs_f64()
+        )
+        .map_err(io)?;
+        Ok((dir, exe))
+    }
+
     fn jit(&self, codegen: &CodegenArgs) -> Result<crate::lower::mlir::Jit, Failure> {
         backend::jit(
             &self.module,
@@ -140,6 +176,39 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             io: args,
             ..
         } => run_interp(&load(&model)?, &args, out, err)?,
+        Command::Run {
+            model,
+            backend: Backend::Cuda,
+            io: args,
+            codegen,
+        } => {
+            let mut l = load(&model)?;
+            one_process(&l, "ppc run")?;
+            l.compile(&Options::default(), None, None)?;
+            let (_dir, exe) = l.cuda_executable(&codegen, err)?;
+            let mut flags: Vec<std::ffi::OsString> = vec![
+                "--seed".into(),
+                args.seed.to_string().into(),
+                "--steps".into(),
+                args.steps.to_string().into(),
+            ];
+            if let Some(n) = args.bench {
+                flags.extend(["--bench".into(), n.to_string().into()]);
+            }
+            let files = [
+                ("--input", &args.input),
+                ("--output", &args.output),
+                ("--params", &args.params.params),
+                ("--dump-params", &args.dump_params),
+                ("--trace", &args.trace),
+            ];
+            for (flag, file) in files {
+                if let Some(f) = file {
+                    flags.extend([flag.into(), f.clone().into_os_string()]);
+                }
+            }
+            return run_executable(&exe, &flags, out, err);
+        }
         Command::Run {
             model,
             backend: Backend::Cpu,
@@ -243,28 +312,28 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 )
                 .map_err(io)?;
             }
-            let text =
-                match (fmt, emit.as_deref()) {
-                    (Some(ReportFormat::Json), _) => format!("{}\n", report(&l.module)?),
-                    (None, Some("mlir")) => {
-                        backend::emit_mlir(&l.module, &l.source(), numerics, gpu.as_ref())
-                            .map_err(|d| l.fail(&d))?
-                    }
-                    (None, Some("ptx")) => {
-                        let g = gpu.as_ref().expect("checked above: --emit=ptx needs a GPU");
-                        backend::emit_ptx(&l.module, &l.source(), numerics, g)
-                            .map_err(|d| l.fail(&d))?
-                    }
-                    (None, Some("llvm")) => backend::emit_llvm(&l.module, &l.source(), numerics)
-                        .map_err(|d| l.fail(&d))?,
-                    (None, Some("asm")) => {
-                        let opt = codegen.opt_level.into();
-                        backend::emit_asm(&l.module, &l.source(), numerics, &target, opt)
-                            .map_err(|d| l.fail(&d))?
-                    }
-                    (None, _) if output.is_none() => print(&l.module),
-                    (None, _) => String::new(),
-                };
+            let text = match (fmt, emit.as_deref()) {
+                (Some(ReportFormat::Json), _) => format!("{}\n", report(&l.module)?),
+                (None, Some("mlir")) => {
+                    backend::emit_mlir(&l.module, &l.source(), numerics, gpu.as_ref())
+                        .map_err(|d| l.fail(&d))?
+                }
+                (None, Some("ptx")) => {
+                    let g = gpu.as_ref().expect("checked above: --emit=ptx needs a GPU");
+                    backend::emit_ptx(&l.module, &l.source(), numerics, g)
+                        .map_err(|d| l.fail(&d))?
+                }
+                (None, Some("llvm")) => {
+                    backend::emit_llvm(&l.module, &l.source(), numerics).map_err(|d| l.fail(&d))?
+                }
+                (None, Some("asm")) => {
+                    let opt = codegen.opt_level.into();
+                    backend::emit_asm(&l.module, &l.source(), numerics, &target, opt)
+                        .map_err(|d| l.fail(&d))?
+                }
+                (None, _) if output.is_none() => print(&l.module),
+                (None, _) => String::new(),
+            };
             out.write_all(text.as_bytes()).map_err(io)?;
             if let Some(t) = timer {
                 err.write_all(crate::timing::table(&t.finish()).as_bytes())
@@ -320,6 +389,22 @@ fn one_process(l: &Loaded, what: &str) -> Result<(), Failure> {
          `ppc compile {} --ranks {r} -o model && mpirun.mpich -n {r} ./model`\n",
         l.path
     )))
+}
+
+/// Runs a scratch executable with `flags`, passing on what it prints; its exit status.
+fn run_executable(
+    exe: &Path,
+    flags: &[std::ffi::OsString],
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, Failure> {
+    let o = std::process::Command::new(exe)
+        .args(flags)
+        .output()
+        .map_err(|e| Failure(format!("error: cannot run {}: {e}\n", exe.display())))?;
+    out.write_all(&o.stdout).map_err(io)?;
+    err.write_all(&o.stderr).map_err(io)?;
+    Ok(o.status.code().unwrap_or(1))
 }
 
 /// `ppc run --backend interp`: the model as written, each microbatch through every layer.
@@ -400,8 +485,8 @@ fn verify(
         perturb,
     } = *check;
     let mut l = load(model)?;
-    if backend == Backend::Cpu {
-        one_process(&l, "ppc verify --backend cpu")?;
+    if backend != Backend::Interp {
+        one_process(&l, &format!("ppc verify --backend {}", backend.name()))?;
     }
     l.compile(
         &Options {
@@ -467,6 +552,28 @@ fn verify(
             let exact = codegen.exact;
             (y.to_tensor(), if exact { 0.0 } else { tolerance(dtype) })
         }
+        Backend::Cuda => {
+            // The executable draws the same inputs and parameters from the seed.
+            let (dir, exe) = l.cuda_executable(codegen, err)?;
+            let file = dir.path().join("output.safetensors");
+            let mut flags: Vec<std::ffi::OsString> = vec![
+                "--seed".into(),
+                seed.to_string().into(),
+                "--output".into(),
+                file.clone().into(),
+            ];
+            if let Some(p) = params {
+                flags.extend(["--params".into(), p.clone().into_os_string()]);
+            }
+            let mut said = Vec::new();
+            let code = run_executable(&exe, &flags, &mut said, err)?;
+            if code != 0 {
+                return Ok(code);
+            }
+            let y = ppc_runtime::safetensors::read_tensor(&file, ppc_runtime::exec::OUTPUT_TENSOR)
+                .map_err(|e| Failure(format!("error: reading the GPU's result: {e}\n")))?;
+            (y.to_tensor(), tolerance(dtype))
+        }
     };
     perturbed(&mut got, perturb)?;
     let (vs_seq, vs_interp) = (compare(&want, &got), compare(&piped, &got));
@@ -481,7 +588,7 @@ fn verify(
         vs_seq.max_rel <= tol && vs_interp.max_rel <= tol
     };
     let json = serde_json::json!({
-        "backend": match backend { Backend::Cpu => "cpu", Backend::Interp => "interp" },
+        "backend": backend.name(),
         "dtype": dtype.name(),
         "stages": p.stages, "microbatches": p.microbatches, "repeats": p.repeats, "layers": p.layers,
         "poison_bubbles": pass.poison_bubbles, "seed": seed,
@@ -530,6 +637,7 @@ fn verify_grad(
     let inputs = ppc_dialect::interp::synthetic_inputs(m, seed);
     // Each check gives (what, reference, result) triples, the reference first.
     let (mut pairs, tol): (Vec<(String, Tensor, Tensor)>, f64) = match check.backend {
+        Backend::Cuda => return Err(Failure("error: `ppc verify --grad --backend cuda` is not built yet: training executables compiled with --target cuda run the step on the GPU, and scripts/gpu-check.sh compares their losses with the CPU's\n".into())),
         Backend::Interp => {
             let d = ppc_dialect::grad::synthetic_cotangent(m, seed);
             let mut interp = Interp::with_params(m, seed, source.clone());
@@ -601,7 +709,7 @@ fn verify_grad(
     let p = m.pipeline;
     let (worst_what, worst_rel) = worst.unwrap_or_default();
     let json = serde_json::json!({
-        "backend": match check.backend { Backend::Cpu => "cpu", Backend::Interp => "interp" },
+        "backend": check.backend.name(),
         "grad": true, "dtype": m.input.dtype.name(),
         "stages": p.stages, "microbatches": p.microbatches, "repeats": p.repeats, "layers": p.layers, "ranks": p.ranks,
         "poison_bubbles": pass.poison_bubbles, "seed": seed, "compared": pairs.len(),

@@ -11,7 +11,11 @@ use std::process::Command;
 
 fn ptxas() -> PathBuf {
     let p = root().join("tools/cuda-nvcc/nvidia/cuda_nvcc/bin/ptxas");
-    assert!(p.exists(), "{} is missing: run scripts/setup.sh", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/setup.sh",
+        p.display()
+    );
     p
 }
 
@@ -111,7 +115,9 @@ fn kernels_use_blocks_of_threads_and_load_bf16_as_16_bits() {
         .count();
     assert!(wide * 2 > modules.len(), "{wide} of {}", modules.len());
     // bf16 stays 16-bit in memory; math is f32 (ops.rs rounds by integer arithmetic).
-    assert!(modules.iter().any(|(_, p)| p.contains("ld.global.b16") || p.contains("ld.global.u16")));
+    assert!(modules
+        .iter()
+        .any(|(_, p)| p.contains("ld.global.b16") || p.contains("ld.global.u16")));
 }
 
 #[test]
@@ -137,7 +143,14 @@ fn cuda_options_are_checked() {
     let (code, _, err) = ppc(&["compile", &file, "--emit=ptx"]);
     assert_eq!(code, 1);
     assert!(err.contains("add --target cuda"), "{err}");
-    let (code, _, err) = ppc(&["compile", &file, "--target", "cuda", "--exact", "--emit=ptx"]);
+    let (code, _, err) = ppc(&[
+        "compile",
+        &file,
+        "--target",
+        "cuda",
+        "--exact",
+        "--emit=ptx",
+    ]);
     assert_eq!(code, 1);
     assert!(err.contains("--exact"), "{err}");
     let (code, _, err) = ppc(&["compile", &file, "--target", "cuda", "--gpu-arch", "90"]);

@@ -99,7 +99,9 @@ pub fn ptx_modules(module: &Module) -> Vec<(String, String)> {
                     let first = mlir_sys::mlirArrayAttrGetElement(objects.to_raw(), 0);
                     let s = mlir_sys::mlirGPUObjectAttrGetObject(first);
                     let bytes = std::slice::from_raw_parts(s.data.cast::<u8>(), s.length);
-                    String::from_utf8_lossy(bytes).trim_end_matches('\0').to_string()
+                    String::from_utf8_lossy(bytes)
+                        .trim_end_matches('\0')
+                        .to_string()
                 };
                 out.push((name, ptx));
             }

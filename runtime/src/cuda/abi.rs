@@ -40,7 +40,10 @@ pub extern "C" fn mgpuModuleUnload(_module: *mut c_void) {}
 /// `module` came from [`mgpuModuleLoadJIT`]; `name` is a NUL-terminated constant of the
 /// generated code.
 #[no_mangle]
-pub unsafe extern "C" fn mgpuModuleGetFunction(module: *mut c_void, name: *const c_char) -> *mut c_void {
+pub unsafe extern "C" fn mgpuModuleGetFunction(
+    module: *mut c_void,
+    name: *const c_char,
+) -> *mut c_void {
     // SAFETY: the contract above.
     let m = unsafe { &*module.cast::<Module>() };
     let handle = *m.loaded.get_or_init(|| {

@@ -9,12 +9,17 @@
 use super::{blas_check, device, or_fail, queued};
 use crate::gemm::{batch_offset, View};
 use crate::tensor::unflatten;
-use cudarc::cublas::sys as blas;
 use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+use cudarc::cublas::sys as blas;
 
 /// How cuBLAS reads a `rows × cols` operand with these strides as the column-major transpose
 /// of itself: the operation and the leading dimension, or `None` if neither axis is unit-stride.
-fn transposed(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<(blas::cublasOperation_t, i64)> {
+fn transposed(
+    rows: usize,
+    cols: usize,
+    rs: isize,
+    cs: isize,
+) -> Option<(blas::cublasOperation_t, i64)> {
     if cs == 1 && (rows == 1 || rs >= cols as isize) {
         Some((CUBLAS_OP_N, rs.max(cols as isize).max(1) as i64))
     } else if rs == 1 && (cols == 1 || cs >= rows as isize) {
@@ -47,7 +52,11 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
     let offsets: Vec<[isize; 3]> = (0..count)
         .map(|flat| {
             let idx = unflatten(flat, batch);
-            let oc: isize = idx.iter().zip(&c.strides).map(|(&i, &s)| i as isize * s).sum();
+            let oc: isize = idx
+                .iter()
+                .zip(&c.strides)
+                .map(|(&i, &s)| i as isize * s)
+                .sum();
             [batch_offset(a, &idx), batch_offset(b, &idx), oc]
         })
         .collect();
@@ -57,16 +66,19 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
     while start < count {
         let on = is_active(start);
         let mut end = start + 1;
-        let stride = |i: usize| -> [isize; 3] {
-            std::array::from_fn(|j| offsets[i + 1][j] - offsets[i][j])
-        };
+        let stride =
+            |i: usize| -> [isize; 3] { std::array::from_fn(|j| offsets[i + 1][j] - offsets[i][j]) };
         while end < count
             && is_active(end) == on
             && (end == start + 1 || stride(end - 1) == stride(start))
         {
             end += 1;
         }
-        let steps = if end - start > 1 { stride(start) } else { [0; 3] };
+        let steps = if end - start > 1 {
+            stride(start)
+        } else {
+            [0; 3]
+        };
         let [oa, ob, oc] = offsets[start];
         let (alpha, beta) = (if on { 1.0f32 } else { 0.0 }, 0.0f32);
         // SAFETY: the pointers and strides describe the operands of entries start..end inside

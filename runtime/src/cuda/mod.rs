@@ -68,13 +68,22 @@ pub fn init(local_rank: usize) -> Result<String, String> {
         let mut dev = 0;
         check(cu::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
         let mut name = [0 as std::ffi::c_char; 128];
-        check(cu::cuDeviceGetName(name.as_mut_ptr(), 128, dev), "cuDeviceGetName")?;
+        check(
+            cu::cuDeviceGetName(name.as_mut_ptr(), 128, dev),
+            "cuDeviceGetName",
+        )?;
         let mut ctx = std::ptr::null_mut();
-        check(cu::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+        check(
+            cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            "cuDevicePrimaryCtxRetain",
+        )?;
         check(cu::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
         let mut stream = std::ptr::null_mut();
         check(
-            cu::cuStreamCreate(&mut stream, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            cu::cuStreamCreate(
+                &mut stream,
+                cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            ),
             "cuStreamCreate",
         )?;
         if !blas::is_culib_present() {
@@ -82,7 +91,10 @@ pub fn init(local_rank: usize) -> Result<String, String> {
         }
         let mut handle = std::ptr::null_mut();
         blas_check(blas::cublasCreate_v2(&mut handle), "cublasCreate")?;
-        blas_check(blas::cublasSetStream_v2(handle, stream.cast()), "cublasSetStream")?;
+        blas_check(
+            blas::cublasSetStream_v2(handle, stream.cast()),
+            "cublasSetStream",
+        )?;
         let name = std::ffi::CStr::from_ptr(name.as_ptr())
             .to_string_lossy()
             .into_owned();
@@ -105,7 +117,10 @@ fn device() -> &'static Device {
 pub fn bind_this_thread() {
     if let Some(d) = DEVICE.get() {
         // SAFETY: `ctx` is the primary context retained by `init`.
-        or_fail(check(unsafe { cu::cuCtxSetCurrent(d.ctx) }, "cuCtxSetCurrent"));
+        or_fail(check(
+            unsafe { cu::cuCtxSetCurrent(d.ctx) },
+            "cuCtxSetCurrent",
+        ));
     }
 }
 
@@ -149,7 +164,10 @@ pub fn free(ptr: *mut c_void) {
     }
     sync();
     // SAFETY: `ptr` came from `alloc` and nothing queued uses it any more.
-    or_fail(check(unsafe { cu::cuMemFree_v2(ptr as cu::CUdeviceptr) }, "cuMemFree"));
+    or_fail(check(
+        unsafe { cu::cuMemFree_v2(ptr as cu::CUdeviceptr) },
+        "cuMemFree",
+    ));
 }
 
 fn check(r: cu::CUresult, what: &str) -> Result<(), String> {
@@ -222,14 +240,20 @@ impl Staged {
 
     /// Waits for the GPU, copies the results (outputs, loss, gradients) back into `bufs` and
     /// frees the copies.
-    pub fn back(self, manifest: &crate::manifest::Manifest, bufs: &mut [&mut crate::memref::HostBuffer]) {
+    pub fn back(
+        self,
+        manifest: &crate::manifest::Manifest,
+        bufs: &mut [&mut crate::memref::HostBuffer],
+    ) {
         use crate::manifest::Role;
         sync();
         for ((a, b), &p) in manifest.args.iter().zip(bufs.iter_mut()).zip(&self.ptrs) {
             if matches!(a.role, Role::Output | Role::Loss | Role::Grad) {
                 let bytes = b.bytes_mut();
                 // SAFETY: `p` holds a copy of this buffer's size; the GPU is done with it.
-                unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), bytes.as_mut_ptr(), bytes.len()) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p.cast::<u8>(), bytes.as_mut_ptr(), bytes.len())
+                };
             }
             free(p);
         }
