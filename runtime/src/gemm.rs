@@ -23,16 +23,38 @@ pub fn take_measured_bubble() -> Option<f64> {
     (all > 0).then(|| (all - busy) as f64 / all as f64)
 }
 
+/// The element types of `matmul` operands: f32 on the CPU (other dtypes are converted to f32
+/// first); bf16 and f16 operands also go straight to the GPU's tensor cores (`--target cuda`),
+/// accumulating into an f32 result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    BF16,
+    F16,
+}
+
+impl Elem {
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::F32 => 4,
+            Elem::BF16 | Elem::F16 => 2,
+        }
+    }
+}
+
 pub(crate) struct View {
-    pub(crate) ptr: *mut f32,
+    /// The first element's address.
+    pub(crate) ptr: *mut u8,
+    pub(crate) elem: Elem,
     pub(crate) sizes: Vec<usize>,
+    /// In elements.
     pub(crate) strides: Vec<isize>,
 }
 
 impl View {
-    /// The first element (a method, so closures capture the whole `Sync` view).
+    /// The first element of an f32 view (a method, so closures capture the whole `Sync` view).
     fn base(&self) -> *mut f32 {
-        self.ptr
+        self.ptr.cast()
     }
 }
 
@@ -41,21 +63,22 @@ impl View {
 unsafe impl Sync for View {}
 
 /// # Safety
-/// `u` points to a live unranked memref descriptor of f32 elements.
-pub(crate) unsafe fn view(u: *const Unranked) -> View {
+/// `u` points to a live unranked memref descriptor of `elem` elements.
+pub(crate) unsafe fn view(u: *const Unranked, elem: Elem) -> View {
     // SAFETY: the caller guarantees `u` and its descriptor are valid; the descriptor layout is
     // `{allocated, aligned, offset, sizes[rank], strides[rank]}` in 8-byte words.
     unsafe {
         let rank = (*u).rank as usize;
         let words = (*u).descriptor.cast::<i64>();
-        let aligned = *words.add(1) as *mut f32;
-        let offset = *words.add(2) as isize;
+        let aligned = *words.add(1) as *mut u8;
+        let offset = *words.add(2) as isize * elem.bytes() as isize;
         let sizes = (0..rank).map(|i| *words.add(3 + i) as usize).collect();
         let strides = (0..rank)
             .map(|i| *words.add(3 + rank + i) as isize)
             .collect();
         View {
             ptr: aligned.offset(offset),
+            elem,
             sizes,
             strides,
         }
@@ -78,33 +101,24 @@ pub(crate) fn batch_offset(v: &View, idx: &[usize]) -> isize {
         .sum()
 }
 
-/// `c = a · b`.
+/// `c = a · b` where `mask[i]` (over `c`'s first axis) is true, zero elsewhere (stage programs:
+/// entries of stages in a bubble slot are skipped); `None`: everywhere.
 ///
 /// # Safety
-/// All three point to live f32 memref descriptors whose shapes `matmul` type-checked:
-/// `a: [..., m, k]`, `b: [..., k, n]`, `c: [batch..., m, n]`, and `c` does not overlap `a` or `b`.
-#[no_mangle]
-pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32(
+/// `a`, `b` point to live memref descriptors of `elem` elements and `c` of f32 ones, whose
+/// shapes `matmul` type-checked: `a: [..., m, k]`, `b: [..., k, n]`, `c: [batch..., m, n]`;
+/// `c` does not overlap `a` or `b`; `mask` points to a live i1 memref of `c`'s first axis.
+unsafe fn masked(
     a: *const Unranked,
     b: *const Unranked,
     c: *const Unranked,
+    mask: Option<*const Unranked>,
+    elem: Elem,
 ) {
-    // SAFETY: forwarded from this function's contract.
-    unsafe { matmul(a, b, c, None) }
-}
-
-/// `c = a · b` where `mask[i]` (over `c`'s first axis) is true; zero elsewhere. Used by stage
-/// programs: entries of stages in a bubble slot are skipped.
-///
-/// # Safety
-/// As [`_mlir_ciface_ppc_matmul_f32`], and `mask` points to a live i1 memref of `c`'s first axis.
-#[no_mangle]
-pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32_masked(
-    a: *const Unranked,
-    b: *const Unranked,
-    c: *const Unranked,
-    mask: *const Unranked,
-) {
+    let Some(mask) = mask else {
+        // SAFETY: forwarded from this function's contract.
+        return unsafe { matmul(a, b, c, None, elem) };
+    };
     // The mask was computed on the GPU, if there is one.
     crate::cuda::sync();
     // SAFETY: forwarded from this function's contract; i1 memrefs hold one byte per element.
@@ -122,26 +136,80 @@ pub unsafe extern "C" fn _mlir_ciface_ppc_matmul_f32_masked(
         let busy = active.iter().filter(|&&a| a).count() as u64;
         SLOTS_BUSY.fetch_add(busy, Ordering::Relaxed);
         SLOTS_ALL.fetch_add(n as u64, Ordering::Relaxed);
-        matmul(a, b, c, Some(&active))
+        matmul(a, b, c, Some(&active), elem)
     }
 }
 
+/// The GEMM entry points of generated code for one operand type: `NAME(a, b, c)` and
+/// `NAME_masked(a, b, c, mask)`.
+macro_rules! matmul_fns {
+    ($plain:ident, $masked:ident, $elem:expr) => {
+        /// `c = a · b` (see [`masked`]).
+        ///
+        /// # Safety
+        /// As [`masked`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $plain(
+            a: *const Unranked,
+            b: *const Unranked,
+            c: *const Unranked,
+        ) {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { masked(a, b, c, None, $elem) }
+        }
+
+        /// `c = a · b` where `mask` is true (see [`masked`]).
+        ///
+        /// # Safety
+        /// As [`masked`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $masked(
+            a: *const Unranked,
+            b: *const Unranked,
+            c: *const Unranked,
+            mask: *const Unranked,
+        ) {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { masked(a, b, c, Some(mask), $elem) }
+        }
+    };
+}
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_f32,
+    _mlir_ciface_ppc_matmul_f32_masked,
+    Elem::F32
+);
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_bf16,
+    _mlir_ciface_ppc_matmul_bf16_masked,
+    Elem::BF16
+);
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_f16,
+    _mlir_ciface_ppc_matmul_f16_masked,
+    Elem::F16
+);
+
 /// # Safety
-/// As [`_mlir_ciface_ppc_matmul_f32`]; `active`, if given, has one entry per index of `c`'s
-/// first axis.
+/// As [`masked`]; `active`, if given, has one entry per index of `c`'s first axis.
 unsafe fn matmul(
     a: *const Unranked,
     b: *const Unranked,
     c: *const Unranked,
     active: Option<&[bool]>,
+    elem: Elem,
 ) {
     let started = trace::start();
     // SAFETY: forwarded from this function's contract.
-    let (a, b, c) = unsafe { (view(a), view(b), view(c)) };
+    let (a, b, c) = unsafe { (view(a, elem), view(b, elem), view(c, Elem::F32)) };
     if crate::cuda::active() {
         crate::cuda::gemm::matmul(&a, &b, &c, active);
         trace::record(trace::Kind::Gemm, 0, started);
         return;
+    }
+    if elem != Elem::F32 {
+        // Only `--target cuda` code multiplies 16-bit operands as they are.
+        crate::cuda::fail("a 16-bit GEMM was called outside a CUDA program (internal error)");
     }
     let r = c.sizes.len();
     let (m, n) = (c.sizes[r - 2], c.sizes[r - 1]);

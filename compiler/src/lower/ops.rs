@@ -571,7 +571,22 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
     let acc = f32_scratch(e, out);
     match numerics {
         Numerics::Fast => {
-            let (fa, fb) = (to_f32(e, a), to_f32(e, b));
+            // The GPU multiplies 16-bit operands as they are stored (tensor cores, f32
+            // accumulation); the CPU's GEMM takes f32.
+            let d = a.ty.dtype;
+            let half = e.gpu.is_some() && d == b.ty.dtype && matches!(d, DType::BF16 | DType::F16);
+            let (fa, fb, t) = if half {
+                (a.clone(), b.clone(), elt(d))
+            } else {
+                (to_f32(e, a), to_f32(e, b), "f32")
+            };
+            if half {
+                for (suffix, mask) in [("", ""), ("_masked", ", memref<*xi1>")] {
+                    e.declarations.insert(format!(
+                        "func.func private @ppc_matmul_{t}{suffix}(memref<*x{t}>, memref<*x{t}>, memref<*xf32>{mask}) attributes {{llvm.emit_c_interface}}"
+                    ));
+                }
+            }
             let cast = |e: &mut Emitter, x: &Buf, t: &str| {
                 e.let_(&format!(
                     "memref.cast {} : {} to memref<*x{t}>",
@@ -579,17 +594,13 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
                     x.mty()
                 ))
             };
-            let (ua, ub, uc) = (
-                cast(e, &fa, "f32"),
-                cast(e, &fb, "f32"),
-                cast(e, &acc, "f32"),
-            );
+            let (ua, ub, uc) = (cast(e, &fa, t), cast(e, &fb, t), cast(e, &acc, "f32"));
             match mask {
-                None => e.op(&format!("func.call @ppc_matmul_f32({ua}, {ub}, {uc}) : (memref<*xf32>, memref<*xf32>, memref<*xf32>) -> ()")),
+                None => e.op(&format!("func.call @ppc_matmul_{t}({ua}, {ub}, {uc}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>) -> ()")),
                 Some(m) => {
                     let um = cast(e, m, "i1");
                     e.op(&format!(
-                        "func.call @ppc_matmul_f32_masked({ua}, {ub}, {uc}, {um}) : (memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) -> ()"
+                        "func.call @ppc_matmul_{t}_masked({ua}, {ub}, {uc}, {um}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>, memref<*xi1>) -> ()"
                     ));
                 }
             }

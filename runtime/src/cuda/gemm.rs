@@ -1,5 +1,6 @@
-//! `matmul` on the GPU: cuBLAS's f32 GEMM (no TF32: `CUBLAS_DEFAULT_MATH`), queued on the
-//! rank's stream. Batch entries whose operands sit at a constant stride from one another go in
+//! `matmul` on the GPU: cuBLAS's GEMM with f32 accumulation (`CUBLAS_COMPUTE_32F`: f32
+//! operands without TF32; bf16 and f16 operands on the tensor cores), queued on the rank's
+//! stream. Batch entries whose operands sit at a constant stride from one another go in
 //! one strided-batched call; entries of stages in a bubble slot are written as zeros by a
 //! call with `alpha = 0` (cuBLAS then reads neither operand), not computed.
 //!
@@ -7,10 +8,19 @@
 //! given as it lies in memory (a row-major matrix read as its column-major transpose).
 
 use super::{blas_check, device, or_fail, queued};
-use crate::gemm::{batch_offset, View};
+use crate::gemm::{batch_offset, Elem, View};
 use crate::tensor::unflatten;
 use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys as blas;
+use std::ffi::c_void;
+
+fn data_type(e: Elem) -> blas::cudaDataType {
+    match e {
+        Elem::F32 => blas::cudaDataType::CUDA_R_32F,
+        Elem::BF16 => blas::cudaDataType::CUDA_R_16BF,
+        Elem::F16 => blas::cudaDataType::CUDA_R_16F,
+    }
+}
 
 /// How cuBLAS reads a `rows × cols` operand with these strides as the column-major transpose
 /// of itself: the operation and the leading dimension, or `None` if neither axis is unit-stride.
@@ -81,32 +91,42 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
         };
         let [oa, ob, oc] = offsets[start];
         let (alpha, beta) = (if on { 1.0f32 } else { 0.0 }, 0.0f32);
+        let at = |v: &View, o: isize| {
+            v.ptr
+                .wrapping_offset(o * v.elem.bytes() as isize)
+                .cast::<c_void>()
+        };
         // SAFETY: the pointers and strides describe the operands of entries start..end inside
         // the views' buffers (managed memory, addressable by the GPU); the handle is bound to
-        // the rank's stream.
+        // the rank's stream; alpha and beta are f32, as the compute type wants.
         let status = unsafe {
-            blas::cublasSgemmStridedBatched(
+            blas::cublasGemmStridedBatchedEx(
                 device().blas,
                 op_b,
                 op_a,
                 n as i32,
                 m as i32,
                 k as i32,
-                &alpha,
-                b.ptr.offset(ob),
+                (&alpha as *const f32).cast(),
+                at(b, ob),
+                data_type(b.elem),
                 ldb as i32,
                 steps[1] as i64,
-                a.ptr.offset(oa),
+                at(a, oa),
+                data_type(a.elem),
                 lda as i32,
                 steps[0] as i64,
-                &beta,
-                c.ptr.offset(oc),
+                (&beta as *const f32).cast(),
+                at(c, oc),
+                data_type(c.elem),
                 ldc as i32,
                 steps[2] as i64,
                 (end - start) as i32,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         };
-        or_fail(blas_check(status, "sgemm (cublasSgemmStridedBatched)"));
+        or_fail(blas_check(status, "GEMM (cublasGemmStridedBatchedEx)"));
         start = end;
     }
     queued();

@@ -202,7 +202,7 @@ fn or_fail(r: Result<(), String>) {
     }
 }
 
-fn fail(msg: &str) -> ! {
+pub(crate) fn fail(msg: &str) -> ! {
     eprintln!("error: {msg}");
     std::process::exit(1)
 }
