@@ -27,6 +27,8 @@ pub type PackedFn = unsafe extern "C" fn(*mut *mut c_void);
 pub struct Program {
     pub manifest: Manifest,
     entry: PackedFn,
+    /// A CUDA program's arguments on the GPU.
+    resident: crate::cuda::Resident,
 }
 
 impl Program {
@@ -34,7 +36,11 @@ impl Program {
     /// `entry` must be the packed C-interface wrapper (`_mlir__mlir_ciface_...`) of an entry
     /// function whose memref arguments are exactly the manifest's arguments, in order.
     pub unsafe fn new(manifest: Manifest, entry: PackedFn) -> Program {
-        Program { manifest, entry }
+        Program {
+            manifest,
+            entry,
+            resident: Default::default(),
+        }
     }
 
     /// This rank's parameters from `source`, in manifest order.
@@ -154,15 +160,20 @@ impl Program {
                 ));
             }
         }
-        // A CUDA program's kernels address only GPU memory: its arguments are staged there.
-        let staged = crate::cuda::active().then(|| {
+        // A CUDA program's kernels address only GPU memory: its arguments are kept there.
+        let gpu = crate::cuda::active();
+        let fills: Vec<bool> = self
+            .manifest
+            .args
+            .iter()
+            .map(|a| a.role.is_result())
+            .collect();
+        let mut descriptors: Vec<Vec<i64>> = if gpu {
             crate::cuda::bind_this_thread();
-            crate::cuda::Staged::of(&bufs)
-        });
-        let mut descriptors: Vec<Vec<i64>> = bufs.iter_mut().map(|b| b.descriptor()).collect();
-        if let Some(s) = &staged {
-            s.point(&mut descriptors);
-        }
+            self.resident.stage(&bufs, &fills)
+        } else {
+            bufs.iter_mut().map(|b| b.descriptor()).collect()
+        };
         let mut desc_ptrs: Vec<*mut i64> = descriptors.iter_mut().map(|d| d.as_mut_ptr()).collect();
         let mut packed: Vec<*mut c_void> = desc_ptrs
             .iter_mut()
@@ -176,8 +187,8 @@ impl Program {
         // slot points to a pointer to a descriptor of a live buffer with the checked dtype and
         // shape, and all of them outlive the call.
         unsafe { (self.entry)(packed.as_mut_ptr()) };
-        if let Some(s) = staged {
-            s.back(&self.manifest, &mut bufs);
+        if gpu {
+            self.resident.fetch(&mut bufs, &fills);
         }
         Ok(())
     }

@@ -39,6 +39,11 @@ pub enum Role {
 }
 
 impl Role {
+    /// What the program writes: the output, the loss, the gradients.
+    pub fn is_result(self) -> bool {
+        matches!(self, Role::Output | Role::Loss | Role::Grad)
+    }
+
     const ALL: [Role; 6] = [
         Role::Input,
         Role::Param,

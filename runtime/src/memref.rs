@@ -28,6 +28,17 @@ pub struct HostBuffer {
     pub shape: Vec<usize>,
     lines: Vec<Line>,
     len: usize,
+    /// Names the contents: new at creation and at every borrow that could change the bytes
+    /// (`bytes_mut`, `descriptor`), unique in the process (clones share it, and their bytes);
+    /// a copy elsewhere (on a GPU) is current while the stamp it was made from is.
+    stamp: u64,
+}
+
+/// The next [`HostBuffer`] stamp.
+static STAMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn new_stamp() -> u64 {
+    STAMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl HostBuffer {
@@ -38,6 +49,7 @@ impl HostBuffer {
             shape: shape.to_vec(),
             lines: vec![Line([0; 64]); len.div_ceil(64)],
             len,
+            stamp: new_stamp(),
         }
     }
 
@@ -47,6 +59,7 @@ impl HostBuffer {
     }
 
     pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.stamp = new_stamp();
         let len = self.len;
         let all = bytemuck_lines_mut(&mut self.lines);
         &mut all[..len]
@@ -88,12 +101,23 @@ impl HostBuffer {
     /// MLIR's ranked memref descriptor for this buffer. It points into `self`: keep the buffer
     /// alive and unmoved while generated code uses the descriptor.
     pub fn descriptor(&mut self) -> Vec<i64> {
-        let ptr = self.lines.as_mut_ptr() as i64;
-        let mut d = vec![ptr, ptr, 0];
-        d.extend(self.shape.iter().map(|&s| s as i64));
-        d.extend(strides(&self.shape).iter().map(|&s| s as i64));
-        d
+        self.stamp = new_stamp();
+        descriptor(self.lines.as_mut_ptr().cast(), &self.shape)
     }
+
+    /// The stamp of the current contents: equal stamps, equal bytes.
+    pub fn stamp(&self) -> u64 {
+        self.stamp
+    }
+}
+
+/// MLIR's ranked memref descriptor of a dense row-major buffer at `ptr`.
+pub fn descriptor(ptr: *mut u8, shape: &[usize]) -> Vec<i64> {
+    let p = ptr as i64;
+    let mut d = vec![p, p, 0];
+    d.extend(shape.iter().map(|&s| s as i64));
+    d.extend(strides(shape).iter().map(|&s| s as i64));
+    d
 }
 
 fn bytemuck_lines(lines: &[Line]) -> &[u8] {
@@ -123,5 +147,25 @@ mod tests {
         let d = b.descriptor();
         assert_eq!(d[0] % 64, 0, "aligned");
         assert_eq!(&d[2..], &[0, 2, 3, 3, 1]);
+    }
+
+    #[test]
+    fn stamps_change_with_every_write_and_differ_between_buffers() {
+        let mut a = HostBuffer::zeros(DType::F32, &[4]);
+        let b = HostBuffer::zeros(DType::F32, &[4]);
+        assert_ne!(a.stamp(), b.stamp());
+        let (before, copy) = (a.stamp(), a.clone());
+        assert_eq!(copy.stamp(), before, "a clone holds the same bytes");
+        let _ = a.bytes();
+        assert_eq!(a.stamp(), before, "reading changes nothing");
+        a.bytes_mut()[0] = 1;
+        assert_ne!(a.stamp(), before);
+        let after = a.stamp();
+        let _ = a.descriptor();
+        assert_ne!(
+            a.stamp(),
+            after,
+            "generated code may write through a descriptor"
+        );
     }
 }

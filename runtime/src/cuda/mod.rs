@@ -207,55 +207,86 @@ pub(crate) fn fail(msg: &str) -> ! {
     std::process::exit(1)
 }
 
-/// The arguments of one call of a CUDA program, copied into managed memory.
-pub struct Staged {
-    ptrs: Vec<*mut c_void>,
+/// A CUDA program's arguments in managed memory, kept from call to call: an input or a
+/// parameter is copied again only when its host buffer changed (a forward run's weights go
+/// once; a training step's updated weights every step), results are copied back after a call.
+#[derive(Default)]
+pub struct Resident {
+    slots: std::sync::Mutex<Vec<Slot>>,
 }
 
-impl Staged {
-    /// Managed copies of `bufs`.
-    pub fn of(bufs: &[&mut crate::memref::HostBuffer]) -> Staged {
+/// One argument's managed copy, and the stamp of the host buffer contents it holds.
+struct Slot {
+    ptr: *mut c_void,
+    len: usize,
+    holds: Option<u64>,
+}
+
+// SAFETY: the pointers are managed memory owned by the slot; the mutex serializes their use.
+unsafe impl Send for Slot {}
+
+impl Resident {
+    /// The memref descriptors of `bufs`' managed copies, brought up to date; results
+    /// (`fills`) are not copied in, the program writes them.
+    pub fn stage(&self, bufs: &[&mut crate::memref::HostBuffer], fills: &[bool]) -> Vec<Vec<i64>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         sync();
-        let ptrs = bufs
-            .iter()
-            .map(|b| {
+        slots.resize_with(bufs.len(), || Slot {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            holds: None,
+        });
+        bufs.iter()
+            .zip(slots.iter_mut())
+            .zip(fills)
+            .map(|((b, slot), &fill)| {
                 let bytes = b.bytes();
-                let p = alloc(bytes.len());
-                // SAFETY: `p` holds `bytes.len()` bytes of managed memory, which the host
-                // addresses, and no GPU work uses it yet.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast(), bytes.len()) };
-                p
+                if slot.len != bytes.len() || slot.ptr.is_null() {
+                    free(slot.ptr);
+                    *slot = Slot {
+                        ptr: alloc(bytes.len()),
+                        len: bytes.len(),
+                        holds: None,
+                    };
+                }
+                if !fill && slot.holds != Some(b.stamp()) {
+                    // SAFETY: the slot holds `bytes.len()` bytes of managed memory, which the
+                    // host addresses, and the GPU is idle (`sync` above).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.ptr.cast(), bytes.len())
+                    };
+                    slot.holds = Some(b.stamp());
+                }
+                crate::memref::descriptor(slot.ptr.cast(), &b.shape)
             })
-            .collect();
-        Staged { ptrs }
+            .collect()
     }
 
-    /// Points each memref descriptor (`{allocated, aligned, offset, ...}`) at its copy.
-    pub fn point(&self, descriptors: &mut [Vec<i64>]) {
-        for (d, &p) in descriptors.iter_mut().zip(&self.ptrs) {
-            d[0] = p as i64;
-            d[1] = p as i64;
-        }
-    }
-
-    /// Waits for the GPU, copies the results (outputs, loss, gradients) back into `bufs` and
-    /// frees the copies.
-    pub fn back(
-        self,
-        manifest: &crate::manifest::Manifest,
-        bufs: &mut [&mut crate::memref::HostBuffer],
-    ) {
-        use crate::manifest::Role;
+    /// Waits for the GPU and copies the results (`fills`) back into `bufs`.
+    pub fn fetch(&self, bufs: &mut [&mut crate::memref::HostBuffer], fills: &[bool]) {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         sync();
-        for ((a, b), &p) in manifest.args.iter().zip(bufs.iter_mut()).zip(&self.ptrs) {
-            if matches!(a.role, Role::Output | Role::Loss | Role::Grad) {
+        for ((b, slot), &fill) in bufs.iter_mut().zip(slots.iter()).zip(fills) {
+            if fill {
                 let bytes = b.bytes_mut();
-                // SAFETY: `p` holds a copy of this buffer's size; the GPU is done with it.
+                // SAFETY: the slot holds a copy of this buffer's size; the GPU is done with it.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(p.cast::<u8>(), bytes.as_mut_ptr(), bytes.len())
+                    std::ptr::copy_nonoverlapping(
+                        slot.ptr.cast::<u8>(),
+                        bytes.as_mut_ptr(),
+                        bytes.len(),
+                    )
                 };
             }
-            free(p);
+        }
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        let slots = self.slots.get_mut().unwrap_or_else(|e| e.into_inner());
+        for slot in slots.drain(..) {
+            free(slot.ptr);
         }
     }
 }
