@@ -136,6 +136,8 @@ def main():
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                    help="storage of weights and activations (bf16: as ppc --dtype bf16; XLA's GPU GEMMs accumulate in f32)")
     ap.add_argument("--train", action="store_true",
                     help="time the training step: value_and_grad of the MSE against targets, then AdamW")
     a = ap.parse_args()
@@ -155,6 +157,8 @@ def main():
     else:
         params, x, flops = transformer_setup(a, key)
         fwd = jax.jit(lambda p, x: gpipe(p, x, stage_of(decoder(a.heads))))
+    if a.dtype == "bf16":
+        params, x = tuple(p.astype(jnp.bfloat16) for p in params), x.astype(jnp.bfloat16)
     if a.train:
         fwd, params, flops = train_step(fwd, params, x), (params, adamw_init(params), x * 0.5), 3 * flops
     t = time.perf_counter()

@@ -19,7 +19,8 @@ use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// The rank's GPU: its context, the stream everything is queued on, the cuBLAS handle.
 struct Device {
@@ -140,34 +141,54 @@ fn queued() {
     QUEUED.store(true, Ordering::Release);
 }
 
+/// Managed memory freed by generated code, by size, for the next call's buffers: a step
+/// allocates the same buffers as the last, and fresh managed pages would be faulted in again.
+/// Reuse needs no wait: later GPU work is queued behind earlier work on the one stream, and
+/// the host waits before it writes a buffer itself.
+struct Pool {
+    live: HashMap<usize, usize>,
+    spare: HashMap<usize, Vec<usize>>,
+}
+
+static POOL: Mutex<Option<Pool>> = Mutex::new(None);
+
 /// `size` bytes of managed memory (at least one: CUDA refuses empty allocations).
 pub fn alloc(size: usize) -> *mut c_void {
-    let mut ptr: cu::CUdeviceptr = 0;
-    // SAFETY: an out-pointer to a local.
-    or_fail(check(
-        unsafe {
-            cu::cuMemAllocManaged(
-                &mut ptr,
-                size.max(1),
-                cu::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
-            )
-        },
-        "allocating GPU memory (cuMemAllocManaged)",
-    ));
+    let size = size.max(1);
+    let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = guard.get_or_insert_with(|| Pool {
+        live: HashMap::new(),
+        spare: HashMap::new(),
+    });
+    let ptr = match pool.spare.get_mut(&size).and_then(Vec::pop) {
+        Some(p) => p,
+        None => {
+            let mut ptr: cu::CUdeviceptr = 0;
+            // SAFETY: an out-pointer to a local.
+            or_fail(check(
+                unsafe {
+                    cu::cuMemAllocManaged(
+                        &mut ptr,
+                        size,
+                        cu::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+                    )
+                },
+                "allocating GPU memory (cuMemAllocManaged)",
+            ));
+            ptr as usize
+        }
+    };
+    pool.live.insert(ptr, size);
     ptr as *mut c_void
 }
 
-/// Frees what [`alloc`] returned, once the GPU is done with it.
+/// Returns what [`alloc`] gave to the pool.
 pub fn free(ptr: *mut c_void) {
-    if ptr.is_null() {
-        return;
+    let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(pool) = guard.as_mut() else { return };
+    if let Some(size) = pool.live.remove(&(ptr as usize)) {
+        pool.spare.entry(size).or_default().push(ptr as usize);
     }
-    sync();
-    // SAFETY: `ptr` came from `alloc` and nothing queued uses it any more.
-    or_fail(check(
-        unsafe { cu::cuMemFree_v2(ptr as cu::CUdeviceptr) },
-        "cuMemFree",
-    ));
 }
 
 fn check(r: cu::CUresult, what: &str) -> Result<(), String> {

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# The GPU check of `ppc compile --target cuda`, in two halves.
+#
+#   scripts/gpu-check.sh prepare [DIR]
+#       On the Debian build machine, after scripts/setup.sh: builds ppc (release), compiles every
+#       case below for --target cuda into DIR/bin, writes the interpreter's outputs (DIR/ref)
+#       and the CPU executables' training losses, copies the shared libraries the executables
+#       and MPICH's launcher need (DIR/lib), and packs it all into DIR.tar.xz (~40 MB).
+#   scripts/gpu-check.sh run [DIR or DIR.tar.xz]
+#       On a GPU host that has the CUDA driver and Python with JAX (CUDA), nothing else; well
+#       under 8 minutes on an H200: every case on the GPU against its reference, then the bf16
+#       transformer pipeline sized to keep an H200 busy (TFLOP/s, and MFU against the measured
+#       bf16 GEMM rate of 790 TFLOP/s), then JAX's SPMD GPipe of the same shape on the same GPU.
+#       Exit status 0 only when every check passed.
+#
+# PPC_GPU_CHECK_CPU=1 prepares CPU executables instead, and a small bench shape: the same run
+# half then checks this script itself on a machine without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+MODE=${1:-}
+DIR=${2:-out/gpu-check}
+CPU=${PPC_GPU_CHECK_CPU:-0}
+PEAK_TFLOPS=790 # H200 dense bf16 GEMM rate, measured (gpu-recipe.md)
+PYTHON=${PYTHON:-python3} # with NumPy and JAX
+
+# name | model | flags | ranks: the forward cases, each checked against the interpreter.
+FORWARD=(
+  "tiny_f32|examples/tiny.ppc||1"
+  "tiny_bf16|examples/tiny.ppc|--dtype bf16|1"
+  "mlp_f32|examples/mlp.ppc||1"
+  "mlp_bf16|examples/mlp.ppc|--dtype bf16|1"
+  "mlp_f16|examples/mlp.ppc|--dtype f16|1"
+  "mlp_circular|examples/mlp.ppc|--repeats 2|1"
+  "mlp_2ranks|examples/mlp.ppc|--ranks 2|2"
+  "transformer_f32|examples/transformer.ppc||1"
+  "transformer_bf16|examples/transformer.ppc|--dtype bf16|1"
+  "transformer_2ranks_bf16|examples/transformer.ppc|--ranks 2 --dtype bf16|2"
+)
+# The training step: losses of 5 steps against the CPU executable's.
+TRAIN=(
+  "train_mlp|examples/mlp.ppc||1"
+  "train_transformer_bf16|examples/transformer.ppc|--dtype bf16|1"
+)
+# The bench: a decoder pipeline of 4 stages × 2 layers, d = 4096, f = 16384, 8 microbatches of
+# 4 × 1024 tokens, bf16 (110 TFLOP a step); the same shape in JAX.
+BENCH_DIMS="--dim b=4 --dim t=1024 --dim heads=32 --dim dh=128"
+BENCH_JAX="--model transformer --b 4 --t 1024 --heads 32 --dh 128 --layers-per-stage 2 --stages 4 --microbatches 8"
+if [ "$CPU" = 1 ]; then
+  BENCH_DIMS="--dim b=2 --dim t=64 --dim heads=4 --dim dh=32"
+  BENCH_JAX="--model transformer --b 2 --t 64 --heads 4 --dh 32 --layers-per-stage 2 --stages 4 --microbatches 8"
+fi
+
+# The dtype a case's flags name (f32 when none).
+dtype_of() {
+  local d=f32
+  [[ "$1" =~ --dtype\ ([a-z0-9]+) ]] && d=${BASH_REMATCH[1]}
+  echo "$d"
+}
+
+prepare() {
+  local ppc="$ROOT/target/release/ppc" target=(--target cuda) case name model flags ranks
+  [ "$CPU" = 1 ] && target=()
+  cargo build --release -q -p ppc -p ppc-exe
+  rm -rf "$DIR" && mkdir -p "$DIR"/{bin,ref,lib}
+  for case in "${FORWARD[@]}"; do
+    IFS='|' read -r name model flags ranks <<<"$case"
+    # shellcheck disable=SC2086
+    "$ppc" compile "$model" $flags "${target[@]}" -o "$DIR/bin/$name" 2>/dev/null
+    # The pipeline's output does not depend on how its stages are split over ranks.
+    # shellcheck disable=SC2086
+    "$ppc" run "$model" ${flags/--ranks 2/} --backend interp --seed 0 --output "$DIR/ref/$name.safetensors" >/dev/null 2>&1
+    echo "forward $name $ranks $(dtype_of "$flags")" >>"$DIR/cases"
+  done
+  for case in "${TRAIN[@]}"; do
+    IFS='|' read -r name model flags ranks <<<"$case"
+    # shellcheck disable=SC2086
+    "$ppc" compile "$model" --train $flags "${target[@]}" -o "$DIR/bin/$name" 2>/dev/null
+    # shellcheck disable=SC2086
+    "$ppc" compile "$model" --train $flags -o "$DIR/cpu_train" 2>/dev/null
+    "$DIR/cpu_train" --steps 5 --json >"$DIR/ref/$name.jsonl"
+    rm "$DIR/cpu_train"
+    echo "train $name $ranks $(dtype_of "$flags")" >>"$DIR/cases"
+  done
+  # shellcheck disable=SC2086
+  "$ppc" compile examples/transformer.ppc --dtype bf16 $BENCH_DIMS "${target[@]}" -o "$DIR/bin/bench" 2>/dev/null
+  echo "$BENCH_JAX" >"$DIR/bench_jax_args"
+  cp bench/jax_gpipe.py "$DIR/"
+  strip "$DIR"/bin/*
+  # The libraries outside glibc that the executables and MPICH's launcher load.
+  cp /usr/bin/mpiexec.hydra /usr/bin/hydra_pmi_proxy "$DIR/bin/"
+  ldd "$DIR"/bin/* 2>/dev/null | awk '/=> \// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+  tar -C "$(dirname "$DIR")" -cJf "$DIR.tar.xz" "$(basename "$DIR")"
+  echo "gpu-check: prepared $(wc -l <"$DIR/cases") cases and the bench in $DIR.tar.xz ($(du -h "$DIR.tar.xz" | cut -f1))"
+}
+
+# compare.py WANT GOT DTYPE: the largest difference relative to the largest reference value
+# (ppc verify's measure), within the dtype's tolerance (compare.rs).
+COMPARE='
+import json, struct, sys
+import numpy as np
+def read(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    e = head["output"]
+    raw = data[e["data_offsets"][0]:e["data_offsets"][1]]
+    if e["dtype"] == "BF16":
+        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(raw, {"F32": np.float32, "F16": np.float16}[e["dtype"]]).astype(np.float32)
+want, got, dtype = read(sys.argv[1]), read(sys.argv[2]), sys.argv[3]
+tol = {"f32": 1e-5, "bf16": 3.2e-2, "f16": 4e-3}[dtype]
+err = float(np.max(np.abs(want - got)) / max(np.max(np.abs(want)), 1e-30))
+ok = want.shape == got.shape and np.all(np.isfinite(got)) and err <= tol
+print(f"{err:.2e} (tolerance {tol:.0e})")
+sys.exit(0 if ok else 1)
+'
+
+# losses.py WANT GOT TOL: the losses of each step within TOL, relative.
+LOSSES='
+import json, sys
+def losses(path):
+    return [json.loads(l)["loss"] for l in open(path) if l.startswith("{") and "loss" in l]
+want, got, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+err = max(abs(w - g) / abs(w) for w, g in zip(want, got)) if want and len(want) == len(got) else float("inf")
+print(f"{err:.2e} (tolerance {tol:.0e}), last loss {got[-1] if got else None}")
+sys.exit(0 if err <= tol else 1)
+'
+
+run() {
+  local dir=$DIR kind name ranks dtype out failed=0 line
+  if [[ "$dir" == *.tar.xz ]]; then
+    local tmp
+    tmp=$(mktemp -d)
+    tar -C "$tmp" -xJf "$dir"
+    dir="$tmp/$(basename "$dir" .tar.xz)"
+  fi
+  dir=$(cd "$dir" && pwd)
+  export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$dir/bin:$PATH"
+  "$PYTHON" -c "import numpy, jax" || { echo "gpu-check: $PYTHON needs NumPy and JAX (set PYTHON)"; return 1; }
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  out=$(mktemp -d)
+  while read -r kind name ranks dtype; do
+    local launch=()
+    [ "$ranks" -gt 1 ] && launch=(mpiexec.hydra -n "$ranks")
+    if [ "$kind" = forward ]; then
+      if "${launch[@]}" "$dir/bin/$name" --seed 0 --output "$out/$name.safetensors" </dev/null >"$out/$name.log" 2>&1 &&
+        line=$("$PYTHON" -c "$COMPARE" "$dir/ref/$name.safetensors" "$out/$name.safetensors" "$dtype"); then
+        echo "ok    $name: max relative difference to the interpreter $line"
+      else
+        echo "FAIL  $name: ${line:-$(tail -3 "$out/$name.log")}"
+        failed=1
+      fi
+    else
+      local tol=1e-3
+      [ "$dtype" = bf16 ] && tol=3e-2
+      if "${launch[@]}" "$dir/bin/$name" --steps 5 --json </dev/null >"$out/$name.jsonl" 2>"$out/$name.log" &&
+        line=$("$PYTHON" -c "$LOSSES" "$dir/ref/$name.jsonl" "$out/$name.jsonl" "$tol"); then
+        echo "ok    $name: losses of 5 steps against the CPU's $line"
+      else
+        echo "FAIL  $name: ${line:-$(tail -3 "$out/$name.log")}"
+        failed=1
+      fi
+    fi
+    line=""
+  done <"$dir/cases"
+  # The bench: ppc, then JAX on the same GPU.
+  local ppc_json jax_json
+  ppc_json=$("$dir/bin/bench" --bench 10 | tail -1) || { echo "FAIL  bench: $ppc_json"; failed=1; }
+  # shellcheck disable=SC2046
+  jax_json=$("$PYTHON" "$dir/jax_gpipe.py" $(cat "$dir/bench_jax_args") --dtype bf16 --steps 10 | tail -1) ||
+    { echo "FAIL  JAX bench"; failed=1; }
+  "$PYTHON" - "$ppc_json" "$jax_json" "$PEAK_TFLOPS" <<'PY'
+import json, sys
+ppc, jax, peak = json.loads(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
+p, j = ppc["useful_gflops"] / 1e3, jax["useful_gflops"] / 1e3
+print(f"bench transformer bf16: ppc {p:.1f} TFLOP/s ({100 * p / peak:.1f}% MFU, "
+      f"{ppc['median_step_s'] * 1e3:.1f} ms/step); JAX {j:.1f} TFLOP/s ({100 * j / peak:.1f}% MFU, "
+      f"jit {jax['jit_s']:.1f} s, {jax['devices']}); ppc/JAX {p / j:.2f}x")
+PY
+  rm -rf "$out"
+  [ "$failed" = 0 ] && echo "gpu-check: every check passed" || echo "gpu-check: FAILED"
+  return "$failed"
+}
+
+case "$MODE" in
+  prepare) prepare ;;
+  run) run ;;
+  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
