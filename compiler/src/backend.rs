@@ -24,6 +24,15 @@ pub struct Gpu {
     pub arch: String,
 }
 
+/// How machine code is made: numerics, the CPU of the host code, the GPU of the kernels (none:
+/// everything on the CPU), LLVM's optimization level.
+pub struct Codegen<'a> {
+    pub numerics: Numerics,
+    pub target: &'a Target,
+    pub gpu: Option<&'a Gpu>,
+    pub opt_level: usize,
+}
+
 fn lower(
     m: &Module,
     src: &Source,
@@ -91,7 +100,13 @@ pub fn emit_asm(
     target: &Target,
     opt_level: usize,
 ) -> Result<String, Diagnostics> {
-    let (_dir, asm) = machine_code(m, src, numerics, target, None, opt_level, None)?;
+    let how = Codegen {
+        numerics,
+        target,
+        gpu: None,
+        opt_level,
+    };
+    let (_dir, asm) = machine_code(m, src, &how, None)?;
     std::fs::read_to_string(&asm).map_err(|e| {
         vec![Diagnostic::plain(format!(
             "cannot read {}: {e}",
@@ -155,12 +170,15 @@ pub fn libdevice() -> Result<PathBuf, Diagnostic> {
 fn machine_code(
     m: &Module,
     src: &Source,
-    numerics: Numerics,
-    target: &Target,
-    gpu: Option<&Gpu>,
-    opt_level: usize,
+    how: &Codegen,
     replicas: Option<u64>,
 ) -> Result<(TempDir, PathBuf), Diagnostics> {
+    let Codegen {
+        numerics,
+        target,
+        gpu,
+        opt_level,
+    } = *how;
     let executable = replicas.is_some();
     let kind = if executable {
         Output::Object
@@ -234,15 +252,12 @@ pub fn runtime_library() -> Result<PathBuf, Diagnostic> {
 pub fn executable(
     m: &Module,
     src: &Source,
-    numerics: Numerics,
-    target: &Target,
-    gpu: Option<&Gpu>,
-    opt_level: usize,
+    how: &Codegen,
     replicas: u64,
     out: &Path,
 ) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
-    let (dir, obj) = machine_code(m, src, numerics, target, gpu, opt_level, Some(replicas))?;
+    let (dir, obj) = machine_code(m, src, how, Some(replicas))?;
     let linked = dir.0.join("model");
     let status = timing::phase("link", || {
         Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

@@ -116,17 +116,14 @@ impl Loaded {
         let gpu = backend::Gpu {
             arch: "sm_90".into(),
         };
-        backend::executable(
-            &self.module,
-            &self.source(),
-            codegen.numerics(),
-            &target,
-            Some(&gpu),
-            codegen.opt_level.into(),
-            1,
-            &exe,
-        )
-        .map_err(|d| self.fail(&d))?;
+        let how = backend::Codegen {
+            numerics: codegen.numerics(),
+            target: &target,
+            gpu: Some(&gpu),
+            opt_level: codegen.opt_level.into(),
+        };
+        backend::executable(&self.module, &self.source(), &how, 1, &exe)
+            .map_err(|d| self.fail(&d))?;
         writeln!(
             err,
             "compiled {} for cuda in {:.2} s",
@@ -293,17 +290,14 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                     ));
                 }
                 let src = l.source();
-                backend::executable(
-                    &l.module,
-                    &src,
+                let how = backend::Codegen {
                     numerics,
-                    &target,
-                    gpu.as_ref(),
-                    opt,
-                    replicas,
-                    path,
-                )
-                .map_err(|d| l.fail(&d))?;
+                    target: &target,
+                    gpu: gpu.as_ref(),
+                    opt_level: opt,
+                };
+                backend::executable(&l.module, &src, &how, replicas, path)
+                    .map_err(|d| l.fail(&d))?;
                 writeln!(
                     err,
                     "wrote {} in {:.2} s",

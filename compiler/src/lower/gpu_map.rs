@@ -37,7 +37,9 @@ pub fn tiling(sizes: &[u64], iters: &[&str]) -> Option<Tiling> {
         .collect();
     let &thread_loop = parallel.last()?;
     let n = sizes[thread_loop];
-    let threads = (1..=MAX_THREADS.min(n)).rev().find(|t| n % t == 0)?;
+    let threads = (1..=MAX_THREADS.min(n))
+        .rev()
+        .find(|&t| n.is_multiple_of(t))?;
     let mut block = vec![0; sizes.len()];
     block[thread_loop] = threads;
     for &i in parallel.iter().rev().skip(1).take(2) {

@@ -17,9 +17,9 @@ pub mod gemm;
 
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as cu;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// The rank's GPU: its context, the stream everything is queued on, the cuBLAS handle.
