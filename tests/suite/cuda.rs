@@ -157,3 +157,20 @@ fn cuda_options_are_checked() {
     assert_eq!(code, 2);
     assert!(err.contains("sm_NN"), "{err}");
 }
+
+#[test]
+fn the_last_parallel_loop_goes_to_threads_and_up_to_two_before_it_to_the_grid() {
+    use ppc::lower::gpu_map::tiling;
+    let t = tiling(&[2, 4, 16, 1000], &["parallel"; 4]).expect("a kernel");
+    // 250 threads: the largest divisor of 1000 up to 256, so that every tile is full.
+    assert_eq!((t.block, t.thread_loop, t.threads), (vec![0, 1, 1, 250], 3, 250));
+    // Reductions run inside a thread; here one row per thread.
+    let t = tiling(&[4, 16, 256], &["parallel", "parallel", "reduction"]).expect("a kernel");
+    assert_eq!((t.block, t.thread_loop), (vec![1, 16, 0], 1));
+    // Grid extents beyond y and z's 65535 stay loops inside the kernel.
+    let t = tiling(&[70_000, 8], &["parallel"; 2]).expect("a kernel");
+    assert_eq!(t.block, vec![0, 8]);
+    // No parallel loop: the host computes it.
+    assert_eq!(tiling(&[], &[]), None);
+    assert_eq!(tiling(&[8], &["reduction"]), None);
+}

@@ -21,12 +21,12 @@ const MAX_GRID_YZ: u64 = 65_535;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tiling {
     /// The block tile: 1 on grid loops, `threads` on the thread loop, 0 elsewhere.
-    block: Vec<u64>,
+    pub block: Vec<u64>,
     /// The loop whose block tile is spread over the block's threads.
-    thread_loop: usize,
+    pub thread_loop: usize,
     /// Threads per block: the largest divisor of that loop's trip count up to 256, so that
     /// every tile is full (the thread mapping needs static trip counts).
-    threads: u64,
+    pub threads: u64,
 }
 
 /// The tiling of a nest with these trip counts and iterator types, or `None` to leave it on the
@@ -107,29 +107,4 @@ pub fn script(tilings: &[Tiling]) -> String {
     }
     s.push_str("    transform.yield\n  }\n");
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_last_parallel_loop_goes_to_threads_and_two_before_it_to_the_grid() {
-        let t = tiling(&[2, 4, 16, 1000], &["parallel"; 4]).unwrap();
-        assert_eq!(t.block, vec![0, 1, 1, 250]);
-        assert_eq!(t.threads, 250);
-    }
-
-    #[test]
-    fn reductions_run_inside_a_thread() {
-        let t = tiling(&[4, 16, 256], &["parallel", "parallel", "reduction"]).unwrap();
-        assert_eq!(t.block, vec![1, 16, 0]);
-        assert_eq!(t.thread_loop, 1);
-    }
-
-    #[test]
-    fn nests_without_a_parallel_loop_stay_on_the_host() {
-        assert_eq!(tiling(&[], &[]), None);
-        assert_eq!(tiling(&[8], &["reduction"]), None);
-    }
 }
