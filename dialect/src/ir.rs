@@ -9,6 +9,7 @@ use crate::op::OpKind;
 use crate::span::SpanTable;
 use crate::types::Type;
 pub use ppc_runtime::Init;
+use std::collections::{HashMap, HashSet};
 
 pub type ValueId = Id<Value>;
 pub type OpId = Id<Op>;
@@ -242,6 +243,79 @@ impl Func {
             .iter()
             .map(|&v| self.ty(v).clone())
             .collect()
+    }
+
+    /// Removes the ops whose results nothing reads (a loop stays whole while any of its
+    /// results is read), and their values: the arenas keep the rest in definition order, as
+    /// parsing the printed function would make them. Exchanges stay: every rank takes part.
+    pub fn remove_dead_ops(&mut self) {
+        fn mark(f: &Func, block: &Block, live: &mut HashSet<ValueId>, keep: &mut HashSet<OpId>) {
+            live.extend(block.results.iter().copied());
+            for &id in block.ops.iter().rev() {
+                let op = &f.ops[id];
+                let exchange = matches!(op.kind, OpKind::Exchange { .. });
+                if !exchange && !op.results.iter().any(|r| live.contains(r)) {
+                    continue;
+                }
+                keep.insert(id);
+                live.extend(op.kind.operands());
+                if let OpKind::Loop { body, .. } = &op.kind {
+                    mark(f, body, live, keep);
+                }
+            }
+        }
+        /// The values `block` defines with the kept ops: its arguments, their results.
+        fn defined(f: &Func, block: &Block, keep: &HashSet<OpId>, out: &mut HashSet<ValueId>) {
+            out.extend(block.args.iter().copied());
+            for id in block.ops.iter().filter(|id| keep.contains(id)) {
+                out.extend(f.ops[*id].results.iter().copied());
+                if let OpKind::Loop { body, .. } = &f.ops[*id].kind {
+                    defined(f, body, keep, out);
+                }
+            }
+        }
+        let (mut live, mut keep) = (HashSet::new(), HashSet::new());
+        mark(self, &self.body, &mut live, &mut keep);
+        let mut values = HashSet::new();
+        defined(self, &self.body, &keep, &mut values);
+        values.extend(self.params.iter().map(|p| p.value));
+        // New ids, in the old order.
+        let mut new_values: Arena<Value> = Arena::default();
+        let mut vmap: HashMap<ValueId, ValueId> = HashMap::new();
+        for (id, v) in self.values.iter().filter(|(id, _)| values.contains(id)) {
+            vmap.insert(id, new_values.push(v.clone()));
+        }
+        let mut new_ops: Arena<Op> = Arena::default();
+        let mut omap: HashMap<OpId, OpId> = HashMap::new();
+        for (id, op) in self.ops.iter().filter(|(id, _)| keep.contains(id)) {
+            let op = Op {
+                kind: op.kind.map_operands(|v| vmap[&v]),
+                results: op.results.iter().map(|r| vmap[r]).collect(),
+            };
+            omap.insert(id, new_ops.push(op));
+        }
+        let block = |b: &Block| Block {
+            args: b.args.iter().map(|v| vmap[v]).collect(),
+            ops: b
+                .ops
+                .iter()
+                .filter_map(|id| omap.get(id).copied())
+                .collect(),
+            results: b.results.iter().map(|v| vmap[v]).collect(),
+        };
+        for op in new_ops.values_mut() {
+            if let OpKind::Loop { body, .. } = &mut op.kind {
+                *body = block(body);
+            }
+        }
+        self.body = block(&self.body);
+        for p in &mut self.params {
+            p.value = vmap[&p.value];
+        }
+        self.value_spans = self.value_spans.remapped(&vmap);
+        self.op_spans = self.op_spans.remapped(&omap);
+        self.values = new_values;
+        self.ops = new_ops;
     }
 }
 

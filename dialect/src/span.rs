@@ -62,4 +62,17 @@ impl<K: Ord> SpanTable<K> {
     pub fn lookup(&self, key: &K) -> Option<Span> {
         self.0.get(key).copied()
     }
+
+    /// The spans of the keys `map` has, under their new keys.
+    pub fn remapped(&self, map: &std::collections::HashMap<K, K>) -> SpanTable<K>
+    where
+        K: std::hash::Hash + Eq + Copy,
+    {
+        SpanTable(
+            self.0
+                .iter()
+                .filter_map(|(k, &s)| map.get(k).map(|&n| (n, s)))
+                .collect(),
+        )
+    }
 }

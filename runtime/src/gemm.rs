@@ -119,8 +119,8 @@ unsafe fn masked(
         // SAFETY: forwarded from this function's contract.
         return unsafe { matmul(a, b, c, None, elem) };
     };
-    // The mask was computed on the GPU, if there is one.
-    crate::cuda::sync();
+    // On a GPU, the host computed the mask, or generated code waited for the GPU before this
+    // call (`residency.rs` of the compiler).
     // SAFETY: forwarded from this function's contract; i1 memrefs hold one byte per element.
     unsafe {
         let words = (*mask).descriptor.cast::<i64>();

@@ -163,7 +163,10 @@ fn the_last_parallel_loop_goes_to_threads_and_up_to_two_before_it_to_the_grid() 
     use ppc::lower::gpu_map::tiling;
     let t = tiling(&[2, 4, 16, 1000], &["parallel"; 4]).expect("a kernel");
     // 250 threads: the largest divisor of 1000 up to 256, so that every tile is full.
-    assert_eq!((t.block, t.thread_loop, t.threads), (vec![0, 1, 1, 250], 3, 250));
+    assert_eq!(
+        (t.block, t.thread_loop, t.threads),
+        (vec![0, 1, 1, 250], 3, 250)
+    );
     // Reductions run inside a thread; here one row per thread.
     let t = tiling(&[4, 16, 256], &["parallel", "parallel", "reduction"]).expect("a kernel");
     assert_eq!((t.block, t.thread_loop), (vec![1, 16, 0], 1));

@@ -5,6 +5,7 @@
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
 use super::gpu_map::{self, Tiling};
+use super::residency::Residency;
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Type};
 use std::fmt::Write;
@@ -16,6 +17,8 @@ pub struct Buf {
     pub name: String,
     pub ty: Type,
     pub layout: Option<Layout>,
+    /// The allocation (or entry argument) this buffer or view lies in.
+    pub base: String,
 }
 
 /// Where a view's elements are in its buffer: strides, and an offset known when compiling or
@@ -89,6 +92,15 @@ impl Lines {
     }
 }
 
+/// What writing for `--target cuda` keeps track of.
+pub struct GpuCode {
+    /// The tilings of the loop nests so far (`gpu_map.rs`).
+    pub tilings: Vec<Tiling>,
+    pub residency: Residency,
+    /// Buffers the next generic's body reads besides its operands.
+    also_reads: Vec<Buf>,
+}
+
 /// Writes one function's body.
 pub struct Emitter<'a> {
     file: &'a str,
@@ -98,8 +110,10 @@ pub struct Emitter<'a> {
     pub body: Vec<String>,
     /// Runtime functions the body calls besides the GEMMs, declared once at module level.
     pub declarations: std::collections::BTreeSet<String>,
-    /// `--target cuda`: the tilings of the loop nests so far (`gpu_map.rs`); `None` for the CPU.
-    pub gpu: Option<Vec<Tiling>>,
+    /// `--target cuda`; `None` for the CPU.
+    pub gpu: Option<GpuCode>,
+    /// How many `scf.for`s enclose what is written now.
+    loops: usize,
     next: usize,
     indent: usize,
     loc: String,
@@ -115,15 +129,20 @@ impl<'a> Emitter<'a> {
             body: vec![],
             declarations: Default::default(),
             gpu: None,
+            loops: 0,
             next: 0,
             indent: 2,
             loc: String::new(),
         }
     }
 
-    /// Writes for `--target cuda` when `gpu`.
-    pub fn for_gpu(mut self, gpu: bool) -> Emitter<'a> {
-        self.gpu = gpu.then(Vec::new);
+    /// Writes for `--target cuda`, with what is known of the GPU's buffers.
+    pub fn for_gpu(mut self, residency: Option<Residency>) -> Emitter<'a> {
+        self.gpu = residency.map(|residency| GpuCode {
+            tilings: Vec::new(),
+            residency,
+            also_reads: Vec::new(),
+        });
         self
     }
 
@@ -168,6 +187,7 @@ impl<'a> Emitter<'a> {
         self.frees
             .push(format!("    memref.dealloc {name} : {mty}{loc}"));
         Buf {
+            base: name.clone(),
             name,
             ty: ty.clone(),
             layout: None,
@@ -201,16 +221,29 @@ impl<'a> Emitter<'a> {
     ) {
         let domain: Vec<String> = (0..dims).map(|i| format!("d{i}")).collect();
         let domain = domain.join(", ");
-        let maps: Vec<String> = ins
-            .iter()
-            .map(|(_, m)| m.clone())
-            .chain([out.1.clone()])
-            .map(|m| format!("affine_map<({domain}) -> ({m})>"))
-            .collect();
+        // On the GPU, scalars the host wrote reach a kernel by value, not through memory.
+        let mut captured: Vec<Option<String>> = vec![None; ins.len()];
         let attrs = match self.gpu_tag(ins, &out, iters) {
-            Some(Some(tag)) => format!(" attrs = {{{tag}}}"),
+            Some(Some(tag)) => {
+                for (c, (b, _)) in captured.iter_mut().zip(ins) {
+                    if b.ty.rank() == 0
+                        && self.gpu_residency().is_some_and(|r| r.host_wrote_last(b))
+                    {
+                        *c = Some(self.let_(&format!("memref.load {}[] : {}", b.name, b.mty())));
+                    }
+                }
+                let reads: Vec<&Buf> = ins
+                    .iter()
+                    .zip(&captured)
+                    .filter(|(_, c)| c.is_none())
+                    .map(|((b, _), _)| *b)
+                    .collect();
+                self.device_uses(&reads, out.0);
+                format!(" attrs = {{{tag}}}")
+            }
             Some(None) => {
-                self.host_access();
+                let reads: Vec<&Buf> = ins.iter().map(|(b, _)| *b).collect();
+                self.host_computes(&reads, out.0);
                 String::new()
             }
             None => match parallel_dims(ins, &out, iters) {
@@ -218,10 +251,17 @@ impl<'a> Emitter<'a> {
                 n => format!(" attrs = {{{}}}", PARALLEL_ATTRS[n - 1]),
             },
         };
+        let kept: Vec<usize> = (0..ins.len()).filter(|&i| captured[i].is_none()).collect();
+        let maps: Vec<String> = kept
+            .iter()
+            .map(|&i| ins[i].1.clone())
+            .chain([out.1.clone()])
+            .map(|m| format!("affine_map<({domain}) -> ({m})>"))
+            .collect();
         let iters: Vec<String> = iters.iter().map(|i| format!("\"{i}\"")).collect();
-        let ins_names: Vec<&str> = ins.iter().map(|(b, _)| b.name.as_str()).collect();
-        let ins_types: Vec<String> = ins.iter().map(|(b, _)| b.mty()).collect();
-        let ins_clause = if ins.is_empty() {
+        let ins_names: Vec<&str> = kept.iter().map(|&i| ins[i].0.name.as_str()).collect();
+        let ins_types: Vec<String> = kept.iter().map(|&i| ins[i].0.mty()).collect();
+        let ins_clause = if kept.is_empty() {
             String::new()
         } else {
             format!(" ins({} : {})", ins_names.join(", "), ins_types.join(", "))
@@ -233,11 +273,22 @@ impl<'a> Emitter<'a> {
             out.0.name,
             out.0.mty()
         ));
-        let args: Vec<String> = (0..=ins.len()).map(|_| self.fresh()).collect();
-        let decls: Vec<String> = args
+        // Block arguments of the kept operands and the output; captured scalars in place.
+        let block_args: Vec<(String, DType)> = kept
             .iter()
-            .zip(ins.iter().map(|(b, _)| b.ty.dtype).chain([out.0.ty.dtype]))
-            .map(|(a, d)| format!("{a}: {}{}", elt(d), self.loc))
+            .map(|&i| ins[i].0.ty.dtype)
+            .chain([out.0.ty.dtype])
+            .map(|d| (self.fresh(), d))
+            .collect();
+        let mut fresh = block_args.iter().map(|(a, _)| a.clone());
+        let mut args: Vec<String> = captured
+            .into_iter()
+            .map(|c| c.unwrap_or_else(|| fresh.next().expect("one per kept operand")))
+            .collect();
+        args.extend(fresh);
+        let decls: Vec<String> = block_args
+            .iter()
+            .map(|(a, d)| format!("{a}: {}{}", elt(*d), self.loc))
             .collect();
         self.raw(&format!("^bb0({}):", decls.join(", ")));
         self.indent += 1;
@@ -249,32 +300,91 @@ impl<'a> Emitter<'a> {
     }
 
     /// For `--target cuda` (else `None`): the tag of the kernel this nest becomes, or `None`
-    /// when it stays on the host.
+    /// when the host computes it: a nest without a parallel loop, or a few integers or
+    /// booleans from what the host wrote (the stage mask, from the loop counter).
     fn gpu_tag(
         &mut self,
         ins: &[(&Buf, String)],
         out: &(&Buf, String),
         iters: &[&str],
     ) -> Option<Option<String>> {
-        let tilings = self.gpu.as_mut()?;
+        let gpu = self.gpu.as_mut()?;
+        let small = !out.0.ty.dtype.is_float() && out.0.ty.elements() <= HOST_INTEGERS;
+        // Constants (iotas) are the host's only outside loops: inside one, the host would
+        // rewrite them every iteration while kernels still read them.
+        let from_host = if ins.is_empty() {
+            self.loops == 0
+        } else {
+            ins.iter().all(|(b, _)| gpu.residency.host_wrote_last(b))
+        };
+        if small && from_host {
+            return Some(None);
+        }
         let sizes = domain_sizes(ins, out, iters.len());
         Some(gpu_map::tiling(&sizes, iters).map(|t| {
-            let k = tilings.iter().position(|u| *u == t).unwrap_or_else(|| {
-                tilings.push(t);
-                tilings.len() - 1
+            let k = gpu.tilings.iter().position(|u| *u == t).unwrap_or_else(|| {
+                gpu.tilings.push(t);
+                gpu.tilings.len() - 1
             });
             gpu_map::tag(k)
         }))
     }
 
-    /// Before host code reads or writes a buffer (`--target cuda`): wait for the kernels that
-    /// may still use it. Buffers are CUDA managed memory, which both sides address.
-    pub fn host_access(&mut self) {
-        if self.gpu.is_some() {
-            self.declarations
-                .insert("func.func private @ppc_gpu_sync()".into());
-            self.op("func.call @ppc_gpu_sync() : () -> ()");
+    fn gpu_residency(&self) -> Option<&Residency> {
+        self.gpu.as_ref().map(|g| &g.residency)
+    }
+
+    /// Host code reads `b` next (`--target cuda`): wait for the GPU if it may have written it.
+    pub fn host_reads(&mut self, b: &Buf) {
+        if self.gpu_residency().is_some_and(|r| r.host_reads(b)) {
+            self.wait_for_gpu();
         }
+    }
+
+    /// Host code writes `b` next (`--target cuda`): wait for the GPU if it may still use it.
+    pub fn host_writes(&mut self, b: &Buf) {
+        if self
+            .gpu
+            .as_mut()
+            .is_some_and(|g| g.residency.host_writes(b))
+        {
+            self.wait_for_gpu();
+        }
+    }
+
+    /// Host code computes `out` from `reads` (and what [`Emitter::also_reads`] named).
+    fn host_computes(&mut self, reads: &[&Buf], out: &Buf) {
+        let extra = self
+            .gpu
+            .as_mut()
+            .map(|g| std::mem::take(&mut g.also_reads))
+            .unwrap_or_default();
+        for b in reads.iter().copied().chain(&extra) {
+            self.host_reads(b);
+        }
+        self.host_writes(out);
+    }
+
+    /// GPU work (a kernel, a GEMM) reads `reads` and writes `out` (`--target cuda`).
+    pub fn device_uses(&mut self, reads: &[&Buf], out: &Buf) {
+        if let Some(g) = self.gpu.as_mut() {
+            let extra = std::mem::take(&mut g.also_reads);
+            let all: Vec<&Buf> = reads.iter().copied().chain(&extra).collect();
+            g.residency.device_uses(&all, &[out]);
+        }
+    }
+
+    /// The next generic's body also reads `b` (a `memref.load` of a captured buffer).
+    pub fn also_reads(&mut self, b: &Buf) {
+        if let Some(g) = self.gpu.as_mut() {
+            g.also_reads.push(b.clone());
+        }
+    }
+
+    fn wait_for_gpu(&mut self) {
+        self.declarations
+            .insert("func.func private @ppc_gpu_sync()".into());
+        self.op("func.call @ppc_gpu_sync() : () -> ()");
     }
 
     /// Fills `out` with a scalar SSA value of its element type.
@@ -323,6 +433,7 @@ impl<'a> Emitter<'a> {
             name: name.clone(),
             ty: Type::of(b.ty.dtype, sizes),
             layout: Some(Layout { strides, offset }),
+            base: b.base.clone(),
         };
         self.op(&format!(
             "{name} = memref.subview {}[{}] [{}] [{}] : {} to {}",
@@ -342,15 +453,22 @@ impl<'a> Emitter<'a> {
         let iv = self.fresh();
         self.raw(&format!("scf.for {iv} = {lo} to {hi} step {one} {{"));
         self.indent += 1;
+        self.loops += 1;
         iv
     }
 
     pub fn end_for(&mut self) {
         self.indent -= 1;
+        self.loops -= 1;
         let close = format!("}}{}", self.loc);
         self.raw(&close);
     }
 }
+
+/// `--target cuda`: integer and boolean nests of at most this many elements from what the host
+/// wrote (the stage mask, from the loop counter) are computed by the host, so that it knows
+/// them without waiting for the GPU.
+const HOST_INTEGERS: u64 = 1024;
 
 /// Loop nests that touch fewer elements than this run on one thread: below it, starting the
 /// team cost more than it saved (BENCHMARKS.md: 4 K and 64 K were both slower on the

@@ -25,6 +25,7 @@ mod in_place;
 pub mod machine;
 pub mod mlir;
 mod ops;
+mod residency;
 mod views;
 
 use emit::{escape, Buf, Emitter, Lines};
@@ -32,7 +33,8 @@ use ppc_dialect::ir::{names, Block, Func, Item, Module, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Diagnostic, Type};
 use ppc_runtime::manifest::{Arg, Manifest, Role};
-use std::collections::HashMap;
+use residency::Residency;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 /// How the generated code computes: as the interpreter does, or as fast as it can.
@@ -95,6 +97,30 @@ pub const ENTRY: &str = "ppc_forward";
 /// went through `autodiff`.
 /// `file` and `source` give locations.
 pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Lowered, Diagnostic> {
+    if opts.gpu.is_none() {
+        return lower_once(m, opts, file, source, None).map(|(l, _)| l);
+    }
+    // Where the host must wait depends on what the GPU touches anywhere (`residency.rs`).
+    let (_, touched) = lower_once(m, opts, file, source, Some(Residency::default()))?;
+    let (lowered, again) = lower_once(
+        m,
+        opts,
+        file,
+        source,
+        Some(Residency::knowing(touched.clone())),
+    )?;
+    debug_assert_eq!(touched, again, "both passes write the same program");
+    Ok(lowered)
+}
+
+/// One pass of [`lower`]: the program, and (`--target cuda`) the buffers the GPU touches.
+fn lower_once(
+    m: &Module,
+    opts: &Options,
+    file: &str,
+    source: &str,
+    residency: Option<Residency>,
+) -> Result<(Lowered, HashSet<String>), Diagnostic> {
     let entry = Entry::of(m);
     let name = match entry {
         Entry::Forward => names::PIPELINE.to_string(),
@@ -108,7 +134,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     let lines = Lines::new(source);
     let mut w = Walker {
         m,
-        e: Emitter::new(file, &lines).for_gpu(opts.gpu.is_some()),
+        e: Emitter::new(file, &lines).for_gpu(residency),
         numerics: opts.numerics,
         params: Vec::new(),
         param_bufs: HashMap::new(),
@@ -119,6 +145,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
     let entry_buf = |name: &str, ty: &Type| Buf {
         name: format!("%{name}"),
+        base: format!("%{name}"),
         ty: ty.clone(),
         layout: None,
     };
@@ -241,15 +268,24 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         out.push_str("  func.func private @ppc_main(i32, !llvm.ptr) -> i32\n");
         out.push_str("  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {\n    %r = func.call @ppc_main(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }\n");
     }
-    match &w.e.gpu {
-        Some(tilings) => out.push_str(&gpu_map::script(tilings)),
-        None => out.push_str(emit::TRANSFORM_SCRIPT),
-    }
+    let touched = match w.e.gpu {
+        Some(gpu) => {
+            out.push_str(&gpu_map::script(&gpu.tilings));
+            gpu.residency.touched
+        }
+        None => {
+            out.push_str(emit::TRANSFORM_SCRIPT);
+            HashSet::new()
+        }
+    };
     out.push_str("}\n");
-    Ok(Lowered {
-        mlir: out,
-        manifest,
-    })
+    Ok((
+        Lowered {
+            mlir: out,
+            manifest,
+        },
+        touched,
+    ))
 }
 
 /// LLVM IR of `_mlir__mlir_ciface_ENTRY(void **args)`: the packed entry the runtime calls,
@@ -325,8 +361,10 @@ impl Walker<'_, '_> {
                 Some(b) => b.clone(),
                 None => {
                     let name = f.values[p.value].name.clone();
+                    let name_of = format!("%p{}", self.params.len());
                     let b = Buf {
-                        name: format!("%p{}", self.params.len()),
+                        base: name_of.clone(),
+                        name: name_of,
                         ty: f.ty(p.value).clone(),
                         layout: None,
                     };
@@ -417,7 +455,7 @@ impl Walker<'_, '_> {
                     let ti = self
                         .e
                         .let_(&format!("arith.index_cast {iv} : index to i32"));
-                    self.e.host_access();
+                    self.e.host_writes(&t);
                     self.e
                         .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
                     // The GPipe loop's iterations are spans of `--trace` (a flag test when

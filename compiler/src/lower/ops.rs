@@ -436,6 +436,9 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                 "func.func private @{f}(memref<*x{t}>, memref<*x{t}>) attributes {{llvm.emit_c_interface}}"
             ));
             let (send, recv) = (&ins[0], out);
+            // The runtime moves the buffers through host memory.
+            e.host_reads(send);
+            e.host_writes(recv);
             let us = e.let_(&format!(
                 "memref.cast {} : {} to memref<*x{t}>",
                 send.name,
@@ -500,6 +503,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
             let (x, idx, axis) = (&ins[0], &ins[1], *axis);
             let n = x.ty.dims[axis].size;
             let (xname, xty) = (x.name.clone(), x.mty());
+            e.also_reads(x);
             e.generic(
                 r,
                 &[(idx, identity(axis))],
@@ -595,6 +599,11 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
                 ))
             };
             let (ua, ub, uc) = (cast(e, &fa, t), cast(e, &fb, t), cast(e, &acc, "f32"));
+            // The runtime reads the mask on the host.
+            if let Some(m) = mask {
+                e.host_reads(m);
+            }
+            e.device_uses(&[&fa, &fb], &acc);
             match mask {
                 None => e.op(&format!("func.call @ppc_matmul_{t}({ua}, {ub}, {uc}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>) -> ()")),
                 Some(m) => {

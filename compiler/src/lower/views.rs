@@ -37,7 +37,7 @@ fn dynamic_layout(strides: &[usize]) -> Layout {
 /// `x[.., k, ..]` (position `k`, clamped, of `axis`) for the scalar i32 buffer `k`, as a view.
 pub fn index(e: &mut Emitter, x: &Buf, k: &Buf, axis: usize) -> Buf {
     let shape = x.ty.shape();
-    e.host_access();
+    e.host_reads(k);
     let v = e.let_(&format!("memref.load {}[] : {}", k.name, k.mty()));
     let at = clamp_index(e, &v, shape[axis]);
     let mut offsets: Vec<String> = vec!["0".into(); shape.len()];
@@ -48,6 +48,7 @@ pub fn index(e: &mut Emitter, x: &Buf, k: &Buf, axis: usize) -> Buf {
     strides.remove(axis);
     let view = Buf {
         name: e.fresh(),
+        base: x.base.clone(),
         ty: x.ty.remove(axis),
         layout: Some(dynamic_layout(&strides)),
     };
@@ -141,6 +142,7 @@ pub fn transpose(e: &mut Emitter, x: &Buf, perm: &[usize], ty: &Type) -> Buf {
     };
     let view = Buf {
         name: e.fresh(),
+        base: x.base.clone(),
         ty: ty.clone(),
         layout: Some(Layout {
             strides: strides.clone(),
@@ -163,6 +165,7 @@ pub fn transpose(e: &mut Emitter, x: &Buf, perm: &[usize], ty: &Type) -> Buf {
 fn reinterpret(e: &mut Emitter, x: &Buf, ty: &Type, offset: &str, strides: &[usize]) -> Buf {
     let view = Buf {
         name: e.fresh(),
+        base: x.base.clone(),
         ty: ty.clone(),
         layout: (offset != "0").then(|| dynamic_layout(strides)),
     };

@@ -56,7 +56,10 @@ pub fn autodiff(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
             f: &m.funcs[id],
             vjps: &vjps,
         };
-        let g = diff.build().map_err(|d| vec![d])?;
+        let mut g = diff.build().map_err(|d| vec![d])?;
+        // Rules give every operand a cotangent; those of constants (a mask value, a scale) go
+        // nowhere.
+        g.remove_dead_ops();
         let g_id = m.funcs.push(g);
         vjps.insert(id, g_id);
     }
