@@ -319,6 +319,18 @@ pub(super) fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
 /// -0.0, as in the interpreter.
 fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
     let r = x.ty.rank();
+    if e.gpu.is_some() && axes.len() == r && r >= 2 && x.ty.elements() >= GPU_SPLIT_REDUCTION {
+        // A kernel needs a parallel loop: on the GPU a big reduction to one number first
+        // reduces rows (at least ~1024 of them, in parallel), then the host reduces those.
+        let shape = x.ty.shape();
+        let lead = (1..r)
+            .find(|&k| shape[..k].iter().product::<u64>() >= 1024)
+            .unwrap_or(r - 1);
+        let rows = e.alloc(&Type::of(acc.ty.dtype, &shape[..lead]));
+        reduce_into(e, x, &(lead..r).collect::<Vec<_>>(), &rows, max);
+        reduce_into(e, &rows, &(0..lead).collect::<Vec<_>>(), acc, max);
+        return;
+    }
     let init = if max { f64::NEG_INFINITY } else { -0.0 };
     let init = if acc.ty.dtype == DType::I32 {
         e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, "i32")
@@ -352,6 +364,10 @@ fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
         },
     );
 }
+
+/// `--target cuda`: reductions to one number of at least this many elements are split (see
+/// [`reduce_into`]); below it, the host sums them.
+const GPU_SPLIT_REDUCTION: u64 = 65_536;
 
 /// `out = x / n` elementwise (f32).
 fn scale_down(e: &mut Emitter, x: &Buf, n: u64, out: &Buf) {
