@@ -92,6 +92,31 @@ pub fn jit(
     mlir::jit(&module, l.manifest, opt_level)
 }
 
+/// The `--target cuda` program with its kernels run as CPU loops, JIT-compiled for this CPU:
+/// what the GPU lowering changes in the host program (what the host computes, scalars passed
+/// to kernels by value, 16-bit GEMM calls, split reductions) can be checked against the
+/// interpreter on a machine without a GPU. The kernels' PTX is ptxas's to check.
+pub fn jit_gpu_program_on_cpu(
+    m: &Module,
+    src: &Source,
+    numerics: Numerics,
+    opt_level: usize,
+) -> Result<mlir::Jit, Diagnostics> {
+    let gpu = Gpu {
+        arch: "sm_90".into(),
+    };
+    let l = lower(m, src, numerics, None, Some(&gpu), None)?;
+    let ctx = mlir::context();
+    let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
+    mlir::lower_to_llvm_by(
+        &ctx,
+        &mut module,
+        mlir::GPU_PROGRAM_ON_CPU_PIPELINE,
+        src.text,
+    )?;
+    mlir::jit(&module, l.manifest, opt_level)
+}
+
 /// The machine code of the pipeline for `target`, as assembly text (`--emit=asm`).
 pub fn emit_asm(
     m: &Module,

@@ -208,9 +208,56 @@ unsafe fn matmul(
         return;
     }
     if elem != Elem::F32 {
-        // Only `--target cuda` code multiplies 16-bit operands as they are.
-        crate::cuda::fail("a 16-bit GEMM was called outside a CUDA program (internal error)");
+        // `--target cuda` code with its kernels run on the CPU (tests): widen, then as f32.
+        let ((_a, va), (_b, vb)) = (widened(&a), widened(&b));
+        // SAFETY: the widened copies live until the end of this block; `c` as given.
+        return unsafe { multiply(&va, &vb, &c, active, started) };
     }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { multiply(&a, &b, &c, active, started) }
+}
+
+/// A 16-bit (bf16 or f16) operand's values as contiguous row-major f32, and a view of them
+/// (which points into the returned vector: keep it alive).
+fn widened(v: &View) -> (Vec<f32>, View) {
+    let n: usize = v.sizes.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|flat| {
+            let at: isize = unflatten(flat, &v.sizes)
+                .iter()
+                .zip(&v.strides)
+                .map(|(&i, &s)| i as isize * s)
+                .sum();
+            // SAFETY: `at` is inside the view (each index below its size).
+            let bits = unsafe { *v.ptr.cast::<u16>().offset(at) };
+            if v.elem == Elem::BF16 {
+                half::bf16::from_bits(bits).to_f32()
+            } else {
+                half::f16::from_bits(bits).to_f32()
+            }
+        })
+        .collect();
+    let view = View {
+        ptr: data.as_ptr().cast_mut().cast(),
+        elem: Elem::F32,
+        sizes: v.sizes.clone(),
+        strides: crate::tensor::strides(&v.sizes)
+            .into_iter()
+            .map(|s| s as isize)
+            .collect(),
+    };
+    (data, view)
+}
+
+/// # Safety
+/// As [`matmul`], with f32 views.
+unsafe fn multiply(
+    a: &View,
+    b: &View,
+    c: &View,
+    active: Option<&[bool]>,
+    started: Option<std::time::Instant>,
+) {
     let r = c.sizes.len();
     let (m, n) = (c.sizes[r - 2], c.sizes[r - 1]);
     let k = a.sizes[a.sizes.len() - 1];
@@ -326,7 +373,7 @@ fn few_row_kernel_wins(m: usize, k: usize, n: usize) -> bool {
 }
 
 /// The runtime functions generated code calls, by symbol, for registering with a JIT.
-pub fn symbols() -> [(&'static str, *mut ()); 2] {
+pub fn symbols() -> [(&'static str, *mut ()); 6] {
     [
         (
             "_mlir_ciface_ppc_matmul_f32",
@@ -335,6 +382,22 @@ pub fn symbols() -> [(&'static str, *mut ()); 2] {
         (
             "_mlir_ciface_ppc_matmul_f32_masked",
             _mlir_ciface_ppc_matmul_f32_masked as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_bf16",
+            _mlir_ciface_ppc_matmul_bf16 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_bf16_masked",
+            _mlir_ciface_ppc_matmul_bf16_masked as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_f16",
+            _mlir_ciface_ppc_matmul_f16 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_f16_masked",
+            _mlir_ciface_ppc_matmul_f16_masked as *mut (),
         ),
     ]
 }

@@ -1,10 +1,12 @@
 //! `--target cuda` without a GPU: every example's kernels (f32, bf16, f16; linear and circular;
 //! one and two ranks; the training step) are PTX that NVIDIA's own assembler, `ptxas` from
 //! PyPI's `nvidia-cuda-nvcc-cu12` (unpacked by `scripts/setup.sh`), accepts for sm_90; an
-//! executable on a machine without a CUDA driver says so and exits non-zero. What only a GPU
-//! can check is in `scripts/gpu-check.sh`.
+//! executable on a machine without a CUDA driver says so and exits non-zero; the CUDA program
+//! with its kernels run as CPU loops computes what the interpreter does (the host's share of
+//! the work, scalars passed by value, 16-bit GEMMs, split reductions). What only a GPU can
+//! check is in `scripts/gpu-check.sh`.
 
-use crate::common::{examples, ppc, root};
+use crate::common::{examples, load, ppc, root};
 use crate::cpu::{build, run, scratch};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -176,4 +178,58 @@ fn the_last_parallel_loop_goes_to_threads_and_up_to_two_before_it_to_the_grid() 
     // No parallel loop: the host computes it.
     assert_eq!(tiling(&[], &[]), None);
     assert_eq!(tiling(&[8], &["reduction"]), None);
+}
+
+#[test]
+fn the_gpu_program_with_cpu_kernels_computes_what_the_interpreter_does() {
+    use ppc::compare::{compare, tolerance};
+    use ppc_dialect::interp::Interp;
+    use ppc_dialect::{DType, Overrides};
+    for model in examples() {
+        let file = model.display().to_string();
+        let text = std::fs::read_to_string(&model).expect("example");
+        for (dtype, repeats) in [
+            (DType::F32, 1),
+            (DType::BF16, 1),
+            (DType::F16, 1),
+            (DType::F32, 2),
+        ] {
+            let mut ov = Overrides::default();
+            ov.dims.push(("b".into(), 2));
+            ov.float_dtype = (dtype != DType::F32).then_some(dtype);
+            ov.repeats = Some(repeats);
+            let mut m = load(&text, &ov);
+            ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None)
+                .expect("compiles");
+            let mut interp = Interp::new(&m, 3);
+            let inputs = interp.synthetic_inputs();
+            let want = interp.forward(&inputs).expect("interpreter");
+            let src = ppc::backend::Source {
+                file: &file,
+                text: &text,
+            };
+            let jit = ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 1)
+                .expect("JIT");
+            let program = &jit.program;
+            let mut x = ppc_runtime::memref::HostBuffer::from_tensor(&inputs);
+            let mut params = program
+                .params(&ppc_runtime::init::Source::Seeded(3))
+                .expect("params");
+            let mut y = program.output_buffer();
+            program.run(&mut x, &mut params, &mut y).expect("runs");
+            let c = compare(&want, &y.to_tensor());
+            assert!(
+                c.max_rel <= tolerance(dtype),
+                "{file} {dtype} repeats {repeats}: {:e}",
+                c.max_rel
+            );
+        }
+    }
+}
+
+#[test]
+fn the_gpu_training_step_with_cpu_kernels_matches_the_interpreter() {
+    crate::train::compiled_gradients_match(|m, src| {
+        ppc::backend::jit_gpu_program_on_cpu(m, src, ppc::lower::Numerics::Fast, 0)
+    });
 }

@@ -15,6 +15,18 @@ use ppc_runtime::{DType, Tensor};
 
 #[test]
 fn compiled_gradients_match_the_interpreter() {
+    // O0: LLVM's O2 takes ~45 s on a training step (see `ppc verify --grad`).
+    compiled_gradients_match(|m, src| backend::jit(m, src, Numerics::Fast, 0));
+}
+
+/// The training step of the examples, compiled by `jit`, against the interpreter's: loss,
+/// gradients and outputs within the f32 tolerance.
+pub(crate) fn compiled_gradients_match(
+    jit: impl Fn(
+        &ppc_dialect::Module,
+        &backend::Source,
+    ) -> Result<ppc::lower::mlir::Jit, ppc_dialect::Diagnostics>,
+) {
     let mlp_dims = vec![("d".to_string(), 32), ("h".to_string(), 64)];
     for (file, over) in [
         ("examples/tiny.ppc", Overrides::default()),
@@ -43,8 +55,7 @@ fn compiled_gradients_match_the_interpreter() {
         let t = synthetic_targets(&m, seed);
         let want = interp.train_step(&inputs, &t).expect("interpreter");
         let src = backend::Source { file, text: &text };
-        // O0: LLVM's O2 takes ~45 s on a training step (see `ppc verify --grad`).
-        let jit = backend::jit(&m, &src, Numerics::Fast, 0).expect("JIT");
+        let jit = jit(&m, &src).expect("JIT");
         let program = &jit.program;
         let mut params = program
             .params(&ppc_runtime::init::Source::Seeded(seed))

@@ -37,9 +37,20 @@ use std::sync::Once;
 /// CPU; `arith-expand{include-bf16}` covers any a pass might add. f16 conversions are F16C
 /// instructions (every x86-64-v3 CPU) or libgcc's `__truncsfhf2`/`__extendhfsf2` (libgcc 12 and
 /// later) below it: both IEEE round to nearest even.
-pub const CPU_PIPELINE: &str = "builtin.module(transform-interpreter,symbol-dce,scf-forall-to-parallel,\
+pub const CPU_PIPELINE: &str = cpu_pipeline!("transform-interpreter,");
+
+/// The CPU pipeline for a `--target cuda` program whose kernels run as CPU loops (tests): the
+/// transform script, which maps loop nests onto GPU blocks, is left out.
+pub const GPU_PROGRAM_ON_CPU_PIPELINE: &str = cpu_pipeline!("");
+
+macro_rules! cpu_pipeline {
+    ($transform:literal) => {
+        concat!("builtin.module(", $transform, "symbol-dce,scf-forall-to-parallel,\
 convert-scf-to-openmp,convert-linalg-to-loops,arith-expand{include-bf16=true},lower-affine,convert-math-to-libm,\
-expand-strided-metadata,lower-affine,finalize-memref-to-llvm,convert-scf-to-cf,convert-to-llvm,reconcile-unrealized-casts)";
+expand-strided-metadata,lower-affine,finalize-memref-to-llvm,convert-scf-to-cf,convert-to-llvm,reconcile-unrealized-casts)")
+    };
+}
+use cpu_pipeline;
 
 /// The CUDA pipeline's first half (`--target cuda`): the module's transform script maps each
 /// tagged loop nest onto blocks and threads (`gpu_map.rs`); the kernels are outlined and
@@ -188,7 +199,17 @@ pub fn parse<'c>(ctx: &'c Context, text: &str, source: &str) -> Result<Module<'c
 
 /// Runs the CPU pipeline on `module`, leaving only the LLVM dialect.
 pub fn lower_to_llvm(ctx: &Context, module: &mut Module, source: &str) -> Result<(), Diagnostics> {
-    run_pipeline(ctx, module, CPU_PIPELINE, "CPU", source)?;
+    lower_to_llvm_by(ctx, module, CPU_PIPELINE, source)
+}
+
+/// Runs `pipeline` (a CPU pipeline) on `module`, leaving only the LLVM dialect.
+pub fn lower_to_llvm_by(
+    ctx: &Context,
+    module: &mut Module,
+    pipeline: &str,
+    source: &str,
+) -> Result<(), Diagnostics> {
+    run_pipeline(ctx, module, pipeline, "CPU", source)?;
     only_llvm_left(module)
 }
 
@@ -345,6 +366,10 @@ unsafe fn register_runtime(engine: &ExecutionEngine) {
         .into_iter()
         .chain(ppc_runtime::comm::symbols())
         .chain(trace)
+        .chain([(
+            "ppc_gpu_sync",
+            ppc_runtime::cuda::abi::ppc_gpu_sync as *mut (),
+        )])
     {
         // SAFETY: each is an `extern "C"` function of the runtime with its C-interface signature.
         unsafe { engine.register_symbol(name, ptr) };

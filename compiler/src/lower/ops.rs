@@ -367,7 +367,7 @@ fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
 
 /// `--target cuda`: reductions to one number of at least this many elements are split (see
 /// [`reduce_into`]); below it, the host sums them.
-const GPU_SPLIT_REDUCTION: u64 = 65_536;
+const GPU_SPLIT_REDUCTION: u64 = 4096;
 
 /// `out = x / n` elementwise (f32).
 fn scale_down(e: &mut Emitter, x: &Buf, n: u64, out: &Buf) {
