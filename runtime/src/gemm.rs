@@ -281,7 +281,7 @@ unsafe fn multiply(
     for flat in 0..count {
         if active.is_some_and(|act| !act[flat / per_first]) {
             // A skipped entry is zero.
-            let (cp, (rs, cs)) = (entry(&c, flat, batch), (c.strides[r - 2], c.strides[r - 1]));
+            let (cp, (rs, cs)) = (entry(c, flat, batch), (c.strides[r - 2], c.strides[r - 1]));
             for i in 0..m {
                 for j in 0..n {
                     // SAFETY: inside this entry's [m, n] block of `c`.
@@ -305,9 +305,9 @@ unsafe fn multiply(
         // writes only columns j0..j1 of its own entry's block of `c`, so tasks never write the
         // same element; the kernels read `a` and `b` and write `c` through the given strides.
         unsafe {
-            let cp = entry(&c, flat, batch).offset(j0 as isize * cs);
-            let ap = a.base().offset(batch_offset(&a, &idx));
-            let bp = b.base().offset(batch_offset(&b, &idx) + j0 as isize * bs);
+            let cp = entry(c, flat, batch).offset(j0 as isize * cs);
+            let ap = a.base().offset(batch_offset(a, &idx));
+            let bp = b.base().offset(batch_offset(b, &idx) + j0 as isize * bs);
             let width = j1 - j0;
             let unit = a.strides[ra - 1] == 1 && bs == 1 && cs == 1;
             if unit && few_row_kernel_wins(m, k, width) {
@@ -332,9 +332,9 @@ unsafe fn multiply(
                     m,
                     k,
                     width,
-                    operand(ap, &a, ra),
-                    operand(bp, &b, rb),
-                    operand(cp, &c, r),
+                    operand(ap, a, ra),
+                    operand(bp, b, rb),
+                    operand(cp, c, r),
                 );
             }
         }
