@@ -139,7 +139,10 @@ run() {
     dir="$tmp/$(basename "$dir" .tar.xz)"
   fi
   dir=$(cd "$dir" && pwd)
-  export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$dir/bin:$PATH"
+  # cuBLAS: JAX's CUDA wheels bring it (PyPI's nvidia-cublas-cu12); the driver is the host's.
+  local cublas
+  cublas=$("$PYTHON" -c "import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], 'lib'))" 2>/dev/null || true)
+  export LD_LIBRARY_PATH="$dir/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$dir/bin:$PATH"
   "$PYTHON" -c "import numpy, jax" || { echo "gpu-check: $PYTHON needs NumPy and JAX (set PYTHON)"; return 1; }
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   out=$(mktemp -d)
@@ -167,6 +170,16 @@ run() {
     fi
     line=""
   done <"$dir/cases"
+  # The output does not depend on the rank count, bit for bit, as on the CPU.
+  for pair in "mlp_f32 mlp_2ranks" "transformer_bf16 transformer_2ranks_bf16"; do
+    set -- $pair
+    if cmp -s "$out/$1.safetensors" "$out/$2.safetensors"; then
+      echo "ok    $2: the same bytes as $1"
+    else
+      echo "FAIL  $2: not the same bytes as $1"
+      failed=1
+    fi
+  done
   # The bench: ppc, then JAX on the same GPU.
   local ppc_json jax_json
   ppc_json=$("$dir/bin/bench" --bench 10 | tail -1) || { echo "FAIL  bench: $ppc_json"; failed=1; }

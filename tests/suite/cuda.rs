@@ -158,6 +158,12 @@ fn cuda_options_are_checked() {
     let (code, _, err) = ppc(&["compile", &file, "--target", "cuda", "--gpu-arch", "90"]);
     assert_eq!(code, 2);
     assert!(err.contains("sm_NN"), "{err}");
+    if !ppc_runtime::cuda::driver_present() {
+        // `ppc run --backend cuda` runs a scratch executable: the same clear error.
+        let (code, _, err) = ppc(&["run", &file, "--backend", "cuda"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("no CUDA driver"), "{err}");
+    }
 }
 
 #[test]
