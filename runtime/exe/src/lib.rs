@@ -302,12 +302,15 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(rank);
-        if let Err(e) = ppc_runtime::cuda::init(local) {
-            say(&format!("{who}: error: {e} (kernels compiled for {arch})"));
-            if size > 1 {
-                abort_job(t);
+        match ppc_runtime::cuda::init(local) {
+            Ok(gpu) => say(&format!("{who}: {gpu}")),
+            Err(e) => {
+                say(&format!("{who}: error: {e} (kernels compiled for {arch})"));
+                if size > 1 {
+                    abort_job(t);
+                }
+                return 1;
             }
-            return 1;
         }
     }
     if std::env::var("PPC_FAULT_RANK")

@@ -6,8 +6,9 @@
 //! this module implements that interface on the CUDA driver through `cudarc` (loaded at run
 //! time: executables start and say what is missing on machines without a driver). Every
 //! buffer is CUDA managed memory, which host and device address alike: kernels and cuBLAS
-//! calls are queued on one stream without waiting, and the host waits ([`sync`]) only before it
-//! touches a buffer itself (a loop counter, a layer index, the ring exchange, the results).
+//! calls are queued on one stream without waiting, and the host waits ([`sync`]) only where the
+//! generated code asks (`ppc_gpu_sync`: where the host would race with queued work, as the
+//! compiler's `residency.rs` decides) and before the results of a call are read.
 //!
 //! Nothing here has run on a GPU yet: `scripts/gpu-check.sh` is the check to run on one.
 #![allow(unsafe_code)]
