@@ -161,7 +161,7 @@ pub fn select(c: &Tensor, t: &Tensor, f: &Tensor, shape: &[usize]) -> Tensor {
 }
 
 /// `[..., m, k] x [..., k, n]`: for each output element, `sum_k a[i,k] * b[k,j]` in k order.
-/// Where `mask` (over the first axis) is false, the result is zero.
+/// Where `mask` (over the first axis) is false, the result is `-0.0`.
 pub fn matmul(a: &Tensor, b: &Tensor, mask: Option<&Tensor>, shape: &[usize]) -> Tensor {
     let r = shape.len();
     let (m, n) = (shape[r - 2], shape[r - 1]);
@@ -173,6 +173,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, mask: Option<&Tensor>, shape: &[usize]) ->
     let per_first: usize = batch.iter().skip(1).product();
     walk(batch, &[sa, sb], |o, offs| {
         if mask.is_some_and(|mk| mk.data[o / per_first] == 0.0) {
+            data[o * m * n..(o + 1) * m * n].fill(-0.0);
             return;
         }
         let (pa, pb) = (offs[0] * m * k, offs[1] * k * n);

@@ -86,8 +86,8 @@ pub enum OpKind {
     },
     /// `[..., m, k] x [..., k, n] -> [..., m, n]`, batch axes broadcast; f32 accumulation.
     /// With a `mask` (i1 over the result's first axis, which must be a batch axis), entries
-    /// whose mask is false are zero and need not be computed: this is how the GPipe loop
-    /// predicates bubble slots away.
+    /// whose mask is false are `-0.0` (the additive identity: adding them changes no bit) and
+    /// need not be computed: this is how the GPipe loop predicates bubble slots away.
     MatMul {
         lhs: ValueId,
         rhs: ValueId,

@@ -280,12 +280,12 @@ unsafe fn multiply(
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for flat in 0..count {
         if active.is_some_and(|act| !act[flat / per_first]) {
-            // A skipped entry is zero.
+            // A skipped entry is -0.0 (the additive identity, as in the interpreter).
             let (cp, (rs, cs)) = (entry(c, flat, batch), (c.strides[r - 2], c.strides[r - 1]));
             for i in 0..m {
                 for j in 0..n {
                     // SAFETY: inside this entry's [m, n] block of `c`.
-                    unsafe { *cp.offset(i as isize * rs + j as isize * cs) = 0.0 };
+                    unsafe { *cp.offset(i as isize * rs + j as isize * cs) = -0.0 };
                 }
             }
             continue;

@@ -661,16 +661,16 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
             if let Some(m) = mask {
                 ins.push((m, "d0".to_string()));
             }
-            let masked = mask.is_some();
+            // Entries of masked-out stages are -0.0, as the interpreter's.
+            let skipped = mask.map(|_| e.constant(-0.0, "f32"));
             e.generic(r + 1, &ins, (&acc, lo), &iters, |e, v| {
                 let (x, y) = (ext(e, &v[0], da), ext(e, &v[1], db));
                 let p = e.let_(&format!("arith.mulf {x}, {y} : f32"));
                 let acc = v.last().expect("the output block argument");
                 let sum = e.let_(&format!("arith.addf {acc}, {p} : f32"));
-                if masked {
-                    e.let_(&format!("arith.select {}, {sum}, {acc} : f32", v[2]))
-                } else {
-                    sum
+                match &skipped {
+                    Some(z) => e.let_(&format!("arith.select {}, {sum}, {z} : f32", v[2])),
+                    None => sum,
                 }
             });
         }

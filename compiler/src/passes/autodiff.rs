@@ -20,7 +20,8 @@
 //!   buffer, i.e. each iteration's stage input (GPipe's choice). Cotangents of values the body
 //!   reads from outside, parameters included, accumulate in the reverse loop's carried values.
 //! - **`@stage`** computes only where `%active`: its VJP returns zero cotangents (`-0.0`) for the
-//!   inactive stages, so bubble slots contribute exactly nothing, even when poisoned with NaN.
+//!   inactive stages, so bubble slots contribute exactly nothing, even when poisoned with NaN
+//!   (a select, except for cotangents of matmuls masked by `%active`, already `-0.0` there).
 //!
 //! Accumulators start at `-0.0` and add contributions in reverse iteration order, so the
 //! pipelined gradient of a parameter is the same sum, in the same order, as the sequential
@@ -579,6 +580,10 @@ fn mask_inactive(
     let Some(active) = active else {
         return Ok(d);
     };
+    if masked_by(b, d, active) {
+        // Already -0.0 for the inactive stages, which it never read.
+        return Ok(d);
+    }
     let ty = b.ty(d).clone();
     let Some((pos, _)) = ty.stage_axis() else {
         return Ok(d);
@@ -603,6 +608,23 @@ fn mask_inactive(
         Some(Type::scalar(ty.dtype)),
     )?;
     select(b, cond, d, zero)
+}
+
+/// Whether `d` is a matmul masked by `active` (or its f32 conversion): `-0.0` wherever
+/// `active` is false, computed from nothing there.
+fn masked_by(b: &Builder, d: ValueId, active: ValueId) -> bool {
+    let producer = |v: ValueId| {
+        b.func
+            .ops
+            .values()
+            .find(|op| op.results.contains(&v))
+            .map(|op| &op.kind)
+    };
+    match producer(d) {
+        Some(OpKind::Convert { x }) => masked_by(b, *x, active),
+        Some(OpKind::MatMul { mask, .. }) => *mask == Some(active),
+        _ => false,
+    }
 }
 
 fn to_f32(b: &mut Builder, d: ValueId) -> Result<ValueId, Diagnostic> {

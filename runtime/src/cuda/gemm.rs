@@ -1,8 +1,8 @@
 //! `matmul` on the GPU: cuBLAS's GEMM with f32 accumulation (`CUBLAS_COMPUTE_32F`: f32
 //! operands without TF32; bf16 and f16 operands on the tensor cores), queued on the rank's
 //! stream. Batch entries whose operands sit at a constant stride from one another go in
-//! one strided-batched call; entries of stages in a bubble slot are written as zeros by a
-//! call with `alpha = 0` (cuBLAS then reads neither operand), not computed.
+//! one strided-batched call; entries of stages in a bubble slot are not computed: a memset
+//! writes them `-0.0`, as `matmul` defines.
 //!
 //! cuBLAS is column-major: row-major `C = A · B` is computed as `Cᵀ = Bᵀ · Aᵀ`, each operand
 //! given as it lies in memory (a row-major matrix read as its column-major transpose).
@@ -12,6 +12,7 @@ use crate::gemm::{batch_offset, Elem, View};
 use crate::tensor::unflatten;
 use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys as blas;
+use cudarc::driver::sys as cu;
 use std::ffi::c_void;
 
 fn data_type(e: Elem) -> blas::cudaDataType {
@@ -89,13 +90,35 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
         } else {
             [0; 3]
         };
-        let [oa, ob, oc] = offsets[start];
-        let (alpha, beta) = (if on { 1.0f32 } else { 0.0 }, 0.0f32);
         let at = |v: &View, o: isize| {
             v.ptr
                 .wrapping_offset(o * v.elem.bytes() as isize)
                 .cast::<c_void>()
         };
+        if !on {
+            // Skipped entries are -0.0: each an m × n block of rows `ldc` apart.
+            for o in &offsets[start..end] {
+                // SAFETY: the block lies inside `c`'s buffer (managed memory); f32 elements.
+                let r = unsafe {
+                    cu::cuMemsetD2D32Async(
+                        at(c, o[2]) as cu::CUdeviceptr,
+                        ldc as usize * 4,
+                        (-0.0f32).to_bits(),
+                        n,
+                        m,
+                        device().stream,
+                    )
+                };
+                or_fail(super::check(
+                    r,
+                    "writing skipped entries (cuMemsetD2D32Async)",
+                ));
+            }
+            start = end;
+            continue;
+        }
+        let [oa, ob, oc] = offsets[start];
+        let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the pointers and strides describe the operands of entries start..end inside
         // the views' buffers (managed memory, addressable by the GPU); the handle is bound to
         // the rank's stream; alpha and beta are f32, as the compute type wants.
