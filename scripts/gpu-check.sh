@@ -7,8 +7,8 @@
 #       and the CPU executables' training losses, copies the shared libraries the executables
 #       and MPICH's launcher need (DIR/lib), and packs it all into DIR.tar.xz (~40 MB).
 #   scripts/gpu-check.sh run [DIR or DIR.tar.xz]
-#       On a GPU host that has the CUDA driver and Python with JAX (CUDA), nothing else; well
-#       under 8 minutes on an H200: every case on the GPU against its reference, then the bf16
+#       On a GPU host that has the CUDA driver and Python with JAX (CUDA), nothing else (glibc
+#       2.34 or later: Debian 12, Ubuntu 22.04); well under 8 minutes on an H200: every case on the GPU against its reference, then the bf16
 #       transformer pipeline sized to keep an H200 busy (TFLOP/s, and MFU against the measured
 #       bf16 GEMM rate of 790 TFLOP/s), then JAX's SPMD GPipe of the same shape on the same GPU.
 #       Exit status 0 only when every check passed.
@@ -90,7 +90,7 @@ prepare() {
   # The libraries outside glibc that the executables and MPICH's launcher load.
   cp /usr/bin/mpiexec.hydra /usr/bin/hydra_pmi_proxy "$DIR/bin/"
   ldd "$DIR"/bin/* 2>/dev/null | awk '/=> \// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so' |
+    grep -vE '/(libc|libm|libpthread|libdl|librt|libresolv|libgcc_s|ld-linux[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
   tar -C "$(dirname "$DIR")" -cJf "$DIR.tar.xz" "$(basename "$DIR")"
   echo "gpu-check: prepared $(wc -l <"$DIR/cases") cases and the bench in $DIR.tar.xz ($(du -h "$DIR.tar.xz" | cut -f1))"
