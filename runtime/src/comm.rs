@@ -100,16 +100,30 @@ unsafe fn exchange(send: *const Unranked, recv: *const Unranked, elem: usize, re
     // On a GPU, generated code waited for it before this call (`residency.rs` of the compiler).
     // SAFETY: forwarded from this function's contract.
     let (send, recv) = unsafe { (Strided::of(send, elem), Strided::of(recv, elem)) };
-    let mut out = vec![0u8; send.bytes()];
-    // SAFETY: `send` describes live memory (contract); `out` has exactly its size.
-    unsafe { send.gather(&mut out) };
-    let mut back = vec![0u8; recv.bytes()];
-    match transport() {
-        Some(t) => t.exchange(&out, &mut back, reverse),
-        None => back.copy_from_slice(&out),
+    let pass = |out: &[u8], back: &mut [u8]| match transport() {
+        Some(t) => t.exchange(out, back, reverse),
+        None => back.copy_from_slice(out),
+    };
+    if send.contiguous() && recv.contiguous() {
+        // The buffers themselves go to MPI: no copies (on a GPU, managed memory, which a
+        // CUDA-aware MPI moves device to device).
+        // SAFETY: both describe live, non-overlapping memory of `bytes()` bytes (contract).
+        let (out, back) = unsafe {
+            (
+                std::slice::from_raw_parts(send.base, send.bytes()),
+                std::slice::from_raw_parts_mut(recv.base, recv.bytes()),
+            )
+        };
+        pass(out, back);
+    } else {
+        let mut out = vec![0u8; send.bytes()];
+        // SAFETY: `send` describes live memory (contract); `out` has exactly its size.
+        unsafe { send.gather(&mut out) };
+        let mut back = vec![0u8; recv.bytes()];
+        pass(&out, &mut back);
+        // SAFETY: `recv` describes live memory (contract); `back` has exactly its size.
+        unsafe { recv.scatter(&back) };
     }
-    // SAFETY: `recv` describes live memory (contract); `back` has exactly its size.
-    unsafe { recv.scatter(&back) };
     EXCHANGE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     crate::trace::record(crate::trace::Kind::Exchange, 0, Some(start));
 }
@@ -196,6 +210,15 @@ impl Strided {
         self.sizes.iter().product::<usize>() * self.elem
     }
 
+    /// Whether the elements lie row-major without gaps (axes of one element aside).
+    fn contiguous(&self) -> bool {
+        let dense = crate::tensor::strides(&self.sizes);
+        self.sizes
+            .iter()
+            .zip(self.strides.iter().zip(dense))
+            .all(|(&n, (&s, d))| n == 1 || s == d as isize)
+    }
+
     /// Byte offsets of the elements, row-major.
     fn offsets(&self) -> impl Iterator<Item = isize> + '_ {
         let count: usize = self.sizes.iter().product();
@@ -229,5 +252,29 @@ impl Strided {
                 std::ptr::copy_nonoverlapping(chunk.as_ptr(), self.base.offset(off), self.elem)
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Strided;
+
+    fn strided(sizes: &[usize], strides: &[isize]) -> Strided {
+        Strided {
+            base: std::ptr::null_mut(),
+            elem: 4,
+            sizes: sizes.to_vec(),
+            strides: strides.to_vec(),
+        }
+    }
+
+    #[test]
+    fn only_gapless_row_major_buffers_go_to_mpi_as_they_are() {
+        assert!(strided(&[4, 16, 256], &[4096, 256, 1]).contiguous());
+        // One stage of a state buffer: any stride on its axis of one element.
+        assert!(strided(&[1, 16, 256], &[99_999, 256, 1]).contiguous());
+        // The last stage's rows of a [S, b, d] buffer, or a transposed view: gathered.
+        assert!(!strided(&[16, 256], &[512, 1]).contiguous());
+        assert!(!strided(&[256, 16], &[1, 256]).contiguous());
     }
 }
