@@ -108,6 +108,7 @@ impl Loaded {
         codegen: &CodegenArgs,
         err: &mut dyn Write,
     ) -> Result<(backend::TempDir, std::path::PathBuf), Failure> {
+        cuda_codegen(codegen)?;
         let t = Instant::now();
         let dir = backend::TempDir::new().map_err(|d| self.fail(&d))?;
         let exe = dir.path().join("model");
@@ -255,10 +256,13 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let gpu = (device == Device::Cuda).then(|| backend::Gpu {
                 arch: gpu_arch.clone(),
             });
-            if gpu.is_some() && codegen.exact {
-                return Err(Failure(
-                    "error: --exact is the CPU's bit-exact mode; --target cuda computes with CUDA's own math (within the dtype's tolerance)\n".into(),
-                ));
+            if gpu.is_some() {
+                cuda_codegen(&codegen)?;
+                if matches!(emit.as_deref(), Some("llvm" | "asm")) {
+                    return Err(Failure(
+                        "error: --emit=llvm and --emit=asm show the CPU program; with --target cuda, --emit=mlir shows the program and --emit=ptx its kernels\n".into(),
+                    ));
+                }
             }
             if gpu.is_none() && emit.as_deref() == Some("ptx") {
                 return Err(Failure(
@@ -383,6 +387,16 @@ fn one_process(l: &Loaded, what: &str) -> Result<(), Failure> {
          `ppc compile {} --ranks {r} -o model && mpirun.mpich -n {r} ./model`\n",
         l.path
     )))
+}
+
+/// Refuses what the CUDA backend does not do.
+fn cuda_codegen(codegen: &CodegenArgs) -> Result<(), Failure> {
+    if codegen.exact {
+        return Err(Failure(
+            "error: --exact is the CPU's bit-exact mode; --target cuda computes with CUDA's own math (within the dtype's tolerance)\n".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs a scratch executable with `flags`, passing on what it prints; its exit status.

@@ -155,6 +155,12 @@ fn cuda_options_are_checked() {
     ]);
     assert_eq!(code, 1);
     assert!(err.contains("--exact"), "{err}");
+    let (code, _, err) = ppc(&["compile", &file, "--target", "cuda", "--emit=asm"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--emit=ptx"), "{err}");
+    let (code, _, err) = ppc(&["run", &file, "--backend", "cuda", "--exact"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--exact"), "{err}");
     let (code, _, err) = ppc(&["compile", &file, "--target", "cuda", "--gpu-arch", "90"]);
     assert_eq!(code, 2);
     assert!(err.contains("sm_NN"), "{err}");
