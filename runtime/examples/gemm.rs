@@ -64,6 +64,7 @@ fn main() {
                             at(a.as_ptr(), k),
                             at(b.as_ptr(), n),
                             at(c.as_mut_ptr(), n),
+                            false,
                         )
                     }
                 }

@@ -74,12 +74,22 @@ impl Operand {
     }
 }
 
-/// `c[m×n] = a[m×k] · b[k×n]` (`c`'s pointer is written through).
+/// `c[m×n] = a[m×k] · b[k×n]`, or `c += a · b` with `accumulate` (`c`'s pointer is written
+/// through).
 ///
 /// # Safety
 /// The operands cover their `m×k`, `k×n` and `m×n` elements at their strides, and `c`
 /// overlaps neither input.
-pub unsafe fn sgemm(m: usize, k: usize, n: usize, a: Operand, b: Operand, c: Operand) {
+pub unsafe fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    accumulate: bool,
+) {
+    let beta = if accumulate { 1.0 } else { 0.0 };
     let _turn = setup().map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
     let dims = (i32::try_from(m), i32::try_from(n), i32::try_from(k));
     let c_row_major = (c.col_stride == 1)
@@ -91,7 +101,7 @@ pub unsafe fn sgemm(m: usize, k: usize, n: usize, a: Operand, b: Operand, c: Ope
             // SAFETY: the caller's contract, in CBLAS's terms.
             unsafe {
                 cblas_sgemm(
-                    ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ptr, lda, b.ptr, ldb, 0.0, c, ldc,
+                    ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ptr, lda, b.ptr, ldb, beta, c, ldc,
                 )
             }
         }
@@ -115,7 +125,10 @@ pub unsafe fn sgemm(m: usize, k: usize, n: usize, a: Operand, b: Operand, c: Ope
                     }
                     let at = i as isize * c.row_stride + j as isize * c.col_stride;
                     // SAFETY: inside `c`, by the caller's contract.
-                    unsafe { *c.ptr.cast_mut().offset(at) = sum };
+                    unsafe {
+                        let cp = c.ptr.cast_mut().offset(at);
+                        *cp = if accumulate { *cp + sum } else { sum };
+                    }
                 }
             }
         }

@@ -114,10 +114,11 @@ unsafe fn masked(
     c: *const Unranked,
     mask: Option<*const Unranked>,
     elem: Elem,
+    accumulate: bool,
 ) {
     let Some(mask) = mask else {
         // SAFETY: forwarded from this function's contract.
-        return unsafe { matmul(a, b, c, None, elem) };
+        return unsafe { matmul(a, b, c, None, elem, accumulate) };
     };
     // On a GPU, the host computed the mask, or generated code waited for the GPU before this
     // call (`residency.rs` of the compiler).
@@ -136,15 +137,16 @@ unsafe fn masked(
         let busy = active.iter().filter(|&&a| a).count() as u64;
         SLOTS_BUSY.fetch_add(busy, Ordering::Relaxed);
         SLOTS_ALL.fetch_add(n as u64, Ordering::Relaxed);
-        matmul(a, b, c, Some(&active), elem)
+        matmul(a, b, c, Some(&active), elem, accumulate)
     }
 }
 
-/// The GEMM entry points of generated code for one operand type: `NAME(a, b, c)` and
-/// `NAME_masked(a, b, c, mask)`.
+/// The GEMM entry points of generated code for one operand type and mode: `NAME(a, b, c)` and
+/// `NAME_masked(a, b, c, mask)`; with `accumulate`, `c += a · b` (entries of masked-out
+/// stages left as they are: adding `-0.0` changes nothing).
 macro_rules! matmul_fns {
-    ($plain:ident, $masked:ident, $elem:expr) => {
-        /// `c = a · b` (see [`masked`]).
+    ($plain:ident, $masked:ident, $elem:expr, $accumulate:expr) => {
+        /// `c = a · b` or `c += a · b` (see [`masked`]).
         ///
         /// # Safety
         /// As [`masked`].
@@ -155,10 +157,10 @@ macro_rules! matmul_fns {
             c: *const Unranked,
         ) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { masked(a, b, c, None, $elem) }
+            unsafe { masked(a, b, c, None, $elem, $accumulate) }
         }
 
-        /// `c = a · b` where `mask` is true (see [`masked`]).
+        /// The same where `mask` is true (see [`masked`]).
         ///
         /// # Safety
         /// As [`masked`].
@@ -170,24 +172,45 @@ macro_rules! matmul_fns {
             mask: *const Unranked,
         ) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { masked(a, b, c, Some(mask), $elem) }
+            unsafe { masked(a, b, c, Some(mask), $elem, $accumulate) }
         }
     };
 }
 matmul_fns!(
     _mlir_ciface_ppc_matmul_f32,
     _mlir_ciface_ppc_matmul_f32_masked,
-    Elem::F32
+    Elem::F32,
+    false
 );
 matmul_fns!(
     _mlir_ciface_ppc_matmul_bf16,
     _mlir_ciface_ppc_matmul_bf16_masked,
-    Elem::BF16
+    Elem::BF16,
+    false
 );
 matmul_fns!(
     _mlir_ciface_ppc_matmul_f16,
     _mlir_ciface_ppc_matmul_f16_masked,
-    Elem::F16
+    Elem::F16,
+    false
+);
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_acc_f32,
+    _mlir_ciface_ppc_matmul_acc_f32_masked,
+    Elem::F32,
+    true
+);
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_acc_bf16,
+    _mlir_ciface_ppc_matmul_acc_bf16_masked,
+    Elem::BF16,
+    true
+);
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_acc_f16,
+    _mlir_ciface_ppc_matmul_acc_f16_masked,
+    Elem::F16,
+    true
 );
 
 /// # Safety
@@ -198,12 +221,13 @@ unsafe fn matmul(
     c: *const Unranked,
     active: Option<&[bool]>,
     elem: Elem,
+    accumulate: bool,
 ) {
     let started = trace::start();
     // SAFETY: forwarded from this function's contract.
     let (a, b, c) = unsafe { (view(a, elem), view(b, elem), view(c, Elem::F32)) };
     if crate::cuda::active() {
-        crate::cuda::gemm::matmul(&a, &b, &c, active);
+        crate::cuda::gemm::matmul(&a, &b, &c, active, accumulate);
         trace::record(trace::Kind::Gemm, 0, started);
         return;
     }
@@ -211,10 +235,10 @@ unsafe fn matmul(
         // `--target cuda` code with its kernels run on the CPU (tests): widen, then as f32.
         let ((_a, va), (_b, vb)) = (widened(&a), widened(&b));
         // SAFETY: the widened copies live until the end of this block; `c` as given.
-        return unsafe { multiply(&va, &vb, &c, active, started) };
+        return unsafe { multiply(&va, &vb, &c, active, accumulate, started) };
     }
     // SAFETY: forwarded from this function's contract.
-    unsafe { multiply(&a, &b, &c, active, started) }
+    unsafe { multiply(&a, &b, &c, active, accumulate, started) }
 }
 
 /// A 16-bit (bf16 or f16) operand's values as contiguous row-major f32, and a view of them
@@ -256,6 +280,7 @@ unsafe fn multiply(
     b: &View,
     c: &View,
     active: Option<&[bool]>,
+    accumulate: bool,
     started: Option<std::time::Instant>,
 ) {
     let r = c.sizes.len();
@@ -280,6 +305,9 @@ unsafe fn multiply(
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for flat in 0..count {
         if active.is_some_and(|act| !act[flat / per_first]) {
+            if accumulate {
+                continue; // adding -0.0 changes nothing
+            }
             // A skipped entry is -0.0 (the additive identity, as in the interpreter).
             let (cp, (rs, cs)) = (entry(c, flat, batch), (c.strides[r - 2], c.strides[r - 1]));
             for i in 0..m {
@@ -310,7 +338,7 @@ unsafe fn multiply(
             let bp = b.base().offset(batch_offset(b, &idx) + j0 as isize * bs);
             let width = j1 - j0;
             let unit = a.strides[ra - 1] == 1 && bs == 1 && cs == 1;
-            if unit && few_row_kernel_wins(m, k, width) {
+            if unit && !accumulate && few_row_kernel_wins(m, k, width) {
                 crate::small_m::sgemm(
                     m,
                     k,
@@ -335,6 +363,7 @@ unsafe fn multiply(
                     operand(ap, a, ra),
                     operand(bp, b, rb),
                     operand(cp, c, r),
+                    accumulate,
                 );
             }
         }
@@ -373,8 +402,8 @@ fn few_row_kernel_wins(m: usize, k: usize, n: usize) -> bool {
 }
 
 /// The runtime functions generated code calls, by symbol, for registering with a JIT.
-pub fn symbols() -> [(&'static str, *mut ()); 6] {
-    [
+pub fn symbols() -> Vec<(&'static str, *mut ())> {
+    let f: [(&'static str, *mut ()); 12] = [
         (
             "_mlir_ciface_ppc_matmul_f32",
             _mlir_ciface_ppc_matmul_f32 as *mut (),
@@ -399,5 +428,30 @@ pub fn symbols() -> [(&'static str, *mut ()); 6] {
             "_mlir_ciface_ppc_matmul_f16_masked",
             _mlir_ciface_ppc_matmul_f16_masked as *mut (),
         ),
-    ]
+        (
+            "_mlir_ciface_ppc_matmul_acc_f32",
+            _mlir_ciface_ppc_matmul_acc_f32 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_acc_f32_masked",
+            _mlir_ciface_ppc_matmul_acc_f32_masked as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_acc_bf16",
+            _mlir_ciface_ppc_matmul_acc_bf16 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_acc_bf16_masked",
+            _mlir_ciface_ppc_matmul_acc_bf16_masked as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_acc_f16",
+            _mlir_ciface_ppc_matmul_acc_f16 as *mut (),
+        ),
+        (
+            "_mlir_ciface_ppc_matmul_acc_f16_masked",
+            _mlir_ciface_ppc_matmul_acc_f16_masked as *mut (),
+        ),
+    ];
+    f.to_vec()
 }

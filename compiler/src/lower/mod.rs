@@ -17,6 +17,7 @@
 //! %state_out, ... = loop ..., trips = 11 { ... }          ──▶   scf.for %i = 0 to 11 { ... }
 //! ```
 
+mod accumulate;
 pub mod emit;
 mod fast_math;
 mod fuse;
@@ -353,6 +354,17 @@ struct Walker<'m, 'a> {
 impl Walker<'_, '_> {
     /// Emits `f`'s body with `args` bound; returns its result buffers.
     fn func(&mut self, f: &Func, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
+        self.func_into(f, args, &HashMap::new())
+    }
+
+    /// As [`Walker::func`], with results computed by adding into the given buffers (by result
+    /// index; `accumulate.rs`).
+    fn func_into(
+        &mut self,
+        f: &Func,
+        args: Vec<Buf>,
+        add_into: &HashMap<usize, Buf>,
+    ) -> Result<Vec<Buf>, Diagnostic> {
         let mut env: HashMap<ValueId, Buf> = f.body.args.iter().copied().zip(args).collect();
         for p in &f.params {
             // Keyed by name and type: `@stage` and `@stage_vjp` declare the same weights.
@@ -380,7 +392,11 @@ impl Walker<'_, '_> {
             };
             env.insert(p.value, buf);
         }
-        self.block(f, &f.body, &mut env, &HashMap::new())?;
+        let add_into: HashMap<ValueId, Buf> = add_into
+            .iter()
+            .map(|(&i, b)| (f.body.results[i], b.clone()))
+            .collect();
+        self.block_into(f, &f.body, &mut env, &HashMap::new(), &add_into)?;
         Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
     }
 
@@ -393,13 +409,31 @@ impl Walker<'_, '_> {
         env: &mut HashMap<ValueId, Buf>,
         into: &HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
+        self.block_into(f, block, env, into, &HashMap::new())
+    }
+
+    /// As [`Walker::block`]; the matmuls of `add_into` add into the given buffers.
+    fn block_into(
+        &mut self,
+        f: &Func,
+        block: &Block,
+        env: &mut HashMap<ValueId, Buf>,
+        into: &HashMap<ValueId, Buf>,
+        add_into: &HashMap<ValueId, Buf>,
+    ) -> Result<(), Diagnostic> {
         let deferred = fuse::deferred(f, block);
         let output =
             |e: &mut Emitter, v: ValueId| into.get(&v).cloned().unwrap_or_else(|| e.alloc(f.ty(v)));
+        let accumulations = match self.numerics {
+            Numerics::Fast => accumulate::find(self.m, f, block, &deferred),
+            Numerics::Exact => Vec::new(),
+        };
+        // Adds already done by the GEMM of the call before them.
+        let mut folded: HashSet<ppc_dialect::ir::OpId> = HashSet::new();
         for &id in &block.ops {
             let op = &f.ops[id];
-            if op.results.first().is_some_and(|v| deferred.contains(v)) {
-                continue; // computed inside its consumer's loop nest
+            if op.results.first().is_some_and(|v| deferred.contains(v)) || folded.contains(&id) {
+                continue; // computed inside its consumer's loop nest, or by a GEMM
             }
             self.e.at(f.op_spans.get(&id));
             // Deferred values have no buffer; only elementwise ops, which fuse them, read them.
@@ -442,8 +476,35 @@ impl Walker<'_, '_> {
                 }
                 OpKind::Call { callee, .. } => {
                     let g = &self.m.funcs[*callee];
-                    let outs = self.func(g, ins)?;
+                    // The adds this call's results fold into: into the accumulator's own
+                    // buffer, or a fresh one holding a copy of it.
+                    let mut adds = HashMap::new();
+                    for a in accumulations.iter().filter(|a| a.call == id) {
+                        let sum = f.ops[a.add].results[0];
+                        let acc = env[&a.acc].clone();
+                        let out = match into.get(&sum) {
+                            Some(b) if b.name != acc.name => continue,
+                            Some(b) => b.clone(),
+                            None => {
+                                let b = self.e.alloc(f.ty(sum));
+                                self.e.copy(&acc, &b);
+                                b
+                            }
+                        };
+                        adds.insert(a.result, (a.add, out));
+                    }
+                    let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
+                    let outs = self.func_into(g, ins, &add_into)?;
                     env.extend(op.results.iter().copied().zip(outs));
+                    for (add, out) in adds.into_values() {
+                        env.insert(f.ops[add].results[0], out);
+                        folded.insert(add);
+                    }
+                }
+                OpKind::MatMul { .. } if add_into.contains_key(&op.results[0]) => {
+                    let acc = add_into[&op.results[0]].clone();
+                    ops::matmul_into(&mut self.e, &ins[0], &ins[1], ins.get(2), &acc);
+                    env.insert(op.results[0], acc);
                 }
                 OpKind::Loop { trips, body, .. } => {
                     let carried: Vec<Buf> = ins.iter().map(|b| self.e.alloc(&b.ty)).collect();

@@ -589,6 +589,27 @@ fn fill_value(e: &mut Emitter, v: f64, d: DType) -> String {
 /// `out = a · b`, skipping (and zeroing) the first-axis entries where `mask` is false.
 fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&Buf>, out: &Buf) {
     let acc = f32_scratch(e, out);
+    gemm(e, numerics, a, b, mask, &acc, false);
+    store(e, &acc, out);
+}
+
+/// `acc += a · b` (f32 `acc`; where `mask` is false, `acc` stays as it is), in the runtime's
+/// GEMM (`accumulate.rs`).
+pub fn matmul_into(e: &mut Emitter, a: &Buf, b: &Buf, mask: Option<&Buf>, acc: &Buf) {
+    gemm(e, Numerics::Fast, a, b, mask, acc, true);
+}
+
+/// `acc = a · b`, or `acc += a · b` when `accumulate` (fast numerics only), into f32 `acc`.
+fn gemm(
+    e: &mut Emitter,
+    numerics: Numerics,
+    a: &Buf,
+    b: &Buf,
+    mask: Option<&Buf>,
+    acc: &Buf,
+    accumulate: bool,
+) {
+    let acc = acc.clone();
     match numerics {
         Numerics::Fast => {
             // The GPU multiplies 16-bit operands as they are stored (tensor cores, f32
@@ -600,10 +621,12 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
             } else {
                 (to_f32(e, a), to_f32(e, b), "f32")
             };
-            if half {
+            // The f32 GEMMs are declared with the module; the others where used.
+            let f = format!("ppc_matmul_{}{t}", if accumulate { "acc_" } else { "" });
+            if half || accumulate {
                 for (suffix, mask) in [("", ""), ("_masked", ", memref<*xi1>")] {
                     e.declarations.insert(format!(
-                        "func.func private @ppc_matmul_{t}{suffix}(memref<*x{t}>, memref<*x{t}>, memref<*xf32>{mask}) attributes {{llvm.emit_c_interface}}"
+                        "func.func private @{f}{suffix}(memref<*x{t}>, memref<*x{t}>, memref<*xf32>{mask}) attributes {{llvm.emit_c_interface}}"
                     ));
                 }
             }
@@ -619,19 +642,23 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
             if let Some(m) = mask {
                 e.host_reads(m);
             }
-            e.device_uses(&[&fa, &fb], &acc);
+            if accumulate {
+                e.device_uses(&[&fa, &fb, &acc], &acc);
+            } else {
+                e.device_uses(&[&fa, &fb], &acc);
+            }
             match mask {
-                None => e.op(&format!("func.call @ppc_matmul_{t}({ua}, {ub}, {uc}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>) -> ()")),
+                None => e.op(&format!("func.call @{f}({ua}, {ub}, {uc}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>) -> ()")),
                 Some(m) => {
                     let um = cast(e, m, "i1");
                     e.op(&format!(
-                        "func.call @ppc_matmul_{t}_masked({ua}, {ub}, {uc}, {um}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>, memref<*xi1>) -> ()"
+                        "func.call @{f}_masked({ua}, {ub}, {uc}, {um}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>, memref<*xi1>) -> ()"
                     ));
                 }
             }
         }
         Numerics::Exact => {
-            let r = out.ty.rank();
+            let r = acc.ty.rank();
             let nb = r - 2;
             let zero = e.constant(0.0, "f32");
             e.fill(&zero, &acc);
@@ -642,7 +669,7 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
             );
             let batch = |x: &Buf| {
                 let xs = x.ty.shape();
-                let mut m = broadcast_map(&xs[..xs.len() - 2], &out.ty.shape()[..nb]);
+                let mut m = broadcast_map(&xs[..xs.len() - 2], &acc.ty.shape()[..nb]);
                 if !m.is_empty() {
                     m.push_str(", ");
                 }
@@ -675,7 +702,6 @@ fn matmul(e: &mut Emitter, numerics: Numerics, a: &Buf, b: &Buf, mask: Option<&B
             });
         }
     }
-    store(e, &acc, out);
 }
 
 /// The type of `x` without `axis`, in f32.

@@ -40,9 +40,10 @@ fn transposed(
     }
 }
 
-/// `c = a · b` over `c`'s batch axes, entries with `active[i] == false` (over the first batch
-/// axis) zero. The views point into managed memory.
-pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
+/// `c = a · b` (or `c += a · b` with `accumulate`) over `c`'s batch axes, entries with
+/// `active[i] == false` (over the first batch axis) `-0.0` (or left as they are). The views
+/// point into managed memory.
+pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accumulate: bool) {
     let (ra, rb, r) = (a.sizes.len(), b.sizes.len(), c.sizes.len());
     let (m, n, k) = (c.sizes[r - 2], c.sizes[r - 1], a.sizes[ra - 1]);
     let batch = &c.sizes[..r - 2];
@@ -96,8 +97,9 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
                 .cast::<c_void>()
         };
         if !on {
-            // Skipped entries are -0.0: each an m × n block of rows `ldc` apart.
-            for o in &offsets[start..end] {
+            // Skipped entries are -0.0 (accumulating, they stay as they are): each an m × n
+            // block of rows `ldc` apart.
+            for o in offsets[start..end].iter().filter(|_| !accumulate) {
                 // SAFETY: the block lies inside `c`'s buffer (managed memory); f32 elements.
                 let r = unsafe {
                     cu::cuMemsetD2D32Async(
@@ -118,7 +120,7 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>) {
             continue;
         }
         let [oa, ob, oc] = offsets[start];
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         // SAFETY: the pointers and strides describe the operands of entries start..end inside
         // the views' buffers (managed memory, addressable by the GPU); the handle is bound to
         // the rank's stream; alpha and beta are f32, as the compute type wants.

@@ -1,0 +1,101 @@
+//! Gradient accumulation folded into the GEMM: `acc_next = add %acc, %d` where `%d` is a result
+//! of a call whose callee returns a matmul becomes one GEMM `C += A·B` into `%acc`'s buffer
+//! (BLAS's `beta = 1`), instead of the GEMM writing a temporary that an elementwise pass then
+//! adds in. In a training step's backward loop this is every weight gradient of every
+//! iteration: for the MLP, 7% of the step went into those adds (BENCHMARKS.md).
+//!
+//! Fast numerics only: the sum is rounded in another order than the interpreter's.
+
+use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
+use ppc_dialect::op::{BinaryOp, OpKind};
+use ppc_dialect::DType;
+use std::collections::HashSet;
+
+/// One accumulation: result `result` of call `call` is added to `acc` by `add`.
+pub struct Accumulation {
+    pub call: OpId,
+    pub result: usize,
+    pub add: OpId,
+    pub acc: ValueId,
+}
+
+/// The accumulations of `block` of `f`; `deferred` values (computed inside their consumer's
+/// loop nest) are not candidates.
+pub fn find(m: &Module, f: &Func, block: &Block, deferred: &HashSet<ValueId>) -> Vec<Accumulation> {
+    let position = |v: ValueId| {
+        block
+            .ops
+            .iter()
+            .position(|&id| f.ops[id].results.contains(&v))
+    };
+    let mut found = Vec::new();
+    for (at, &add) in block.ops.iter().enumerate() {
+        let op = &f.ops[add];
+        let OpKind::Binary {
+            op: BinaryOp::Add,
+            lhs,
+            rhs,
+        } = op.kind
+        else {
+            continue;
+        };
+        let r = op.results[0];
+        let ty = f.ty(r);
+        if ty.dtype != DType::F32 || f.ty(lhs) != ty || f.ty(rhs) != ty || deferred.contains(&r) {
+            continue;
+        }
+        for (acc, d) in [(lhs, rhs), (rhs, lhs)] {
+            let Some(call_at) = position(d) else { continue };
+            let call = block.ops[call_at];
+            let OpKind::Call { callee, .. } = &f.ops[call].kind else {
+                continue;
+            };
+            let g = &m.funcs[*callee];
+            let result = f.ops[call].results.iter().position(|&v| v == d);
+            let returns_matmul = result.is_some_and(|i| returned_matmul(g, g.body.results[i]));
+            // `acc` is read by this add alone and is there before the call: the GEMM may
+            // write into its buffer at the call.
+            let before = position(acc).is_none_or(|p| p < call_at);
+            if returns_matmul
+                && uses(f, d) == 1
+                && uses(f, acc) == 1
+                && before
+                && call_at < at
+                && !deferred.contains(&acc)
+            {
+                found.push(Accumulation {
+                    call,
+                    result: result.expect("checked"),
+                    add,
+                    acc,
+                });
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// Whether `v`, returned by `g`, is a matmul of `g`'s body that nothing else reads.
+fn returned_matmul(g: &Func, v: ValueId) -> bool {
+    let matmul = g.body.ops.iter().any(|&id| {
+        g.ops[id].results.contains(&v) && matches!(g.ops[id].kind, OpKind::MatMul { .. })
+    });
+    matmul && uses(g, v) == 1 && g.ty(v).dtype == DType::F32
+}
+
+/// How many times `v` is read in `f`: as an operand, or a block's result.
+fn uses(f: &Func, v: ValueId) -> usize {
+    fn in_block(f: &Func, b: &Block, v: ValueId) -> usize {
+        let mut n = b.results.iter().filter(|&&r| r == v).count();
+        for &id in &b.ops {
+            let op = &f.ops[id];
+            n += op.kind.operands().iter().filter(|&&o| o == v).count();
+            if let OpKind::Loop { body, .. } = &op.kind {
+                n += in_block(f, body, v);
+            }
+        }
+        n
+    }
+    in_block(f, &f.body, v)
+}
