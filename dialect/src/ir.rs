@@ -245,6 +245,20 @@ impl Func {
             .collect()
     }
 
+    /// How many times `block` (nested loop bodies included) reads `v`: as an operand, or as a
+    /// block's result.
+    pub fn uses(&self, block: &Block, v: ValueId) -> usize {
+        let mut n = block.results.iter().filter(|&&r| r == v).count();
+        for &id in &block.ops {
+            let op = &self.ops[id];
+            n += op.kind.operands().iter().filter(|&&o| o == v).count();
+            if let OpKind::Loop { body, .. } = &op.kind {
+                n += self.uses(body, v);
+            }
+        }
+        n
+    }
+
     /// Removes the ops whose results nothing reads (a loop stays whole while any of its
     /// results is read), and their values: the arenas keep the rest in definition order, as
     /// parsing the printed function would make them. Exchanges stay: every rank takes part.

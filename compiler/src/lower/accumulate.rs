@@ -57,8 +57,8 @@ pub fn find(m: &Module, f: &Func, block: &Block, deferred: &HashSet<ValueId>) ->
             // write into its buffer at the call.
             let before = position(acc).is_none_or(|p| p < call_at);
             if returns_matmul
-                && uses(f, d) == 1
-                && uses(f, acc) == 1
+                && f.uses(&f.body, d) == 1
+                && f.uses(&f.body, acc) == 1
                 && before
                 && call_at < at
                 && !deferred.contains(&acc)
@@ -81,21 +81,5 @@ fn returned_matmul(g: &Func, v: ValueId) -> bool {
     let matmul = g.body.ops.iter().any(|&id| {
         g.ops[id].results.contains(&v) && matches!(g.ops[id].kind, OpKind::MatMul { .. })
     });
-    matmul && uses(g, v) == 1 && g.ty(v).dtype == DType::F32
-}
-
-/// How many times `v` is read in `f`: as an operand, or a block's result.
-fn uses(f: &Func, v: ValueId) -> usize {
-    fn in_block(f: &Func, b: &Block, v: ValueId) -> usize {
-        let mut n = b.results.iter().filter(|&&r| r == v).count();
-        for &id in &b.ops {
-            let op = &f.ops[id];
-            n += op.kind.operands().iter().filter(|&&o| o == v).count();
-            if let OpKind::Loop { body, .. } = &op.kind {
-                n += in_block(f, body, v);
-            }
-        }
-        n
-    }
-    in_block(f, &f.body, v)
+    matmul && g.uses(&g.body, v) == 1 && g.ty(v).dtype == DType::F32
 }

@@ -673,22 +673,11 @@ fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId>) {
 /// Whether the only use of `v` in `block` (nested blocks and yields included) is one `index`
 /// of `block` itself.
 fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
-    fn uses(f: &Func, block: &Block, v: ValueId) -> usize {
-        let mut n = block.results.iter().filter(|&&r| r == v).count();
-        for &id in &block.ops {
-            let op = &f.ops[id];
-            n += op.kind.operands().iter().filter(|&&o| o == v).count();
-            if let OpKind::Loop { body, .. } = &op.kind {
-                n += uses(f, body, v);
-            }
-        }
-        n
-    }
     let indexed = block
         .ops
         .iter()
         .any(|&id| matches!(&f.ops[id].kind, OpKind::Index { x, .. } if *x == v));
-    indexed && uses(f, block, v) == 1
+    indexed && f.uses(block, v) == 1
 }
 
 /// The values `block` (nested blocks included) reads but does not define, in id order.
