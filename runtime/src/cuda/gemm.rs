@@ -1,6 +1,6 @@
 //! `matmul` on the GPU: cuBLAS's GEMM with f32 accumulation (`CUBLAS_COMPUTE_32F`: f32
-//! operands without TF32; bf16 and f16 operands on the tensor cores), queued on the rank's
-//! stream. Batch entries whose operands sit at a constant stride from one another go in
+//! operands without TF32 unless `PPC_TF32=1`; bf16 and f16 operands on the tensor cores),
+//! queued on the rank's stream. Batch entries whose operands sit at a constant stride from one another go in
 //! one strided-batched call; entries of stages in a bubble slot are not computed: a memset
 //! writes them `-0.0`, as `matmul` defines.
 //!
@@ -14,6 +14,18 @@ use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
+
+/// f32 accumulation; f32 operands through TF32 tensor cores only when asked
+/// (`PPC_TF32=1`: about 8× the rate, 10-bit mantissas in the products).
+fn compute_type(operands: Elem) -> blas::cublasComputeType_t {
+    static TF32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let tf32 = *TF32.get_or_init(|| std::env::var("PPC_TF32").is_ok_and(|v| v == "1"));
+    if operands == Elem::F32 && tf32 {
+        blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+    } else {
+        blas::cublasComputeType_t::CUBLAS_COMPUTE_32F
+    }
+}
 
 fn data_type(e: Elem) -> blas::cudaDataType {
     match e {
@@ -147,7 +159,7 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accu
                 ldc as i32,
                 steps[2] as i64,
                 (end - start) as i32,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute_type(a.elem),
                 blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         };
