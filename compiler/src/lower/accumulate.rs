@@ -2,7 +2,7 @@
 //! of a call whose callee returns a matmul becomes one GEMM `C += A·B` into `%acc`'s buffer
 //! (BLAS's `beta = 1`), instead of the GEMM writing a temporary that an elementwise pass then
 //! adds in. In a training step's backward loop this is every weight gradient of every
-//! iteration: for the MLP, 7% of the step went into those adds (BENCHMARKS.md).
+//! iteration: for the MLP, 6% of the step went into those adds (BENCHMARKS.md).
 //!
 //! Fast numerics only: the sum is rounded in another order than the interpreter's.
 

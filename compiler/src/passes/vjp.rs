@@ -271,14 +271,7 @@ pub fn rule(
             let var = reduce(b, ReduceOp::Mean, sq, &xt, *axis)?;
             let e = scalar(b, dt, eps.0)?;
             let ve = bin(b, BinaryOp::Add, var, e)?;
-            let inv = b.op(
-                "inv",
-                OpKind::Unary {
-                    op: UnaryOp::Rsqrt,
-                    x: ve,
-                },
-                None,
-            )?;
+            let inv = unary(b, "inv", UnaryOp::Rsqrt, ve)?;
             let md = reduce(b, ReduceOp::Mean, d, &xt, *axis)?;
             let dy = bin(b, BinaryOp::Mul, d, p(r))?;
             let mdy = reduce(b, ReduceOp::Mean, dy, &xt, *axis)?;
@@ -364,14 +357,7 @@ fn gelu_grad(b: &mut Builder, x: ValueId, d: ValueId, dt: DType) -> Result<Value
     let inner = bin(b, BinaryOp::Add, x, ax3)?;
     let cc = scalar(b, dt, c)?;
     let u = bin(b, BinaryOp::Mul, inner, cc)?;
-    let th = b.op(
-        "th",
-        OpKind::Unary {
-            op: UnaryOp::Tanh,
-            x: u,
-        },
-        None,
-    )?;
+    let th = unary(b, "th", UnaryOp::Tanh, u)?;
     let (one, half) = (scalar(b, dt, 1.0)?, scalar(b, dt, 0.5)?);
     let left = bin(b, BinaryOp::Add, one, th)?;
     let left = bin(b, BinaryOp::Mul, left, half)?;
@@ -551,13 +537,10 @@ pub fn select(
     )
 }
 
+fn unary(b: &mut Builder, hint: &str, op: UnaryOp, x: ValueId) -> Result<ValueId, Diagnostic> {
+    b.op(hint, OpKind::Unary { op, x }, None)
+}
+
 fn neg(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {
-    b.op(
-        "d",
-        OpKind::Unary {
-            op: UnaryOp::Neg,
-            x,
-        },
-        None,
-    )
+    unary(b, "d", UnaryOp::Neg, x)
 }
