@@ -4,7 +4,7 @@
 
 use crate::commands;
 use crate::lower::Numerics;
-use crate::passes;
+use crate::passes::{self, Options, Remat};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ppc_dialect::{DType, Overrides};
 use ppc_runtime::manifest::Target;
@@ -246,6 +246,22 @@ pub struct PassArgs {
     /// Fill bubble slots with NaN instead of zeros (results must not change).
     #[arg(long)]
     pub poison_bubbles: bool,
+    /// Training: what the backward recomputes. `stage` (GPipe's choice): keep each
+    /// iteration's stage input and recompute the stage in the backward loop, the least memory;
+    /// `none`: keep every activation the backward reads, so no matmul runs twice (see
+    /// `--report=json` for the memory of both).
+    #[arg(long, value_enum, default_value_t = Remat::Stage)]
+    pub remat: Remat,
+}
+
+impl PassArgs {
+    pub fn options(&self, train: bool) -> Options {
+        Options {
+            poison_bubbles: self.poison_bubbles,
+            train,
+            remat: self.remat,
+        }
+    }
 }
 
 /// How code is generated.

@@ -7,7 +7,7 @@ use crate::cli::{
 };
 use crate::compare::{compare, tolerance};
 
-use crate::passes::Options;
+use crate::passes::{Options, Remat};
 use crate::pipeline::{compile, frontend, PipelineError};
 use crate::report::report;
 use crate::schedule::Schedule;
@@ -52,6 +52,31 @@ fn load(args: &ModelArgs) -> Result<Loaded, Failure> {
         Ok(module) => Ok(Loaded { path, text, module }),
         Err(d) => Err(Failure(render(&path, &text, &d))),
     }
+}
+
+/// What the training step keeps for its backward under each `--remat`, from the program each
+/// generates (`compiled` is the one for `pass.remat`).
+fn kept_by_remat(
+    model: &ModelArgs,
+    pass: &PassArgs,
+    compiled: &Module,
+) -> Result<serde_json::Value, Failure> {
+    let mut by = serde_json::Map::new();
+    for remat in [Remat::Stage, Remat::None] {
+        let bytes = if remat == pass.remat {
+            crate::report::kept_activation_bytes(compiled)
+        } else {
+            let mut other = load(model)?;
+            let opts = Options {
+                remat,
+                ..pass.options(true)
+            };
+            other.compile(&opts, None, None)?;
+            crate::report::kept_activation_bytes(&other.module)
+        };
+        by.insert(remat.name().into(), bytes.into());
+    }
+    Ok(by.into())
 }
 
 /// A model file that is not UTF-8: the line and column of the first bad byte.
@@ -271,10 +296,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             }
             let timer = time_passes.then(crate::timing::start);
             let mut l = crate::timing::phase("parse and check", || load(&model))?;
-            let opts = Options {
-                poison_bubbles: pass.poison_bubbles,
-                train,
-            };
+            let opts = pass.options(train);
             let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm" | "asm" | "ptx"))
                 || output.is_some()
                 || fmt.is_some();
@@ -311,7 +333,14 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 .map_err(io)?;
             }
             let text = match (fmt, emit.as_deref()) {
-                (Some(ReportFormat::Json), _) => format!("{}\n", report(&l.module)?),
+                (Some(ReportFormat::Json), _) => {
+                    let mut r = report(&l.module)?;
+                    if train {
+                        r["training"]["kept_activation_bytes_per_rank_by_remat"] =
+                            kept_by_remat(&model, &pass, &l.module)?;
+                    }
+                    format!("{r}\n")
+                }
                 (None, Some("mlir")) => {
                     backend::emit_mlir(&l.module, &l.source(), numerics, gpu.as_ref())
                         .map_err(|d| l.fail(&d))?
@@ -496,14 +525,7 @@ fn verify(
     if backend != Backend::Interp {
         one_process(&l, &format!("ppc verify --backend {}", backend.name()))?;
     }
-    l.compile(
-        &Options {
-            poison_bubbles: pass.poison_bubbles,
-            ..Options::default()
-        },
-        None,
-        None,
-    )?;
+    l.compile(&pass.options(false), None, None)?;
     let p = l.module.pipeline;
     let dtype = l.module.input.dtype;
     let poison = if pass.poison_bubbles {
@@ -635,10 +657,7 @@ fn verify_grad(
     if check.backend == Backend::Cpu {
         one_process(&l, "ppc verify --grad --backend cpu")?;
     }
-    let opts = Options {
-        poison_bubbles: pass.poison_bubbles,
-        train: true,
-    };
+    let opts = pass.options(true);
     l.compile(&opts, None, None)?;
     let (m, seed) = (&l.module, check.seed);
     let source = param_source(m, seed, check.params.as_deref())?;

@@ -54,12 +54,19 @@ fn tape_bytes(f: &Func, block: &Block) -> u64 {
         .sum()
 }
 
-/// The training step's memory (after `autodiff`): what it keeps between the forward and the
-/// backward loop, per rank (GPipe: each iteration's stage input), and the sizes of all values
-/// of one stage's recomputing backward (a bound on what it holds at once).
-fn training(m: &Module, local: u64) -> Option<Value> {
+/// What the training step `m` keeps between its forward and its backward loop, per rank
+/// (`--remat=stage`: each iteration's stage input; `none`: every activation its backward reads).
+pub fn kept_activation_bytes(m: &Module) -> Option<u64> {
     let step = m.func(&names::vjp(names::TRAIN))?;
-    let stage_vjp = m.func(&names::vjp(names::STAGE))?;
+    Some(tape_bytes(step, &step.body))
+}
+
+/// The training step's memory (after `autodiff`): what it keeps between the forward and the
+/// backward loop, per rank, and the sizes of all values of one stage's backward (a bound on
+/// what it holds at once).
+fn training(m: &Module, local: u64) -> Option<Value> {
+    let split = m.func(&names::bwd(names::STAGE));
+    let stage_vjp = split.or(m.func(&names::vjp(names::STAGE)))?;
     let stage = m.func(names::STAGE)?;
     let grads: u64 = stage
         .params
@@ -67,8 +74,8 @@ fn training(m: &Module, local: u64) -> Option<Value> {
         .map(|q| 4 * stage.ty(q.value).elements())
         .sum();
     Some(json!({
-        "remat": "stage",
-        "kept_activation_bytes_per_rank": tape_bytes(step, &step.body),
+        "remat": if split.is_some() { "none" } else { "stage" },
+        "kept_activation_bytes_per_rank": kept_activation_bytes(m)?,
         "stage_backward_value_bytes_per_stage": result_bytes(stage_vjp, &stage_vjp.body) / local,
         "gradient_bytes_per_stage": grads / local,
     }))

@@ -348,6 +348,16 @@ pub mod names {
     pub fn vjp(f: &str) -> String {
         format!("{f}_vjp")
     }
+
+    /// `@f` returning also what its backward reads (`autodiff --remat=none`): `@f_fwd`.
+    pub fn fwd(f: &str) -> String {
+        format!("{f}_fwd")
+    }
+
+    /// `@f`'s backward from what `@f_fwd` kept (`autodiff --remat=none`): `@f_bwd`.
+    pub fn bwd(f: &str) -> String {
+        format!("{f}_bwd")
+    }
 }
 
 /// The setting `stages / ranks`, usable as a dimension though no `pipeline` block gives it.

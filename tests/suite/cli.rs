@@ -635,14 +635,36 @@ fn the_training_report_counts_what_the_backward_loop_keeps() {
         assert_eq!(code, 0, "{err}");
         json_last_line(&out)
     };
-    for ranks in ["1", "2", "4"] {
-        let r = report(&["--ranks", ranks]);
-        // GPipe's rematerialization keeps each iteration's stage input: the state buffer.
-        let kept = r["training"]["kept_activation_bytes_per_rank"].as_u64();
+    // The MLP's shapes (examples/mlp.ppc): 4 stages, b = 16, h = 1024, f32.
+    let (stages, b, h) = (4, 16, 1024);
+    for ranks in [1, 2, 4] {
+        let r = report(&["--ranks", &ranks.to_string()]);
         let state = r["state_buffer_bytes_per_rank"].as_u64().expect("state");
         let iterations = r["iterations"].as_u64().expect("iterations");
-        assert_eq!(kept, Some(iterations * state), "{ranks} ranks: {r}");
-        assert_eq!(r["training"]["remat"], "stage");
+        // GPipe's rematerialization keeps each iteration's stage input: the state buffer.
+        let stage = iterations * state;
+        // Keeping everything adds, per iteration and stage, the two [b, h] activations the
+        // backward reads (relu's input and output) and the stage's active flag (1 byte).
+        let none = iterations * (state + stages / ranks * (2 * b * h * 4 + 1));
+        let t = &r["training"];
+        assert_eq!(t["remat"], "stage");
+        assert_eq!(
+            t["kept_activation_bytes_per_rank"], stage,
+            "{ranks} ranks: {r}"
+        );
+        let by = &t["kept_activation_bytes_per_rank_by_remat"];
+        assert_eq!(
+            (&by["stage"], &by["none"]),
+            (&stage.into(), &none.into()),
+            "{r}"
+        );
+        let r = report(&["--ranks", &ranks.to_string(), "--remat", "none"]);
+        assert_eq!(r["training"]["remat"], "none");
+        assert_eq!(r["training"]["kept_activation_bytes_per_rank"], none);
+        assert_eq!(
+            &r["training"]["kept_activation_bytes_per_rank_by_remat"],
+            by
+        );
     }
     let (_, forward, _) = ppc(&["compile", &mlp, "--report=json"]);
     assert!(json_last_line(&forward).get("training").is_none());

@@ -241,7 +241,9 @@ fn the_gpu_program_with_cpu_kernels_computes_what_the_interpreter_does() {
 
 #[test]
 fn the_gpu_training_step_with_cpu_kernels_matches_the_interpreter() {
-    crate::train::compiled_gradients_match(|m, src| {
-        ppc::backend::jit_gpu_program_on_cpu(m, src, ppc::lower::Numerics::Fast, 0)
-    });
+    for remat in [ppc::passes::Remat::Stage, ppc::passes::Remat::None] {
+        crate::train::compiled_gradients_match(remat, |m, src| {
+            ppc::backend::jit_gpu_program_on_cpu(m, src, ppc::lower::Numerics::Fast, 0)
+        });
+    }
 }

@@ -6,7 +6,7 @@
 use crate::common::{load, root};
 use crate::passes::assert_bits_eq;
 use crate::properties::{model, pick};
-use ppc::passes::Options;
+use ppc::passes::{Options, Remat};
 use ppc::pipeline::compile;
 use ppc_dialect::grad::{pipeline_vjp_on_ranks, synthetic_cotangent, Grads};
 use ppc_dialect::interp::{synthetic_targets, Interp};
@@ -14,10 +14,11 @@ use ppc_dialect::{Module, Overrides};
 use ppc_runtime::init::Source;
 use ppc_runtime::{Init, Rng, Tensor};
 
-pub(crate) fn train_opts(poison: bool) -> Options {
+pub(crate) fn train_opts(poison: bool, remat: Remat) -> Options {
     Options {
         poison_bubbles: poison,
         train: true,
+        remat,
     }
 }
 
@@ -25,12 +26,12 @@ pub(crate) fn train_opts(poison: bool) -> Options {
 fn pipelined_equals_sequential(
     text: &str,
     over: &Overrides,
-    poison: bool,
+    opts: &Options,
     seed: u64,
     what: &str,
 ) -> Grads {
     let mut m = load(text, over);
-    compile(&mut m, &train_opts(poison), None, None).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    compile(&mut m, opts, None, None).unwrap_or_else(|e| panic!("{what}: {e:?}"));
     assert_grads_equal(&m, seed, what)
 }
 
@@ -90,17 +91,22 @@ fn pipelined_gradients_equal_sequential_bit_for_bit() {
             pick(&mut rng, 1, 5),
         );
         let text = model(s, m, r, k, b, d, h);
+        // Both rematerializations, on alternate cases.
+        let remat = [Remat::Stage, Remat::None][case as usize % 2];
         for poison in [false, true] {
-            let what =
-                format!("case {case}: S={s} M={m} R={r} k={k} b={b} d={d} h={h} poison={poison}");
-            let g = pipelined_equals_sequential(&text, &Overrides::default(), poison, case, &what);
+            let what = format!(
+                "case {case}: S={s} M={m} R={r} k={k} b={b} d={d} h={h} poison={poison} remat={}",
+                remat.name()
+            );
+            let opts = train_opts(poison, remat);
+            let g = pipelined_equals_sequential(&text, &Overrides::default(), &opts, case, &what);
             for ranks in rank_counts(s) {
                 let over = Overrides {
                     ranks: Some(ranks),
                     ..Overrides::default()
                 };
                 let what = format!("{what} ranks={ranks}");
-                pipelined_equals_sequential(&text, &over, poison, case, &what);
+                pipelined_equals_sequential(&text, &over, &opts, case, &what);
                 sharded += 1;
             }
             let nonzero = g
@@ -139,14 +145,13 @@ fn example_gradients_equal_sequential_bit_for_bit() {
         ("tiny.ppc", Overrides::default()),
     ] {
         let text = std::fs::read_to_string(root().join("examples").join(file)).expect("example");
-        for poison in [false, true] {
-            pipelined_equals_sequential(
-                &text,
-                &over,
-                poison,
-                7,
-                &format!("{file} poison={poison}"),
-            );
+        for (poison, remat) in [
+            (false, Remat::Stage),
+            (true, Remat::Stage),
+            (true, Remat::None),
+        ] {
+            let what = format!("{file} poison={poison} remat={}", remat.name());
+            pipelined_equals_sequential(&text, &over, &train_opts(poison, remat), 7, &what);
         }
     }
 }
@@ -196,7 +201,7 @@ fn gradients_match_finite_differences_on_every_op() {
     let text =
         std::fs::read_to_string(root().join("tests/models/every_grad_op.ppc")).expect("model");
     let mut m = load(&text, &Overrides::default());
-    compile(&mut m, &train_opts(false), None, None).expect("compile");
+    compile(&mut m, &train_opts(false, Remat::Stage), None, None).expect("compile");
     let layer = m.func("layer").expect("@layer").clone();
     let eps = 1e-3;
     for seed in 0..3u64 {
@@ -285,7 +290,7 @@ func @layer(%x: f32[b, d]) -> f32[b, d] {{
 fn loss_gradients_match_finite_differences() {
     for loss_name in ["mse", "softmax_cross_entropy"] {
         let mut m = load(&trained_model(loss_name), &Overrides::default());
-        compile(&mut m, &train_opts(true), None, None).expect("compile for training");
+        compile(&mut m, &train_opts(true, Remat::Stage), None, None).expect("compile for training");
         let seed = 3;
         let mut interp = Interp::new(&m, seed);
         let inputs = interp.synthetic_inputs();

@@ -1,7 +1,8 @@
 //! File-driven pass tests: `tests/passes/<pass>/<case>.ppc`.
 //!
 //! A case's first line is `// RUN: <pass> [--input FILE] [--stages S] [--microbatches M]
-//! [--repeats R] [--ranks N] [--dim N=V] [--poison-bubbles]`, its second a comment saying what it checks; the
+//! [--repeats R] [--ranks N] [--dim N=V] [--poison-bubbles] [--remat stage|none]`, its second a
+//! comment saying what it checks; the
 //! model is the case file itself or the `--input` file. The harness runs the pipeline up to that
 //! pass, snapshots the printed IR (or the rendered diagnostic, if the pass rejects the model),
 //! checks the round trip, and checks the meaning with the interpreter: after `gpipe-loop` the
@@ -52,6 +53,13 @@ fn parse_run(line: &str) -> Run {
             "--repeats" => run.overrides.repeats = Some(num()),
             "--ranks" => run.overrides.ranks = Some(num()),
             "--poison-bubbles" => run.opts.poison_bubbles = true,
+            "--remat" => {
+                run.opts.remat = match words.next() {
+                    Some("stage") => ppc::passes::Remat::Stage,
+                    Some("none") => ppc::passes::Remat::None,
+                    other => panic!("--remat stage|none, got {other:?}"),
+                };
+            }
             "--input" => run.input = Some(words.next().expect("--input FILE").to_string()),
             "--dim" => {
                 let kv = words.next().expect("--dim N=V");

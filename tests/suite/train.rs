@@ -6,6 +6,7 @@ use crate::grad::train_opts;
 use ppc::backend;
 use ppc::compare::{compare, tolerance};
 use ppc::lower::Numerics;
+use ppc::passes::Remat;
 use ppc::pipeline::compile;
 use ppc_dialect::interp::{synthetic_targets, Interp};
 use ppc_dialect::Overrides;
@@ -15,13 +16,16 @@ use ppc_runtime::{DType, Tensor};
 
 #[test]
 fn compiled_gradients_match_the_interpreter() {
-    // O0: LLVM's O2 takes ~45 s on a training step (see `ppc verify --grad`).
-    compiled_gradients_match(|m, src| backend::jit(m, src, Numerics::Fast, 0));
+    for remat in [Remat::Stage, Remat::None] {
+        // O0: LLVM's O2 takes ~45 s on a training step (see `ppc verify --grad`).
+        compiled_gradients_match(remat, |m, src| backend::jit(m, src, Numerics::Fast, 0));
+    }
 }
 
-/// The training step of the examples, compiled by `jit`, against the interpreter's: loss,
-/// gradients and outputs within the f32 tolerance.
+/// The training step of the examples under `remat`, compiled by `jit`, against the
+/// interpreter's: loss, gradients and outputs within the f32 tolerance.
 pub(crate) fn compiled_gradients_match(
+    remat: Remat,
     jit: impl Fn(
         &ppc_dialect::Module,
         &backend::Source,
@@ -46,9 +50,10 @@ pub(crate) fn compiled_gradients_match(
             },
         ),
     ] {
+        let what = format!("{file} --remat={}", remat.name());
         let text = std::fs::read_to_string(root().join(file)).expect("example");
         let mut m = load(&text, &over);
-        compile(&mut m, &train_opts(true), None, None).expect("compiles for training");
+        compile(&mut m, &train_opts(true, remat), None, None).expect("compiles for training");
         let seed = 5;
         let mut interp = Interp::new(&m, seed);
         let inputs = interp.synthetic_inputs();
@@ -75,7 +80,7 @@ pub(crate) fn compiled_gradients_match(
         let rel = (f64::from(got_loss) - f64::from(want.loss)).abs() / f64::from(want.loss).abs();
         assert!(
             rel <= 1e-5,
-            "{file}: loss {got_loss} vs the interpreter's {}",
+            "{what}: loss {got_loss} vs the interpreter's {}",
             want.loss
         );
         for (a, got) in param_args.iter().zip(&got.grads) {
@@ -88,19 +93,19 @@ pub(crate) fn compiled_gradients_match(
             let w: Vec<f32> = per_layer.iter().flat_map(|t| t.data.clone()).collect();
             assert!(
                 got.data.iter().all(|v| v.is_finite()),
-                "{file}: gradient of {} is not finite",
+                "{what}: gradient of {} is not finite",
                 a.name
             );
             let want = Tensor::new(got.dtype, got.shape.clone(), w);
             let err = compare(&want, got).max_rel;
             assert!(
                 err <= tolerance(DType::F32),
-                "{file}: gradient of {}: normwise error {err:e}",
+                "{what}: gradient of {}: normwise error {err:e}",
                 a.name
             );
         }
         let c = compare(&want.grads.outputs, &got.outputs);
-        assert!(c.max_rel <= tolerance(DType::F32), "{file}: outputs");
+        assert!(c.max_rel <= tolerance(DType::F32), "{what}: outputs");
     }
 }
 

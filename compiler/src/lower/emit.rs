@@ -201,7 +201,8 @@ impl<'a> Emitter<'a> {
     /// A scalar constant of an MLIR element type given by name.
     pub fn constant(&mut self, value: f64, ty: &str) -> String {
         let lit = match ty {
-            "i1" => (if value != 0.0 { "true" } else { "false" }).to_string(),
+            // `true : i1` does not parse: a bool attribute carries its type.
+            "i1" => u8::from(value != 0.0).to_string(),
             "i16" | "i32" | "index" => format!("{}", value as i64),
             _ => float_literal(value as f32),
         };

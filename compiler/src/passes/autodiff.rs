@@ -13,11 +13,13 @@
 //! The per-op rules are one table (`vjp.rs`); this file handles what needs the whole program:
 //! - **call**: a call of `@g_vjp`, which recomputes `@g` inside (rematerialization: a stage's
 //!   activations live only while its backward runs); the callee's parameter cotangents add up
-//!   in the caller.
+//!   in the caller. With `--remat=none` (`remat.rs`) the forward calls `@g_fwd`, which also
+//!   returns what the backward reads, and the backward `@g_bwd` on those residuals.
 //! - **loop** into a reverse loop of the same trip count. The forward loop keeps, per
 //!   iteration, only the carried values the backward reads (a "tape" `[trips, ...]`); the
 //!   reverse body recomputes from them what the rules need. For the GPipe loop that is the state
-//!   buffer, i.e. each iteration's stage input (GPipe's choice). Cotangents of values the body
+//!   buffer, i.e. each iteration's stage input (GPipe's choice); with `--remat=none`, every
+//!   value the reverse body reads. Cotangents of values the body
 //!   reads from outside, parameters included, accumulate in the reverse loop's carried values.
 //! - **`@stage`** computes only where `%active`: its VJP returns zero cotangents (`-0.0`) for the
 //!   inactive stages, so bubble slots contribute exactly nothing, even when poisoned with NaN
@@ -27,6 +29,7 @@
 //! pipelined gradient of a parameter is the same sum, in the same order, as the sequential
 //! model's over microbatches `M-1, ..., 0`: equal bit for bit (tested).
 
+use super::remat::{backward_reads, recomputable, Remat};
 use super::vjp::{self, bin, select, zeros, Env};
 use super::Options;
 use ppc_dialect::build::Builder;
@@ -39,7 +42,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 /// A trainable parameter: the function that declares it and its index among its parameters.
 pub type Slot = (FuncId, usize);
 
-pub fn autodiff(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
+pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     if m.funcs
         .values()
         .any(|f| m.func(&names::vjp(&f.name)).is_some())
@@ -49,22 +52,59 @@ pub fn autodiff(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
         )]);
     }
     let ids: Vec<FuncId> = m.funcs.iter().map(|(id, _)| id).collect();
+    let called: HashSet<FuncId> = m.funcs.values().flat_map(callees).collect();
     let mut vjps = HashMap::new();
+    let mut splits = HashMap::new();
     for id in ids {
         let diff = Diff {
             m,
             id,
             f: &m.funcs[id],
+            remat: opts.remat,
             vjps: &vjps,
+            splits: &splits,
         };
-        let mut g = diff.build().map_err(|d| vec![d])?;
-        // Rules give every operand a cotangent; those of constants (a mask value, a scale) go
-        // nowhere.
-        g.remove_dead_ops();
-        let g_id = m.funcs.push(g);
-        vjps.insert(id, g_id);
+        let vjp = diff.build().map_err(|d| vec![d])?;
+        let split = if opts.remat == Remat::None && called.contains(&id) {
+            let fwd = diff.build_fwd().map_err(|d| vec![d])?;
+            Some((fwd, diff.build_bwd().map_err(|d| vec![d])?))
+        } else {
+            None
+        };
+        let mut push = |mut g: Func| {
+            // Rules give every operand a cotangent; those of constants (a mask value, a
+            // scale) go nowhere.
+            g.remove_dead_ops();
+            m.funcs.push(g)
+        };
+        vjps.insert(id, push(vjp));
+        if let Some((fwd, bwd)) = split {
+            splits.insert(
+                id,
+                Split {
+                    fwd: push(fwd),
+                    bwd: push(bwd),
+                },
+            );
+        }
     }
     Ok(())
+}
+
+/// The functions `f` calls (nested loops included).
+fn callees(f: &Func) -> Vec<FuncId> {
+    fn walk(f: &Func, block: &Block, out: &mut Vec<FuncId>) {
+        for &id in &block.ops {
+            match &f.ops[id].kind {
+                OpKind::Call { callee, .. } => out.push(*callee),
+                OpKind::Loop { body, .. } => walk(f, body, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(f, &f.body, &mut out);
+    out
 }
 
 /// The parameters whose cotangents `@f_vjp` returns, in order: `f`'s own, then those of the
@@ -111,16 +151,31 @@ struct Cots {
     slots: BTreeMap<Slot, ValueId>,
 }
 
-/// The carried values a loop keeps per iteration: `(carried index, tape)`.
-type Tape = Vec<(usize, ValueId)>;
-/// The tapes of a block's loops.
-type Tapes = HashMap<OpId, Tape>;
+/// What the forward keeps for the backward: a value of the block, or the `k`-th value kept by
+/// one of its loops (a tape) or calls (a residual of `@g_fwd`).
+#[derive(Clone, Copy, Debug)]
+enum Kept {
+    Value(ValueId),
+    Of(OpId, usize),
+}
+
+/// The values kept by a block's loops (their tapes, `[trips, ...]`) and calls (their
+/// residuals), by op, in the order of [`Diff::kept`].
+type Residues = HashMap<OpId, Vec<ValueId>>;
+
+/// The functions `@g_fwd` and `@g_bwd` of a function `@g` (`--remat=none`).
+struct Split {
+    fwd: FuncId,
+    bwd: FuncId,
+}
 
 struct Diff<'a> {
     m: &'a Module,
     id: FuncId,
     f: &'a Func,
+    remat: Remat,
     vjps: &'a HashMap<FuncId, FuncId>,
+    splits: &'a HashMap<FuncId, Split>,
 }
 
 impl Diff<'_> {
@@ -132,21 +187,76 @@ impl Diff<'_> {
         self.f.ty(v).dtype.is_float()
     }
 
+    /// `@f_vjp`: the forward, then the backward.
     fn build(&self) -> Result<Func, Diagnostic> {
         let f = self.f;
         let mut b = Builder::new(&names::vjp(&f.name));
+        let mut env = self.args(&mut b);
+        let ds = self.d_results(&mut b);
+        self.params(&mut b, &mut env);
+        let residues = self.forward(&mut b, &f.body, &mut env, None)?;
+        let mut outs: Vec<ValueId> = f.body.results.iter().map(|r| env[r]).collect();
+        outs.extend(self.gradients(&mut b, &env, &residues, &ds)?);
+        Ok(b.finish(outs))
+    }
+
+    /// `@f_fwd(args...) -> (results..., kept...)`: `@f`, also returning what `@f_bwd` reads.
+    fn build_fwd(&self) -> Result<Func, Diagnostic> {
+        let f = self.f;
+        let mut b = Builder::new(&names::fwd(&f.name));
+        let mut env = self.args(&mut b);
+        self.params(&mut b, &mut env);
+        let residues = self.forward(&mut b, &f.body, &mut env, None)?;
+        let mut outs: Vec<ValueId> = f.body.results.iter().map(|r| env[r]).collect();
+        for k in self.kept_by_body() {
+            outs.push(resolve(k, &env, &residues));
+        }
+        Ok(b.finish(outs))
+    }
+
+    /// `@f_bwd(kept..., d_results...) -> (d_args..., d_params...)`: `@f_vjp`'s gradients from
+    /// what `@f_fwd` kept, recomputing only what costs nothing.
+    fn build_bwd(&self) -> Result<Func, Diagnostic> {
+        let f = self.f;
+        let mut b = Builder::new(&names::bwd(&f.name));
+        let (mut env, mut residues) = (Env::new(), Residues::new());
+        for k in self.kept_by_body() {
+            let x = b.arg(&self.kept_name(k), self.kept_type(k));
+            bind(k, x, &mut env, &mut residues);
+        }
+        let ds = self.d_results(&mut b);
+        self.params(&mut b, &mut env);
+        let recompute = recomputable(f, &f.body, &[]);
+        self.forward(&mut b, &f.body, &mut env, Some(&recompute))?;
+        let outs = self.gradients(&mut b, &env, &residues, &ds)?;
+        Ok(b.finish(outs))
+    }
+
+    /// `@f`'s arguments, declared again.
+    fn args(&self, b: &mut Builder) -> Env {
+        let f = self.f;
         let mut env = Env::new();
         for &a in &f.body.args {
             b.span = f.value_spans.get(&a);
             let v = b.arg(self.name(a), f.ty(a).clone());
             env.insert(a, v);
         }
-        let ds: Vec<ValueId> = f
-            .body
+        env
+    }
+
+    /// The cotangents of `@f`'s results, as arguments.
+    fn d_results(&self, b: &mut Builder) -> Vec<ValueId> {
+        let f = self.f;
+        f.body
             .results
             .iter()
             .map(|&r| b.arg(&format!("d_{}", self.name(r)), f.ty(r).clone()))
-            .collect();
+            .collect()
+    }
+
+    /// `@f`'s parameters, declared again (the same weights).
+    fn params(&self, b: &mut Builder, env: &mut Env) {
+        let f = self.f;
         for p in &f.params {
             b.span = f.value_spans.get(&p.value);
             let v = b.param(
@@ -157,34 +267,136 @@ impl Diff<'_> {
             );
             env.insert(p.value, v);
         }
-        let tapes = self.forward(&mut b, &f.body, &mut env, None)?;
-        let mut cots = Cots::default();
-        for (&r, &d) in f.body.results.iter().zip(&ds) {
-            self.add(&mut b, &mut cots, r, d)?;
-        }
-        self.backward(&mut b, &f.body, &env, &tapes, &mut cots)?;
+    }
 
-        let active = (f.name == names::STAGE).then(|| env[&f.body.args[1]]);
-        let mut outs: Vec<ValueId> = f.body.results.iter().map(|r| env[r]).collect();
+    /// `@stage`'s `%active`, which masks its gradients.
+    fn active_arg(&self) -> Option<ValueId> {
+        (self.f.name == names::STAGE).then(|| self.f.body.args[1])
+    }
+
+    /// The backward of `@f`'s body given the cotangents `ds` of its results: the cotangents of
+    /// its float arguments, then of its trainable parameters.
+    fn gradients(
+        &self,
+        b: &mut Builder,
+        env: &Env,
+        residues: &Residues,
+        ds: &[ValueId],
+    ) -> Result<Vec<ValueId>, Diagnostic> {
+        let f = self.f;
+        let mut cots = Cots::default();
+        for (&r, &d) in f.body.results.iter().zip(ds) {
+            self.add(b, &mut cots, r, d)?;
+        }
+        self.backward(b, &f.body, env, residues, &mut cots)?;
+        let active = self.active_arg().map(|a| env[&a]);
+        let mut outs = Vec::new();
         for &a in f.body.args.iter().filter(|&&a| self.is_float(a)) {
             let d = match cots.values.get(&a) {
                 Some(&d) => d,
-                None => zeros(&mut b, f.ty(a))?,
+                None => zeros(b, f.ty(a))?,
             };
-            outs.push(mask_inactive(&mut b, active, d)?);
+            outs.push(mask_inactive(b, active, d)?);
         }
         for slot in trainables(self.m, self.id) {
             let own = (slot.0 == self.id).then(|| f.params[slot.1].value);
             let d = match own.and_then(|p| cots.values.get(&p)) {
-                Some(&d) => to_f32(&mut b, d)?,
+                Some(&d) => to_f32(b, d)?,
                 None => match cots.slots.get(&slot) {
                     Some(&d) => d,
-                    None => zeros(&mut b, &slot_type(self.m, slot))?,
+                    None => zeros(b, &slot_type(self.m, slot))?,
                 },
             };
-            outs.push(mask_inactive(&mut b, active, d)?);
+            outs.push(mask_inactive(b, active, d)?);
         }
-        Ok(b.finish(outs))
+        Ok(outs)
+    }
+
+    /// What the forward of `block` keeps for its backward, in order. `available`: the block's
+    /// arguments the backward has anyway (a loop's iteration number).
+    fn kept(&self, block: &Block, available: &[ValueId]) -> Vec<Kept> {
+        let args = block.args.iter().filter(|a| !available.contains(a));
+        if self.remat == Remat::Stage {
+            // The carried values the recomputation starts from.
+            let (_, needed) = needed(self.f, block);
+            return args
+                .filter(|a| needed.contains(a))
+                .map(|&a| Kept::Value(a))
+                .collect();
+        }
+        let recomputed = recomputable(self.f, block, available);
+        let reads = backward_reads(self.f, block, &recomputed);
+        let fresh: HashSet<ValueId> = recomputed
+            .iter()
+            .flat_map(|&id| self.f.ops[id].results.iter().copied())
+            .collect();
+        let results = block.ops.iter().flat_map(|&id| &self.f.ops[id].results);
+        let mut out: Vec<Kept> = args
+            .chain(results)
+            .filter(|v| reads.contains(v) && !fresh.contains(v))
+            .map(|&v| Kept::Value(v))
+            .collect();
+        for &id in &block.ops {
+            let n = match &self.f.ops[id].kind {
+                OpKind::Loop { body, .. } => self.kept(body, &body.args[..1]).len(),
+                OpKind::Call { callee, .. } => self.residual_types(*callee).len(),
+                _ => 0,
+            };
+            out.extend((0..n).map(|k| Kept::Of(id, k)));
+        }
+        out
+    }
+
+    /// What `@f_fwd` returns for `@f_bwd`: [`Diff::kept`] of the body, `%active` included.
+    fn kept_by_body(&self) -> Vec<Kept> {
+        let mut kept = self.kept(&self.f.body, &[]);
+        if let Some(a) = self.active_arg() {
+            if !kept.iter().any(|k| matches!(k, Kept::Value(v) if *v == a)) {
+                kept.insert(0, Kept::Value(a));
+            }
+        }
+        kept
+    }
+
+    /// The types of the residuals `@g_fwd` returns after `@g`'s results.
+    fn residual_types(&self, g: FuncId) -> Vec<Type> {
+        let fwd = &self.m.funcs[self.splits[&g].fwd];
+        let n = self.m.funcs[g].body.results.len();
+        fwd.result_types().split_off(n)
+    }
+
+    /// The `k`-th value a loop or a call keeps: `(its loop body's Kept, trips)`, or the call's
+    /// residual `(callee, k)`.
+    fn nested(&self, op: OpId, k: usize) -> Result<(Kept, u64), (FuncId, usize)> {
+        match &self.f.ops[op].kind {
+            OpKind::Loop { trips, body, .. } => Ok((self.kept(body, &body.args[..1])[k], *trips)),
+            OpKind::Call { callee, .. } => Err((*callee, k)),
+            _ => unreachable!("invariant: only loops and calls keep values"),
+        }
+    }
+
+    fn kept_type(&self, k: Kept) -> Type {
+        match k {
+            Kept::Value(v) => self.f.ty(v).clone(),
+            Kept::Of(op, k) => match self.nested(op, k) {
+                Ok((inner, trips)) => self.kept_type(inner).insert(0, Dim::lit(trips)),
+                Err((g, k)) => self.residual_types(g)[k].clone(),
+            },
+        }
+    }
+
+    fn kept_name(&self, k: Kept) -> String {
+        match k {
+            Kept::Value(v) => self.name(v).to_string(),
+            Kept::Of(op, k) => match self.nested(op, k) {
+                Ok((inner, _)) => self.kept_name(inner),
+                Err((g, k)) => {
+                    let fwd = &self.m.funcs[self.splits[&g].fwd];
+                    let n = self.m.funcs[g].body.results.len();
+                    fwd.values[fwd.body.results[n + k]].name.clone()
+                }
+            },
+        }
     }
 
     /// Copies `block`'s ops (those in `only`, if given) into `b`, extending `env`; loops keep
@@ -195,8 +407,8 @@ impl Diff<'_> {
         block: &Block,
         env: &mut Env,
         only: Option<&HashSet<OpId>>,
-    ) -> Result<Tapes, Diagnostic> {
-        let mut tapes = Tapes::new();
+    ) -> Result<Residues, Diagnostic> {
+        let mut residues = Residues::new();
         for &id in &block.ops {
             if only.is_some_and(|o| !o.contains(&id)) {
                 continue;
@@ -206,13 +418,20 @@ impl Diff<'_> {
             let hint = self.name(op.results[0]).to_string();
             let outs = match &op.kind {
                 OpKind::Loop { .. } => {
-                    let (outs, tape) = self.forward_loop(b, op, env)?;
-                    tapes.insert(id, tape);
+                    let (outs, tapes) = self.forward_loop(b, op, env)?;
+                    residues.insert(id, tapes);
                     outs
                 }
                 OpKind::Call { callee, args } => {
                     let args = args.iter().map(|a| env[a]).collect();
-                    b.call_n(&hint, self.m, *callee, args)?
+                    match self.splits.get(callee) {
+                        Some(s) => {
+                            let mut outs = b.call_n(&hint, self.m, s.fwd, args)?;
+                            residues.insert(id, outs.split_off(op.results.len()));
+                            outs
+                        }
+                        None => b.call_n(&hint, self.m, *callee, args)?,
+                    }
                 }
                 kind => {
                     let kind = kind.map_operands(|v| env[&v]);
@@ -226,60 +445,51 @@ impl Diff<'_> {
                 env.insert(r, v);
             }
         }
-        Ok(tapes)
+        Ok(residues)
     }
 
-    /// The loop `op` with one more carried value per carried value its reverse loop reads:
-    /// `[trips, ...]`, slot `t` holding iteration `t`'s value.
+    /// The loop `op` with one more carried value per value it keeps ([`Diff::kept`]): a tape
+    /// `[trips, ...]`, slot `t` holding iteration `t`'s value. Returns its results and tapes.
     fn forward_loop(
         &self,
         b: &mut Builder,
         op: &Op,
         env: &Env,
-    ) -> Result<(Vec<ValueId>, Tape), Diagnostic> {
+    ) -> Result<(Vec<ValueId>, Vec<ValueId>), Diagnostic> {
         let OpKind::Loop { trips, inits, body } = &op.kind else {
             unreachable!("invariant: called on loops")
         };
         let carried = &body.args[1..];
-        let (_, needed) = needed(self.f, body);
-        let kept: Vec<usize> = (0..carried.len())
-            .filter(|&i| needed.contains(&carried[i]))
-            .collect();
+        let kept = self.kept(body, &body.args[..1]);
         let mut all_inits: Vec<ValueId> = inits.iter().map(|v| env[v]).collect();
         let mut hints: Vec<String> = carried.iter().map(|&c| self.name(c).to_string()).collect();
-        for &i in &kept {
-            let ty = self.f.ty(carried[i]).insert(0, Dim::lit(*trips));
+        for &k in &kept {
+            let ty = self.kept_type(k).insert(0, Dim::lit(*trips));
             all_inits.push(zeros(b, &ty)?);
-            hints.push(format!("tape_{}", self.name(carried[i])));
+            hints.push(format!("tape_{}", self.kept_name(k)));
         }
         let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
-        let outs = b.loop_op(*trips, all_inits, &hints, |b, t, car| {
+        let mut outs = b.loop_op(*trips, all_inits, &hints, |b, t, car| {
             let mut env = env.clone();
             env.insert(body.args[0], t);
             for (&a, &c) in carried.iter().zip(car) {
                 env.insert(a, c);
             }
-            self.forward(b, body, &mut env, None)?;
+            let residues = self.forward(b, body, &mut env, None)?;
             let mut yields: Vec<ValueId> = body.results.iter().map(|v| env[v]).collect();
-            for (k, &i) in kept.iter().enumerate() {
-                let tape = car[carried.len() + k];
-                let kept = b.op(
-                    "tape",
-                    OpKind::Update {
-                        x: tape,
-                        update: car[i],
-                        index: t,
-                        axis: 0,
-                    },
-                    None,
-                )?;
-                yields.push(kept);
+            for (&k, &tape) in kept.iter().zip(&car[carried.len()..]) {
+                let write = OpKind::Update {
+                    x: tape,
+                    update: resolve(k, &env, &residues),
+                    index: t,
+                    axis: 0,
+                };
+                yields.push(b.op("tape", write, None)?);
             }
             Ok(yields)
         })?;
-        let n = carried.len();
-        let tape = kept.iter().zip(&outs[n..]).map(|(&i, &v)| (i, v)).collect();
-        Ok((outs[..n].to_vec(), tape))
+        let tapes = outs.split_off(carried.len());
+        Ok((outs, tapes))
     }
 
     /// Adds the cotangents of `block`'s operands and outer values to `cots`, from those of its
@@ -289,18 +499,16 @@ impl Diff<'_> {
         b: &mut Builder,
         block: &Block,
         env: &Env,
-        tapes: &Tapes,
+        residues: &Residues,
         cots: &mut Cots,
     ) -> Result<(), Diagnostic> {
         for &id in block.ops.iter().rev() {
             let op = &self.f.ops[id];
             b.span = self.f.op_spans.get(&id);
+            let kept = residues.get(&id).map_or(&[][..], Vec::as_slice);
             match &op.kind {
-                OpKind::Loop { .. } => {
-                    let tape = tapes.get(&id).map_or(&[][..], Vec::as_slice);
-                    self.loop_vjp(b, op, env, tape, cots)?
-                }
-                OpKind::Call { .. } => self.call_vjp(b, op, env, cots)?,
+                OpKind::Loop { .. } => self.loop_vjp(b, op, env, kept, cots)?,
+                OpKind::Call { .. } => self.call_vjp(b, op, env, kept, cots)?,
                 // `index`'s transpose adds into the slice it read, not a zero buffer's worth.
                 OpKind::Index { x, index, axis } if self.is_float(*x) => {
                     if let Some(&d) = cots.values.get(&op.results[0]) {
@@ -324,12 +532,14 @@ impl Diff<'_> {
         Ok(())
     }
 
-    /// `call @g(args)`: `call @g_vjp(args, d_results)`.
+    /// `call @g(args)`: `call @g_vjp(args, d_results)`, or `call @g_bwd(residuals, d_results)`
+    /// with `--remat=none`.
     fn call_vjp(
         &self,
         b: &mut Builder,
         op: &Op,
         env: &Env,
+        residuals: &[ValueId],
         cots: &mut Cots,
     ) -> Result<(), Diagnostic> {
         let OpKind::Call { callee, args } = &op.kind else {
@@ -338,7 +548,13 @@ impl Diff<'_> {
         if op.results.iter().all(|r| !cots.values.contains_key(r)) {
             return Ok(());
         }
-        let mut vjp_args: Vec<ValueId> = args.iter().map(|a| env[a]).collect();
+        let (vjp, mut vjp_args, results) = match self.splits.get(callee) {
+            Some(s) => (s.bwd, residuals.to_vec(), 0),
+            None => {
+                let args = args.iter().map(|a| env[a]).collect();
+                (self.vjps[callee], args, op.results.len())
+            }
+        };
         for &r in &op.results {
             vjp_args.push(match cots.values.get(&r) {
                 Some(&d) => d,
@@ -346,13 +562,8 @@ impl Diff<'_> {
             });
         }
         let g = &self.m.funcs[*callee];
-        let outs = b.call_n(
-            &format!("vjp_{}", g.name),
-            self.m,
-            self.vjps[callee],
-            vjp_args,
-        )?;
-        let mut outs = outs[op.results.len()..].iter().copied();
+        let outs = b.call_n(&format!("vjp_{}", g.name), self.m, vjp, vjp_args)?;
+        let mut outs = outs[results..].iter().copied();
         for &a in args.iter().filter(|&&a| self.is_float(a)) {
             let d = outs
                 .next()
@@ -371,7 +582,7 @@ impl Diff<'_> {
         b: &mut Builder,
         op: &Op,
         env: &Env,
-        tape: &[(usize, ValueId)],
+        tapes: &[ValueId],
         cots: &mut Cots,
     ) -> Result<(), Diagnostic> {
         let OpKind::Loop { trips, inits, body } = &op.kind else {
@@ -418,7 +629,11 @@ impl Diff<'_> {
             ));
         }
         let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
-        let (recompute, _) = needed(self.f, body);
+        let kept = self.kept(body, &body.args[..1]);
+        let recompute = match self.remat {
+            Remat::Stage => needed(self.f, body).0,
+            Remat::None => recomputable(self.f, body, &body.args[..1]),
+        };
         let outs = b.loop_op(*trips, inits_r, &hints, |b, tr, car| {
             // Iteration `trips - 1 - tr` of the forward loop.
             let last = b.op(
@@ -436,19 +651,17 @@ impl Diff<'_> {
             let t = b.op("t_fwd", sub, None)?;
             let mut env = env.clone();
             env.insert(body.args[0], t);
-            for &(i, tape) in tape {
-                let kept = b.op(
-                    self.name(carried[i]),
-                    OpKind::Index {
-                        x: tape,
-                        index: t,
-                        axis: 0,
-                    },
-                    None,
-                )?;
-                env.insert(carried[i], kept);
+            let mut inner = Residues::new();
+            for (&k, &tape) in kept.iter().zip(tapes) {
+                let read = OpKind::Index {
+                    x: tape,
+                    index: t,
+                    axis: 0,
+                };
+                let x = b.op(&self.kept_name(k), read, None)?;
+                bind(k, x, &mut env, &mut inner);
             }
-            let inner = self.forward(b, body, &mut env, Some(&recompute))?;
+            inner.extend(self.forward(b, body, &mut env, Some(&recompute))?);
             let mut bc = Cots::default();
             for (k, &i) in floats.iter().enumerate() {
                 self.add(b, &mut bc, body.results[i], car[k])?;
@@ -568,6 +781,24 @@ impl Diff<'_> {
         };
         cots.slots.insert(slot, sum);
         Ok(())
+    }
+}
+
+/// The value `k` stands for in a forward that built `env` and `residues`.
+fn resolve(k: Kept, env: &Env, residues: &Residues) -> ValueId {
+    match k {
+        Kept::Value(v) => env[&v],
+        Kept::Of(op, i) => residues[&op][i],
+    }
+}
+
+/// Makes `x` the value `k` stands for (the inverse of [`resolve`]; `k`s come in order).
+fn bind(k: Kept, x: ValueId, env: &mut Env, residues: &mut Residues) {
+    match k {
+        Kept::Value(v) => {
+            env.insert(v, x);
+        }
+        Kept::Of(op, _) => residues.entry(op).or_default().push(x),
     }
 }
 

@@ -6,6 +6,7 @@ mod autodiff;
 mod batching;
 mod gpipe_loop;
 mod loss;
+mod remat;
 mod shard_stages;
 mod vjp;
 mod vmap_stages;
@@ -13,6 +14,7 @@ mod vmap_stages;
 pub use autodiff::{autodiff, trainables};
 pub use gpipe_loop::gpipe_loop;
 pub use loss::loss;
+pub use remat::Remat;
 pub use shard_stages::shard_stages;
 pub use vmap_stages::vmap_stages;
 
@@ -25,6 +27,8 @@ pub struct Options {
     pub poison_bubbles: bool,
     /// Run the training passes ([`PassInfo::training`]) too.
     pub train: bool,
+    /// What the backward pass recomputes (`autodiff`).
+    pub remat: Remat,
 }
 
 /// One entry of the pass table.

@@ -490,11 +490,13 @@ fn swap_last(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {
     b.op("t", OpKind::Transpose { x, perm }, None)
 }
 
-/// The zero cotangent of type `ty`: `-0.0` everywhere.
+/// The zero cotangent of type `ty` (`-0.0` everywhere), or an empty tape.
 pub fn zeros(b: &mut Builder, ty: &Type) -> Result<ValueId, Diagnostic> {
+    // `-0.0` adds nothing; integer and mask tapes start at plain 0.
+    let zero = if ty.dtype.is_float() { -0.0 } else { 0.0 };
     b.op(
         "zero",
-        OpKind::Constant { value: Float(-0.0) },
+        OpKind::Constant { value: Float(zero) },
         Some(ty.clone()),
     )
 }

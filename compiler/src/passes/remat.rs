@@ -1,0 +1,92 @@
+//! Rematerialization: what a reverse loop (or a function's backward) recomputes and what the
+//! forward keeps for it.
+//!
+//! - `--remat=stage` (the default, GPipe's choice): a loop keeps only the carried values its
+//!   backward reads (for the GPipe loop: each iteration's stage input) and the backward
+//!   recomputes the rest, each stage's forward included (`@g_vjp` recomputes `@g`).
+//! - `--remat=none`: the forward keeps every value the backward reads (JAX's default for a
+//!   scan): each loop a tape per value, each call the residuals of `@g_fwd` for `@g_bwd`. No
+//!   matmul runs twice, at the cost of the activations of every iteration. Values that cost
+//!   nothing to recompute ([`recomputable`]: constants, views and integer or mask arithmetic of
+//!   what the backward has anyway, such as a layer's slice of the stacked weights) are still
+//!   recomputed, not kept.
+
+use super::vjp;
+use ppc_dialect::ir::{Block, Func, OpId, ValueId};
+use ppc_dialect::op::OpKind;
+use std::collections::HashSet;
+
+/// What the backward pass recomputes (`autodiff`; `--remat`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Remat {
+    /// Keep each loop iteration's carried inputs (each stage's input) and recompute the rest.
+    #[default]
+    Stage,
+    /// Keep everything the backward reads; recompute nothing that costs a pass over memory.
+    None,
+}
+
+impl Remat {
+    pub fn name(self) -> &'static str {
+        match self {
+            Remat::Stage => "stage",
+            Remat::None => "none",
+        }
+    }
+}
+
+/// The ops of `block` that the backward recomputes under `--remat=none` rather than keeping
+/// their results: constants, views and non-float arithmetic whose operands are all defined
+/// outside `block`, in `available`, or by other such ops.
+pub fn recomputable(f: &Func, block: &Block, available: &[ValueId]) -> HashSet<OpId> {
+    let mut inside: HashSet<ValueId> = block.args.iter().copied().collect();
+    for &id in &block.ops {
+        inside.extend(&f.ops[id].results);
+    }
+    let mut known: HashSet<ValueId> = available.iter().copied().collect();
+    let mut ops = HashSet::new();
+    for &id in &block.ops {
+        let op = &f.ops[id];
+        let cheap = match &op.kind {
+            OpKind::Loop { .. } | OpKind::Call { .. } | OpKind::Exchange { .. } => false,
+            OpKind::Constant { .. }
+            | OpKind::Iota { .. }
+            | OpKind::Index { .. }
+            | OpKind::Slice { .. }
+            | OpKind::Reshape { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Broadcast { .. } => true,
+            _ => !f.ty(op.results[0]).dtype.is_float(),
+        };
+        let ready = op
+            .kind
+            .operands()
+            .iter()
+            .all(|v| !inside.contains(v) || known.contains(v));
+        if cheap && ready {
+            ops.insert(id);
+            known.extend(&op.results);
+        }
+    }
+    ops
+}
+
+/// The source values the backward of `block` reads (`--remat=none`), wherever defined: what
+/// the rules read, what recomputed ops read, and what nested loops' backwards read. A call's
+/// backward reads only the residuals its `@g_fwd` returned.
+pub fn backward_reads(f: &Func, block: &Block, recomputed: &HashSet<OpId>) -> HashSet<ValueId> {
+    let mut out = HashSet::new();
+    for &id in &block.ops {
+        let op = &f.ops[id];
+        match &op.kind {
+            OpKind::Loop { body, .. } => {
+                let inner = recomputable(f, body, &body.args[..1]);
+                out.extend(backward_reads(f, body, &inner));
+            }
+            OpKind::Call { .. } => {}
+            kind if recomputed.contains(&id) => out.extend(kind.operands()),
+            _ => out.extend(vjp::reads(f, op)),
+        }
+    }
+    out
+}
