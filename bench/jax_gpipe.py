@@ -57,14 +57,16 @@ def stage_of(layer):
     return stage
 
 
-def gpipe(params, x, stage=None):
-    """x: [M, ...] -> [M, ...]; params: stacked [S, ...] (the MLP) or [S, k, ...] (`stage`)."""
+def gpipe(params, x, stage=None, remat=False):
+    """x: [M, ...] -> [M, ...]; params: stacked [S, ...] (the MLP) or [S, k, ...] (`stage`).
+    `remat`: the gradient recomputes each stage from its input (GPipe's choice, `jax.checkpoint`;
+    ppc's `--remat=stage`) instead of keeping the scan's residuals (JAX's default)."""
     stages = params[0].shape[0]
     rest = [(0, 0)] * (x.ndim - 1)
     padded = jnp.pad(x, [(0, stages - 1)] + rest)
     state0 = jnp.zeros((stages,) + x.shape[1:], x.dtype)
     first = (jnp.arange(stages) == 0).reshape((stages,) + (1,) * (x.ndim - 1))
-    stage_fn = jax.vmap(stage or block)
+    stage_fn = jax.vmap(jax.checkpoint(stage or block) if remat else (stage or block))
 
     def step(state, inp):
         stage_in = jnp.where(first, inp[None], state)
@@ -140,6 +142,8 @@ def main():
                     help="storage of weights and activations (bf16: as ppc --dtype bf16; XLA's GPU GEMMs accumulate in f32)")
     ap.add_argument("--train", action="store_true",
                     help="time the training step: value_and_grad of the MSE against targets, then AdamW")
+    ap.add_argument("--remat", choices=["stage", "none"], default="none",
+                    help="with --train: `stage` recomputes each stage in the backward (jax.checkpoint), `none` keeps the residuals")
     a = ap.parse_args()
 
     key = jax.random.PRNGKey(0)
@@ -153,10 +157,12 @@ def main():
         )
         x = jax.random.normal(k3, (a.microbatches, a.b, d), jnp.float32)
         flops = 2 * 2 * a.b * d * h * s * a.microbatches  # two matmuls per layer, S layers, M microbatches
-        fwd = jax.jit(gpipe)
+        stage = None
     else:
         params, x, flops = transformer_setup(a, key)
-        fwd = jax.jit(lambda p, x: gpipe(p, x, stage_of(decoder(a.heads))))
+        stage = stage_of(decoder(a.heads))
+    remat = a.train and a.remat == "stage"
+    fwd = jax.jit(lambda p, x: gpipe(p, x, stage, remat))
     if a.dtype == "bf16":
         params, x = tuple(p.astype(jnp.bfloat16) for p in params), x.astype(jnp.bfloat16)
     if a.train:
@@ -164,6 +170,7 @@ def main():
     t = time.perf_counter()
     compiled = fwd.lower(params, x).compile()
     jit_s = time.perf_counter() - t
+    mem = compiled.memory_analysis()
     jax.block_until_ready(compiled(params, x))  # warm-up
     jax.block_until_ready(compiled(params, x))
     times = []
@@ -177,6 +184,7 @@ def main():
         "peer": "jax", "jax_version": jax.__version__, "devices": str(jax.devices()),
         "jit_s": jit_s, "median_step_s": median, "min_step_s": times[0],
         "useful_gflops": flops / median / 1e9, "microbatches_per_s": a.microbatches / median,
+        "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
     }))
 
 

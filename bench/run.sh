@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `make bench`: ppc's compiled executable against JAX's SPMD GPipe (jax_gpipe.py), same models
 # (the MLP at two widths, the transformer at the example's and a larger shape; the training
-# step of the MLP and of the transformer example), in one run: ROUNDS rounds of each, interleaved (the machine is noisy). Prints the
-# median forward throughput of each, their ratio, the ratio of every round, and compile times.
+# step of the MLP and of the transformer example, with each rematerialization), in one run:
+# ROUNDS rounds of each, interleaved (the machine is noisy). Prints the median throughput of
+# each, their ratio, the ratio of every round, and compile times; training rows also the memory
+# each keeps for the backward (ppc: the activations its report counts in the generated program;
+# JAX: XLA's temporary buffers of the whole step, its only figure).
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,16 +22,20 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
 
-printf '%-34s %12s %12s %8s %16s %14s %12s\n' config "ppc GFLOP/s" "jax GFLOP/s" ratio "ratio per round" "ppc compile s" "jax jit s"
+printf '%-40s %12s %12s %8s %16s %14s %12s %s\n' config "ppc GFLOP/s" "jax GFLOP/s" ratio "ratio per round" "ppc compile s" "jax jit s" "kept MB ppc / XLA temp MB"
 
-# compare NAME MODEL "PPC DIMS" "JAX ARGS": ROUNDS rounds of ppc then JAX, back to back, so that
-# both see the same machine; one table row with the median of each and the ratio of the medians.
-# With a fifth argument `train`, the training step (forward, backward, AdamW) of both.
+# compare NAME MODEL "PPC DIMS" "JAX ARGS" [REMAT]: ROUNDS rounds of ppc then JAX, back to back,
+# so that both see the same machine; one table row with the median of each and the ratio of the
+# medians. With a fifth argument `stage` or `none`, the training step (forward, backward, AdamW)
+# of both with that rematerialization (`--remat` of both).
 compare() {
-  local name=$1 model=$2 dims=$3 jax_args=$4 mode=${5:-forward}
-  local t0 t1 exe="$OUT/model" ppc_flags="" run_flags=""
-  if [ "$mode" = train ]; then
-    ppc_flags="--train" run_flags="--steps 0" jax_args="$jax_args --train"
+  local name=$1 model=$2 dims=$3 jax_args=$4 remat=${5:-}
+  local t0 t1 exe="$OUT/model" ppc_flags="" run_flags="" memory=""
+  if [ -n "$remat" ]; then
+    ppc_flags="--train --remat $remat" run_flags="--steps 0" jax_args="$jax_args --train --remat $remat"
+    # shellcheck disable=SC2086
+    memory=$($PPC compile "$model" $dims $ppc_flags --report=json |
+      python3 -c "import json,sys; print(json.load(sys.stdin)['training']['kept_activation_bytes_per_rank'] / 1e6)")
   fi
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
@@ -43,14 +50,18 @@ compare() {
     jax_all+=("$(echo "$jax_json" | field useful_gflops)")
     jit_all+=("$(echo "$jax_json" | field jit_s)")
   done
-  python3 - "$name" "$t0" "$t1" "${#ppc_all[@]}" "${ppc_all[@]}" "${jax_all[@]}" "${jit_all[@]}" <<'PY'
+  if [ -n "$remat" ]; then
+    memory="$memory $(echo "$jax_json" | python3 -c "import json,sys; print(json.load(sys.stdin)['temp_bytes'] / 1e6)")"
+  fi
+  python3 - "$name" "$t0" "$t1" "$memory" "${#ppc_all[@]}" "${ppc_all[@]}" "${jax_all[@]}" "${jit_all[@]}" <<'PY'
 import statistics as st, sys
-name, t0, t1, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-v = [float(x) for x in sys.argv[5:]]
+name, t0, t1, memory, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+v = [float(x) for x in sys.argv[6:]]
 ppc, jax, jit = v[:n], v[n:2 * n], v[2 * n:]
 rounds = " ".join(f"{p / j:.2f}" for p, j in zip(ppc, jax))
-print(f"{name:34s} {st.median(ppc):12.2f} {st.median(jax):12.2f} "
-      f"{st.median(ppc) / st.median(jax):7.2f}x {rounds:>16s} {t1 - t0:14.2f} {st.median(jit):12.2f}")
+kept = " / ".join(f"{float(x):.2f}" for x in memory.split())
+print(f"{name:40s} {st.median(ppc):12.2f} {st.median(jax):12.2f} "
+      f"{st.median(ppc) / st.median(jax):7.2f}x {rounds:>16s} {t1 - t0:14.2f} {st.median(jit):12.2f} {kept}")
 PY
 }
 
@@ -62,9 +73,11 @@ compare "transformer (example)" examples/transformer.ppc "" "--model transformer
 compare "transformer b=8 t=128 h=8 dh=32" examples/transformer.ppc \
   "--dim b=8 --dim t=128 --dim heads=8 --dim dh=32" \
   "--model transformer --b 8 --t 128 --heads 8 --dh 32"
-compare "train: mlp d=256 h=1024" examples/mlp.ppc "" "" train
-compare "train: transformer (example)" examples/transformer.ppc "" \
-  "--model transformer --b 2 --t 16 --heads 4 --dh 16" train
+for remat in stage none; do
+  compare "train --remat=$remat: mlp d=256 h=1024" examples/mlp.ppc "" "" $remat
+  compare "train --remat=$remat: transformer (example)" examples/transformer.ppc "" \
+    "--model transformer --b 2 --t 16 --heads 4 --dh 16" $remat
+done
 echo
 echo "compile time of every example (ppc compile -o, release build):"
 for f in examples/*.ppc; do

@@ -68,17 +68,28 @@ impl HostBuffer {
     /// Encodes a tensor (whose values are already rounded to its dtype).
     pub fn from_tensor(t: &Tensor) -> HostBuffer {
         let mut b = HostBuffer::zeros(t.dtype, &t.shape);
-        let w = t.dtype.size_bytes() as usize;
-        for (chunk, &x) in b.bytes_mut().chunks_exact_mut(w).zip(&t.data) {
-            match t.dtype {
-                DType::F32 => chunk.copy_from_slice(&x.to_le_bytes()),
-                DType::BF16 => chunk.copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
-                DType::F16 => chunk.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
-                DType::I32 => chunk.copy_from_slice(&(x as i32).to_le_bytes()),
-                DType::I1 => chunk[0] = u8::from(x != 0.0),
-            }
-        }
+        encode(t.dtype, &t.data, b.bytes_mut());
         b
+    }
+
+    /// The values of an f32 buffer, in place (`None` for other dtypes).
+    pub fn f32s(&self) -> Option<&[f32]> {
+        let n = self.len / 4;
+        // SAFETY: the lines are 64-byte aligned and hold `len` initialized bytes; f32 has no
+        // invalid bit patterns, and the bytes are little-endian, the target's order (below).
+        (self.dtype == DType::F32)
+            .then(|| unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<f32>(), n) })
+    }
+
+    /// As [`HostBuffer::f32s`], to write.
+    pub fn f32s_mut(&mut self) -> Option<&mut [f32]> {
+        if self.dtype != DType::F32 {
+            return None;
+        }
+        self.stamp = new_stamp();
+        let n = self.len / 4;
+        // SAFETY: as in `f32s`, with the unique borrow passed on.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), n) })
     }
 
     /// Decodes the bytes into a tensor.
@@ -108,6 +119,23 @@ impl HostBuffer {
     /// The stamp of the current contents: equal stamps, equal bytes.
     pub fn stamp(&self) -> u64 {
         self.stamp
+    }
+}
+
+// Buffers hold little-endian values, which `f32s` reads in place.
+const _: () = assert!(cfg!(target_endian = "little"));
+
+/// Writes `values`, rounded to `dtype`, as that dtype's bytes into `out`.
+pub fn encode(dtype: DType, values: &[f32], out: &mut [u8]) {
+    let w = dtype.size_bytes() as usize;
+    for (chunk, &x) in out.chunks_exact_mut(w).zip(values) {
+        match dtype {
+            DType::F32 => chunk.copy_from_slice(&x.to_le_bytes()),
+            DType::BF16 => chunk.copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
+            DType::F16 => chunk.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
+            DType::I32 => chunk.copy_from_slice(&(x as i32).to_le_bytes()),
+            DType::I1 => chunk[0] = u8::from(x != 0.0),
+        }
     }
 }
 

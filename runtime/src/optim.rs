@@ -3,8 +3,9 @@
 //! weights of its own stages; the update is elementwise, so it is the same bits on any rank
 //! count. Weights stored in bf16/f16 are rounded from the f32 masters after each step.
 
-use crate::memref::HostBuffer;
-use crate::tensor::Tensor;
+use crate::memref::{encode, HostBuffer};
+use crate::tensor::DType;
+use std::sync::Mutex;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Kind {
@@ -149,49 +150,91 @@ impl Optimizer {
         }
     }
 
-    /// One step: updates the masters from `grads` (f32, one per parameter, same shapes) and
-    /// writes them, rounded to each parameter's dtype, into `params`.
-    pub fn update(&mut self, params: &mut [HostBuffer], grads: &[Tensor]) {
+    /// One step: updates the masters from `grads` (f32, one per parameter, same sizes) and
+    /// writes them, rounded to each parameter's dtype, into `params` in place. Elementwise, so
+    /// it runs in chunks on the pool's threads with the same bits whatever the split.
+    pub fn update(&mut self, params: &mut [HostBuffer], grads: &[&[f32]]) {
+        const CHUNK: usize = 1 << 14;
         self.step += 1;
         let c = self.config;
         let t = self.step as i32;
-        for (i, g) in grads.iter().enumerate() {
-            let (w, m) = (&mut self.master[i], &mut self.m[i]);
-            match c.kind {
-                Kind::Sgd => {
-                    for ((w, m), &g) in w.iter_mut().zip(m.iter_mut()).zip(&g.data) {
-                        let g = g + c.weight_decay * *w;
-                        *m = c.momentum * *m + g;
-                        *w -= c.lr * *m;
-                    }
-                }
-                Kind::AdamW => {
-                    let (b1t, b2t) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
-                    let v = &mut self.v[i];
-                    for (((w, m), v), &g) in w
-                        .iter_mut()
-                        .zip(m.iter_mut())
-                        .zip(v.iter_mut())
-                        .zip(&g.data)
-                    {
-                        *m = c.beta1 * *m + (1.0 - c.beta1) * g;
-                        *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
-                        let step = (*m / b1t) / ((*v / b2t).sqrt() + c.eps);
-                        *w -= c.lr * (step + c.weight_decay * *w);
-                    }
+        let bias = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
+        let mut v = self.v.iter_mut();
+        let mut chunks = Vec::new();
+        for (((w, m), g), p) in self
+            .master
+            .iter_mut()
+            .zip(&mut self.m)
+            .zip(grads)
+            .zip(params)
+        {
+            let (dtype, size) = (p.dtype, p.dtype.size_bytes() as usize);
+            // SGD has no second moment: empty slices stand in for its chunks.
+            let vs: Box<dyn Iterator<Item = &mut [f32]>> = match v.next() {
+                Some(v) => Box::new(v.chunks_mut(CHUNK)),
+                None => Box::new(std::iter::repeat_with(<&mut [f32]>::default)),
+            };
+            let parts = w.chunks_mut(CHUNK).zip(m.chunks_mut(CHUNK)).zip(vs);
+            let io = g.chunks(CHUNK).zip(p.bytes_mut().chunks_mut(CHUNK * size));
+            for (((w, m), v), (g, out)) in parts.zip(io) {
+                chunks.push(Mutex::new(Chunk {
+                    w,
+                    m,
+                    v,
+                    g,
+                    out,
+                    dtype,
+                }));
+            }
+        }
+        crate::pool::parallel_for(chunks.len(), &|k| {
+            let mut chunk = chunks[k].lock().expect("invariant: one task per chunk");
+            chunk.update(&c, bias);
+        });
+    }
+}
+
+/// A run of one parameter's elements: its masters, moments, gradient and stored bytes.
+struct Chunk<'a> {
+    w: &'a mut [f32],
+    m: &'a mut [f32],
+    v: &'a mut [f32],
+    g: &'a [f32],
+    out: &'a mut [u8],
+    dtype: DType,
+}
+
+impl Chunk<'_> {
+    /// `(b1t, b2t)`: AdamW's bias corrections for this step.
+    fn update(&mut self, c: &Config, (b1t, b2t): (f32, f32)) {
+        let (w, m, g) = (&mut *self.w, &mut *self.m, self.g);
+        match c.kind {
+            Kind::Sgd => {
+                for ((w, m), &g) in w.iter_mut().zip(m.iter_mut()).zip(g) {
+                    let g = g + c.weight_decay * *w;
+                    *m = c.momentum * *m + g;
+                    *w -= c.lr * *m;
                 }
             }
-            let p = &mut params[i];
-            let rounded = Tensor::new(p.dtype, p.shape.clone(), w.clone());
-            *p = HostBuffer::from_tensor(&rounded);
+            Kind::AdamW => {
+                for (((w, m), v), &g) in
+                    w.iter_mut().zip(m.iter_mut()).zip(self.v.iter_mut()).zip(g)
+                {
+                    *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+                    *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+                    let step = (*m / b1t) / ((*v / b2t).sqrt() + c.eps);
+                    *w -= c.lr * (step + c.weight_decay * *w);
+                }
+            }
         }
+        encode(self.dtype, self.w, self.out);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DType;
+    use crate::tensor::Tensor;
 
     /// Minimizes `sum((w - 3)^2)` with each optimizer from w = 0.
     #[test]
@@ -206,7 +249,7 @@ mod tests {
             for _ in 0..300 {
                 let w = params[0].to_tensor();
                 let g: Vec<f32> = w.data.iter().map(|x| 2.0 * (x - 3.0)).collect();
-                opt.update(&mut params, &[Tensor::new(DType::F32, vec![4], g)]);
+                opt.update(&mut params, &[&g]);
             }
             let w = params[0].to_tensor();
             assert!(

@@ -97,17 +97,21 @@ pub fn train(
         let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
         let (input, target) = data.batch(m, step * replicas + replica);
         let mut loss = bufs.run(program, input, target, params)?;
-        let mut grads = bufs.grads_by_param();
         if replicas > 1 {
             let d = replicas as f32;
-            for g in &mut grads {
-                crate::comm::sum_across_replicas(&mut g.data);
-                g.data.iter_mut().for_each(|v| *v /= d);
+            for g in &mut bufs.grads {
+                let g = g.f32s_mut().expect("invariant: gradients are f32");
+                crate::comm::sum_across_replicas(g);
+                g.iter_mut().for_each(|v| *v /= d);
             }
             let mut l = [loss];
             crate::comm::sum_across_replicas(&mut l);
             loss = l[0] / d;
         }
+        let grads: Vec<&[f32]> = bufs
+            .grads_by_param()
+            .map(|g| g.f32s().expect("invariant: gradients are f32"))
+            .collect();
         optimizer.update(params, &grads);
         Ok(loss)
     };
@@ -210,7 +214,7 @@ pub fn step(
     Ok(StepOutput {
         loss,
         outputs: bufs.output.to_tensor(),
-        grads: bufs.grads_by_param(),
+        grads: bufs.grads_by_param().map(HostBuffer::to_tensor).collect(),
     })
 }
 
@@ -249,11 +253,8 @@ impl Buffers {
         })
     }
 
-    fn grads_by_param(&self) -> Vec<Tensor> {
-        self.grad_of
-            .iter()
-            .map(|&g| self.grads[g].to_tensor())
-            .collect()
+    fn grads_by_param(&self) -> impl Iterator<Item = &HostBuffer> {
+        self.grad_of.iter().map(|&g| &self.grads[g])
     }
 
     /// Runs the step; returns the loss.
