@@ -458,6 +458,20 @@ impl<'a> Emitter<'a> {
         iv
     }
 
+    /// `scf.if` on the 0-d `i1` buffer `cond`; close it with [`Emitter::end_if`].
+    pub fn begin_if(&mut self, cond: &Buf) {
+        self.host_reads(cond);
+        let c = self.let_(&format!("memref.load {}[] : {}", cond.name, cond.mty()));
+        self.raw(&format!("scf.if {c} {{"));
+        self.indent += 1;
+    }
+
+    pub fn end_if(&mut self) {
+        self.indent -= 1;
+        let close = format!("}}{}", self.loc);
+        self.raw(&close);
+    }
+
     pub fn end_for(&mut self) {
         self.indent -= 1;
         self.loops -= 1;

@@ -22,14 +22,17 @@ use ppc_dialect::DType;
 use std::collections::{HashMap, HashSet};
 
 /// The values of `block` that are not given a buffer: results of elementwise ops whose only
-/// use is an elementwise op of the same block, which computes them in its own loop.
+/// use is an elementwise op of the same block, which computes them in its own loop. (A select
+/// that guards an update, `in_place::guarded_updates`, is a conditional write, not a loop.)
 pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
+    let guarded = super::in_place::guarded_updates(f, block);
+    let fuses = |id: &OpId| f.ops[*id].kind.is_elementwise() && !guarded.contains_key(id);
     let mut fusable_uses: HashMap<ValueId, usize> = HashMap::new();
     let mut other_uses: HashSet<ValueId> = HashSet::new();
-    for &id in &block.ops {
-        let kind = &f.ops[id].kind;
+    for id in &block.ops {
+        let kind = &f.ops[*id].kind;
         for v in kind.operands() {
-            if kind.is_elementwise() {
+            if fuses(id) {
                 *fusable_uses.entry(v).or_default() += 1;
             } else {
                 other_uses.insert(v);
@@ -43,9 +46,8 @@ pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
     block
         .ops
         .iter()
-        .map(|&id| &f.ops[id])
-        .filter(|op| op.kind.is_elementwise())
-        .map(|op| op.results[0])
+        .filter(|id| fuses(id))
+        .map(|&id| f.ops[id].results[0])
         .filter(|v| fusable_uses.get(v) == Some(&1) && !other_uses.contains(v))
         .collect()
 }

@@ -7,9 +7,13 @@
 //! if at all, element by element where it writes (an elementwise op over the same shape), or
 //! it is an `update` of one slice of it (a gradient accumulator's): then only that slice is
 //! written.
+//!
+//! [`guarded_updates`]: `select(c, update(x, u, i), x)` on a scalar `c` (the GPipe loop writing
+//! a finished microbatch into its output buffer) is a write of one slice under an `scf.if`,
+//! not a copy of `x` and a select over all of it.
 
 use super::{fuse, views};
-use ppc_dialect::ir::{Block, Func, ValueId};
+use ppc_dialect::ir::{Block, Func, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use std::collections::{HashMap, HashSet};
 
@@ -85,6 +89,40 @@ fn aliases(f: &Func, body: &Block, arg: ValueId) -> HashSet<ValueId> {
         {
             if out.contains(x) {
                 out.insert(op.results[0]);
+            }
+        }
+    }
+    out
+}
+
+/// The selects of `block` that only guard an `update` (see the module docs): select → update.
+/// The update (of one slice, at the same position for every stage) has no other use.
+pub fn guarded_updates(f: &Func, block: &Block) -> HashMap<OpId, OpId> {
+    let producer: HashMap<ValueId, OpId> = block
+        .ops
+        .iter()
+        .map(|&id| (f.ops[id].results[0], id))
+        .collect();
+    let mut out = HashMap::new();
+    for &id in &block.ops {
+        let OpKind::Select {
+            cond,
+            on_true,
+            on_false,
+        } = &f.ops[id].kind
+        else {
+            continue;
+        };
+        let Some(&u) = producer.get(on_true) else {
+            continue;
+        };
+        if let OpKind::Update { x, index, .. } = &f.ops[u].kind {
+            if x == on_false
+                && f.ty(*cond).rank() == 0
+                && views::uniform(f, *index).is_some()
+                && f.uses(block, *on_true) == 1
+            {
+                out.insert(id, u);
             }
         }
     }

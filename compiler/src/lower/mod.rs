@@ -428,8 +428,11 @@ impl Walker<'_, '_> {
             Numerics::Fast => accumulate::find(self.m, f, block, &deferred),
             Numerics::Exact => Vec::new(),
         };
-        // Adds already done by the GEMM of the call before them.
+        // Adds already done by the GEMM of the call before them, and updates done by the
+        // select after them.
         let mut folded: HashSet<ppc_dialect::ir::OpId> = HashSet::new();
+        let guarded = in_place::guarded_updates(f, block);
+        folded.extend(guarded.values());
         for &id in &block.ops {
             let op = &f.ops[id];
             if op.results.first().is_some_and(|v| deferred.contains(v)) || folded.contains(&id) {
@@ -464,6 +467,30 @@ impl Walker<'_, '_> {
                     }
                     let slice = views::index(&mut self.e, &out, &env[&scalar], *axis);
                     self.e.copy(&ins[1], &slice);
+                    self.end_group(group);
+                    env.insert(op.results[0], out);
+                }
+                OpKind::Select { cond, on_false, .. } if guarded.contains_key(&id) => {
+                    // `select(c, update(x, u, i), x)`: `x` with slice `i` written if `c`.
+                    let OpKind::Update {
+                        update,
+                        index,
+                        axis,
+                        ..
+                    } = &f.ops[guarded[&id]].kind
+                    else {
+                        unreachable!("invariant: guarded_updates pairs selects with updates")
+                    };
+                    let scalar = views::uniform(f, *index).expect("checked by guarded_updates");
+                    let out = output(&mut self.e, op.results[0]);
+                    let group = self.begin_group(f, id, "update".to_string());
+                    if env[on_false].name != out.name {
+                        self.e.copy(&env[on_false], &out);
+                    }
+                    self.e.begin_if(&env[cond]);
+                    let slice = views::index(&mut self.e, &out, &env[&scalar], *axis);
+                    self.e.copy(&env[update], &slice);
+                    self.e.end_if();
                     self.end_group(group);
                     env.insert(op.results[0], out);
                 }
