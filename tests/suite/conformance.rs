@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Rules: `exact` (the same bits; any NaN equals any NaN), `ulps N` (at most N units in the last
-//! place of the storage dtype; infinities exact), `normwise X` (max |want - got| / max |want|
+//! place of the storage dtype; infinities exact; `ulps N ftz`: also 0 for an f32 subnormal, the
+//! fast softmax's flush), `normwise X` (max |want - got| / max |want|
 //! over finite values; NaN and infinities where the interpreter has them). The input holds every
 //! edge value of [`EDGES`] followed by seeded values of mixed magnitudes. The backends: the
 //! interpreter's pipelined program (bit for bit with the sequential model), the CPU JIT with the
@@ -71,6 +72,9 @@ const EDGES: &[f32] = &[
 enum Rule {
     Exact,
     Ulps(u32),
+    /// Within N ulps, or 0 where the reference is an f32 subnormal (flushed to zero, as the
+    /// fast softmax does: `fast_math::exp_flushed`).
+    UlpsFlushing(u32),
     Normwise(f64),
 }
 
@@ -78,7 +82,11 @@ fn parse_rule(s: &str) -> Rule {
     let mut w = s.split_whitespace();
     match (w.next(), w.next()) {
         (Some("exact"), None) => Rule::Exact,
-        (Some("ulps"), Some(n)) => Rule::Ulps(n.parse().expect("ulps N")),
+        (Some("ulps"), Some(n)) => match w.next() {
+            None => Rule::Ulps(n.parse().expect("ulps N")),
+            Some("ftz") => Rule::UlpsFlushing(n.parse().expect("ulps N ftz")),
+            Some(other) => panic!("unknown rule `{s}`: `{other}` after ulps N"),
+        },
         (Some("normwise"), Some(x)) => Rule::Normwise(x.parse().expect("normwise X")),
         _ => panic!("unknown rule `{s}`"),
     }
@@ -186,6 +194,9 @@ fn violation(want: &Tensor, got: &Tensor, rule: Rule) -> Option<String> {
             Rule::Exact => a.to_bits() == b.to_bits(),
             _ if !a.is_finite() || !b.is_finite() => a.to_bits() == b.to_bits(),
             Rule::Ulps(n) => ulps(a, b, d) <= u64::from(n),
+            Rule::UlpsFlushing(n) => {
+                ulps(a, b, d) <= u64::from(n) || (b == 0.0 && a.abs() < f32::MIN_POSITIVE)
+            }
             Rule::Normwise(tol) => f64::from((a - b).abs()) <= tol * f64::from(scale),
         };
         if !ok {
@@ -341,6 +352,14 @@ fn the_rules_catch_what_they_should() {
         None
     );
     assert!(violation(&bw, &t(DType::BF16, &[101.0]), Rule::Ulps(1)).is_some());
+    // Flushing: an f32 subnormal may come back as 0, a normal number may not.
+    let tiny = t(DType::F32, &[6e-39, 1.0]);
+    let flushed = t(DType::F32, &[0.0, 1.0]);
+    assert!(violation(&tiny, &flushed, Rule::Ulps(2)).is_some());
+    assert_eq!(violation(&tiny, &flushed, Rule::UlpsFlushing(2)), None);
+    let small = t(DType::F32, &[2e-38, 1.0]);
+    assert!(violation(&small, &flushed, Rule::UlpsFlushing(2)).is_some());
+    assert!(violation(&tiny, &t(DType::F32, &[0.0, 1.01]), Rule::UlpsFlushing(2)).is_some());
     // Across zero: the smallest subnormals of either sign are two ulps apart.
     assert_eq!(ulps(1e-45, -1e-45, DType::F32), 2);
     // Normwise: relative to the largest finite magnitude; a NaN where a number was never passes.

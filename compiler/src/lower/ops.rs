@@ -732,7 +732,10 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
         &par,
         |e, a| {
             let s = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
-            exp_value(e, num, &s)
+            match num {
+                Numerics::Exact => exp_value(e, num, &s),
+                Numerics::Fast => fast_math::exp_flushed(e, &s),
+            }
         },
     );
     let sum = e.alloc(&without(&x.ty, axis));
