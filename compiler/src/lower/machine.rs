@@ -20,15 +20,18 @@ pub enum Output {
 }
 
 /// Where the LLVM tools are: `$PPC_LLVM_BIN`, else the `bin/` of the LLVM ppc was built with.
-fn tool(name: &str) -> PathBuf {
-    let dir = std::env::var_os("PPC_LLVM_BIN").map_or_else(
+pub fn tools_dir() -> PathBuf {
+    std::env::var_os("PPC_LLVM_BIN").map_or_else(
         || {
             let prefix = option_env!("MLIR_SYS_220_PREFIX").unwrap_or("/usr/lib/llvm-22");
             Path::new(prefix).join("bin")
         },
         PathBuf::from,
-    );
-    dir.join(name)
+    )
+}
+
+fn tool(name: &str) -> PathBuf {
+    tools_dir().join(name)
 }
 
 /// The `opt` pipeline for the loops MLIR writes, at levels 1 and 2: promote the memref
