@@ -19,8 +19,8 @@
 //!   iteration, only the carried values the backward reads (a "tape" `[trips, ...]`); the
 //!   reverse body recomputes from them what the rules need. For the GPipe loop that is the state
 //!   buffer, i.e. each iteration's stage input (GPipe's choice); with `--remat=none`, every
-//!   value the reverse body reads. Cotangents of values the body
-//!   reads from outside, parameters included, accumulate in the reverse loop's carried values.
+//!   value the reverse body reads. Cotangents of values the body reads from outside,
+//!   parameters included, accumulate in the reverse loop's carried values.
 //! - **`@stage`** computes only where `%active`: its VJP returns zero cotangents (`-0.0`) for the
 //!   inactive stages, so bubble slots contribute exactly nothing, even when poisoned with NaN
 //!   (a select, except for cotangents of matmuls masked by `%active`, already `-0.0` there).
