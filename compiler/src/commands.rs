@@ -294,6 +294,12 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                     "error: --emit=ptx prints the GPU kernels: add --target cuda\n".into(),
                 ));
             }
+            if pass.remat != Remat::Stage && !train {
+                return Err(Failure(
+                    "error: --remat chooses what the training step's backward recomputes: add --train\n"
+                        .into(),
+                ));
+            }
             let timer = time_passes.then(crate::timing::start);
             let mut l = crate::timing::phase("parse and check", || load(&model))?;
             let opts = pass.options(train);
@@ -385,6 +391,11 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             };
             if grad {
                 return verify_grad(&model, &check, &pass, &codegen, out, err);
+            }
+            if pass.remat != Remat::Stage {
+                return Err(Failure(
+                    "error: --remat chooses what the backward recomputes: add --grad\n".into(),
+                ));
             }
             return verify(&model, &check, &pass, &codegen, out, err);
         }

@@ -668,4 +668,10 @@ fn the_training_report_counts_what_the_backward_loop_keeps() {
     }
     let (_, forward, _) = ppc(&["compile", &mlp, "--report=json"]);
     assert!(json_last_line(&forward).get("training").is_none());
+    // --remat only means something for a training step.
+    for (cmd, needs) in [("compile", "--train"), ("verify", "--grad")] {
+        let (code, _, err) = ppc(&[cmd, &mlp, "--remat", "none"]);
+        assert_eq!(code, 1, "{cmd}: {err}");
+        assert!(err.contains(needs), "{cmd}: {err}");
+    }
 }
