@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod exec;
 pub mod files;
 pub mod gemm;
+pub mod heap;
 pub mod init;
 pub mod manifest;
 pub mod memref;

@@ -203,6 +203,7 @@ fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
 /// Called once by the generated `main` with the process's `argc` and `argv`.
 #[no_mangle]
 pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+    ppc_runtime::heap::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     let prog = args.first().cloned().unwrap_or_else(|| "model".into());
     // SAFETY: the generated object defines `ppc_manifest` returning a NUL-terminated static string.
