@@ -25,6 +25,7 @@ extern "C" {
         flags: u32,
     );
     fn omp_set_num_threads(n: i32);
+    fn omp_in_parallel() -> i32;
 }
 
 static CHOSEN: OnceLock<usize> = OnceLock::new();
@@ -103,7 +104,11 @@ pub fn parallel_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
         panicked: AtomicBool::new(false),
     };
     let team = threads().min(n);
-    if team <= 1 {
+    // SAFETY: reads the calling thread's OpenMP state; no pointers involved.
+    let nested = unsafe { omp_in_parallel() } != 0;
+    // Inside a parallel region of generated code (a stage-parallel loop), every thread is
+    // already busy with its own stages: run the work here.
+    if team <= 1 || nested {
         work.help();
     } else {
         // SAFETY: `team_member` only reads `work`, which lives until this returns.

@@ -21,6 +21,44 @@ pub(crate) fn small_dims(file: &str) -> Vec<&'static str> {
     v
 }
 
+/// The stage-parallel loops (`scf.parallel`, `lower/stage_split.rs`) of `ppc compile ARGS
+/// --emit=mlir`.
+fn stage_parallel_loops(args: &[&str]) -> usize {
+    let mut all = vec!["compile"];
+    all.extend(args);
+    all.push("--emit=mlir");
+    let (code, out, err) = ppc(&all);
+    assert_eq!(code, 0, "{err}");
+    out.matches("scf.parallel (").count()
+}
+
+#[test]
+fn small_stages_run_as_one_parallel_loop_over_the_stages() {
+    // The transformer example's stage input is [4 stages, b, t, d] = 8 K floats, too few for a
+    // parallel loop per op: each call of a stage function (the forward's, and the training
+    // step's forward and backward) is one loop over the stages, every op inside on one stage.
+    let transformer = path("examples/transformer.ppc");
+    assert_eq!(stage_parallel_loops(&[&transformer]), 1);
+    assert_eq!(stage_parallel_loops(&[&transformer, "--train"]), 2);
+    assert_eq!(
+        stage_parallel_loops(&[&transformer, "--train", "--remat", "none"]),
+        2
+    );
+    // Bigger stages go op by op, each loop nest parallel on its own: the MLP (16 K floats)
+    // and the transformer at b=8 t=128 (2 M).
+    let mlp = path("examples/mlp.ppc");
+    assert_eq!(stage_parallel_loops(&[&mlp]), 0);
+    assert_eq!(stage_parallel_loops(&[&mlp, "--train"]), 0);
+    let big = [
+        "--dim", "b=8", "--dim", "t=128", "--dim", "heads=8", "--dim", "dh=32",
+    ];
+    let mut args = vec![transformer.as_str()];
+    args.extend(big);
+    assert_eq!(stage_parallel_loops(&args), 0);
+    // The GPU keeps its own mapping of loop nests onto blocks and threads.
+    assert_eq!(stage_parallel_loops(&[&transformer, "--target", "cuda"]), 0);
+}
+
 #[test]
 fn emitted_mlir_is_verified_and_stable() {
     for name in ["tiny", "mlp"] {

@@ -7,7 +7,7 @@
 use super::gpu_map::{self, Tiling};
 use super::residency::Residency;
 use ppc_dialect::span::Span;
-use ppc_dialect::{DType, Type};
+use ppc_dialect::{DType, Dim, Type};
 use std::fmt::Write;
 
 /// A buffer holding one value: the SSA name of its memref and its type. `layout` is set for
@@ -92,6 +92,12 @@ impl Lines {
     }
 }
 
+/// A stage-parallel loop: its stage count and induction variable.
+struct Split {
+    stages: u64,
+    iv: String,
+}
+
 /// What writing for `--target cuda` keeps track of.
 pub struct GpuCode {
     /// The tilings of the loop nests so far (`gpu_map.rs`).
@@ -114,6 +120,8 @@ pub struct Emitter<'a> {
     pub gpu: Option<GpuCode>,
     /// How many `scf.for`s enclose what is written now.
     loops: usize,
+    /// The stage-parallel loop being written (`stage_split.rs`), if any.
+    split: Option<Split>,
     next: usize,
     indent: usize,
     loc: String,
@@ -130,6 +138,7 @@ impl<'a> Emitter<'a> {
             declarations: Default::default(),
             gpu: None,
             loops: 0,
+            split: None,
             next: 0,
             indent: 2,
             loc: String::new(),
@@ -176,8 +185,20 @@ impl<'a> Emitter<'a> {
         r
     }
 
-    /// A new buffer of `ty`, allocated at function entry.
+    /// A new buffer of `ty`, allocated at function entry. Inside a stage-parallel loop, the
+    /// current stage's slot of a buffer with one per stage, so that threads share no scratch.
     pub fn alloc(&mut self, ty: &Type) -> Buf {
+        match &self.split {
+            None => self.alloc_whole(ty),
+            Some(split) => {
+                let (stages, iv) = (split.stages, split.iv.clone());
+                let whole = self.alloc_whole(&ty.insert(0, Dim::lit(stages)));
+                self.stage_slot(&whole, &iv, 0, false)
+            }
+        }
+    }
+
+    fn alloc_whole(&mut self, ty: &Type) -> Buf {
         let name = self.fresh();
         let mty = memref_type(ty, None);
         let loc = &self.loc;
@@ -192,6 +213,96 @@ impl<'a> Emitter<'a> {
             ty: ty.clone(),
             layout: None,
         }
+    }
+
+    /// Entry `iv` of `b`'s axis `axis` as a view: with that axis of size 1 when `keep`, without
+    /// it otherwise.
+    fn stage_slot(&mut self, b: &Buf, iv: &str, axis: usize, keep: bool) -> Buf {
+        let shape = b.ty.shape();
+        let mut offsets = vec!["0".to_string(); shape.len()];
+        offsets[axis] = iv.to_string();
+        let mut sizes = shape.clone();
+        sizes[axis] = 1;
+        let mut strides = b.strides();
+        let ty = if keep {
+            let mut t = b.ty.clone();
+            t.dims[axis].size = 1;
+            t
+        } else {
+            strides.remove(axis);
+            b.ty.remove(axis)
+        };
+        let view = Buf {
+            name: self.fresh(),
+            base: b.base.clone(),
+            ty,
+            layout: Some(Layout {
+                strides,
+                offset: None,
+            }),
+        };
+        self.op(&format!(
+            "{} = memref.subview {}[{}] [{}] [{}] : {} to {}",
+            view.name,
+            b.name,
+            offsets.join(", "),
+            list(&sizes),
+            list(&vec![1; sizes.len()]),
+            b.mty(),
+            view.mty()
+        ));
+        view
+    }
+
+    /// Opens a loop over `stages` whose iterations run in parallel (`stage_split.rs`): until
+    /// [`Emitter::end_stage_split`], buffers are allocated per stage and loop nests are not
+    /// made parallel themselves. Thread `j` of `T` takes stages `j, j + T, ...`: the stages
+    /// at work in an iteration are consecutive, so in the pipeline's fill and drain too they
+    /// spread over the threads as evenly as they can.
+    pub fn begin_stage_split(&mut self, stages: u64) {
+        self.declarations
+            .insert("func.func private @omp_get_max_threads() -> i32".into());
+        let (lo, hi, one) = (self.index(0), self.index(stages), self.index(1));
+        let threads = self.let_("func.call @omp_get_max_threads() : () -> i32");
+        let threads = self.let_(&format!("arith.index_cast {threads} : i32 to index"));
+        let team = self.let_(&format!("arith.minsi {threads}, {hi} : index"));
+        let team = self.let_(&format!("arith.maxsi {team}, {one} : index"));
+        let thread = self.fresh();
+        self.raw(&format!(
+            "scf.parallel ({thread}) = ({lo}) to ({team}) step ({one}) {{"
+        ));
+        self.indent += 1;
+        let iv = self.fresh();
+        self.raw(&format!("scf.for {iv} = {thread} to {hi} step {team} {{"));
+        self.indent += 1;
+        self.split = Some(Split { stages, iv });
+    }
+
+    pub fn end_stage_split(&mut self) {
+        self.split = None;
+        let close = format!("}}{}", self.loc);
+        for _ in 0..2 {
+            self.indent -= 1;
+            self.raw(&close);
+        }
+    }
+
+    /// Inside a stage-parallel loop: the current stage's slice of `b`, the buffer of a value of
+    /// type `ty`, when `ty` has the stage axis (kept, of size 1); `b` itself otherwise, and
+    /// outside such a loop.
+    pub fn stage_slice(&mut self, b: &Buf, ty: &Type) -> Buf {
+        match (&self.split, ty.stage_axis()) {
+            (Some(split), Some((axis, _))) => {
+                let iv = split.iv.clone();
+                self.stage_slot(b, &iv, axis, true)
+            }
+            _ => b.clone(),
+        }
+    }
+
+    /// True while a stage-parallel loop is open.
+    pub fn in_stage_split(&self) -> bool {
+        self.split.is_some()
     }
 
     pub fn index(&mut self, v: u64) -> String {
@@ -247,6 +358,7 @@ impl<'a> Emitter<'a> {
                 self.host_computes(&reads, out.0);
                 String::new()
             }
+            None if self.split.is_some() => String::new(),
             None => match parallel_dims(ins, &out, iters) {
                 0 => String::new(),
                 n => format!(" attrs = {{{}}}", PARALLEL_ATTRS[n - 1]),
@@ -488,7 +600,7 @@ const HOST_INTEGERS: u64 = 1024;
 /// Loop nests that touch fewer elements than this run on one thread: below it, starting the
 /// team cost more than it saved (BENCHMARKS.md: 4 K and 64 K were both slower on the
 /// transformer).
-const MIN_PARALLEL_ELEMENTS: u64 = 16_384;
+pub const MIN_PARALLEL_ELEMENTS: u64 = 16_384;
 
 /// The attributes that mark a `linalg.generic` for [`TRANSFORM_SCRIPT`]: its first one or two
 /// loops become a parallel loop over the threads.

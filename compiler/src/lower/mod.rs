@@ -7,7 +7,9 @@
 //! lowered from `@train_vjp`), every value in a
 //! statically shaped buffer or a view of one (`views.rs`), chains of elementwise ops fused into
 //! one `linalg.generic` (`fuse.rs`), big loop nests marked for the module's transform script to
-//! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments), loops
+//! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments) and,
+//! where a stage's values are too small for a parallel loop nest each, run as one parallel loop
+//! over the stages (`stage_split.rs`), loops
 //! as `scf.for` with their carried values computed in place where safe (`in_place.rs`), each
 //! loop nest between `--trace` calls, and every op located at its model-file span, so an MLIR
 //! error points at the `.ppc` line that caused it.
@@ -27,6 +29,7 @@ pub mod machine;
 pub mod mlir;
 mod ops;
 mod residency;
+mod stage_split;
 mod views;
 
 use emit::{escape, Buf, Emitter, Lines};
@@ -306,6 +309,15 @@ pub fn packed_entry(manifest: &Manifest) -> String {
     s
 }
 
+/// The type of `v`'s buffer: its stage's slice inside a stage-parallel loop.
+fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
+    if e.in_stage_split() {
+        stage_split::slice_type(f.ty(v))
+    } else {
+        f.ty(v).clone()
+    }
+}
+
 fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) -> Arg {
     Arg {
         role,
@@ -390,6 +402,7 @@ impl Walker<'_, '_> {
                     b
                 }
             };
+            let buf = self.e.stage_slice(&buf, f.ty(p.value));
             env.insert(p.value, buf);
         }
         let add_into: HashMap<ValueId, Buf> = add_into
@@ -422,8 +435,11 @@ impl Walker<'_, '_> {
         add_into: &HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
         let deferred = fuse::deferred(f, block);
-        let output =
-            |e: &mut Emitter, v: ValueId| into.get(&v).cloned().unwrap_or_else(|| e.alloc(f.ty(v)));
+        let output = |e: &mut Emitter, v: ValueId| {
+            into.get(&v)
+                .cloned()
+                .unwrap_or_else(|| e.alloc(&value_type(e, f, v)))
+        };
         let accumulations = match self.numerics {
             Numerics::Fast => accumulate::find(self.m, f, block, &deferred),
             Numerics::Exact => Vec::new(),
@@ -447,12 +463,13 @@ impl Walker<'_, '_> {
             };
             match &op.kind {
                 OpKind::Reshape { .. } => {
-                    let view = views::reshape(&mut self.e, &ins[0], f.ty(op.results[0]));
+                    let ty = value_type(&self.e, f, op.results[0]);
+                    let view = views::reshape(&mut self.e, &ins[0], &ty);
                     env.insert(op.results[0], view);
                 }
                 OpKind::Transpose { perm, .. } if views::swaps_last_two(perm) => {
-                    let ty = f.ty(op.results[0]);
-                    let view = views::transpose(&mut self.e, &ins[0], perm, ty);
+                    let ty = value_type(&self.e, f, op.results[0]);
+                    let view = views::transpose(&mut self.e, &ins[0], perm, &ty);
                     env.insert(op.results[0], view);
                 }
                 OpKind::Update { x, index, axis, .. } if views::uniform(f, *index).is_some() => {
@@ -513,7 +530,7 @@ impl Walker<'_, '_> {
                             Some(b) if b.name != acc.name => continue,
                             Some(b) => b.clone(),
                             None => {
-                                let b = self.e.alloc(f.ty(sum));
+                                let b = self.e.alloc(&value_type(&self.e, f, sum));
                                 self.e.copy(&acc, &b);
                                 b
                             }
@@ -521,7 +538,14 @@ impl Walker<'_, '_> {
                         adds.insert(a.result, (a.add, out));
                     }
                     let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
-                    let outs = self.func_into(g, ins, &add_into)?;
+                    let split = match (&self.e.gpu, self.e.in_stage_split()) {
+                        (None, false) if adds.is_empty() => stage_split::stages(self.m, g),
+                        _ => None,
+                    };
+                    let outs = match split {
+                        Some(stages) => self.split_call(g, ins, stages)?,
+                        None => self.func_into(g, ins, &add_into)?,
+                    };
                     env.extend(op.results.iter().copied().zip(outs));
                     for (add, out) in adds.into_values() {
                         env.insert(f.ops[add].results[0], out);
@@ -599,6 +623,35 @@ impl Walker<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Emits a call of `g` as one parallel loop over its `stages` (`stage_split.rs`); returns
+    /// the whole result buffers.
+    fn split_call(
+        &mut self,
+        g: &Func,
+        args: Vec<Buf>,
+        stages: u64,
+    ) -> Result<Vec<Buf>, Diagnostic> {
+        let results: Vec<Buf> = g
+            .body
+            .results
+            .iter()
+            .map(|&r| self.e.alloc(g.ty(r)))
+            .collect();
+        self.e.begin_stage_split(stages);
+        let args = args
+            .iter()
+            .zip(&g.body.args)
+            .map(|(a, &v)| self.e.stage_slice(a, g.ty(v)))
+            .collect();
+        let outs = self.func(g, args)?;
+        for ((out, whole), &v) in outs.iter().zip(&results).zip(&g.body.results) {
+            let slot = self.e.stage_slice(whole, g.ty(v));
+            self.e.copy(out, &slot);
+        }
+        self.e.end_stage_split();
+        Ok(results)
     }
 
     /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and

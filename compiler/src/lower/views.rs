@@ -73,6 +73,12 @@ pub fn reshape(e: &mut Emitter, x: &Buf, ty: &Type) -> Buf {
         let strides = ppc_runtime::tensor::strides(&ty.shape_usize());
         return reinterpret(e, x, ty, "0", &strides);
     }
+    if contiguous(x) {
+        // A stage's slice of a buffer (`stage_split.rs`): row-major at an offset.
+        let strides = ppc_runtime::tensor::strides(&ty.shape_usize());
+        let offset = dynamic_offset(e, x);
+        return reinterpret(e, x, ty, &offset, &strides);
+    }
     let non_unit = |t: &Type| -> Vec<u64> { t.shape().into_iter().filter(|&d| d != 1).collect() };
     if non_unit(&x.ty) != non_unit(ty) {
         let copy = e.alloc(&x.ty);
@@ -100,6 +106,15 @@ pub fn reshape(e: &mut Emitter, x: &Buf, ty: &Type) -> Buf {
         .collect();
     let offset = dynamic_offset(e, x);
     reinterpret(e, x, ty, &offset, &strides)
+}
+
+/// True when `x`'s elements lie row-major without gaps (axes of size 1 have any stride).
+fn contiguous(x: &Buf) -> bool {
+    let dense = ppc_runtime::tensor::strides(&x.ty.shape_usize());
+    x.ty.shape()
+        .iter()
+        .zip(x.strides().iter().zip(&dense))
+        .all(|(&d, (s, t))| d == 1 || s == t)
 }
 
 /// `x`'s offset (in elements) as an SSA value, read from its descriptor.

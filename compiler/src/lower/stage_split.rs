@@ -1,0 +1,158 @@
+//! Stage-parallel calls: a call of a function that computes each stage from that stage's
+//! slices alone (the vmapped `@stage`, and the stage functions of the training step) runs as
+//! one parallel loop over the stages, each thread computing every op of its stages on their
+//! slices, instead of one parallel loop per op over all stages.
+//!
+//! A stage's activations can be small (the transformer example's are `[b, t, d] = 2 K` floats):
+//! split op by op they stay under the size at which a parallel loop pays, so every op ran on
+//! one thread while the other waited; split by stage, one parallel region per call keeps both
+//! busy, with no join between ops, and each stage's GEMMs run on the thread that owns it.
+//!
+//! Inside the region every buffer is the stage's slice: values of the callee with the stage
+//! axis keep it with size 1 (`[1, b, t, d]`, so axis numbers and permutations stay as written),
+//! and every temporary (with the stage axis or without: the causal mask, a loop counter) gets
+//! one slot per stage in a buffer allocated once, so the threads share no scratch memory
+//! (`Emitter::alloc` while a split is open).
+//!
+//! ```text
+//! %out = call @stage(%in, %active)   ──▶   scf.parallel (%j) = (0) to (%threads) {
+//!                                              scf.for %s = %j to 4 step %threads {
+//!                                                %in_s = memref.subview %in[%s, ...] [1, ...]
+//!                                                ... @stage's ops on [1, b, t, d] slices ...
+//!                                              }
+//!                                            }
+//! ```
+//!
+//! [`stages`] decides whether a call is split: no op of the callee looks across stages (a
+//! reduction over the stage axis, an exchange, an iota or a softmax along it, a transpose that
+//! moves it), and the stages' input is smaller than one parallel loop nest's worth
+//! (`MIN_PARALLEL_ELEMENTS`), so that most of the callee's loop nests would run on one thread.
+//! Larger stages are better split op by op: the threads then share each active stage's work,
+//! where a split by stage leaves threads idle in the pipeline's fill and drain (measured, split
+//! by stage: the transformer example 1.14x, at b=8 t=128 0.96x; the MLP 0.95x).
+
+use super::emit::MIN_PARALLEL_ELEMENTS;
+use ppc_dialect::ir::{Block, Func, Module};
+use ppc_dialect::op::OpKind;
+use ppc_dialect::Type;
+
+/// The stage count if a call of `g` may run as one parallel loop over its stages: `g` takes a
+/// value with the stage axis, and each of its stages (and those of the functions it calls)
+/// depends only on that stage's slices. `None` otherwise.
+pub fn stages(m: &Module, g: &Func) -> Option<u64> {
+    let input = g
+        .body
+        .args
+        .iter()
+        .map(|&a| g.ty(a))
+        .find(|t| staged(t).is_some())?;
+    let stages = staged(input)?;
+    let mut check = Check { m, stages };
+    (input.elements() < MIN_PARALLEL_ELEMENTS && check.func(g)).then_some(stages)
+}
+
+/// The size of `ty`'s stage axis, if it has one.
+fn staged(ty: &Type) -> Option<u64> {
+    ty.stage_axis().map(|(at, _)| ty.dims[at].size)
+}
+
+/// Where `ty`'s stage axis is, counted from its last axis (NumPy broadcasting lines operands
+/// up from the end), if it has one.
+fn from_end(ty: &Type) -> Option<usize> {
+    ty.stage_axis().map(|(at, _)| ty.rank() - at)
+}
+
+/// The type of a stage's slice of `ty`: the stage axis, if any, of size 1.
+pub fn slice_type(ty: &Type) -> Type {
+    let mut t = ty.clone();
+    if let Some((at, _)) = t.stage_axis() {
+        t.dims[at].size = 1;
+    }
+    t
+}
+
+struct Check<'m> {
+    m: &'m Module,
+    stages: u64,
+}
+
+impl Check<'_> {
+    /// `ty` is unstaged, or staged with the split's stage count.
+    fn fits(&self, ty: &Type) -> bool {
+        staged(ty).is_none_or(|s| s == self.stages)
+    }
+
+    fn func(&mut self, g: &Func) -> bool {
+        g.params.iter().all(|p| self.fits(g.ty(p.value))) && self.block(g, &g.body)
+    }
+
+    fn block(&mut self, g: &Func, block: &Block) -> bool {
+        block.args.iter().all(|&a| self.fits(g.ty(a)))
+            && block.ops.iter().all(|&id| {
+                let op = &g.ops[id];
+                let results: Vec<&Type> = op.results.iter().map(|&r| g.ty(r)).collect();
+                let operands: Vec<&Type> = op.kind.operands().iter().map(|&x| g.ty(x)).collect();
+                let any_staged = operands.iter().any(|t| staged(t).is_some());
+                results.iter().chain(&operands).all(|t| self.fits(t))
+                    // A staged operand with an unstaged result mixes stages (a reduction).
+                    && (!any_staged || results.iter().all(|t| staged(t).is_some()))
+                    && self.op(g, &op.kind, &operands, &results)
+            })
+    }
+
+    /// The op's own rule: it must not look along the stage axis of a staged value, and the
+    /// stage axes of its operands and result must meet (stage `s` of the result is computed
+    /// from stage `s` of the operands).
+    fn op(&mut self, g: &Func, kind: &OpKind, operands: &[&Type], results: &[&Type]) -> bool {
+        let at = |t: &Type| t.stage_axis().map(|(a, _)| a);
+        let x_at = operands.first().and_then(|t| at(t));
+        let out_at = results.first().and_then(|t| at(t));
+        let not_along = |axis: usize| x_at != Some(axis);
+        // Broadcast-shaped ops: each staged operand's stage axis meets the result's.
+        let aligned = |ts: &[&Type]| {
+            ts.iter()
+                .all(|t| from_end(t).is_none() || from_end(t) == from_end(results[0]))
+        };
+        match kind {
+            OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Compare { .. }
+            | OpKind::Select { .. }
+            | OpKind::Convert { .. }
+            | OpKind::Broadcast { .. } => aligned(operands),
+            // The mask has one entry per entry of the result's first axis: the stage axis.
+            OpKind::MatMul { mask, .. } => {
+                aligned(&operands[..2]) && (mask.is_none() || out_at == Some(0))
+            }
+            OpKind::Transpose { perm, .. } => out_at.is_none_or(|o| Some(perm[o]) == x_at),
+            // The same axes before the stage axis: the slice of the one is the slice of the other.
+            OpKind::Reshape { .. } => match (x_at, out_at) {
+                (None, None) => true,
+                (Some(a), Some(b)) => operands[0].shape()[..a] == results[0].shape()[..b],
+                _ => false,
+            },
+            OpKind::Slice { start, end, .. } => {
+                x_at.is_none_or(|a| start[a] == 0 && end[a] == self.stages)
+            }
+            OpKind::Concat { axis, .. } => {
+                operands.iter().all(|t| at(t) != Some(*axis)) && aligned(operands)
+            }
+            OpKind::Reduce { axes, .. } => x_at.is_none_or(|a| !axes.contains(&a)),
+            OpKind::Softmax { axis, .. }
+            | OpKind::LayerNorm { axis, .. }
+            | OpKind::Pad { axis, .. }
+            | OpKind::Shift { axis, .. }
+            | OpKind::Index { axis, .. }
+            | OpKind::Update { axis, .. } => not_along(*axis),
+            OpKind::Iota { axis } => out_at != Some(*axis),
+            OpKind::Constant { .. } | OpKind::Rank => true,
+            // Stage s of an exchange comes from another stage or rank.
+            OpKind::Exchange { .. } => false,
+            OpKind::Call { callee, .. } => {
+                let callee = &self.m.funcs[*callee];
+                self.func(callee)
+            }
+            OpKind::Loop { body, .. } => self.block(g, body),
+        }
+    }
+}
