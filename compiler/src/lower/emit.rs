@@ -193,7 +193,7 @@ impl<'a> Emitter<'a> {
             Some(split) => {
                 let (stages, iv) = (split.stages, split.iv.clone());
                 let whole = self.alloc_whole(&ty.insert(0, Dim::lit(stages)));
-                self.stage_slot(&whole, &iv, 0, false)
+                self.slot(&whole, &iv, 0, false)
             }
         }
     }
@@ -215,12 +215,12 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Entry `iv` of `b`'s axis `axis` as a view: with that axis of size 1 when `keep`, without
-    /// it otherwise.
-    fn stage_slot(&mut self, b: &Buf, iv: &str, axis: usize, keep: bool) -> Buf {
+    /// Position `at` (an `index` SSA value) of `b`'s axis `axis` as a view: with that axis of
+    /// size 1 when `keep`, without it otherwise.
+    pub fn slot(&mut self, b: &Buf, at: &str, axis: usize, keep: bool) -> Buf {
         let shape = b.ty.shape();
         let mut offsets = vec!["0".to_string(); shape.len()];
-        offsets[axis] = iv.to_string();
+        offsets[axis] = at.to_string();
         let mut sizes = shape.clone();
         sizes[axis] = 1;
         let mut strides = b.strides();
@@ -294,7 +294,7 @@ impl<'a> Emitter<'a> {
         match (&self.split, ty.stage_axis()) {
             (Some(split), Some((axis, _))) => {
                 let iv = split.iv.clone();
-                self.stage_slot(b, &iv, axis, true)
+                self.slot(b, &iv, axis, true)
             }
             _ => b.clone(),
         }

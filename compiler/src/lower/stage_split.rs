@@ -29,7 +29,8 @@
 //! (`MIN_PARALLEL_ELEMENTS`), so that most of the callee's loop nests would run on one thread.
 //! Larger stages are better split op by op: the threads then share each active stage's work,
 //! where a split by stage leaves threads idle in the pipeline's fill and drain (measured, split
-//! by stage: the transformer example 1.14x, at b=8 t=128 0.96x; the MLP 0.95x).
+//! by stage: the transformer example 1.14x and 1.19x in two runs, at b=8 t=128 0.96x; the MLP
+//! 0.95x; BENCHMARKS.md).
 
 use super::emit::MIN_PARALLEL_ELEMENTS;
 use ppc_dialect::ir::{Block, Func, Module};

@@ -40,29 +40,7 @@ pub fn index(e: &mut Emitter, x: &Buf, k: &Buf, axis: usize) -> Buf {
     e.host_reads(k);
     let v = e.let_(&format!("memref.load {}[] : {}", k.name, k.mty()));
     let at = clamp_index(e, &v, shape[axis]);
-    let mut offsets: Vec<String> = vec!["0".into(); shape.len()];
-    offsets[axis] = at;
-    let mut sizes = shape.clone();
-    sizes[axis] = 1;
-    let mut strides = x.strides();
-    strides.remove(axis);
-    let view = Buf {
-        name: e.fresh(),
-        base: x.base.clone(),
-        ty: x.ty.remove(axis),
-        layout: Some(dynamic_layout(&strides)),
-    };
-    e.op(&format!(
-        "{} = memref.subview {}[{}] [{}] [{}] : {} to {}",
-        view.name,
-        x.name,
-        offsets.join(", "),
-        list(&sizes),
-        list(&vec![1; sizes.len()]),
-        x.mty(),
-        view.mty()
-    ));
-    view
+    e.slot(x, &at, axis, false)
 }
 
 /// `x` reshaped to `ty`: a view. A strided `x` is viewed in place when the reshape only adds or
