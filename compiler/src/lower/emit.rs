@@ -178,6 +178,19 @@ impl<'a> Emitter<'a> {
         self.body.push(line);
     }
 
+    /// Opens a region with its header line (`... {`); [`Emitter::close`] ends it.
+    pub fn open(&mut self, header: &str) {
+        self.raw(header);
+        self.indent += 1;
+    }
+
+    /// Ends the region [`Emitter::open`] began.
+    pub fn close(&mut self) {
+        self.indent -= 1;
+        let close = format!("}}{}", self.loc);
+        self.raw(&close);
+    }
+
     /// `%r = <rhs>`, returning `%r`.
     pub fn let_(&mut self, rhs: &str) -> String {
         let r = self.fresh();
@@ -280,11 +293,8 @@ impl<'a> Emitter<'a> {
 
     pub fn end_stage_split(&mut self) {
         self.split = None;
-        let close = format!("}}{}", self.loc);
-        for _ in 0..2 {
-            self.indent -= 1;
-            self.raw(&close);
-        }
+        self.close();
+        self.close();
     }
 
     /// Inside a stage-parallel loop: the current stage's slice of `b`, the buffer of a value of
@@ -407,9 +417,7 @@ impl<'a> Emitter<'a> {
         self.indent += 1;
         let y = body(self, &args);
         self.op(&format!("linalg.yield {y} : {}", elt(out.0.ty.dtype)));
-        self.indent -= 1;
-        let close = format!("}}{}", self.loc);
-        self.raw(&close);
+        self.close();
     }
 
     /// For `--target cuda` (else `None`): the tag of the kernel this nest becomes, or `None`
@@ -579,16 +587,12 @@ impl<'a> Emitter<'a> {
     }
 
     pub fn end_if(&mut self) {
-        self.indent -= 1;
-        let close = format!("}}{}", self.loc);
-        self.raw(&close);
+        self.close();
     }
 
     pub fn end_for(&mut self) {
-        self.indent -= 1;
         self.loops -= 1;
-        let close = format!("}}{}", self.loc);
-        self.raw(&close);
+        self.close();
     }
 }
 

@@ -29,6 +29,7 @@ pub mod machine;
 pub mod mlir;
 mod ops;
 mod residency;
+mod row_reduce;
 mod stage_split;
 mod views;
 

@@ -331,6 +331,10 @@ fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
         reduce_into(e, &rows, &(0..lead).collect::<Vec<_>>(), acc, max);
         return;
     }
+    if super::row_reduce::applies(e, x, axes, acc) {
+        super::row_reduce::emit(e, x, acc, max);
+        return;
+    }
     let init = if max { f64::NEG_INFINITY } else { -0.0 };
     let init = if acc.ty.dtype == DType::I32 {
         e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, "i32")
