@@ -18,6 +18,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q "jax[cpu]"
 fi
+# OPENBLAS_CORETYPE in the environment forces OpenBLAS's GEMM kernels for ppc (this project's
+# machines set it to Haswell: AVX2 kernels on an AVX-512 CPU, half the speed). JAX does not use
+# OpenBLAS, so ppc runs with OpenBLAS's own choice for the CPU unless BENCH_CORETYPE=keep; the
+# kernels used are printed at the end.
+PPC_ENV=(env)
+if [ -n "${OPENBLAS_CORETYPE:-}" ] && [ "${BENCH_CORETYPE:-}" != keep ]; then
+  echo "bench: OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE unset for ppc's runs (BENCH_CORETYPE=keep keeps it)" >&2
+  PPC_ENV=(env -u OPENBLAS_CORETYPE)
+fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
@@ -41,10 +50,11 @@ compare() {
   # shellcheck disable=SC2086
   $PPC compile "$model" $dims $ppc_flags -o "$exe" 2>/dev/null
   t1=$(date +%s.%N)
-  local ppc_all=() jax_all=() jit_all=() jax_json
+  local ppc_all=() jax_all=() jit_all=() jax_json ppc_json
   for _ in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
-    ppc_all+=("$("$exe" $run_flags --bench "$STEPS" | tail -1 | field useful_gflops)")
+    ppc_json=$("${PPC_ENV[@]}" "$exe" $run_flags --bench "$STEPS" | tail -1)
+    ppc_all+=("$(echo "$ppc_json" | field useful_gflops)")
     # shellcheck disable=SC2086
     jax_json=$("$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$STEPS")
     jax_all+=("$(echo "$jax_json" | field useful_gflops)")
@@ -84,3 +94,4 @@ for f in examples/*.ppc; do
   t0=$(date +%s.%N); $PPC compile "$f" -o "$OUT/exe" 2>/dev/null; t1=$(date +%s.%N)
   python3 -c "print(f'  {\"$f\":28s} {$t1-$t0:.2f} s')"
 done
+echo "ppc's GEMM kernels (OpenBLAS): $("${PPC_ENV[@]}" "$OUT/exe" --bench 1 | tail -1 | field gemm_kernels)"

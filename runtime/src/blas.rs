@@ -32,6 +32,16 @@ extern "C" {
     fn openblas_set_num_threads(n: i32);
     /// 0: the serial build, 1: threads, 2: OpenMP.
     fn openblas_get_parallel() -> i32;
+    fn openblas_get_corename() -> *const std::ffi::c_char;
+}
+
+/// The kernels OpenBLAS chose for this CPU (`Haswell`, `Cooperlake`, ...): its own detection,
+/// or `OPENBLAS_CORETYPE` from the environment, which overrides it.
+pub fn kernels() -> String {
+    // SAFETY: OpenBLAS returns a static NUL-terminated name.
+    unsafe { std::ffi::CStr::from_ptr(openblas_get_corename()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Set up once: one thread per call; `Some` lock when calls must take turns (serial build).

@@ -419,11 +419,12 @@ pub fn bench(
     let formula = (m.stages - 1) as f64 / (m.repeats * m.microbatches + m.stages - 1) as f64;
     writeln!(
         out,
-        "{{\"median_step_s\":{step:e},\"useful_gflops\":{:.3},\"microbatches_per_s\":{:.3},\"steps\":{},\"ranks\":{},\"bubble_fraction\":{formula},\"per_rank\":[{}]}}",
+        "{{\"median_step_s\":{step:e},\"useful_gflops\":{:.3},\"microbatches_per_s\":{:.3},\"steps\":{},\"ranks\":{},\"bubble_fraction\":{formula},\"gemm_kernels\":\"{}\",\"per_rank\":[{}]}}",
         flops as f64 / step / 1e9,
         m.microbatches as f64 / step,
         steps.len(),
         ranks.len(),
+        crate::blas::kernels(),
         per_rank.join(",")
     )
     .map_err(|e| e.to_string())
