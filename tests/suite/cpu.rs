@@ -21,15 +21,14 @@ pub(crate) fn small_dims(file: &str) -> Vec<&'static str> {
     v
 }
 
-/// The stage-parallel loops (`lower/stage_split.rs`) of `ppc compile ARGS --emit=mlir`: each
-/// sizes its team by the thread count, which no other loop asks for.
+/// The stage-parallel loops (`lower/stage_split.rs`) of `ppc compile ARGS --emit=mlir`.
 fn stage_parallel_loops(args: &[&str]) -> usize {
     let mut all = vec!["compile"];
     all.extend(args);
     all.push("--emit=mlir");
     let (code, out, err) = ppc(&all);
     assert_eq!(code, 0, "{err}");
-    out.matches("func.call @omp_get_max_threads()").count()
+    out.matches("ppc.parallel_over = \"stages\"").count()
 }
 
 #[test]
@@ -57,6 +56,55 @@ fn small_stages_run_as_one_parallel_loop_over_the_stages() {
     assert_eq!(stage_parallel_loops(&args), 0);
     // The GPU keeps its own mapping of loop nests onto blocks and threads.
     assert_eq!(stage_parallel_loops(&[&transformer, "--target", "cuda"]), 0);
+}
+
+/// `ppc compile ARGS --emit=mlir` of the transformer at b=4 t=32 heads=4 dh=8 (4 stages: 64
+/// entries of [32, 32] attention scores, 64 K in all; stage inputs of 16 K, not split by
+/// stage): how many of its parallel loops run over batch entries (`lower/batch_split.rs`).
+fn entry_loops(extra: &[&str]) -> usize {
+    let transformer = path("examples/transformer.ppc");
+    let mut args = vec!["compile", transformer.as_str(), "--emit=mlir"];
+    args.extend(ATTENTION_SHAPE);
+    args.extend(extra);
+    let (code, out, err) = ppc(&args);
+    assert_eq!(code, 0, "{err}");
+    out.matches("ppc.parallel_over = \"entries\"").count()
+}
+
+const ATTENTION_SHAPE: [&str; 8] = [
+    "--dim", "b=4", "--dim", "t=32", "--dim", "heads=4", "--dim", "dh=8",
+];
+
+#[test]
+fn attention_runs_as_one_loop_over_its_entries_and_matches_the_interpreter() {
+    // Scores, scale, causal mask, softmax and values: one loop over (stage, batch, head); in
+    // the training step also the backward's (with the forward's recomputed for --remat=stage).
+    assert_eq!(entry_loops(&[]), 1);
+    assert_eq!(entry_loops(&["--layers-per-stage", "3"]), 1);
+    assert_eq!(entry_loops(&["--train"]), 3);
+    assert_eq!(entry_loops(&["--train", "--remat", "none"]), 1);
+    // The GPU maps each loop nest onto blocks and threads itself.
+    assert_eq!(entry_loops(&["--target", "cuda"]), 0);
+    // The example's shape is split by stage instead (too small for a loop per op).
+    let (_, out, _) = ppc(&["compile", &path("examples/transformer.ppc"), "--emit=mlir"]);
+    assert!(!out.contains("ppc.parallel_over = \"entries\""));
+    // Bubble entries skip the chain: poisoned bubbles change nothing; bf16; circular repeats.
+    let transformer = path("examples/transformer.ppc");
+    let configs: [&[&str]; 4] = [
+        &[],
+        &["--poison-bubbles"],
+        &["--dtype", "bf16"],
+        &["--repeats", "2", "--microbatches", "5"],
+    ];
+    for extra in configs {
+        let mut args = vec!["verify", transformer.as_str(), "--backend", "cpu"];
+        args.extend(ATTENTION_SHAPE);
+        args.extend(extra);
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{args:?}\n{out}\n{err}");
+        let j = json_last_line(&out);
+        assert_eq!(j["ok"], true, "{args:?}: {j}");
+    }
 }
 
 #[test]

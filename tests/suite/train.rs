@@ -49,6 +49,21 @@ pub(crate) fn compiled_gradients_match(
                 ..Overrides::default()
             },
         ),
+        // Big enough that the attention's chains run per batch entry (`lower/batch_split.rs`;
+        // `cpu::attention_runs_as_one_loop_over_its_entries...` counts them).
+        (
+            "examples/transformer.ppc",
+            Overrides {
+                dims: ["b=4", "t=32", "heads=4", "dh=8"]
+                    .iter()
+                    .map(|d| {
+                        let (n, v) = d.split_once('=').expect("NAME=VALUE");
+                        (n.to_string(), v.parse().expect("a number"))
+                    })
+                    .collect(),
+                ..Overrides::default()
+            },
+        ),
     ] {
         let what = format!("{file} --remat={}", remat.name());
         let text = std::fs::read_to_string(root().join(file)).expect("example");

@@ -98,6 +98,23 @@ struct Split {
     iv: String,
 }
 
+/// The loop over a batched chain's entries being written (`batch_split.rs`).
+struct Entries {
+    /// The sizes of the leading axes it runs over.
+    prefix: Vec<u64>,
+    /// Deallocations of the per-thread buffers, where the thread's part of the loop ends.
+    frees: Vec<String>,
+}
+
+/// Whether `ty`'s leading axes are `prefix` (each of that size, or 1 for a broadcast one).
+pub fn has_prefix(ty: &Type, prefix: &[u64]) -> bool {
+    ty.rank() >= prefix.len()
+        && ty.dims[..prefix.len()]
+            .iter()
+            .zip(prefix)
+            .all(|(d, &p)| d.size == p || d.size == 1)
+}
+
 /// What writing for `--target cuda` keeps track of.
 pub struct GpuCode {
     /// The tilings of the loop nests so far (`gpu_map.rs`).
@@ -122,6 +139,11 @@ pub struct Emitter<'a> {
     loops: usize,
     /// The stage-parallel loop being written (`stage_split.rs`), if any.
     split: Option<Split>,
+    /// The loop over a batched chain's entries being written (`batch_split.rs`), if any.
+    entries: Option<Entries>,
+    /// Where the body of the innermost round-robin parallel loop begins (per-thread buffers
+    /// are allocated there): the line and its indentation.
+    thread_body: (usize, usize),
     next: usize,
     indent: usize,
     loc: String,
@@ -139,6 +161,8 @@ impl<'a> Emitter<'a> {
             gpu: None,
             loops: 0,
             split: None,
+            entries: None,
+            thread_body: (0, 0),
             next: 0,
             indent: 2,
             loc: String::new(),
@@ -201,6 +225,9 @@ impl<'a> Emitter<'a> {
     /// A new buffer of `ty`, allocated at function entry. Inside a stage-parallel loop, the
     /// current stage's slot of a buffer with one per stage, so that threads share no scratch.
     pub fn alloc(&mut self, ty: &Type) -> Buf {
+        if self.entries.is_some() {
+            return self.alloc_per_thread(ty);
+        }
         match &self.split {
             None => self.alloc_whole(ty),
             Some(split) => {
@@ -208,6 +235,33 @@ impl<'a> Emitter<'a> {
                 let whole = self.alloc_whole(&ty.insert(0, Dim::lit(stages)));
                 self.slot(&whole, &iv, 0, false)
             }
+        }
+    }
+
+    /// Inside a loop over entries: a buffer of the current thread, allocated where its part of
+    /// the loop begins and freed where it ends, reused by each of its entries.
+    fn alloc_per_thread(&mut self, ty: &Type) -> Buf {
+        let name = self.fresh();
+        let mty = memref_type(ty, None);
+        let (at, indent) = self.thread_body;
+        let line = format!(
+            "{}{name} = memref.alloc() {{alignment = 64 : i64}} : {mty}{}",
+            "  ".repeat(indent),
+            self.loc
+        );
+        self.body.insert(at, line);
+        self.thread_body.0 += 1;
+        let free = format!("memref.dealloc {name} : {mty}");
+        self.entries
+            .as_mut()
+            .expect("called inside a loop over entries")
+            .frees
+            .push(free);
+        Buf {
+            base: name.clone(),
+            name,
+            ty: ty.clone(),
+            layout: None,
         }
     }
 
@@ -231,20 +285,26 @@ impl<'a> Emitter<'a> {
     /// Position `at` (an `index` SSA value) of `b`'s axis `axis` as a view: with that axis of
     /// size 1 when `keep`, without it otherwise.
     pub fn slot(&mut self, b: &Buf, at: &str, axis: usize, keep: bool) -> Buf {
+        self.slots(b, &[(axis, at.to_string())], keep)
+    }
+
+    /// As [`Emitter::slot`], at several axes (`(axis, index)`, in increasing axis order).
+    pub fn slots(&mut self, b: &Buf, at: &[(usize, String)], keep: bool) -> Buf {
         let shape = b.ty.shape();
         let mut offsets = vec!["0".to_string(); shape.len()];
-        offsets[axis] = at.to_string();
         let mut sizes = shape.clone();
-        sizes[axis] = 1;
         let mut strides = b.strides();
-        let ty = if keep {
-            let mut t = b.ty.clone();
-            t.dims[axis].size = 1;
-            t
-        } else {
-            strides.remove(axis);
-            b.ty.remove(axis)
-        };
+        let mut ty = b.ty.clone();
+        for (axis, index) in at.iter().rev() {
+            offsets[*axis] = index.clone();
+            sizes[*axis] = 1;
+            if keep {
+                ty.dims[*axis].size = 1;
+            } else {
+                strides.remove(*axis);
+                ty = ty.remove(*axis);
+            }
+        }
         let view = Buf {
             name: self.fresh(),
             base: b.base.clone(),
@@ -269,32 +329,100 @@ impl<'a> Emitter<'a> {
 
     /// Opens a loop over `stages` whose iterations run in parallel (`stage_split.rs`): until
     /// [`Emitter::end_stage_split`], buffers are allocated per stage and loop nests are not
-    /// made parallel themselves. Thread `j` of `T` takes stages `j, j + T, ...`: the stages
-    /// at work in an iteration are consecutive, so in the pipeline's fill and drain too they
-    /// spread over the threads as evenly as they can.
+    /// made parallel themselves.
     pub fn begin_stage_split(&mut self, stages: u64) {
-        self.declarations
-            .insert("func.func private @omp_get_max_threads() -> i32".into());
-        let (lo, hi, one) = (self.index(0), self.index(stages), self.index(1));
-        let threads = self.let_("func.call @omp_get_max_threads() : () -> i32");
-        let threads = self.let_(&format!("arith.index_cast {threads} : i32 to index"));
-        let team = self.let_(&format!("arith.minsi {threads}, {hi} : index"));
-        let team = self.let_(&format!("arith.maxsi {team}, {one} : index"));
-        let thread = self.fresh();
-        self.raw(&format!(
-            "scf.parallel ({thread}) = ({lo}) to ({team}) step ({one}) {{"
-        ));
-        self.indent += 1;
-        let iv = self.fresh();
-        self.raw(&format!("scf.for {iv} = {thread} to {hi} step {team} {{"));
-        self.indent += 1;
+        let iv = self.begin_round_robin(stages);
         self.split = Some(Split { stages, iv });
     }
 
     pub fn end_stage_split(&mut self) {
         self.split = None;
         self.close();
+        self.end_round_robin("stages");
+    }
+
+    /// Closes the parallel loop of [`Emitter::begin_round_robin`], marked with what it runs
+    /// over (`ppc.parallel_over`, for readers of the MLIR and tests).
+    fn end_round_robin(&mut self, over: &str) {
+        self.indent -= 1;
+        let close = format!("}} {{ppc.parallel_over = \"{over}\"}}{}", self.loc);
+        self.raw(&close);
+    }
+
+    /// Opens a loop over `count` iterations that run in parallel, thread `j` of `T` taking
+    /// iterations `j, j + T, ...` (the stages at work in a pipeline iteration are consecutive,
+    /// so in the fill and drain too they spread over the threads as evenly as they can).
+    /// Returns the iteration's index; close the inner loop, then [`Emitter::end_round_robin`].
+    fn begin_round_robin(&mut self, count: u64) -> String {
+        self.declarations
+            .insert("func.func private @omp_get_max_threads() -> i32".into());
+        let (lo, hi, one) = (self.index(0), self.index(count), self.index(1));
+        let threads = self.let_("func.call @omp_get_max_threads() : () -> i32");
+        let threads = self.let_(&format!("arith.index_cast {threads} : i32 to index"));
+        let team = self.let_(&format!("arith.minsi {threads}, {hi} : index"));
+        let team = self.let_(&format!("arith.maxsi {team}, {one} : index"));
+        let thread = self.fresh();
+        self.open(&format!(
+            "scf.parallel ({thread}) = ({lo}) to ({team}) step ({one}) {{"
+        ));
+        self.thread_body = (self.body.len(), self.indent);
+        let iv = self.fresh();
+        self.open(&format!("scf.for {iv} = {thread} to {hi} step {team} {{"));
+        iv
+    }
+
+    /// Opens a parallel loop over the entries of leading axes of sizes `prefix`
+    /// (`batch_split.rs`); returns one index per axis. Until [`Emitter::end_entries`], buffers
+    /// are allocated once per thread (at the top of its part of the loop) and loop nests are
+    /// not made parallel themselves.
+    pub fn begin_entries(&mut self, prefix: &[u64]) -> Vec<String> {
+        let mut entry = self.begin_round_robin(prefix.iter().product());
+        let mut ivs = vec![String::new(); prefix.len()];
+        for (i, &size) in prefix.iter().enumerate().rev() {
+            let n = self.index(size);
+            ivs[i] = self.let_(&format!("arith.remui {entry}, {n} : index"));
+            entry = self.let_(&format!("arith.divui {entry}, {n} : index"));
+        }
+        self.entries = Some(Entries {
+            prefix: prefix.to_vec(),
+            frees: Vec::new(),
+        });
+        ivs
+    }
+
+    pub fn end_entries(&mut self) {
+        let entries = self.entries.take().expect("begin_entries opened the loop");
         self.close();
+        for free in entries.frees {
+            self.op(&free);
+        }
+        self.end_round_robin("entries");
+    }
+
+    /// Inside a loop over entries: the type of one entry of `ty` (its leading axes of size 1)
+    /// when `ty` has the entries' axes in front; `ty` itself otherwise.
+    pub fn entry_type(&self, ty: &Type) -> Type {
+        match &self.entries {
+            Some(entries) if has_prefix(ty, &entries.prefix) => {
+                let mut t = ty.clone();
+                for d in &mut t.dims[..entries.prefix.len()] {
+                    d.size = 1;
+                }
+                t
+            }
+            _ => ty.clone(),
+        }
+    }
+
+    /// True while a loop over a chain's entries is open.
+    pub fn in_entries(&self) -> bool {
+        self.entries.is_some()
+    }
+
+    /// True while a loop whose iterations run in parallel is open: loop nests inside it stay
+    /// sequential (no nested teams).
+    pub fn in_parallel_loop(&self) -> bool {
+        self.split.is_some() || self.entries.is_some()
     }
 
     /// Inside a stage-parallel loop: the current stage's slice of `b`, the buffer of a value of
@@ -368,7 +496,7 @@ impl<'a> Emitter<'a> {
                 self.host_computes(&reads, out.0);
                 String::new()
             }
-            None if self.split.is_some() => String::new(),
+            None if self.in_parallel_loop() => String::new(),
             None => match parallel_dims(ins, &out, iters) {
                 0 => String::new(),
                 n => format!(" attrs = {{{}}}", PARALLEL_ATTRS[n - 1]),
@@ -583,6 +711,13 @@ impl<'a> Emitter<'a> {
         self.host_reads(cond);
         let c = self.let_(&format!("memref.load {}[] : {}", cond.name, cond.mty()));
         self.raw(&format!("scf.if {c} {{"));
+        self.indent += 1;
+    }
+
+    /// Ends the `then` region of an `scf.if` and opens its `else` region.
+    pub fn begin_else(&mut self) {
+        self.indent -= 1;
+        self.raw("} else {");
         self.indent += 1;
     }
 

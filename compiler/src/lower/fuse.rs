@@ -64,13 +64,17 @@ pub fn producer(f: &Func, block: &Block, v: ValueId) -> Option<OpId> {
 /// Every value a block and the blocks inside it read.
 pub fn used_in(f: &Func, block: &Block, used: &mut HashSet<ValueId>) {
     for &id in &block.ops {
-        let kind = &f.ops[id].kind;
-        used.extend(kind.operands());
-        if let OpKind::Loop { body, .. } = kind {
-            used_in(f, body, used);
-        }
+        used_in_op(f, &f.ops[id].kind, used);
     }
     used.extend(&block.results);
+}
+
+/// Every value an op reads: its operands, and what the blocks inside it read.
+pub fn used_in_op(f: &Func, kind: &OpKind, used: &mut HashSet<ValueId>) {
+    used.extend(kind.operands());
+    if let OpKind::Loop { body, .. } = kind {
+        used_in(f, body, used);
+    }
 }
 
 /// Where each loop dimension of an operand comes from in the fused loop nest: `Some(i)` is

@@ -20,6 +20,7 @@
 //! ```
 
 mod accumulate;
+mod batch_split;
 pub mod emit;
 mod fast_math;
 mod fuse;
@@ -310,12 +311,13 @@ pub fn packed_entry(manifest: &Manifest) -> String {
     s
 }
 
-/// The type of `v`'s buffer: its stage's slice inside a stage-parallel loop.
+/// The type of `v`'s buffer: its stage's slice inside a stage-parallel loop, its entry's
+/// inside a loop over a batched chain's entries.
 fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
     if e.in_stage_split() {
         stage_split::slice_type(f.ty(v))
     } else {
-        f.ty(v).clone()
+        e.entry_type(f.ty(v))
     }
 }
 
@@ -350,6 +352,14 @@ fn model_flops(m: &Module) -> u64 {
         })
         .sum();
     per_layer * m.pipeline.layers * m.pipeline.microbatches
+}
+
+/// A chain's loop over entries being written (`batch_split.rs`): its trace span, the buffers of
+/// the values it slices (to restore), and its outputs' whole buffers.
+struct OpenChain {
+    group: usize,
+    saved: Vec<(ValueId, Option<Buf>)>,
+    wholes: Vec<(ValueId, Buf)>,
 }
 
 /// Walks functions, inlining calls; values map to buffers.
@@ -436,8 +446,11 @@ impl Walker<'_, '_> {
         add_into: &HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
         let deferred = fuse::deferred(f, block);
-        let output = |e: &mut Emitter, v: ValueId| {
+        // Where a value is computed: a loop's carried buffer (`into`), its entry of a chain's
+        // output (`slices`), or a new buffer.
+        let output = |e: &mut Emitter, slices: &HashMap<ValueId, Buf>, v: ValueId| {
             into.get(&v)
+                .or_else(|| slices.get(&v))
                 .cloned()
                 .unwrap_or_else(|| e.alloc(&value_type(e, f, v)))
         };
@@ -450,7 +463,91 @@ impl Walker<'_, '_> {
         let mut folded: HashSet<ppc_dialect::ir::OpId> = HashSet::new();
         let guarded = in_place::guarded_updates(f, block);
         folded.extend(guarded.values());
-        for &id in &block.ops {
+        let chains = if self.numerics == Numerics::Fast
+            && self.e.gpu.is_none()
+            && !self.e.in_parallel_loop()
+        {
+            let excluded = guarded.keys().chain(guarded.values()).copied().collect();
+            let carried = into.keys().chain(add_into.keys()).copied().collect();
+            batch_split::find(f, block, &deferred, &excluded, &carried)
+        } else {
+            Vec::new()
+        };
+        let mut slices: HashMap<ValueId, Buf> = HashMap::new();
+        let mut open: Option<OpenChain> = None;
+        for step in batch_split::schedule(block, &chains) {
+            let id = match step {
+                batch_split::Step::Begin(c) => {
+                    let chain = &chains[c];
+                    self.e.at(f.op_spans.get(&chain.ops[0]));
+                    let names: Vec<&str> =
+                        chain.ops.iter().map(|&o| f.ops[o].kind.name()).collect();
+                    let group = self.begin_group(f, chain.ops[0], names.join("+"));
+                    let wholes: Vec<(ValueId, Buf)> = chain
+                        .outputs
+                        .iter()
+                        .map(|&v| (v, output(&mut self.e, &slices, v)))
+                        .collect();
+                    let ivs = self.e.begin_entries(&chain.prefix);
+                    let mut saved = Vec::new();
+                    for &v in &chain.sliced {
+                        let entry = self.entry(&env[&v], f.ty(v), &ivs);
+                        saved.push((v, env.insert(v, entry)));
+                    }
+                    for (v, whole) in &wholes {
+                        let entry = self.entry(whole, f.ty(*v), &ivs);
+                        slices.insert(*v, entry);
+                    }
+                    if let Some((mask, at)) = chain.mask {
+                        let entry = self.e.slot(&env[&mask], &ivs[at], 0, true);
+                        if chain.skip_bubbles {
+                            let zero = self.e.index(0);
+                            let active = self.e.let_(&format!(
+                                "memref.load {}[{zero}] : {}",
+                                entry.name,
+                                entry.mty()
+                            ));
+                            self.e.open(&format!("scf.if {active} {{"));
+                        }
+                        saved.push((mask, env.insert(mask, entry)));
+                    }
+                    open = Some(OpenChain {
+                        group,
+                        saved,
+                        wholes,
+                    });
+                    continue;
+                }
+                batch_split::Step::End(c) => {
+                    let OpenChain {
+                        group,
+                        saved,
+                        wholes,
+                    } = open.take().expect("invariant: Begin comes before End");
+                    if chains[c].skip_bubbles {
+                        // A bubble stage's entry: what the masked GEMM writes.
+                        self.e.begin_else();
+                        for (v, _) in &wholes {
+                            let zero = self.e.constant(-0.0, emit::elt(slices[v].ty.dtype));
+                            self.e.fill(&zero, &slices[v]);
+                        }
+                        self.e.end_if();
+                    }
+                    self.e.end_entries();
+                    for (v, before) in saved {
+                        if let Some(b) = before {
+                            env.insert(v, b);
+                        }
+                    }
+                    for (v, whole) in wholes {
+                        slices.remove(&v);
+                        env.insert(v, whole);
+                    }
+                    self.end_group(group);
+                    continue;
+                }
+                batch_split::Step::Op(id) => id,
+            };
             let op = &f.ops[id];
             if op.results.first().is_some_and(|v| deferred.contains(v)) || folded.contains(&id) {
                 continue; // computed inside its consumer's loop nest, or by a GEMM
@@ -478,7 +575,7 @@ impl Walker<'_, '_> {
                     // written, after a copy of `x` unless `x` is the output buffer itself (a
                     // carried accumulator updated in place).
                     let scalar = views::uniform(f, *index).expect("checked by the guard");
-                    let out = output(&mut self.e, op.results[0]);
+                    let out = output(&mut self.e, &slices, op.results[0]);
                     let group = self.begin_group(f, id, "update".to_string());
                     if env[x].name != out.name {
                         self.e.copy(&env[x], &out);
@@ -500,7 +597,7 @@ impl Walker<'_, '_> {
                         unreachable!("invariant: guarded_updates pairs selects with updates")
                     };
                     let scalar = views::uniform(f, *index).expect("checked by guarded_updates");
-                    let out = output(&mut self.e, op.results[0]);
+                    let out = output(&mut self.e, &slices, op.results[0]);
                     let group = self.begin_group(f, id, "update".to_string());
                     if env[on_false].name != out.name {
                         self.e.copy(&env[on_false], &out);
@@ -539,7 +636,7 @@ impl Walker<'_, '_> {
                         adds.insert(a.result, (a.add, out));
                     }
                     let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
-                    let split = match (&self.e.gpu, self.e.in_stage_split()) {
+                    let split = match (&self.e.gpu, self.e.in_parallel_loop()) {
                         (None, false) if adds.is_empty() => stage_split::stages(self.m, g),
                         _ => None,
                     };
@@ -597,7 +694,7 @@ impl Walker<'_, '_> {
                     env.extend(op.results.iter().copied().zip(carried));
                 }
                 kind if kind.is_elementwise() => {
-                    let out = output(&mut self.e, op.results[0]);
+                    let out = output(&mut self.e, &slices, op.results[0]);
                     let scope = fuse::Scope {
                         f,
                         block,
@@ -611,7 +708,7 @@ impl Walker<'_, '_> {
                     env.insert(op.results[0], out);
                 }
                 kind => {
-                    let out = output(&mut self.e, op.results[0]);
+                    let out = output(&mut self.e, &slices, op.results[0]);
                     // GEMMs have spans of their own, from the runtime.
                     let group = (!matches!(kind, OpKind::MatMul { .. }))
                         .then(|| self.begin_group(f, id, kind.name().to_string()));
@@ -655,9 +752,31 @@ impl Walker<'_, '_> {
         Ok(results)
     }
 
+    /// The entry at `ivs` (indices of the leading axes) of buffer `b` of a value of type `ty`:
+    /// axes of size 1 (broadcast) at 0, every leading axis kept with size 1.
+    fn entry(&mut self, b: &Buf, ty: &Type, ivs: &[String]) -> Buf {
+        let at = ivs
+            .iter()
+            .enumerate()
+            .map(|(axis, iv)| {
+                let index = if ty.dims[axis].size == 1 {
+                    self.e.index(0)
+                } else {
+                    iv.clone()
+                };
+                (axis, index)
+            })
+            .collect::<Vec<_>>();
+        self.e.slots(b, &at, true)
+    }
+
     /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and
     /// its model line; returns its number.
     fn begin_group(&mut self, f: &Func, id: ppc_dialect::ir::OpId, name: String) -> usize {
+        if self.e.in_entries() {
+            // Inside a chain's loop over entries: the chain has one span of its own.
+            return usize::MAX;
+        }
         let (line, _) = self.e.lines.line_col(f.op_spans.get(&id).start as usize);
         let n = self.groups.len();
         self.groups.push(format!("{name}, line {line}"));
@@ -669,6 +788,9 @@ impl Walker<'_, '_> {
     }
 
     fn end_group(&mut self, n: usize) {
+        if n == usize::MAX {
+            return;
+        }
         let c = self.e.constant(n as f64, "i32");
         self.e.op(&format!(
             "func.call @ppc_trace_group_end({c}) : (i32) -> ()"
