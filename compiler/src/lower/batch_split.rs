@@ -294,3 +294,23 @@ pub fn schedule(block: &Block, chains: &[Chain]) -> Vec<Step> {
     }
     steps
 }
+
+/// Values of `block` read only as operands of its chains' matmuls: a transpose making one can
+/// be a strided view instead of a copy, since each entry's GEMM reads its slice through strides
+/// (and packs it) anyway.
+pub fn matmul_operands(f: &Func, block: &Block, chains: &[Chain]) -> HashSet<ValueId> {
+    let mut operands = HashSet::new();
+    let mut other = HashSet::new();
+    let in_chains: HashSet<OpId> = chains.iter().flat_map(|c| c.ops.iter().copied()).collect();
+    for &id in &block.ops {
+        match &f.ops[id].kind {
+            OpKind::MatMul { lhs, rhs, mask } if in_chains.contains(&id) => {
+                operands.extend([*lhs, *rhs]);
+                other.extend(*mask);
+            }
+            kind => super::fuse::used_in_op(f, kind, &mut other),
+        }
+    }
+    other.extend(&block.results);
+    &operands - &other
+}

@@ -473,6 +473,7 @@ impl Walker<'_, '_> {
         } else {
             Vec::new()
         };
+        let strided = batch_split::matmul_operands(f, block, &chains);
         let mut slices: HashMap<ValueId, Buf> = HashMap::new();
         let mut open: Option<OpenChain> = None;
         for step in batch_split::schedule(block, &chains) {
@@ -565,7 +566,9 @@ impl Walker<'_, '_> {
                     let view = views::reshape(&mut self.e, &ins[0], &ty);
                     env.insert(op.results[0], view);
                 }
-                OpKind::Transpose { perm, .. } if views::swaps_last_two(perm) => {
+                OpKind::Transpose { perm, .. }
+                    if views::swaps_last_two(perm) || strided.contains(&op.results[0]) =>
+                {
                     let ty = value_type(&self.e, f, op.results[0]);
                     let view = views::transpose(&mut self.e, &ins[0], perm, &ty);
                     env.insert(op.results[0], view);
