@@ -357,7 +357,7 @@ fn model_flops(m: &Module) -> u64 {
 /// A chain's loop over entries being written (`batch_split.rs`): its trace span, the buffers of
 /// the values it slices (to restore), and its outputs' whole buffers.
 struct OpenChain {
-    group: usize,
+    group: Option<usize>,
     saved: Vec<(ValueId, Option<Buf>)>,
     wholes: Vec<(ValueId, Buf)>,
 }
@@ -479,72 +479,17 @@ impl Walker<'_, '_> {
         for step in batch_split::schedule(block, &chains) {
             let id = match step {
                 batch_split::Step::Begin(c) => {
-                    let chain = &chains[c];
-                    self.e.at(f.op_spans.get(&chain.ops[0]));
-                    let names: Vec<&str> =
-                        chain.ops.iter().map(|&o| f.ops[o].kind.name()).collect();
-                    let group = self.begin_group(f, chain.ops[0], names.join("+"));
-                    let wholes: Vec<(ValueId, Buf)> = chain
+                    let wholes = chains[c]
                         .outputs
                         .iter()
                         .map(|&v| (v, output(&mut self.e, &slices, v)))
                         .collect();
-                    let ivs = self.e.begin_entries(&chain.prefix);
-                    let mut saved = Vec::new();
-                    for &v in &chain.sliced {
-                        let entry = self.entry(&env[&v], f.ty(v), &ivs);
-                        saved.push((v, env.insert(v, entry)));
-                    }
-                    for (v, whole) in &wholes {
-                        let entry = self.entry(whole, f.ty(*v), &ivs);
-                        slices.insert(*v, entry);
-                    }
-                    if let Some((mask, at)) = chain.mask {
-                        let entry = self.e.slot(&env[&mask], &ivs[at], 0, true);
-                        if chain.skip_bubbles {
-                            let zero = self.e.index(0);
-                            let active = self.e.let_(&format!(
-                                "memref.load {}[{zero}] : {}",
-                                entry.name,
-                                entry.mty()
-                            ));
-                            self.e.open(&format!("scf.if {active} {{"));
-                        }
-                        saved.push((mask, env.insert(mask, entry)));
-                    }
-                    open = Some(OpenChain {
-                        group,
-                        saved,
-                        wholes,
-                    });
+                    open = Some(self.begin_chain(f, &chains[c], wholes, env, &mut slices));
                     continue;
                 }
                 batch_split::Step::End(c) => {
-                    let OpenChain {
-                        group,
-                        saved,
-                        wholes,
-                    } = open.take().expect("invariant: Begin comes before End");
-                    if chains[c].skip_bubbles {
-                        // A bubble stage's entry: what the masked GEMM writes.
-                        self.e.begin_else();
-                        for (v, _) in &wholes {
-                            let zero = self.e.constant(-0.0, emit::elt(slices[v].ty.dtype));
-                            self.e.fill(&zero, &slices[v]);
-                        }
-                        self.e.end_if();
-                    }
-                    self.e.end_entries();
-                    for (v, before) in saved {
-                        if let Some(b) = before {
-                            env.insert(v, b);
-                        }
-                    }
-                    for (v, whole) in wholes {
-                        slices.remove(&v);
-                        env.insert(v, whole);
-                    }
-                    self.end_group(group);
+                    let chain = open.take().expect("invariant: Begin comes before End");
+                    self.end_chain(&chains[c], chain, env, &mut slices);
                     continue;
                 }
                 batch_split::Step::Op(id) => id,
@@ -714,11 +659,10 @@ impl Walker<'_, '_> {
                     let out = output(&mut self.e, &slices, op.results[0]);
                     // GEMMs have spans of their own, from the runtime.
                     let group = (!matches!(kind, OpKind::MatMul { .. }))
-                        .then(|| self.begin_group(f, id, kind.name().to_string()));
+                        .then(|| self.begin_group(f, id, kind.name().to_string()))
+                        .flatten();
                     ops::lower(&mut self.e, self.numerics, kind, &ins, &out);
-                    if let Some(g) = group {
-                        self.end_group(g);
-                    }
+                    self.end_group(group);
                     env.insert(op.results[0], out);
                 }
             }
@@ -755,6 +699,80 @@ impl Walker<'_, '_> {
         Ok(results)
     }
 
+    /// Opens `chain`'s loop over its entries (`batch_split.rs`): the values it reads along its
+    /// leading axes become their entry's slices in `env`, its outputs (`wholes`: their whole
+    /// buffers) their entry's in `slices`, and a bubble stage's entries skip it.
+    fn begin_chain(
+        &mut self,
+        f: &Func,
+        chain: &batch_split::Chain,
+        wholes: Vec<(ValueId, Buf)>,
+        env: &mut HashMap<ValueId, Buf>,
+        slices: &mut HashMap<ValueId, Buf>,
+    ) -> OpenChain {
+        self.e.at(f.op_spans.get(&chain.ops[0]));
+        let names: Vec<&str> = chain.ops.iter().map(|&o| f.ops[o].kind.name()).collect();
+        let group = self.begin_group(f, chain.ops[0], names.join("+"));
+        let ivs = self.e.begin_entries(&chain.prefix);
+        let mut saved = Vec::new();
+        for &v in &chain.sliced {
+            let entry = self.entry(&env[&v], f.ty(v), &ivs);
+            saved.push((v, env.insert(v, entry)));
+        }
+        for (v, whole) in &wholes {
+            let entry = self.entry(whole, f.ty(*v), &ivs);
+            slices.insert(*v, entry);
+        }
+        if let Some((mask, at)) = chain.mask {
+            let entry = self.e.slot(&env[&mask], &ivs[at], 0, true);
+            if chain.skip_bubbles {
+                let zero = self.e.index(0);
+                let active = self.e.let_(&format!(
+                    "memref.load {}[{zero}] : {}",
+                    entry.name,
+                    entry.mty()
+                ));
+                self.e.open(&format!("scf.if {active} {{"));
+            }
+            saved.push((mask, env.insert(mask, entry)));
+        }
+        OpenChain {
+            group,
+            saved,
+            wholes,
+        }
+    }
+
+    /// Closes `chain`'s loop: a bubble stage's entries get what the masked GEMM writes (-0.0),
+    /// and `env` the whole buffers again.
+    fn end_chain(
+        &mut self,
+        chain: &batch_split::Chain,
+        open: OpenChain,
+        env: &mut HashMap<ValueId, Buf>,
+        slices: &mut HashMap<ValueId, Buf>,
+    ) {
+        if chain.skip_bubbles {
+            self.e.begin_else();
+            for (v, _) in &open.wholes {
+                let zero = self.e.constant(-0.0, emit::elt(slices[v].ty.dtype));
+                self.e.fill(&zero, &slices[v]);
+            }
+            self.e.end_if();
+        }
+        self.e.end_entries();
+        for (v, before) in open.saved {
+            if let Some(b) = before {
+                env.insert(v, b);
+            }
+        }
+        for (v, whole) in open.wholes {
+            slices.remove(&v);
+            env.insert(v, whole);
+        }
+        self.end_group(open.group);
+    }
+
     /// The entry at `ivs` (indices of the leading axes) of buffer `b` of a value of type `ty`:
     /// axes of size 1 (broadcast) at 0, every leading axis kept with size 1.
     fn entry(&mut self, b: &Buf, ty: &Type, ivs: &[String]) -> Buf {
@@ -774,11 +792,11 @@ impl Walker<'_, '_> {
     }
 
     /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and
-    /// its model line; returns its number.
-    fn begin_group(&mut self, f: &Func, id: ppc_dialect::ir::OpId, name: String) -> usize {
+    /// its model line; returns its number. `None` inside a chain's loop over entries: the chain
+    /// has one span of its own.
+    fn begin_group(&mut self, f: &Func, id: ppc_dialect::ir::OpId, name: String) -> Option<usize> {
         if self.e.in_entries() {
-            // Inside a chain's loop over entries: the chain has one span of its own.
-            return usize::MAX;
+            return None;
         }
         let (line, _) = self.e.lines.line_col(f.op_spans.get(&id).start as usize);
         let n = self.groups.len();
@@ -787,13 +805,13 @@ impl Walker<'_, '_> {
         self.e.op(&format!(
             "func.call @ppc_trace_group_begin({c}) : (i32) -> ()"
         ));
-        n
+        Some(n)
     }
 
-    fn end_group(&mut self, n: usize) {
-        if n == usize::MAX {
+    fn end_group(&mut self, n: Option<usize>) {
+        let Some(n) = n else {
             return;
-        }
+        };
         let c = self.e.constant(n as f64, "i32");
         self.e.op(&format!(
             "func.call @ppc_trace_group_end({c}) : (i32) -> ()"
