@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-30}
+# Each measurement times at least STEPS steps and at least MIN_SECONDS of ppc's steps (a 2 ms
+# step timed 20 times is mostly noise); JAX runs the same number of steps.
+MIN_SECONDS=${MIN_SECONDS:-1}
 ROUNDS=${ROUNDS:-3}
 PPC=target/release/ppc
 VENV=bench/.venv
@@ -31,7 +34,7 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
 
-printf '%-40s %12s %12s %8s %16s %14s %12s %s\n' config "ppc GFLOP/s" "jax GFLOP/s" ratio "ratio per round" "ppc compile s" "jax jit s" "kept MB ppc / XLA temp MB"
+printf '%-40s %12s %12s %8s %16s %14s %12s %6s %s\n' config "ppc GFLOP/s" "jax GFLOP/s" ratio "ratio per round" "ppc compile s" "jax jit s" steps "kept MB ppc / XLA temp MB"
 
 # compare NAME MODEL "PPC DIMS" "JAX ARGS" [REMAT]: ROUNDS rounds of ppc then JAX, back to back,
 # so that both see the same machine; one table row with the median of each and the ratio of the
@@ -50,28 +53,34 @@ compare() {
   # shellcheck disable=SC2086
   $PPC compile "$model" $dims $ppc_flags -o "$exe" 2>/dev/null
   t1=$(date +%s.%N)
-  local ppc_all=() jax_all=() jit_all=() jax_json ppc_json
+  local ppc_all=() jax_all=() jit_all=() jax_json ppc_json steps
+  # shellcheck disable=SC2086
+  steps=$("${PPC_ENV[@]}" "$exe" $run_flags --bench 3 | tail -1 | python3 -c "
+import json, math, sys
+step = json.load(sys.stdin)['median_step_s']
+print(max($STEPS, math.ceil($MIN_SECONDS / step)))")
   for _ in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
-    ppc_json=$("${PPC_ENV[@]}" "$exe" $run_flags --bench "$STEPS" | tail -1)
+    ppc_json=$("${PPC_ENV[@]}" "$exe" $run_flags --bench "$steps" | tail -1)
     ppc_all+=("$(echo "$ppc_json" | field useful_gflops)")
     # shellcheck disable=SC2086
-    jax_json=$("$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$STEPS")
+    jax_json=$("$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$steps")
     jax_all+=("$(echo "$jax_json" | field useful_gflops)")
     jit_all+=("$(echo "$jax_json" | field jit_s)")
   done
   if [ -n "$remat" ]; then
     memory="$memory $(echo "$jax_json" | python3 -c "import json,sys; print(json.load(sys.stdin)['temp_bytes'] / 1e6)")"
   fi
-  python3 - "$name" "$t0" "$t1" "$memory" "${#ppc_all[@]}" "${ppc_all[@]}" "${jax_all[@]}" "${jit_all[@]}" <<'PY'
+  python3 - "$name" "$t0" "$t1" "$memory" "$steps" "${#ppc_all[@]}" "${ppc_all[@]}" "${jax_all[@]}" "${jit_all[@]}" <<'PY'
 import statistics as st, sys
-name, t0, t1, memory, n = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-v = [float(x) for x in sys.argv[6:]]
+name, t0, t1, memory = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+steps, n = sys.argv[5], int(sys.argv[6])
+v = [float(x) for x in sys.argv[7:]]
 ppc, jax, jit = v[:n], v[n:2 * n], v[2 * n:]
 rounds = " ".join(f"{p / j:.2f}" for p, j in zip(ppc, jax))
 kept = " / ".join(f"{float(x):.2f}" for x in memory.split())
 print(f"{name:40s} {st.median(ppc):12.2f} {st.median(jax):12.2f} "
-      f"{st.median(ppc) / st.median(jax):7.2f}x {rounds:>16s} {t1 - t0:14.2f} {st.median(jit):12.2f} {kept}")
+      f"{st.median(ppc) / st.median(jax):7.2f}x {rounds:>16s} {t1 - t0:14.2f} {st.median(jit):12.2f} {steps:>6s} {kept}")
 PY
 }
 
