@@ -223,7 +223,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// A new buffer of `ty`, allocated at function entry. Inside a stage-parallel loop, the
-    /// current stage's slot of a buffer with one per stage, so that threads share no scratch.
+    /// current stage's slot of a buffer with one per stage, so that threads share no scratch;
+    /// inside a loop over a chain's entries, one buffer per thread.
     pub fn alloc(&mut self, ty: &Type) -> Buf {
         if self.entries.is_some() {
             return self.alloc_per_thread(ty);
