@@ -77,12 +77,13 @@ const ATTENTION_SHAPE: [&str; 8] = [
 
 #[test]
 fn attention_runs_as_one_loop_over_its_entries_and_matches_the_interpreter() {
-    // Scores, scale, causal mask, softmax and values: one loop over (stage, batch, head); in
-    // the training step also the backward's (with the forward's recomputed for --remat=stage).
-    assert_eq!(entry_loops(&[]), 1);
-    assert_eq!(entry_loops(&["--layers-per-stage", "3"]), 1);
-    assert_eq!(entry_loops(&["--train"]), 3);
-    assert_eq!(entry_loops(&["--train", "--remat", "none"]), 1);
+    // Scores, scale, causal mask, softmax and values: one loop over (stage, batch, head); the
+    // MLP's up-projection, bias, GELU and down-projection: one over (stage, batch). In the
+    // training step also the backward's, and the forward's again when it is recomputed.
+    assert_eq!(entry_loops(&[]), 2);
+    assert_eq!(entry_loops(&["--layers-per-stage", "3"]), 2);
+    assert_eq!(entry_loops(&["--train"]), 5);
+    assert_eq!(entry_loops(&["--train", "--remat", "none"]), 2);
     // The GPU maps each loop nest onto blocks and threads itself.
     assert_eq!(entry_loops(&["--target", "cuda"]), 0);
     // The example's shape is split by stage instead (too small for a loop per op).
