@@ -54,13 +54,9 @@ pub(crate) fn compiled_gradients_match(
         (
             "examples/transformer.ppc",
             Overrides {
-                dims: ["b=4", "t=32", "heads=4", "dh=8"]
-                    .iter()
-                    .map(|d| {
-                        let (n, v) = d.split_once('=').expect("NAME=VALUE");
-                        (n.to_string(), v.parse().expect("a number"))
-                    })
-                    .collect(),
+                dims: [("b", 4), ("t", 32), ("heads", 4), ("dh", 8)]
+                    .map(|(n, v)| (n.to_string(), v))
+                    .to_vec(),
                 ..Overrides::default()
             },
         ),
