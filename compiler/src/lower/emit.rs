@@ -242,45 +242,40 @@ impl<'a> Emitter<'a> {
     /// Inside a loop over entries: a buffer of the current thread, allocated where its part of
     /// the loop begins and freed where it ends, reused by each of its entries.
     fn alloc_per_thread(&mut self, ty: &Type) -> Buf {
-        let name = self.fresh();
-        let mty = memref_type(ty, None);
+        let (buf, alloc, free) = self.new_buffer(ty);
         let (at, indent) = self.thread_body;
-        let line = format!(
-            "{}{name} = memref.alloc() {{alignment = 64 : i64}} : {mty}{}",
-            "  ".repeat(indent),
-            self.loc
-        );
-        self.body.insert(at, line);
+        self.body
+            .insert(at, format!("{}{alloc}", "  ".repeat(indent)));
         self.thread_body.0 += 1;
-        let free = format!("memref.dealloc {name} : {mty}");
         self.entries
             .as_mut()
             .expect("called inside a loop over entries")
             .frees
             .push(free);
-        Buf {
-            base: name.clone(),
-            name,
-            ty: ty.clone(),
-            layout: None,
-        }
+        buf
     }
 
     fn alloc_whole(&mut self, ty: &Type) -> Buf {
+        let (buf, alloc, free) = self.new_buffer(ty);
+        self.allocs.push(format!("    {alloc}"));
+        self.frees.push(format!("    {free}"));
+        buf
+    }
+
+    /// A buffer of `ty` and the lines (unindented, located) that allocate and free it.
+    fn new_buffer(&mut self, ty: &Type) -> (Buf, String, String) {
         let name = self.fresh();
         let mty = memref_type(ty, None);
         let loc = &self.loc;
-        self.allocs.push(format!(
-            "    {name} = memref.alloc() {{alignment = 64 : i64}} : {mty}{loc}"
-        ));
-        self.frees
-            .push(format!("    memref.dealloc {name} : {mty}{loc}"));
-        Buf {
+        let alloc = format!("{name} = memref.alloc() {{alignment = 64 : i64}} : {mty}{loc}");
+        let free = format!("memref.dealloc {name} : {mty}{loc}");
+        let buf = Buf {
             base: name.clone(),
             name,
             ty: ty.clone(),
             layout: None,
-        }
+        };
+        (buf, alloc, free)
     }
 
     /// Position `at` (an `index` SSA value) of `b`'s axis `axis` as a view: with that axis of
@@ -395,7 +390,7 @@ impl<'a> Emitter<'a> {
         let entries = self.entries.take().expect("begin_entries opened the loop");
         self.close();
         for free in entries.frees {
-            self.op(&free);
+            self.raw(&free);
         }
         self.end_round_robin("entries");
     }
