@@ -13,6 +13,8 @@ STEPS=${STEPS:-30}
 # Each measurement times at least STEPS steps and at least MIN_SECONDS of ppc's steps (a 2 ms
 # step timed 20 times is mostly noise); JAX runs the same number of steps.
 MIN_SECONDS=${MIN_SECONDS:-1}
+# ONLY=REGEX runs only the rows whose name matches (ONLY=train: the training rows).
+ONLY=${ONLY:-}
 ROUNDS=${ROUNDS:-3}
 PPC=target/release/ppc
 VENV=bench/.venv
@@ -42,6 +44,7 @@ printf '%-40s %12s %12s %8s %16s %14s %12s %6s %s\n' config "ppc GFLOP/s" "jax G
 # of both with that rematerialization (`--remat` of both).
 compare() {
   local name=$1 model=$2 dims=$3 jax_args=$4 remat=${5:-}
+  [[ $name =~ $ONLY ]] || return 0
   local t0 t1 exe="$OUT/model" ppc_flags="" run_flags="" memory=""
   if [ -n "$remat" ]; then
     ppc_flags="--train --remat $remat" run_flags="--steps 0" jax_args="$jax_args --train --remat $remat"

@@ -127,15 +127,19 @@ const _: () = assert!(cfg!(target_endian = "little"));
 
 /// Writes `values`, rounded to `dtype`, as that dtype's bytes into `out`.
 pub fn encode(dtype: DType, values: &[f32], out: &mut [u8]) {
-    let w = dtype.size_bytes() as usize;
-    for (chunk, &x) in out.chunks_exact_mut(w).zip(values) {
-        match dtype {
-            DType::F32 => chunk.copy_from_slice(&x.to_le_bytes()),
-            DType::BF16 => chunk.copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
-            DType::F16 => chunk.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
-            DType::I32 => chunk.copy_from_slice(&(x as i32).to_le_bytes()),
-            DType::I1 => chunk[0] = u8::from(x != 0.0),
+    // One loop per dtype, so that each is a plain vectorizable copy or conversion (the
+    // optimizer writes every weight through this each step).
+    fn each<const W: usize>(out: &mut [u8], values: &[f32], bytes: impl Fn(f32) -> [u8; W]) {
+        for (chunk, &x) in out.chunks_exact_mut(W).zip(values) {
+            chunk.copy_from_slice(&bytes(x));
         }
+    }
+    match dtype {
+        DType::F32 => each(out, values, f32::to_le_bytes),
+        DType::BF16 => each(out, values, |x| bf16::from_f32(x).to_bits().to_le_bytes()),
+        DType::F16 => each(out, values, |x| f16::from_f32(x).to_bits().to_le_bytes()),
+        DType::I32 => each(out, values, |x| (x as i32).to_le_bytes()),
+        DType::I1 => each(out, values, |x| [u8::from(x != 0.0)]),
     }
 }
 

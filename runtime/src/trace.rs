@@ -5,7 +5,7 @@
 //! GPipe loop (numbered as `ppc schedule` numbers them, from 0), each loop nest of generated code
 //! (a fused group, named by its ops and model line, with its parallel loop's threads inside),
 //! each GEMM on the thread that called it and each block of it on the thread that computed it,
-//! and each exchange with its wait. Laid over the schedule, the iterations show the pipeline's
+//! each exchange with its wait, and each training step's optimizer update. Laid over the schedule, the iterations show the pipeline's
 //! diagonal and its bubble.
 //!
 //! Recording costs one relaxed atomic load while tracing is off. Ranks share a clock by wall
@@ -24,16 +24,18 @@ pub enum Kind {
     GemmBlock = 3,
     Exchange = 4,
     Group = 5,
+    Optimizer = 6,
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [
+    const ALL: [Kind; 7] = [
         Kind::Step,
         Kind::Iteration,
         Kind::Gemm,
         Kind::GemmBlock,
         Kind::Exchange,
         Kind::Group,
+        Kind::Optimizer,
     ];
 
     fn name(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Kind {
             Kind::GemmBlock => "GEMM block",
             Kind::Exchange => "exchange (wait included)",
             Kind::Group => "loop nest",
+            Kind::Optimizer => "optimizer update",
         }
     }
 }

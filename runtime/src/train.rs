@@ -112,7 +112,9 @@ pub fn train(
             .grads_by_param()
             .map(|g| g.f32s().expect("invariant: gradients are f32"))
             .collect();
+        let updating = crate::trace::start();
         optimizer.update(params, &grads);
+        crate::trace::record(crate::trace::Kind::Optimizer, step as i64, updating);
         Ok(loss)
     };
     if opts.trace.is_some() {

@@ -164,7 +164,9 @@ fn executables_train_and_resume_byte_identically() {
             );
             String::from_utf8(o.stdout).expect("utf-8")
         };
-        let out = run(&["--steps", "60"]);
+        let trace = dir.join(format!("{name}.trace.json"));
+        let out = run(&["--steps", "60", "--trace", &trace.display().to_string()]);
+        assert_optimizer_spans(&trace, 60);
         let (first, last) = first_and_last(&out, 8);
         assert!(
             last < 0.7 * first,
@@ -197,6 +199,31 @@ fn executables_train_and_resume_byte_identically() {
         );
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// A training run's trace has `steps` steps, each with its optimizer update inside it.
+fn assert_optimizer_spans(trace: &std::path::Path, steps: usize) {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(trace).expect("trace")).expect("JSON");
+    let spans: Vec<(String, f64, f64)> = j["traceEvents"]
+        .as_array()
+        .expect("traceEvents")
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| {
+            let ts = e["ts"].as_f64().expect("ts");
+            let name = e["name"].as_str().expect("name").to_string();
+            (name, ts, ts + e["dur"].as_f64().expect("dur"))
+        })
+        .collect();
+    let named = |n: &str| -> Vec<&(String, f64, f64)> {
+        spans.iter().filter(|s| s.0.starts_with(n)).collect()
+    };
+    let (step_spans, updates) = (named("step "), named("optimizer update"));
+    assert_eq!((step_spans.len(), updates.len()), (steps, steps));
+    for (s, u) in step_spans.iter().zip(&updates) {
+        assert!(s.1 <= u.1 + 1.0 && u.2 <= s.2 + 1.0, "{u:?} outside {s:?}");
+    }
 }
 
 /// The model file's `train { ... }` block sets the executable's optimizer; its command line
