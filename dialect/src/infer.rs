@@ -11,6 +11,10 @@ use crate::types::{sizes, DType, Dim, Label, Type};
 /// The most elements one tensor may have (2^32): anything larger is a typo, not a model.
 pub const MAX_ELEMENTS: u64 = 1 << 32;
 
+/// The most axes of a `matmul` operand: the runtime's GEMM keeps shapes inline
+/// (`ppc_runtime::gemm::MAX_RANK`).
+pub const MAX_MATMUL_RANK: usize = 16;
+
 /// Why an op's operands do not fit it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypeError {
@@ -187,6 +191,16 @@ pub fn infer(
                         sizes(b)
                     ),
                     Some(if a.rank() < 2 { 0 } else { 1 }),
+                );
+            }
+            if a.rank().max(b.rank()) > MAX_MATMUL_RANK {
+                return err(
+                    format!(
+                        "`matmul` supports operands of rank {MAX_MATMUL_RANK} or less, got {} and {}",
+                        sizes(a),
+                        sizes(b)
+                    ),
+                    Some(if a.rank() > MAX_MATMUL_RANK { 0 } else { 1 }),
                 );
             }
             let (m, k) = (&a.dims[a.rank() - 2], &a.dims[a.rank() - 1]);

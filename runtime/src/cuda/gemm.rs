@@ -8,8 +8,7 @@
 //! given as it lies in memory (a row-major matrix read as its column-major transpose).
 
 use super::{blas_check, device, or_fail, queued};
-use crate::gemm::{batch_offset, Elem, View};
-use crate::tensor::unflatten;
+use crate::gemm::{batch_offset, unflatten, Elem, View};
 use blas::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as cu;
