@@ -21,14 +21,19 @@ pub(crate) fn small_dims(file: &str) -> Vec<&'static str> {
     v
 }
 
-/// The stage-parallel loops (`lower/stage_split.rs`) of `ppc compile ARGS --emit=mlir`.
-fn stage_parallel_loops(args: &[&str]) -> usize {
+/// How often `marker` occurs in `ppc compile ARGS --emit=mlir`.
+fn in_mlir(args: &[&str], marker: &str) -> usize {
     let mut all = vec!["compile"];
     all.extend(args);
     all.push("--emit=mlir");
     let (code, out, err) = ppc(&all);
     assert_eq!(code, 0, "{err}");
-    out.matches("ppc.parallel_over = \"stages\"").count()
+    out.matches(marker).count()
+}
+
+/// The stage-parallel loops (`lower/stage_split.rs`) of `ppc compile ARGS --emit=mlir`.
+fn stage_parallel_loops(args: &[&str]) -> usize {
+    in_mlir(args, "ppc.parallel_over = \"stages\"")
 }
 
 #[test]
@@ -43,6 +48,17 @@ fn small_stages_run_as_one_parallel_loop_over_the_stages() {
         stage_parallel_loops(&[&transformer, "--train", "--remat", "none"]),
         2
     );
+    // The backward's stage function masks every result it returns: its bubble stages skip it.
+    // The forward's are read (shifted to the next stage), so they are computed.
+    let skips = |extra: &[&str]| {
+        in_mlir(
+            &[&[transformer.as_str()], extra].concat(),
+            "ppc.skips_bubbles",
+        )
+    };
+    assert_eq!(skips(&[]), 0);
+    assert_eq!(skips(&["--train"]), 1);
+    assert_eq!(skips(&["--train", "--remat", "none"]), 1);
     // Bigger stages go op by op, each loop nest parallel on its own: the MLP (16 K floats)
     // and the transformer at b=8 t=128 (2 M).
     let mlp = path("examples/mlp.ppc");

@@ -1,10 +1,16 @@
-//! Gradient accumulation folded into the GEMM: `acc_next = add %acc, %d` where `%d` is a result
-//! of a call whose callee returns a matmul becomes one GEMM `C += A·B` into `%acc`'s buffer
-//! (BLAS's `beta = 1`), instead of the GEMM writing a temporary that an elementwise pass then
-//! adds in. In a training step's backward loop this is every weight gradient of every
-//! iteration: for the MLP, 6% of the step went into those adds (BENCHMARKS.md).
+//! Gradient accumulation folded into the call that computes the gradient: `acc_next = add %acc,
+//! %d` where `%d` is a result of a call. In a training step's backward loop this is every
+//! weight gradient of every iteration.
 //!
-//! Fast numerics only: the sum is rounded in another order than the interpreter's.
+//! - When the callee returns a matmul there, one GEMM `C += A·B` into `%acc`'s buffer (BLAS's
+//!   `beta = 1`) instead of the GEMM writing a temporary that an elementwise pass then adds in
+//!   (for the MLP, 6% of the step went into those adds; BENCHMARKS.md). Fast numerics only: the
+//!   sum is rounded in another order than the interpreter's.
+//! - When the call runs as one parallel loop over its stages (`stage_split.rs`), each stage
+//!   adds its slice of `%d` into its slice of `%acc` where its body ends, while both are in
+//!   cache, instead of one pass over all stages on one thread after the loop (the transformer
+//!   example's 13 weight gradients: 1 ms of a 10 ms training step). The same additions, so the
+//!   same bits.
 
 use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::{BinaryOp, OpKind};
@@ -19,9 +25,24 @@ pub struct Accumulation {
     pub acc: ValueId,
 }
 
-/// The accumulations of `block` of `f`; `deferred` values (computed inside their consumer's
-/// loop nest) are not candidates.
-pub fn find(m: &Module, f: &Func, block: &Block, deferred: &HashSet<ValueId>) -> Vec<Accumulation> {
+/// What the call must return for its accumulation to fold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Into {
+    /// A matmul of the callee's body (folded into the GEMM).
+    Gemm,
+    /// Any f32 value (added where a stage-parallel call's stage ends).
+    StageEnd,
+}
+
+/// The accumulations of `block` of `f` that fold `into` the call; `deferred` values (computed
+/// inside their consumer's loop nest) are not candidates.
+pub fn find(
+    m: &Module,
+    f: &Func,
+    block: &Block,
+    deferred: &HashSet<ValueId>,
+    into: Into,
+) -> Vec<Accumulation> {
     let position = |v: ValueId| {
         block
             .ops
@@ -52,7 +73,10 @@ pub fn find(m: &Module, f: &Func, block: &Block, deferred: &HashSet<ValueId>) ->
             };
             let g = &m.funcs[*callee];
             let result = f.ops[call].results.iter().position(|&v| v == d);
-            let returns_matmul = result.is_some_and(|i| returned_matmul(g, g.body.results[i]));
+            let returns_matmul = result.is_some_and(|i| match into {
+                Into::Gemm => returned_matmul(g, g.body.results[i]),
+                Into::StageEnd => true,
+            });
             // `acc` is read by this add alone and is there before the call: the GEMM may
             // write into its buffer at the call.
             let before = position(acc).is_none_or(|p| p < call_at);

@@ -662,6 +662,19 @@ impl<'a> Emitter<'a> {
         );
     }
 
+    /// `acc += x` elementwise (f32, both identity-indexed).
+    pub fn add_to(&mut self, acc: &Buf, x: &Buf) {
+        let r = acc.ty.rank();
+        let id = identity(r);
+        self.generic(
+            r,
+            &[(x, id.clone())],
+            (acc, id),
+            &vec!["parallel"; r],
+            |e, a| e.let_(&format!("arith.addf {}, {} : f32", a[1], a[0])),
+        );
+    }
+
     /// A strided view of `b` (itself maybe a view) starting at `offsets` with `sizes`.
     pub fn subview(&mut self, b: &Buf, offsets: &[u64], sizes: &[u64]) -> Buf {
         let strides = b.strides();
@@ -719,6 +732,14 @@ impl<'a> Emitter<'a> {
 
     pub fn end_if(&mut self) {
         self.close();
+    }
+
+    /// Ends an `scf.if` whose `then` region a bubble stage skips, marked `ppc.skips_bubbles`
+    /// (for readers of the MLIR and tests).
+    pub fn end_bubble_if(&mut self) {
+        self.indent -= 1;
+        let close = format!("}} {{ppc.skips_bubbles}}{}", self.loc);
+        self.raw(&close);
     }
 
     pub fn end_for(&mut self) {

@@ -457,10 +457,14 @@ impl Walker<'_, '_> {
                 .cloned()
                 .unwrap_or_else(|| e.alloc(&value_type(e, f, v)))
         };
-        let accumulations = match self.numerics {
-            Numerics::Fast => accumulate::find(self.m, f, block, &deferred),
+        // Adds into accumulators that GEMMs do (fast numerics only: another order of sums) and
+        // that stage-parallel calls do where each stage ends (the same sums).
+        let gemm_accumulations = match self.numerics {
+            Numerics::Fast => accumulate::find(self.m, f, block, &deferred, accumulate::Into::Gemm),
             Numerics::Exact => Vec::new(),
         };
+        let stage_accumulations =
+            accumulate::find(self.m, f, block, &deferred, accumulate::Into::StageEnd);
         // Adds already done by the GEMM of the call before them, and updates done by the
         // select after them.
         let mut folded: HashSet<ppc_dialect::ir::OpId> = HashSet::new();
@@ -569,8 +573,17 @@ impl Walker<'_, '_> {
                 }
                 OpKind::Call { callee, .. } => {
                     let g = &self.m.funcs[*callee];
+                    let gemm_adds = gemm_accumulations.iter().any(|a| a.call == id);
+                    let split = match (&self.e.gpu, self.e.in_parallel_loop()) {
+                        (None, false) if !gemm_adds => stage_split::stages(self.m, g),
+                        _ => None,
+                    };
                     // The adds this call's results fold into: into the accumulator's own
                     // buffer, or a fresh one holding a copy of it.
+                    let accumulations = match split {
+                        Some(_) => &stage_accumulations,
+                        None => &gemm_accumulations,
+                    };
                     let mut adds = HashMap::new();
                     for a in accumulations.iter().filter(|a| a.call == id) {
                         let sum = f.ops[a.add].results[0];
@@ -587,12 +600,12 @@ impl Walker<'_, '_> {
                         adds.insert(a.result, (a.add, out));
                     }
                     let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
-                    let split = match (&self.e.gpu, self.e.in_parallel_loop()) {
-                        (None, false) if adds.is_empty() => stage_split::stages(self.m, g),
-                        _ => None,
-                    };
                     let outs = match split {
-                        Some(stages) => self.split_call(g, ins, stages)?,
+                        Some(stages) => {
+                            let read: Vec<bool> =
+                                op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
+                            self.split_call(g, ins, &read, &add_into, stages)?
+                        }
                         None => self.func_into(g, ins, &add_into)?,
                     };
                     env.extend(op.results.iter().copied().zip(outs));
@@ -674,29 +687,68 @@ impl Walker<'_, '_> {
     }
 
     /// Emits a call of `g` as one parallel loop over its `stages` (`stage_split.rs`); returns
-    /// the whole result buffers.
+    /// the whole result buffers. `read[i]`: whether the caller reads result `i`; results in
+    /// `add_into` (by index) are added into the given buffer, stage by stage.
     fn split_call(
         &mut self,
         g: &Func,
         args: Vec<Buf>,
+        read: &[bool],
+        add_into: &HashMap<usize, Buf>,
         stages: u64,
     ) -> Result<Vec<Buf>, Diagnostic> {
         let results: Vec<Buf> = g
             .body
             .results
             .iter()
-            .map(|&r| self.e.alloc(g.ty(r)))
+            .enumerate()
+            .map(|(i, &r)| match add_into.get(&i) {
+                Some(acc) => acc.clone(),
+                None => self.e.alloc(g.ty(r)),
+            })
             .collect();
         self.e.begin_stage_split(stages);
-        let args = args
+        let args: Vec<Buf> = args
             .iter()
             .zip(&g.body.args)
             .map(|(a, &v)| self.e.stage_slice(a, g.ty(v)))
             .collect();
+        // A bubble stage of a callee whose every result it masks skips the body.
+        let masked = stage_split::masked_results(g, read);
+        if let Some((at, _)) = &masked {
+            let (mask, zero) = (&args[*at], self.e.index(0));
+            let active = self.e.let_(&format!(
+                "memref.load {}[{zero}] : {}",
+                mask.name,
+                mask.mty()
+            ));
+            self.e.open(&format!("scf.if {active} {{"));
+        }
         let outs = self.func(g, args)?;
-        for ((out, whole), &v) in outs.iter().zip(&results).zip(&g.body.results) {
+        for (i, ((out, whole), &v)) in outs.iter().zip(&results).zip(&g.body.results).enumerate() {
             let slot = self.e.stage_slice(whole, g.ty(v));
-            self.e.copy(out, &slot);
+            if add_into.contains_key(&i) {
+                self.e.add_to(&slot, out);
+            } else {
+                self.e.copy(out, &slot);
+            }
+        }
+        if let Some((_, fills)) = masked {
+            self.e.begin_else();
+            let kept = results.iter().zip(&g.body.results).zip(fills).enumerate();
+            for (i, ((whole, &v), value)) in kept.filter_map(|(i, (r, f))| Some((i, (r, f?)))) {
+                let slot = self.e.stage_slice(whole, g.ty(v));
+                let fill = OpKind::Constant { value };
+                if !add_into.contains_key(&i) {
+                    ops::lower(&mut self.e, self.numerics, &fill, &[], &slot);
+                } else if value.0.to_bits() != (-0.0f64).to_bits() {
+                    // Adding -0.0 changes nothing; another constant is added.
+                    let c = self.e.alloc(&slot.ty);
+                    ops::lower(&mut self.e, self.numerics, &fill, &[], &c);
+                    self.e.add_to(&slot, &c);
+                }
+            }
+            self.e.end_bubble_if();
         }
         self.e.end_stage_split();
         Ok(results)
@@ -761,7 +813,7 @@ impl Walker<'_, '_> {
                 let zero = self.e.constant(-0.0, emit::elt(slices[v].ty.dtype));
                 self.e.fill(&zero, &slices[v]);
             }
-            self.e.end_if();
+            self.e.end_bubble_if();
         }
         self.e.end_entries();
         for (v, before) in open.saved {

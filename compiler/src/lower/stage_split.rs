@@ -23,6 +23,11 @@
 //!                                            }
 //! ```
 //!
+//! When every result of the callee that the caller reads is masked by the stage mask
+//! (`select(%active, v, c)`, as the training step's backward stage functions end: a bubble
+//! stage contributes nothing), a bubble stage skips the whole body and those results get the
+//! constants ([`masked_results`]).
+//!
 //! [`stages`] decides whether a call is split: no op of the callee looks across stages (a
 //! reduction over the stage axis, an exchange, an iota or a softmax along it, a transpose that
 //! moves it), and the stages' input is smaller than one parallel loop nest's worth
@@ -33,8 +38,10 @@
 //! 0.95x; BENCHMARKS.md).
 
 use super::emit::MIN_PARALLEL_ELEMENTS;
+use super::fuse::producer;
 use ppc_dialect::ir::{Block, Func, Module};
-use ppc_dialect::op::OpKind;
+use ppc_dialect::op::{Float, OpKind};
+use ppc_dialect::DType;
 use ppc_dialect::Type;
 
 /// The stage count if a call of `g` may run as one parallel loop over its stages: `g` takes a
@@ -50,6 +57,42 @@ pub fn stages(m: &Module, g: &Func) -> Option<u64> {
     let stages = staged(input)?;
     let mut check = Check { m, stages };
     (input.elements() < MIN_PARALLEL_ELEMENTS && check.func(g)).then_some(stages)
+}
+
+/// If every result of `g` that the caller reads (`read[i]`) is `select(m, v, c)` with `m` one
+/// `i1` argument with the stage axis (or a reshape of it) and `c` a constant: that argument's
+/// position and each read result's constant. A stage where the argument is false computes
+/// nothing that is kept.
+pub fn masked_results(g: &Func, read: &[bool]) -> Option<(usize, Vec<Option<Float>>)> {
+    let defined = |v| producer(g, &g.body, v).map(|id| &g.ops[id].kind);
+    let mut mask = None;
+    let mut fills = Vec::new();
+    for (&r, &read) in g.body.results.iter().zip(read) {
+        if !read {
+            fills.push(None);
+            continue;
+        }
+        let Some(&OpKind::Select { cond, on_false, .. }) = defined(r) else {
+            return None;
+        };
+        let cond = match defined(cond) {
+            Some(&OpKind::Reshape { x }) => x,
+            _ => cond,
+        };
+        let arg = g.body.args.iter().position(|&a| a == cond)?;
+        let ty = g.ty(cond);
+        if ty.dtype != DType::I1 || ty.rank() != 1 || staged(ty).is_none() {
+            return None;
+        }
+        if *mask.get_or_insert(arg) != arg {
+            return None;
+        }
+        let Some(&OpKind::Constant { value }) = defined(on_false) else {
+            return None;
+        };
+        fills.push(Some(value));
+    }
+    Some((mask?, fills))
 }
 
 /// The size of `ty`'s stage axis, if it has one.
