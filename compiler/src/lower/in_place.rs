@@ -8,6 +8,11 @@
 //! it is an `update` of one slice of it (a gradient accumulator's): then only that slice is
 //! written.
 //!
+//! [`overwritten`]: a carried value that each iteration `t` of `trips` only updates at slice `t`
+//! (the training step's tapes of what the forward keeps for the backward) never has its
+//! initial value read: it needs none, and the constant it starts from is not written either
+//! ([`unread_inits`]).
+//!
 //! [`guarded_updates`]: `select(c, update(x, u, i), x)` on a scalar `c` (the GPipe loop writing
 //! a finished microbatch into its output buffer) is a write of one slice under an `scf.if`,
 //! not a copy of `x` and a select over all of it.
@@ -89,6 +94,52 @@ fn aliases(f: &Func, body: &Block, arg: ValueId) -> HashSet<ValueId> {
         {
             if out.contains(x) {
                 out.insert(op.results[0]);
+            }
+        }
+    }
+    out
+}
+
+/// The positions of the carried values of loop body `body` (of `trips` iterations) that
+/// iteration `t` only writes, at slice `t` of their first axis, which `trips` covers: the
+/// body's only read of one is `update(arg, v, %t, axis = 0)`, yielded and read by nothing else.
+pub fn overwritten(f: &Func, body: &Block, trips: u64) -> HashSet<usize> {
+    let counter = body.args[0];
+    (0..body.args.len() - 1)
+        .filter(|&j| {
+            let arg = body.args[1 + j];
+            let ty = f.ty(arg);
+            let y = body.results[j];
+            let Some(id) = fuse::producer(f, body, y) else {
+                return false;
+            };
+            let writes_slice_t = matches!(
+                f.ops[id].kind,
+                OpKind::Update { x, index, axis: 0, .. } if x == arg && index == counter
+            );
+            writes_slice_t
+                && ty.rank() >= 1
+                && ty.dims[0].size == trips
+                && f.uses(body, arg) == 1
+                && f.uses(body, y) == 1
+        })
+        .collect()
+}
+
+/// The constants of `block` read only as the initial value of a loop's carried value that the
+/// loop overwrites before reading ([`overwritten`]): they need a buffer, not its contents.
+pub fn unread_inits(f: &Func, block: &Block) -> HashSet<ValueId> {
+    let mut out = HashSet::new();
+    for &id in &block.ops {
+        let OpKind::Loop { inits, trips, body } = &f.ops[id].kind else {
+            continue;
+        };
+        for j in overwritten(f, body, *trips) {
+            let v = inits[j];
+            let constant = fuse::producer(f, block, v)
+                .is_some_and(|p| matches!(f.ops[p].kind, OpKind::Constant { .. }));
+            if constant && f.uses(block, v) == 1 {
+                out.insert(v);
             }
         }
     }

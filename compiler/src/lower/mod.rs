@@ -470,6 +470,7 @@ impl Walker<'_, '_> {
         let mut folded: HashSet<ppc_dialect::ir::OpId> = HashSet::new();
         let guarded = in_place::guarded_updates(f, block);
         folded.extend(guarded.values());
+        let unread = in_place::unread_inits(f, block);
         let chains = if self.numerics == Numerics::Fast
             && self.e.gpu.is_none()
             && !self.e.in_parallel_loop()
@@ -619,10 +620,17 @@ impl Walker<'_, '_> {
                     ops::matmul_into(&mut self.e, &ins[0], &ins[1], ins.get(2), &acc);
                     env.insert(op.results[0], acc);
                 }
+                OpKind::Constant { .. } if unread.contains(&op.results[0]) => {
+                    let out = output(&mut self.e, &slices, op.results[0]);
+                    env.insert(op.results[0], out);
+                }
                 OpKind::Loop { trips, body, .. } => {
                     let carried: Vec<Buf> = ins.iter().map(|b| self.e.alloc(&b.ty)).collect();
-                    for (src, dst) in ins.iter().zip(&carried) {
-                        self.e.copy(src, dst);
+                    let overwritten = in_place::overwritten(f, body, *trips);
+                    for (j, (src, dst)) in ins.iter().zip(&carried).enumerate() {
+                        if !overwritten.contains(&j) {
+                            self.e.copy(src, dst);
+                        }
                     }
                     let t = self.e.alloc(&f.ty(body.args[0]).clone());
                     let iv = self.e.begin_for(*trips);
