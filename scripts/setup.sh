@@ -4,8 +4,7 @@
 set -euo pipefail
 
 # LLVM/MLIR 22 for the MLIR lowering (melior / mlir-sys 220) and what they link against
-# (tblgen links Polly), with LLVM's opt and llc, which compile executables for --target-cpu;
-# LLVM's lld, which links executables (0.07 s for the MLP against gold's 0.17 s; gold, from
+# (tblgen links Polly); LLVM's lld, which links executables (0.07 s for the MLP against gold's 0.17 s; gold, from
 # binutils, when lld is missing); binutils' objdump, with which the tests look for AVX-512 in
 # baseline executables; MPICH for executables run under mpirun (the `mpi` crate builds against
 # mpicc.mpich, executables link libmpich, tests launch mpirun.mpich); LLVM's OpenMP runtime,

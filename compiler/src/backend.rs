@@ -244,15 +244,8 @@ fn machine_code(
         text.push_str(&lower::packed_entry(&l.manifest));
     }
     let dir = TempDir::new()?;
-    let ir = dir.0.join("model.ll");
-    std::fs::write(&ir, text).map_err(|e| {
-        vec![Diagnostic::plain(format!(
-            "cannot write {}: {e}",
-            ir.display()
-        ))]
-    })?;
     let out = dir.0.join(if executable { "model.o" } else { "model.s" });
-    machine::compile(&ir, target, opt_level, kind, &out)?;
+    machine::compile(&text, target, opt_level, kind, &out)?;
     Ok((dir, out))
 }
 

@@ -1,5 +1,5 @@
 //! `ppc compile --time-passes`: where compile time goes, phase by phase (each ppc pass, the MLIR
-//! parse and pipeline, the translation to LLVM IR, LLVM's `opt` and `llc`, the link).
+//! parse and pipeline, the translation to LLVM IR, LLVM's optimization and code generation, the link).
 //!
 //! Phases record into this thread's collector while one is started, and cost nothing otherwise,
 //! so the code that does the work only wraps itself in [`phase`].

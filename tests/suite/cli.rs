@@ -457,7 +457,7 @@ fn time_passes_says_where_compile_time_goes() {
         "gpipe-loop",
         "MLIR CPU pipeline",
         "LLVM opt",
-        "LLVM llc",
+        "LLVM codegen",
         "link",
         "total",
     ] {

@@ -1,25 +1,31 @@
-//! Machine code for a named CPU: LLVM IR through LLVM's own `opt` (the optimization pipeline)
-//! and `llc` (instruction selection for `-mcpu`), from the LLVM that ppc was built against.
+//! Machine code for a named CPU: LLVM IR through LLVM's optimization pipeline and instruction
+//! selection for that CPU, in this process, through LLVM's C API (the LLVM that ppc links for
+//! MLIR). The same passes and target machine as `opt` and `llc` give the same instructions, but
+//! without starting two processes that each load and relocate LLVM's shared library and pass
+//! bitcode between them: the MLP example's LLVM phases took 0.17 s as two tools, 0.09 s here
+//! (BENCHMARKS.md).
 //!
 //! The JIT compiles for the CPU it runs on; executables must not, since they run on other
-//! nodes. What the tools print on failure becomes the diagnostic.
+//! nodes. What LLVM reports on failure becomes the diagnostic.
+#![allow(unsafe_code)] // LLVM's C API
 
 use ppc_dialect::{Diagnostic, Diagnostics};
 use ppc_runtime::manifest::Target;
+use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The platform executables are built for (the runtime and its MPI are x86-64 Linux).
 const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 
-/// What `llc` writes.
+/// What to write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
     Object,
     Assembly,
 }
 
-/// Where the LLVM tools are: `$PPC_LLVM_BIN`, else the `bin/` of the LLVM ppc was built with.
+/// Where the LLVM tools are (the linker, `ld.lld`): `$PPC_LLVM_BIN`, else the `bin/` of the
+/// LLVM ppc was built with.
 pub fn tools_dir() -> PathBuf {
     std::env::var_os("PPC_LLVM_BIN").map_or_else(
         || {
@@ -30,83 +36,268 @@ pub fn tools_dir() -> PathBuf {
     )
 }
 
-fn tool(name: &str) -> PathBuf {
-    tools_dir().join(name)
-}
-
-/// The `opt` pipeline for the loops MLIR writes, at levels 1 and 2: promote the memref
-/// descriptors' allocas to registers, clean up, rotate the loops (MLIR writes them test-first;
-/// the vectorizer recognizes reductions only in rotated loops: 1.05× on the transformer), hoist
+/// The pipeline for the loops MLIR writes, at levels 1 and 2: promote the memref descriptors'
+/// allocas to registers, clean up, rotate the loops (MLIR writes them test-first; the
+/// vectorizer recognizes reductions only in rotated loops: 1.05× on the transformer), hoist
 /// invariant address arithmetic out of them, then LLVM's loop and SLP vectorizers with the
-/// target's cost model. The loops need no
-/// inlining, unrolling or interprocedural work: LLVM's whole `-O2` took the transformer 2.8 s
-/// against 0.15 s for this list, and the program ran no faster (BENCHMARKS.md).
+/// target's cost model. The loops need no inlining, unrolling or interprocedural work: LLVM's
+/// whole `-O2` took the transformer 2.8 s against 0.15 s for this list, and the program ran no
+/// faster (BENCHMARKS.md).
 const LOOP_PIPELINE: &str = "function(sroa,early-cse<memssa>,instcombine,simplifycfg,\
 loop(loop-rotate),loop-mssa(licm),loop-vectorize,slp-vectorizer,instcombine,simplifycfg)";
 
-/// `opt`'s arguments for an optimization level: none at 0, the loop pipeline at 1 and 2,
-/// LLVM's full `-O3` at 3.
-fn opt_passes(opt_level: usize) -> String {
+/// The passes for an optimization level: none at 0, the loop pipeline at 1 and 2, LLVM's
+/// full `-O3` at 3.
+fn passes(opt_level: usize) -> &'static str {
     match opt_level {
-        0 => "-O0".into(),
-        1 | 2 => format!("-passes={LOOP_PIPELINE}"),
-        _ => "-O3".into(),
+        0 => "default<O0>",
+        1 | 2 => LOOP_PIPELINE,
+        _ => "default<O3>",
     }
 }
 
-/// Compiles the LLVM IR file `ir` for `target` at `opt_level` into `out`.
+/// Compiles the LLVM IR `ir` (text) for `target` at `opt_level` into the file `out`.
 pub fn compile(
-    ir: &Path,
+    ir: &str,
     target: &Target,
     opt_level: usize,
     kind: Output,
     out: &Path,
 ) -> Result<(), Diagnostics> {
-    let passes = opt_passes(opt_level);
-    let o = format!("-O{opt_level}");
-    let mcpu = format!("-mcpu={}", target.cpu);
-    // MLIR's LLVM IR names no target: without one `opt` has no cost model for the CPU and,
-    // among other things, does not vectorize.
-    let triple = format!("-mtriple={TRIPLE}");
-    let optimized = out.with_extension("opt.bc");
-    crate::timing::phase("LLVM opt", || {
-        run(Command::new(tool("opt"))
-            .args([passes.as_str(), triple.as_str(), mcpu.as_str()])
-            .arg(ir)
-            .arg("-o")
-            .arg(&optimized))
-    })?;
-    let filetype = match kind {
-        Output::Object => "-filetype=obj",
-        Output::Assembly => "-filetype=asm",
+    let cstr = |s: &str| {
+        CString::new(s).map_err(|_| vec![Diagnostic::plain(format!("a NUL byte in `{s}`"))])
     };
-    crate::timing::phase("LLVM llc", || {
-        run(Command::new(tool("llc"))
-            .args([
-                o.as_str(),
-                triple.as_str(),
-                mcpu.as_str(),
-                "-relocation-model=pic",
-                filetype,
-            ])
-            .arg(&optimized)
-            .arg("-o")
-            .arg(out))
-    })
+    let (triple, file) = (cstr(TRIPLE)?, cstr(&out.to_string_lossy())?);
+    // SAFETY: every LLVM object is created here, used while alive and disposed of once by its
+    // guard (in reverse order: the module, its context, the target machine); every string
+    // passed is NUL-terminated and outlives the call.
+    unsafe {
+        static INIT: std::sync::Once = std::sync::Once::new();
+        INIT.call_once(|| {
+            ffi::LLVMInitializeX86TargetInfo();
+            ffi::LLVMInitializeX86Target();
+            ffi::LLVMInitializeX86TargetMC();
+            ffi::LLVMInitializeX86AsmPrinter();
+        });
+        let machine = TargetMachine::new(&triple, &target.cpu)?;
+        let ctx = Context(mlir_sys::LLVMContextCreate());
+        let module = ctx.parse(ir)?;
+        ffi::LLVMSetTarget(module.0, triple.as_ptr());
+        let layout = ffi::LLVMCreateTargetDataLayout(machine.0);
+        ffi::LLVMSetModuleDataLayout(module.0, layout);
+        ffi::LLVMDisposeTargetData(layout);
+        crate::timing::phase("LLVM opt", || {
+            let pipeline = cstr(passes(opt_level))?;
+            let options = ffi::LLVMCreatePassBuilderOptions();
+            let err = ffi::LLVMRunPasses(module.0, pipeline.as_ptr(), machine.0, options);
+            ffi::LLVMDisposePassBuilderOptions(options);
+            if err.is_null() {
+                return Ok(());
+            }
+            let message = ffi::LLVMGetErrorMessage(err);
+            let text = CStr::from_ptr(message).to_string_lossy().into_owned();
+            ffi::LLVMDisposeErrorMessage(message);
+            Err(failed("optimizing", text))
+        })?;
+        crate::timing::phase("LLVM codegen", || {
+            let file_type = match kind {
+                Output::Assembly => ffi::ASSEMBLY_FILE,
+                Output::Object => ffi::OBJECT_FILE,
+            };
+            let mut message = std::ptr::null_mut();
+            let failed_to_emit = ffi::LLVMTargetMachineEmitToFile(
+                machine.0,
+                module.0,
+                file.as_ptr(),
+                file_type,
+                &mut message,
+            ) != 0;
+            if failed_to_emit {
+                return Err(failed("writing machine code", take(message)));
+            }
+            Ok(())
+        })
+    }
 }
 
-fn run(cmd: &mut Command) -> Result<(), Diagnostics> {
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let output = cmd.output().map_err(|e| {
-        vec![Diagnostic::plain(format!("cannot run {program}: {e}"))
-            .with_note("ppc needs LLVM 22's opt and llc (Debian package llvm-22); set PPC_LLVM_BIN to the folder that holds them")]
-    })?;
-    if output.status.success() {
-        return Ok(());
+fn failed(what: &str, message: String) -> Diagnostics {
+    vec![Diagnostic::plain(format!("LLVM failed {what}: {message}"))]
+}
+
+/// An LLVM message as text; frees it.
+///
+/// # Safety
+/// `message` is null or a message LLVM allocated.
+unsafe fn take(message: *mut c_char) -> String {
+    if message.is_null() {
+        return String::new();
     }
-    Err(vec![Diagnostic::plain(format!(
-        "{program} failed ({}):\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim_end()
-    ))])
+    // SAFETY: the caller's contract.
+    unsafe {
+        let text = CStr::from_ptr(message).to_string_lossy().into_owned();
+        mlir_sys::LLVMDisposeMessage(message);
+        text
+    }
+}
+
+struct Context(mlir_sys::LLVMContextRef);
+
+impl Context {
+    /// The module of IR text `ir`, in this context.
+    fn parse(&self, ir: &str) -> Result<Module<'_>, Diagnostics> {
+        // SAFETY: the buffer copies `ir`, and parsing takes ownership of it; the module lives
+        // in this context, which outlives it (`Module`'s lifetime).
+        unsafe {
+            let buffer = mlir_sys::LLVMCreateMemoryBufferWithMemoryRangeCopy(
+                ir.as_ptr().cast(),
+                ir.len(),
+                c"model.ll".as_ptr(),
+            );
+            let (mut module, mut message) = (std::ptr::null_mut(), std::ptr::null_mut());
+            if ffi::LLVMParseIRInContext(self.0, buffer, &mut module, &mut message) != 0 {
+                return Err(failed("reading the IR", take(message)));
+            }
+            Ok(Module(module, std::marker::PhantomData))
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: created by `LLVMContextCreate`; its modules are gone (they borrow it).
+        unsafe { mlir_sys::LLVMContextDispose(self.0) }
+    }
+}
+
+struct Module<'c>(
+    mlir_sys::LLVMModuleRef,
+    std::marker::PhantomData<&'c Context>,
+);
+
+impl Drop for Module<'_> {
+    fn drop(&mut self) {
+        // SAFETY: parsed by `Context::parse`, disposed of once.
+        unsafe { mlir_sys::LLVMDisposeModule(self.0) }
+    }
+}
+
+struct TargetMachine(ffi::TargetMachine);
+
+impl TargetMachine {
+    /// For `triple` and the CPU `cpu` (`native`: this machine, with every feature it has);
+    /// position-independent code, optimized instruction selection.
+    fn new(triple: &CStr, cpu: &str) -> Result<TargetMachine, Diagnostics> {
+        // SAFETY: the strings are NUL-terminated and live through the calls; host names are
+        // LLVM messages, freed by `take` after the machine copied them.
+        unsafe {
+            let (mut target, mut message) = (std::ptr::null_mut(), std::ptr::null_mut());
+            if ffi::LLVMGetTargetFromTriple(triple.as_ptr(), &mut target, &mut message) != 0 {
+                return Err(failed("finding the x86-64 target", take(message)));
+            }
+            let (name, features) = if cpu == "native" {
+                (ffi::LLVMGetHostCPUName(), ffi::LLVMGetHostCPUFeatures())
+            } else {
+                let name = CString::new(cpu).map_err(|_| failed("naming the CPU", cpu.into()))?;
+                (name.into_raw(), CString::default().into_raw())
+            };
+            let machine = ffi::LLVMCreateTargetMachine(
+                target,
+                triple.as_ptr(),
+                name,
+                features,
+                ffi::CODEGEN_DEFAULT,
+                ffi::RELOC_PIC,
+                ffi::CODE_MODEL_DEFAULT,
+            );
+            if cpu == "native" {
+                take(name);
+                take(features);
+            } else {
+                drop((CString::from_raw(name), CString::from_raw(features)));
+            }
+            if machine.is_null() {
+                return Err(failed("creating a target machine", cpu.into()));
+            }
+            Ok(TargetMachine(machine))
+        }
+    }
+}
+
+impl Drop for TargetMachine {
+    fn drop(&mut self) {
+        // SAFETY: created by `LLVMCreateTargetMachine`, disposed of once.
+        unsafe { ffi::LLVMDisposeTargetMachine(self.0) }
+    }
+}
+
+/// The parts of LLVM's C API (`llvm-c/TargetMachine.h`, `Transforms/PassBuilder.h`,
+/// `IRReader.h`, `Target.h`, `Error.h`) that `mlir-sys` does not bind; they are in the LLVM
+/// libraries it links.
+mod ffi {
+    use mlir_sys::{LLVMContextRef, LLVMMemoryBufferRef, LLVMModuleRef};
+    use std::ffi::{c_char, c_int, c_void};
+
+    pub type Target = *mut c_void;
+    pub type TargetMachine = *mut c_void;
+    pub type TargetData = *mut c_void;
+    pub type PassBuilderOptions = *mut c_void;
+    pub type Error = *mut c_void;
+
+    /// `LLVMCodeGenLevelDefault` (llc's `-O2`).
+    pub const CODEGEN_DEFAULT: c_int = 2;
+    pub const RELOC_PIC: c_int = 2;
+    pub const CODE_MODEL_DEFAULT: c_int = 0;
+    pub const ASSEMBLY_FILE: c_int = 0;
+    pub const OBJECT_FILE: c_int = 1;
+
+    extern "C" {
+        pub fn LLVMInitializeX86TargetInfo();
+        pub fn LLVMInitializeX86Target();
+        pub fn LLVMInitializeX86TargetMC();
+        pub fn LLVMInitializeX86AsmPrinter();
+        pub fn LLVMParseIRInContext(
+            ctx: LLVMContextRef,
+            buffer: LLVMMemoryBufferRef,
+            module: *mut LLVMModuleRef,
+            message: *mut *mut c_char,
+        ) -> c_int;
+        pub fn LLVMGetTargetFromTriple(
+            triple: *const c_char,
+            target: *mut Target,
+            message: *mut *mut c_char,
+        ) -> c_int;
+        pub fn LLVMGetHostCPUName() -> *mut c_char;
+        pub fn LLVMGetHostCPUFeatures() -> *mut c_char;
+        pub fn LLVMCreateTargetMachine(
+            target: Target,
+            triple: *const c_char,
+            cpu: *const c_char,
+            features: *const c_char,
+            level: c_int,
+            reloc: c_int,
+            code_model: c_int,
+        ) -> TargetMachine;
+        pub fn LLVMDisposeTargetMachine(machine: TargetMachine);
+        pub fn LLVMCreateTargetDataLayout(machine: TargetMachine) -> TargetData;
+        pub fn LLVMDisposeTargetData(layout: TargetData);
+        pub fn LLVMSetTarget(module: LLVMModuleRef, triple: *const c_char);
+        pub fn LLVMSetModuleDataLayout(module: LLVMModuleRef, layout: TargetData);
+        pub fn LLVMCreatePassBuilderOptions() -> PassBuilderOptions;
+        pub fn LLVMDisposePassBuilderOptions(options: PassBuilderOptions);
+        pub fn LLVMRunPasses(
+            module: LLVMModuleRef,
+            passes: *const c_char,
+            machine: TargetMachine,
+            options: PassBuilderOptions,
+        ) -> Error;
+        pub fn LLVMGetErrorMessage(error: Error) -> *mut c_char;
+        pub fn LLVMDisposeErrorMessage(message: *mut c_char);
+        pub fn LLVMTargetMachineEmitToFile(
+            machine: TargetMachine,
+            module: LLVMModuleRef,
+            file: *const c_char,
+            file_type: c_int,
+            message: *mut *mut c_char,
+        ) -> c_int;
+    }
 }

@@ -9,11 +9,14 @@
 //! one `linalg.generic` (`fuse.rs`), big loop nests marked for the module's transform script to
 //! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments) and,
 //! where a stage's values are too small for a parallel loop nest each, run as one parallel loop
-//! over the stages (`stage_split.rs`), chains of batched matmuls and what lies between them
+//! over the stages (`stage_split.rs`; in the training step's backward, bubble stages skip it and
+//! each stage adds its weight gradients into the accumulators, `accumulate.rs`), chains of
+//! batched matmuls and what lies between them
 //! (attention, a decoder's MLP) as one parallel loop over their batch entries
 //! (`batch_split.rs`), reductions along the innermost axis as register loops
 //! (`row_reduce.rs`), loops
-//! as `scf.for` with their carried values computed in place where safe (`in_place.rs`), each
+//! as `scf.for` with their carried values computed in place where safe and tapes left unfilled
+//! (`in_place.rs`), each
 //! loop nest between `--trace` calls, and every op located at its model-file span, so an MLIR
 //! error points at the `.ppc` line that caused it.
 //!
