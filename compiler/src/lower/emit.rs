@@ -651,6 +651,24 @@ impl<'a> Emitter<'a> {
 
     /// `dst = src` elementwise over `dst`'s shape (both identity-indexed).
     pub fn copy(&mut self, src: &Buf, dst: &Buf) {
+        self.update_with(src, dst, |_, a| a[0].clone());
+    }
+
+    /// `acc += x` elementwise (f32, both identity-indexed).
+    pub fn add_to(&mut self, acc: &Buf, x: &Buf) {
+        self.update_with(x, acc, |e, a| {
+            e.let_(&format!("arith.addf {}, {} : f32", a[1], a[0]))
+        });
+    }
+
+    /// `dst = body(src, dst)` elementwise over `dst`'s shape (both identity-indexed); `body`
+    /// gets the two elements' SSA names in that order.
+    fn update_with(
+        &mut self,
+        src: &Buf,
+        dst: &Buf,
+        body: impl FnOnce(&mut Emitter, &[String]) -> String,
+    ) {
         let r = dst.ty.rank();
         let id = identity(r);
         self.generic(
@@ -658,20 +676,7 @@ impl<'a> Emitter<'a> {
             &[(src, id.clone())],
             (dst, id),
             &vec!["parallel"; r],
-            |_, a| a[0].clone(),
-        );
-    }
-
-    /// `acc += x` elementwise (f32, both identity-indexed).
-    pub fn add_to(&mut self, acc: &Buf, x: &Buf) {
-        let r = acc.ty.rank();
-        let id = identity(r);
-        self.generic(
-            r,
-            &[(x, id.clone())],
-            (acc, id),
-            &vec!["parallel"; r],
-            |e, a| e.let_(&format!("arith.addf {}, {} : f32", a[1], a[0])),
+            body,
         );
     }
 
