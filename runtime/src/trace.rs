@@ -2,7 +2,8 @@
 //! format: open it in ui.perfetto.dev or chrome://tracing).
 //!
 //! One process per rank (`pid` = rank), one track per thread: each step, each iteration of the
-//! GPipe loop (numbered as `ppc schedule` numbers them, from 0), each loop nest of generated code
+//! GPipe loop (numbered as `ppc schedule` numbers them, from 0; in the training step also each
+//! iteration of the backward loop, numbered by the forward iteration it reverses), each loop nest of generated code
 //! (a fused group, named by its ops and model line, with its parallel loop's threads inside),
 //! each GEMM on the thread that called it and each block of it on the thread that computed it,
 //! each exchange with its wait, and each training step's optimizer update. Laid over the schedule, the iterations show the pipeline's
@@ -25,10 +26,11 @@ pub enum Kind {
     Exchange = 4,
     Group = 5,
     Optimizer = 6,
+    BackwardIteration = 7,
 }
 
 impl Kind {
-    const ALL: [Kind; 7] = [
+    const ALL: [Kind; 8] = [
         Kind::Step,
         Kind::Iteration,
         Kind::Gemm,
@@ -36,6 +38,7 @@ impl Kind {
         Kind::Exchange,
         Kind::Group,
         Kind::Optimizer,
+        Kind::BackwardIteration,
     ];
 
     fn name(self) -> &'static str {
@@ -47,6 +50,7 @@ impl Kind {
             Kind::Exchange => "exchange (wait included)",
             Kind::Group => "loop nest",
             Kind::Optimizer => "optimizer update",
+            Kind::BackwardIteration => "backward iteration",
         }
     }
 }
@@ -150,6 +154,19 @@ pub extern "C" fn ppc_trace_iteration_end(_t: i32) {
     close(&ITERATION, Kind::Iteration);
 }
 
+/// Called by generated code at the top of each iteration of the training step's backward
+/// loop, with the number of the forward iteration it reverses.
+#[no_mangle]
+pub extern "C" fn ppc_trace_backward_begin(t: i32) {
+    open(&ITERATION, t);
+}
+
+/// Called by generated code at the bottom of each iteration of the backward loop.
+#[no_mangle]
+pub extern "C" fn ppc_trace_backward_end(_t: i32) {
+    close(&ITERATION, Kind::BackwardIteration);
+}
+
 /// The span of one kind that generated code is in on this thread: its number and start.
 type Open = std::thread::LocalKey<std::cell::Cell<Option<(i32, Instant)>>>;
 
@@ -166,7 +183,7 @@ fn close(span: &'static Open, kind: Kind) {
 }
 
 /// The functions generated code calls, for registering with a JIT.
-pub fn symbols() -> [(&'static str, *mut ()); 4] {
+pub fn symbols() -> [(&'static str, *mut ()); 6] {
     [
         ("ppc_trace_group_begin", ppc_trace_group_begin as *mut ()),
         ("ppc_trace_group_end", ppc_trace_group_end as *mut ()),
@@ -178,6 +195,11 @@ pub fn symbols() -> [(&'static str, *mut ()); 4] {
             "ppc_trace_iteration_end",
             ppc_trace_iteration_end as *mut (),
         ),
+        (
+            "ppc_trace_backward_begin",
+            ppc_trace_backward_begin as *mut (),
+        ),
+        ("ppc_trace_backward_end", ppc_trace_backward_end as *mut ()),
     ]
 }
 
@@ -229,7 +251,9 @@ pub fn write(path: &std::path::Path) -> Result<(), String> {
             threads.insert(thread);
             let index = r[1] as i64;
             let name = match kind {
-                Kind::Iteration | Kind::Step => format!("{} {index}", kind.name()),
+                Kind::Iteration | Kind::BackwardIteration | Kind::Step => {
+                    format!("{} {index}", kind.name())
+                }
                 Kind::Group => usize::try_from(index)
                     .ok()
                     .and_then(|i| groups.get(i))
@@ -241,7 +265,11 @@ pub fn write(path: &std::path::Path) -> Result<(), String> {
                 kind.name(),
                 r[3],
                 r[4],
-                if kind == Kind::Iteration { "iteration" } else { "index" }
+                if matches!(kind, Kind::Iteration | Kind::BackwardIteration) {
+                    "iteration"
+                } else {
+                    "index"
+                }
             ));
         }
         for t in threads {

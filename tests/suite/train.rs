@@ -166,7 +166,8 @@ fn executables_train_and_resume_byte_identically() {
         };
         let trace = dir.join(format!("{name}.trace.json"));
         let out = run(&["--steps", "60", "--trace", &trace.display().to_string()]);
-        assert_optimizer_spans(&trace, 60);
+        // The examples' pipelines: 4 stages, 8 microbatches.
+        assert_training_trace(&trace, 60, 4 + 8 - 1);
         let (first, last) = first_and_last(&out, 8);
         assert!(
             last < 0.7 * first,
@@ -201,28 +202,47 @@ fn executables_train_and_resume_byte_identically() {
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 
-/// A training run's trace has `steps` steps, each with its optimizer update inside it.
-fn assert_optimizer_spans(trace: &std::path::Path, steps: usize) {
+/// A training run's trace: `steps` steps, each holding the forward loop's `iterations`
+/// iterations (numbered from 0, as `ppc schedule` does), then the backward loop's (numbered by
+/// the forward iteration each takes back: from the last down to 0), then the optimizer update.
+fn assert_training_trace(trace: &std::path::Path, steps: usize, iterations: usize) {
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(trace).expect("trace")).expect("JSON");
-    let spans: Vec<(String, f64, f64)> = j["traceEvents"]
+    let mut spans: Vec<(String, f64, f64)> = j["traceEvents"]
         .as_array()
         .expect("traceEvents")
         .iter()
-        .filter(|e| e["ph"] == "X")
+        .filter(|e| e["ph"] == "X" && e["tid"] == 0)
         .map(|e| {
             let ts = e["ts"].as_f64().expect("ts");
             let name = e["name"].as_str().expect("name").to_string();
             (name, ts, ts + e["dur"].as_f64().expect("dur"))
         })
         .collect();
-    let named = |n: &str| -> Vec<&(String, f64, f64)> {
-        spans.iter().filter(|s| s.0.starts_with(n)).collect()
-    };
-    let (step_spans, updates) = (named("step "), named("optimizer update"));
-    assert_eq!((step_spans.len(), updates.len()), (steps, steps));
-    for (s, u) in step_spans.iter().zip(&updates) {
-        assert!(s.1 <= u.1 + 1.0 && u.2 <= s.2 + 1.0, "{u:?} outside {s:?}");
+    spans.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let step_spans: Vec<&(String, f64, f64)> =
+        spans.iter().filter(|s| s.0.starts_with("step ")).collect();
+    assert_eq!(step_spans.len(), steps);
+    let forward: Vec<String> = (0..iterations).map(|i| format!("iteration {i}")).collect();
+    let backward = (0..iterations)
+        .rev()
+        .map(|i| format!("backward iteration {i}"));
+    let want: Vec<String> = forward
+        .into_iter()
+        .chain(backward)
+        .chain(["optimizer update".to_string()])
+        .collect();
+    for s in step_spans {
+        let inside: Vec<&String> = spans
+            .iter()
+            .filter(|o| {
+                (o.0.contains("iteration") || o.0 == "optimizer update")
+                    && s.1 <= o.1 + 1.0
+                    && o.2 <= s.2 + 1.0
+            })
+            .map(|o| &o.0)
+            .collect();
+        assert_eq!(inside, want.iter().collect::<Vec<_>>(), "{}", s.0);
     }
 }
 

@@ -474,6 +474,8 @@ impl Walker<'_, '_> {
         let guarded = in_place::guarded_updates(f, block);
         folded.extend(guarded.values());
         let unread = in_place::unread_inits(f, block);
+        // The GPipe loops of this block written so far (`--trace` spans).
+        let mut gpipe_loops = 0;
         let chains = if self.numerics == Numerics::Fast
             && self.e.gpu.is_none()
             && !self.e.in_parallel_loop()
@@ -644,12 +646,30 @@ impl Walker<'_, '_> {
                     self.e
                         .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
                     // The GPipe loop's iterations are spans of `--trace` (a flag test when
-                    // tracing is off); a stage's loop over its layers is not.
-                    let traced = f.name == names::PIPELINE;
+                    // tracing is off); a stage's loop over its layers is not. The training
+                    // step runs the forward loop, then the backward loop, which takes forward
+                    // iteration `trips - 1 - t` back at its iteration `t` and is numbered so.
+                    let gpipe = f.name == names::PIPELINE
+                        || (f.name == names::vjp(names::TRAIN) && std::ptr::eq(block, &f.body));
+                    let span = match (gpipe, gpipe_loops) {
+                        (false, _) => None,
+                        (true, 0) => Some(("iteration", ti.clone())),
+                        (true, _) => {
+                            for what in ["begin", "end"] {
+                                self.e.declarations.insert(format!(
+                                    "func.func private @ppc_trace_backward_{what}(i32)"
+                                ));
+                            }
+                            let last = self.e.constant((*trips - 1) as f64, "i32");
+                            let reversed = self.e.let_(&format!("arith.subi {last}, {ti} : i32"));
+                            Some(("backward", reversed))
+                        }
+                    };
+                    gpipe_loops += usize::from(gpipe);
                     let trace = |e: &mut Emitter, what: &str| {
-                        if traced {
+                        if let Some((kind, index)) = &span {
                             e.op(&format!(
-                                "func.call @ppc_trace_iteration_{what}({ti}) : (i32) -> ()"
+                                "func.call @ppc_trace_{kind}_{what}({index}) : (i32) -> ()"
                             ));
                         }
                     };
