@@ -25,23 +25,23 @@ pub struct Accumulation {
     pub acc: ValueId,
 }
 
-/// What the call must return for its accumulation to fold.
+/// Where an accumulation folds, which decides what the call must return.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Into {
+pub enum Fold {
     /// A matmul of the callee's body (folded into the GEMM).
     Gemm,
     /// Any f32 value (added where a stage-parallel call's stage ends).
     StageEnd,
 }
 
-/// The accumulations of `block` of `f` that fold `into` the call; `deferred` values (computed
+/// The accumulations of `block` of `f` that fold as `fold` says; `deferred` values (computed
 /// inside their consumer's loop nest) are not candidates.
 pub fn find(
     m: &Module,
     f: &Func,
     block: &Block,
     deferred: &HashSet<ValueId>,
-    into: Into,
+    fold: Fold,
 ) -> Vec<Accumulation> {
     let position = |v: ValueId| {
         block
@@ -73,9 +73,9 @@ pub fn find(
             };
             let g = &m.funcs[*callee];
             let result = f.ops[call].results.iter().position(|&v| v == d);
-            let returns_matmul = result.is_some_and(|i| match into {
-                Into::Gemm => returned_matmul(g, g.body.results[i]),
-                Into::StageEnd => true,
+            let returns_matmul = result.is_some_and(|i| match fold {
+                Fold::Gemm => returned_matmul(g, g.body.results[i]),
+                Fold::StageEnd => true,
             });
             // `acc` is read by this add alone and is there before the call: the GEMM may
             // write into its buffer at the call.

@@ -187,34 +187,32 @@ impl TargetMachine {
     /// For `triple` and the CPU `cpu` (`native`: this machine, with every feature it has);
     /// position-independent code, optimized instruction selection.
     fn new(triple: &CStr, cpu: &str) -> Result<TargetMachine, Diagnostics> {
-        // SAFETY: the strings are NUL-terminated and live through the calls; host names are
-        // LLVM messages, freed by `take` after the machine copied them.
+        // SAFETY: the strings are NUL-terminated and live through the calls; the host's name
+        // and features are LLVM messages, copied and freed by `take`.
         unsafe {
             let (mut target, mut message) = (std::ptr::null_mut(), std::ptr::null_mut());
             if ffi::LLVMGetTargetFromTriple(triple.as_ptr(), &mut target, &mut message) != 0 {
                 return Err(failed("finding the x86-64 target", take(message)));
             }
             let (name, features) = if cpu == "native" {
-                (ffi::LLVMGetHostCPUName(), ffi::LLVMGetHostCPUFeatures())
+                (
+                    take(ffi::LLVMGetHostCPUName()),
+                    take(ffi::LLVMGetHostCPUFeatures()),
+                )
             } else {
-                let name = CString::new(cpu).map_err(|_| failed("naming the CPU", cpu.into()))?;
-                (name.into_raw(), CString::default().into_raw())
+                (cpu.to_string(), String::new())
             };
+            let c = |s: String| CString::new(s).map_err(|_| failed("naming the CPU", cpu.into()));
+            let (name, features) = (c(name)?, c(features)?);
             let machine = ffi::LLVMCreateTargetMachine(
                 target,
                 triple.as_ptr(),
-                name,
-                features,
+                name.as_ptr(),
+                features.as_ptr(),
                 ffi::CODEGEN_DEFAULT,
                 ffi::RELOC_PIC,
                 ffi::CODE_MODEL_DEFAULT,
             );
-            if cpu == "native" {
-                take(name);
-                take(features);
-            } else {
-                drop((CString::from_raw(name), CString::from_raw(features)));
-            }
             if machine.is_null() {
                 return Err(failed("creating a target machine", cpu.into()));
             }

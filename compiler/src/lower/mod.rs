@@ -463,11 +463,11 @@ impl Walker<'_, '_> {
         // Adds into accumulators that GEMMs do (fast numerics only: another order of sums) and
         // that stage-parallel calls do where each stage ends (the same sums).
         let gemm_accumulations = match self.numerics {
-            Numerics::Fast => accumulate::find(self.m, f, block, &deferred, accumulate::Into::Gemm),
+            Numerics::Fast => accumulate::find(self.m, f, block, &deferred, accumulate::Fold::Gemm),
             Numerics::Exact => Vec::new(),
         };
         let stage_accumulations =
-            accumulate::find(self.m, f, block, &deferred, accumulate::Into::StageEnd);
+            accumulate::find(self.m, f, block, &deferred, accumulate::Fold::StageEnd);
         // Adds already done by the GEMM of the call before them, and updates done by the
         // select after them.
         let mut folded: HashSet<ppc_dialect::ir::OpId> = HashSet::new();
@@ -744,8 +744,14 @@ impl Walker<'_, '_> {
             .zip(&g.body.args)
             .map(|(a, &v)| self.e.stage_slice(a, g.ty(v)))
             .collect();
-        // A bubble stage of a callee whose every result it masks skips the body.
-        let masked = stage_split::masked_results(g, read);
+        // A bubble stage of a callee whose every result it masks skips the body; an
+        // accumulator is then left as it is, which needs its result's constant to be -0.0
+        // (the additive identity: `acc + -0.0` is `acc`, bit for bit).
+        let minus_zero = |c: &Option<ppc_dialect::op::Float>| {
+            c.is_none_or(|c| c.0.to_bits() == (-0.0f64).to_bits())
+        };
+        let masked = stage_split::masked_results(g, read)
+            .filter(|(_, fills)| add_into.keys().all(|&i| minus_zero(&fills[i])));
         if let Some((at, _)) = &masked {
             let (mask, zero) = (&args[*at], self.e.index(0));
             let active = self.e.let_(&format!(
@@ -767,17 +773,11 @@ impl Walker<'_, '_> {
         if let Some((_, fills)) = masked {
             self.e.begin_else();
             let kept = results.iter().zip(&g.body.results).zip(fills).enumerate();
-            for (i, ((whole, &v), value)) in kept.filter_map(|(i, (r, f))| Some((i, (r, f?)))) {
+            for (_, ((whole, &v), value)) in kept.filter(|(i, _)| !add_into.contains_key(i)) {
+                let Some(value) = value else { continue };
                 let slot = self.e.stage_slice(whole, g.ty(v));
                 let fill = OpKind::Constant { value };
-                if !add_into.contains_key(&i) {
-                    ops::lower(&mut self.e, self.numerics, &fill, &[], &slot);
-                } else if value.0.to_bits() != (-0.0f64).to_bits() {
-                    // Adding -0.0 changes nothing; another constant is added.
-                    let c = self.e.alloc(&slot.ty);
-                    ops::lower(&mut self.e, self.numerics, &fill, &[], &c);
-                    self.e.add_to(&slot, &c);
-                }
+                ops::lower(&mut self.e, self.numerics, &fill, &[], &slot);
             }
             self.e.end_bubble_if();
         }
