@@ -22,6 +22,10 @@ fn main() {
         (128, 32, 128),
         (128, 128, 32),
         (32, 64, 64),
+        (128, 256, 1024),
+        (128, 1024, 256),
+        (1024, 256, 1024),
+        (1024, 256, 256),
     ] {
         let a = vec![1.0f32; m * k];
         // Four weight matrices in turn, as four stages would use them, so B is not cache-hot.

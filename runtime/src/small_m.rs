@@ -3,9 +3,13 @@
 //! A packing GEMM (OpenBLAS, `matrixmultiply`) packs both operands into panels before
 //! multiplying; with 16 rows each weight element is used only 16 times, so packing the weights
 //! costs about as much as the arithmetic
-//! (measured: 45% of a step in packing). This kernel instead keeps a whole 16×16 block of `C` in
-//! AVX-512 registers across the `k` loop and streams each 16-column strip of `B` through them
-//! once, in place. Only `A` (the few rows) is repacked, k-major, so its broadcasts read
+//! (measured: 45% of a step in packing). This kernel instead keeps an 8×32 block of `C` in
+//! sixteen AVX-512 registers and streams each 32-column strip of `B` through them in place,
+//! 64 rows at a time: every block of 8 rows of `C` uses those 64 rows while they are in L1, so
+//! `B` comes from memory once. Per step of `k` that is 2 loads of `B` and 8 broadcasts of `A`
+//! for 16 fused multiply-adds; 16 rows by one 16-column vector needed 17 loads for 16 (1.2 to
+//! 1.6× slower on stage shapes, BENCHMARKS.md). Only `A` (the few rows) is repacked, k-major,
+//! so its broadcasts read
 //! consecutive addresses: rows of `A` sit a power-of-two stride apart in wide layers and would
 //! all fall into one L1 set. `B` rows are usually a page or more apart, where hardware
 //! prefetchers stop, so the kernel prefetches `PREFETCH_ROWS` rows ahead itself.
@@ -16,6 +20,9 @@
 
 /// How far ahead (in rows of `B`) the kernel prefetches; 16 measured best on 4-8 KiB strides.
 const PREFETCH_ROWS: usize = 16;
+
+/// Rows of `B` per block: 64 rows of a 32-column strip are 8 KiB, well inside L1.
+const K_BLOCK: usize = 64;
 
 /// `c[m×n] = a[m×k] · b[k×n]`, all row-major with the given row strides (elements).
 ///
@@ -36,15 +43,14 @@ pub unsafe fn sgemm(
     c: *mut f32,
     ldc: usize,
 ) {
-    // Blocks of 16 rows, then at most one block each of 8, 4, 2 and 1 for what is left.
-    let mut i = m - m % 16;
+    // Blocks of 8 rows, then at most one block each of 4, 2 and 1 for what is left.
+    let mut i = m - m % 8;
     // SAFETY: each call gets a whole number of its blocks, inside the rows the contract covers.
     unsafe {
-        rows::<16>(i, k, n, a, lda, b, ldb, c, ldc);
+        rows::<8>(i, k, n, a, lda, b, ldb, c, ldc);
         while i < m {
             let (ai, ci) = (a.add(i * lda), c.add(i * ldc));
             i += match m - i {
-                8.. => rows::<8>(8, k, n, ai, lda, b, ldb, ci, ldc),
                 4.. => rows::<4>(4, k, n, ai, lda, b, ldb, ci, ldc),
                 2.. => rows::<2>(2, k, n, ai, lda, b, ldb, ci, ldc),
                 _ => rows::<1>(1, k, n, ai, lda, b, ldb, ci, ldc),
@@ -53,8 +59,10 @@ pub unsafe fn sgemm(
     }
 }
 
-/// [`sgemm`] for `m` a multiple of `R`: `R` rows of `C` by 16 columns in `R` zmm registers; the
-/// ragged last columns use masked loads and stores.
+/// [`sgemm`] for `m` a multiple of `R`: blocks of `R` rows by 32 columns of `C` in `2·R` zmm
+/// registers; the ragged last columns use masked loads and stores. Each strip of `B`'s columns
+/// is read in blocks of `K_BLOCK` rows, which every row block of `C` then uses while they are
+/// in L1 (the block's sums go to `C` and come back in between, in the same k order).
 ///
 /// # Safety
 /// As [`sgemm`], and `m % R == 0`. Returns `m`.
@@ -73,31 +81,64 @@ unsafe fn rows<const R: usize>(
     ldc: usize,
 ) -> usize {
     use std::arch::x86_64::*;
-    // SAFETY: masked-off lanes are not accessed; every other access stays inside the rows and
-    // columns the contract guarantees. The prefetch hint reads nothing.
+    const W: usize = 2; // zmm vectors of columns
+                        // SAFETY: masked-off lanes are not accessed; every other access stays inside the rows and
+                        // columns the contract guarantees. The prefetch hint reads nothing.
     unsafe {
-        let mut packed = vec![0.0f32; R * k];
-        for i in (0..m).step_by(R) {
-            for kk in 0..k {
-                for r in 0..R {
-                    packed[kk * R + r] = *a.add((i + r) * lda + kk);
+        // A, one row block after the other, each k-major.
+        let mut packed = vec![0.0f32; m * k];
+        for (block, packed) in packed.chunks_exact_mut(k * R).enumerate() {
+            let ap = a.add(block * R * lda);
+            for (kk, packed) in packed.chunks_exact_mut(R).enumerate() {
+                for (r, p) in packed.iter_mut().enumerate() {
+                    *p = *ap.add(r * lda + kk);
                 }
             }
-            let packed = packed.as_ptr();
-            for j in (0..n).step_by(16) {
-                let mask: __mmask16 = if n - j >= 16 { !0 } else { (1 << (n - j)) - 1 };
-                let mut acc = [_mm512_setzero_ps(); R];
-                for kk in 0..k {
-                    let bp = b.add(kk * ldb + j);
-                    _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(PREFETCH_ROWS * ldb).cast());
-                    let bv = _mm512_maskz_loadu_ps(mask, bp);
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let av = _mm512_set1_ps(*packed.add(kk * R + r));
-                        *acc = _mm512_fmadd_ps(av, bv, *acc);
+        }
+        let packed = packed.as_ptr();
+        for j in (0..n).step_by(16 * W) {
+            let masks: [__mmask16; W] = std::array::from_fn(|w| {
+                let left = n.saturating_sub(j + 16 * w).min(16);
+                ((1u32 << left) - 1) as __mmask16
+            });
+            for k0 in (0..k).step_by(K_BLOCK) {
+                let k1 = (k0 + K_BLOCK).min(k);
+                for block in 0..m / R {
+                    let cp = c.add(block * R * ldc + j);
+                    let mut acc = [[_mm512_setzero_ps(); W]; R];
+                    if k0 > 0 {
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            for w in 0..W {
+                                acc[w] = _mm512_maskz_loadu_ps(masks[w], cp.add(r * ldc + 16 * w));
+                            }
+                        }
                     }
-                }
-                for (r, acc) in acc.iter().enumerate() {
-                    _mm512_mask_storeu_ps(c.add((i + r) * ldc + j), mask, *acc);
+                    let ap = packed.add(block * k * R);
+                    for kk in k0..k1 {
+                        let bp = b.add(kk * ldb + j);
+                        if block == 0 {
+                            for w in 0..W {
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    bp.wrapping_add(PREFETCH_ROWS * ldb + 16 * w).cast(),
+                                );
+                            }
+                        }
+                        let mut bv = [_mm512_setzero_ps(); W];
+                        for w in 0..W {
+                            bv[w] = _mm512_maskz_loadu_ps(masks[w], bp.add(16 * w));
+                        }
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            let av = _mm512_set1_ps(*ap.add(kk * R + r));
+                            for w in 0..W {
+                                acc[w] = _mm512_fmadd_ps(av, bv[w], acc[w]);
+                            }
+                        }
+                    }
+                    for (r, acc) in acc.iter().enumerate() {
+                        for w in 0..W {
+                            _mm512_mask_storeu_ps(cp.add(r * ldc + 16 * w), masks[w], acc[w]);
+                        }
+                    }
                 }
             }
         }
@@ -131,6 +172,10 @@ mod tests {
             (4, 1, 16),
             (1, 5, 3),
             (16, 40, 1),
+            // More than one block of k (sums go to C and come back), ragged rows and columns.
+            (31, 200, 70),
+            (8, 129, 32),
+            (64, 64, 17),
         ] {
             let a = Rng::stream(1, "a", 0).fill(Init::Normal(1.0), m * k);
             let b = Rng::stream(1, "b", 0).fill(Init::Normal(1.0), k * n);
