@@ -438,6 +438,8 @@ unsafe fn multiply(
             let bp = b.base().offset(batch_offset(b, &idx) + j0 as isize * bs);
             let width = j1 - j0;
             let unit = a.strides[ra - 1] == 1 && bs == 1 && cs == 1;
+            // `B` a transposed weight: its rows (along k) contiguous.
+            let transposed = a.strides[ra - 1] == 1 && b.strides[rb - 2] == 1 && cs == 1;
             if unit && !accumulate && few_row_kernel_wins(m, k, width) {
                 crate::small_m::sgemm(
                     m,
@@ -447,6 +449,18 @@ unsafe fn multiply(
                     a.strides[ra - 2] as usize,
                     bp,
                     b.strides[rb - 2] as usize,
+                    cp,
+                    c.strides[r - 2] as usize,
+                );
+            } else if transposed && !accumulate && few_row_transposed_kernel_wins(m, k) {
+                crate::small_m::sgemm_nt(
+                    m,
+                    k,
+                    width,
+                    ap,
+                    a.strides[ra - 2] as usize,
+                    bp,
+                    bs as usize,
                     cp,
                     c.strides[r - 2] as usize,
                 );
@@ -493,12 +507,25 @@ fn entry(c: &View, flat: usize, batch: &[usize]) -> *mut f32 {
 const SERIAL_FMAS: usize = 1 << 18;
 
 /// Where the few-row kernel of `small_m.rs` beats OpenBLAS: AVX-512, at most 64 rows, and a
-/// weight block of at least 64K elements (measured, one thread: 16×256×256 101 against 73
-/// GFLOP/s, 16×256×1024 88 against 49; but 32×64×256 103 against 114 and 16×16×16 39 against
-/// 80; `cargo run --release -p ppc-runtime --example gemm`).
+/// weight block of at least 64K elements (measured, one thread: 16×256×256 167-197 against
+/// 99-102 GFLOP/s, 16×256×1024 106-118 against 63-68; but 32×256×64 182 against 220 and
+/// 16×16×16 49 against 92; `cargo run --release -p ppc-runtime --example gemm`).
 fn few_row_kernel_wins(m: usize, k: usize, n: usize) -> bool {
+    m <= 64 && k * n >= 65_536 && small_m_available()
+}
+
+/// Where the transposed few-row kernel beats OpenBLAS (which packs the whole transposed weight
+/// for a few rows): AVX-512, at most 64 rows, and at least 256 along `k` (one thread,
+/// 16×1024×256: 130 against 55 GFLOP/s, 16×256×1024 120 against 90; but 16×64×1024 65 against
+/// 90; `cargo run --release -p ppc-runtime --example gemm`).
+fn few_row_transposed_kernel_wins(m: usize, k: usize) -> bool {
+    m <= 64 && k >= 256 && small_m_available()
+}
+
+/// Whether the few-row kernels can run here (looked up once).
+fn small_m_available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    m <= 64 && k * n >= 65_536 && *AVAILABLE.get_or_init(crate::small_m::available)
+    *AVAILABLE.get_or_init(crate::small_m::available)
 }
 
 /// The runtime functions generated code calls, by symbol, for registering with a JIT.
@@ -601,6 +628,74 @@ mod tests {
         c
     }
 
+    /// A test operand: its values, its shape, and its strides when not row-major.
+    struct Operand {
+        values: Vec<f32>,
+        shape: Vec<usize>,
+        strides: Option<Vec<i64>>,
+    }
+
+    /// Values in [-1, 1) that differ between elements and seeds.
+    fn fill(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0) - 1.0)
+            .collect()
+    }
+
+    /// `a · b` through the runtime's entry point (masked by `mask` when given), into a fresh
+    /// `[.., m, n]` result of shape `sc`.
+    fn product(a: &mut Operand, b: &mut Operand, sc: &[usize], mask: Option<&[bool]>) -> Vec<f32> {
+        let mut c = vec![f32::NAN; sc.iter().product()];
+        let describe = |v: &mut Operand| {
+            let mut d = descriptor(v.values.as_mut_ptr().cast(), &v.shape);
+            if let Some(strides) = &v.strides {
+                let rank = v.shape.len();
+                d[3 + rank..].copy_from_slice(strides);
+            }
+            d
+        };
+        let unranked = |d: &mut Vec<i64>, rank: usize| Unranked {
+            rank: rank as i64,
+            descriptor: d.as_mut_ptr().cast(),
+        };
+        let (mut da, mut db) = (describe(a), describe(b));
+        let mut dc = descriptor(c.as_mut_ptr().cast(), sc);
+        let mut bytes: Vec<u8> = mask.unwrap_or(&[]).iter().map(|&x| u8::from(x)).collect();
+        let mut dm = descriptor(bytes.as_mut_ptr(), &[bytes.len()]);
+        let (ua, ub, uc, um) = (
+            unranked(&mut da, a.shape.len()),
+            unranked(&mut db, b.shape.len()),
+            unranked(&mut dc, sc.len()),
+            unranked(&mut dm, 1),
+        );
+        // SAFETY: the descriptors point at live buffers of the shapes and strides they state.
+        unsafe {
+            if mask.is_some() {
+                _mlir_ciface_ppc_matmul_f32_masked(&ua, &ub, &uc, &um);
+            } else {
+                _mlir_ciface_ppc_matmul_f32(&ua, &ub, &uc);
+            }
+        }
+        c
+    }
+
+    /// `got` equals `want` to rounding, and masked-out entries are exactly -0.0.
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        for (i, (got, want)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "{what}: element {i}: {got} against {want}"
+            );
+            if want.to_bits() == (-0.0f32).to_bits() {
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{what}: element {i}: masked out"
+                );
+            }
+        }
+    }
+
     /// Per-stage weights broadcast along a batch axis (rows folded into one GEMM per stage),
     /// with and without a stage mask, and a product whose weights differ per batch entry (no
     /// folding): the same values as the k-ordered sums, to rounding.
@@ -615,57 +710,55 @@ mod tests {
             let r = sa.len();
             let mut sc = sa.clone();
             sc[r - 1] = sb[sb.len() - 1];
-            let fill = |shape: &[usize], seed: usize| -> Vec<f32> {
-                let n: usize = shape.iter().product();
-                (0..n)
-                    .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0) - 1.0)
-                    .collect()
+            let active = [true, false, true];
+            let mask = if masked { &active } else { &[true; 3] };
+            let mut a = Operand {
+                values: fill(sa.iter().product(), 1),
+                shape: sa.clone(),
+                strides: None,
             };
-            let (mut a, mut b) = (fill(&sa, 1), fill(&sb, 2));
-            let mut c = vec![f32::NAN; sc.iter().product()];
-            let mut mask: Vec<u8> = vec![1, 0, 1];
-            let active: Vec<bool> = mask.iter().map(|&x| x == 1).collect();
-            let want = reference(
-                &a,
-                &sa,
-                &b,
-                &sb,
-                &sc,
-                if masked { &active } else { &[true; 3] },
-            );
-            let unranked = |d: &mut Vec<i64>, rank: usize| Unranked {
-                rank: rank as i64,
-                descriptor: d.as_mut_ptr().cast(),
+            let mut b = Operand {
+                values: fill(sb.iter().product(), 2),
+                shape: sb.clone(),
+                strides: None,
             };
-            let (mut da, mut db, mut dc) = (
-                descriptor(a.as_mut_ptr().cast(), &sa),
-                descriptor(b.as_mut_ptr().cast(), &sb),
-                descriptor(c.as_mut_ptr().cast(), &sc),
-            );
-            let mut dm = descriptor(mask.as_mut_ptr(), &[3]);
-            let (ua, ub, uc, um) = (
-                unranked(&mut da, sa.len()),
-                unranked(&mut db, sb.len()),
-                unranked(&mut dc, sc.len()),
-                unranked(&mut dm, 1),
-            );
-            // SAFETY: the descriptors point at live buffers of the shapes they state.
-            unsafe {
-                if masked {
-                    _mlir_ciface_ppc_matmul_f32_masked(&ua, &ub, &uc, &um);
-                } else {
-                    _mlir_ciface_ppc_matmul_f32(&ua, &ub, &uc);
-                }
-            }
-            for (i, (got, want)) in c.iter().zip(&want).enumerate() {
-                assert!(
-                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                    "{sa:?}·{sb:?} masked {masked}: element {i}: {got} against {want}"
-                );
-                if want.to_bits() == (-0.0f32).to_bits() {
-                    assert_eq!(got.to_bits(), want.to_bits(), "element {i}: masked out");
+            let want = reference(&a.values, &sa, &b.values, &sb, &sc, mask);
+            let got = product(&mut a, &mut b, &sc, masked.then_some(&active[..]));
+            assert_close(&got, &want, &format!("{sa:?}·{sb:?} masked {masked}"));
+        }
+    }
+
+    /// Few-row products with per-stage weights used transposed (`dY · Wᵀ`, the weights stored
+    /// `[S, n, k]`), long enough along k for the transposed few-row kernel where the CPU has
+    /// AVX-512, with a bubble stage: the same values as the k-ordered sums of `W` transposed.
+    #[test]
+    fn products_with_transposed_weights_match_the_loops() {
+        let (s, m, k, n) = (3, 16, 300, 40);
+        let stored = fill(s * n * k, 2);
+        // The same weights, transposed into row-major [S, k, n], for the reference.
+        let mut plain = vec![0.0; s * k * n];
+        for e in 0..s {
+            for j in 0..n {
+                for l in 0..k {
+                    plain[(e * k + l) * n + j] = stored[(e * n + j) * k + l];
                 }
             }
         }
+        let (sa, sb, sc) = (vec![s, m, k], vec![s, k, n], vec![s, m, n]);
+        let active = [true, false, true];
+        let mut a = Operand {
+            values: fill(s * m * k, 1),
+            shape: sa.clone(),
+            strides: None,
+        };
+        let want = reference(&a.values, &sa, &plain, &sb, &sc, &active);
+        let strides = vec![(n * k) as i64, 1, k as i64];
+        let mut b = Operand {
+            values: stored,
+            shape: sb,
+            strides: Some(strides),
+        };
+        let got = product(&mut a, &mut b, &sc, Some(&active));
+        assert_close(&got, &want, "[3, 16, 300] · [3, 40, 300]ᵀ");
     }
 }
