@@ -229,6 +229,13 @@ unsafe fn dots<const R: usize>(
                         let mut bv = [_mm512_setzero_ps(); J];
                         for w in 0..J {
                             bv[w] = _mm512_maskz_loadu_ps(mask, bp[w].add(kk));
+                            // The second row block (its `B` is in L1) fetches the next rows of
+                            // `B`, which the first row block would otherwise wait for.
+                            if i == R {
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    bp[w].wrapping_add(J * ldb + kk).cast(),
+                                );
+                            }
                         }
                         for (r, acc) in acc.iter_mut().enumerate() {
                             let av = _mm512_maskz_loadu_ps(mask, a.add((i + r) * lda + kk));
