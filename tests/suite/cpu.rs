@@ -153,6 +153,49 @@ fn emitted_mlir_is_verified_and_stable() {
     );
 }
 
+/// `ppc compile ARGS --emit=llvm`: the LLVM dialect after the CPU pipeline.
+fn llvm_dialect(args: &[&str]) -> String {
+    let mut all = vec!["compile"];
+    all.extend(args);
+    all.push("--emit=llvm");
+    let (code, out, err) = ppc(&all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
+}
+
+#[test]
+fn the_stage_body_is_one_function_whatever_the_layer_count() {
+    // The pipeline loop calls the stage's body, a function LLVM may not inline; the layers are
+    // a loop inside it, so 2 and 8 layers per stage give the same code.
+    let transformer = path("examples/transformer.ppc");
+    let functions = |llvm: &str| llvm.matches("llvm.func @ppc_stage").count();
+    let mut lines = Vec::new();
+    for layers in ["2", "8"] {
+        let llvm = llvm_dialect(&[&transformer, "--layers-per-stage", layers]);
+        assert_eq!(functions(&llvm), 1, "{layers} layers");
+        let stage = llvm
+            .lines()
+            .find(|l| l.contains("llvm.func @ppc_stage("))
+            .expect("the stage function");
+        assert!(stage.contains("passthrough = [\"noinline\"]"), "{stage}");
+        assert_eq!(llvm.matches("llvm.call @ppc_stage(").count(), 1);
+        lines.push(llvm.lines().count());
+    }
+    assert_eq!(
+        lines[0], lines[1],
+        "the code grows with the layers per stage"
+    );
+    // Where stages are split over the threads too (the example's shape), and each of the
+    // training step's stage functions (forward; backward).
+    let mlp = path("examples/mlp.ppc");
+    assert_eq!(functions(&llvm_dialect(&[&mlp])), 1);
+    assert_eq!(functions(&llvm_dialect(&[&mlp, "--train"])), 2);
+    // The GPU keeps its own mapping of loop nests onto blocks and threads.
+    let (code, cuda, err) = ppc(&["compile", &transformer, "--target", "cuda", "--emit=mlir"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!cuda.contains("ppc.outline"));
+}
+
 #[test]
 fn mlir_locations_point_into_the_model_file() {
     let file = path("examples/tiny.ppc");

@@ -747,6 +747,33 @@ impl<'a> Emitter<'a> {
         self.raw(&close);
     }
 
+    /// Opens the region the module's transform script outlines into a function of its own
+    /// (`transform.loop.outline`: a stage's body, not inlined into the pipeline loop; its
+    /// arguments are the buffers and indices it uses from outside). Returns the SSA counter at
+    /// the start, for [`Emitter::made_since`].
+    pub fn begin_outlined(&mut self) -> usize {
+        self.open("scf.execute_region {");
+        self.next
+    }
+
+    /// Ends the region [`Emitter::begin_outlined`] opened, marked `ppc.outline`.
+    pub fn end_outlined(&mut self) {
+        self.op("scf.yield");
+        self.indent -= 1;
+        let close = format!("}} {{ppc.outline}}{}", self.loc);
+        self.raw(&close);
+    }
+
+    /// Whether `b` is a view written in the body after SSA counter `start` (a view made inside
+    /// an outlined region, which code after it cannot name).
+    pub fn made_since(&self, b: &Buf, start: usize) -> bool {
+        b.name != b.base
+            && b.name
+                .strip_prefix("%v")
+                .and_then(|n| n.parse::<usize>().ok())
+                .is_some_and(|n| n > start)
+    }
+
     pub fn end_for(&mut self) {
         self.loops -= 1;
         self.close();
@@ -793,12 +820,20 @@ fn parallel_dims(ins: &[(&Buf, String)], out: &(&Buf, String), iters: &[&str]) -
 
 /// The transform-dialect script the CPU pipeline interprets (`transform-interpreter`): each
 /// marked generic becomes an `scf.forall` over its leading loops (later OpenMP's parallel loop)
-/// around the same generic on one tile. Private, so that `symbol-dce` drops it afterwards.
+/// around the same generic on one tile; each region marked `ppc.outline` becomes a private
+/// function `@ppc_stage…` that LLVM does not inline, called where the region was. Private, so
+/// that `symbol-dce` drops the script afterwards.
 pub const TRANSFORM_SCRIPT: &str = r#"  transform.named_sequence private @__transform_main(%m: !transform.any_op {transform.readonly}) {
     %one = transform.structured.match attributes {ppc.parallel_1} in %m : (!transform.any_op) -> !transform.any_op
     %t1, %l1 = transform.structured.tile_using_forall %one tile_sizes [1] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %two = transform.structured.match attributes {ppc.parallel_2} in %m : (!transform.any_op) -> !transform.any_op
     %t2, %l2 = transform.structured.tile_using_forall %two tile_sizes [1, 1] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %bodies = transform.structured.match attributes {ppc.outline} in %m : (!transform.any_op) -> !transform.any_op
+    %stages, %calls = transform.loop.outline %bodies {func_name = "ppc_stage"} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %noinline = transform.param.constant ["noinline"] -> !transform.any_param
+    transform.annotate %stages "passthrough" = %noinline : !transform.any_op, !transform.any_param
+    %private = transform.param.constant "private" -> !transform.any_param
+    transform.annotate %stages "sym_visibility" = %private : !transform.any_op, !transform.any_param
     transform.yield
   }
 "#;

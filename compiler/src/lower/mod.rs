@@ -7,7 +7,9 @@
 //! lowered from `@train_vjp`), every value in a
 //! statically shaped buffer or a view of one (`views.rs`), chains of elementwise ops fused into
 //! one `linalg.generic` (`fuse.rs`), big loop nests marked for the module's transform script to
-//! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments) and,
+//! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments;
+//! the calls the pipeline's loops make, a stage's body, then become functions of their own
+//! again, `@ppc_stage…`, by the transform script's `loop.outline`, not inlined by LLVM) and,
 //! where a stage's values are too small for a parallel loop nest each, run as one parallel loop
 //! over the stages (`stage_split.rs`; in the training step's backward, bubble stages skip it and
 //! each stage adds its weight gradients into the accumulators, `accumulate.rs`), chains of
@@ -151,6 +153,7 @@ fn lower_once(
         params: Vec::new(),
         param_bufs: HashMap::new(),
         groups: Vec::new(),
+        calls: 0,
     };
     // Entry arguments are located at the pipeline block, return and frees at the end.
     let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
@@ -378,6 +381,8 @@ struct Walker<'m, 'a> {
     param_bufs: HashMap<(String, String), Buf>,
     /// Names of the loop nests marked for `--trace`, in the order of their numbers.
     groups: Vec<String>,
+    /// Calls being emitted around what is written now.
+    calls: usize,
 }
 
 impl Walker<'_, '_> {
@@ -606,7 +611,12 @@ impl Walker<'_, '_> {
                         adds.insert(a.result, (a.add, out));
                     }
                     let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
-                    let outs = match split {
+                    // The calls the pipeline's loops make (a stage's body) are functions of
+                    // their own on the CPU; the calls inside them are inlined.
+                    let outline =
+                        (self.calls == 0 && self.e.gpu.is_none()).then(|| self.e.begin_outlined());
+                    self.calls += 1;
+                    let mut outs = match split {
                         Some(stages) => {
                             let read: Vec<bool> =
                                 op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
@@ -614,6 +624,19 @@ impl Walker<'_, '_> {
                         }
                         None => self.func_into(g, ins, &add_into)?,
                     };
+                    self.calls -= 1;
+                    if let Some(start) = outline {
+                        // A result that is a view made inside (a reshape of the callee's last
+                        // value) is copied out to a buffer that code after the call can name.
+                        for out in &mut outs {
+                            if self.e.made_since(out, start) {
+                                let whole = self.e.alloc(&out.ty);
+                                self.e.copy(out, &whole);
+                                *out = whole;
+                            }
+                        }
+                        self.e.end_outlined();
+                    }
                     env.extend(op.results.iter().copied().zip(outs));
                     for (add, out) in adds.into_values() {
                         env.insert(f.ops[add].results[0], out);
