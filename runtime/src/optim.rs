@@ -1,7 +1,9 @@
 //! The optimizers of a training step, on f32 master weights: SGD with momentum and AdamW
 //! (decoupled weight decay), with PyTorch's default hyper-parameters. Every rank updates the
 //! weights of its own stages; the update is elementwise, so it is the same bits on any rank
-//! count. Weights stored in bf16/f16 are rounded from the f32 masters after each step.
+//! count. Weights stored in bf16/f16 are rounded from the f32 masters after each step; weights
+//! stored in f32 are their own masters, updated in place (the update is bound by memory: a
+//! master copy to read and write back cost a quarter of its traffic).
 
 use crate::memref::{encode, HostBuffer};
 use crate::tensor::DType;
@@ -124,6 +126,8 @@ pub struct Optimizer {
     pub config: Config,
     /// Steps taken.
     pub step: u64,
+    /// The f32 masters of the parameters stored in another dtype; empty for those stored in
+    /// f32 (their buffers are their masters: [`Optimizer::weights`]).
     pub master: Vec<Vec<f32>>,
     /// SGD: the momentum buffer; AdamW: the first moment.
     pub m: Vec<Vec<f32>>,
@@ -134,11 +138,17 @@ pub struct Optimizer {
 impl Optimizer {
     /// Starts from `params` with zero moments.
     pub fn new(config: Config, params: &[HostBuffer]) -> Optimizer {
-        let master: Vec<Vec<f32>> = params.iter().map(|p| p.to_tensor().data).collect();
-        let zeros = |n: usize| vec![0.0f32; n];
-        let m = master.iter().map(|w| zeros(w.len())).collect();
+        let master: Vec<Vec<f32>> = params
+            .iter()
+            .map(|p| match p.dtype {
+                DType::F32 => Vec::new(),
+                _ => p.to_tensor().data,
+            })
+            .collect();
+        let zeros = |p: &HostBuffer| vec![0.0f32; p.shape.iter().product()];
+        let m = params.iter().map(zeros).collect();
         let v = match config.kind {
-            Kind::AdamW => master.iter().map(|w| zeros(w.len())).collect(),
+            Kind::AdamW => params.iter().map(zeros).collect(),
             Kind::Sgd => Vec::new(),
         };
         Optimizer {
@@ -148,6 +158,11 @@ impl Optimizer {
             m,
             v,
         }
+    }
+
+    /// The f32 weights of parameter `i` of `params` (the ones this optimizer updates).
+    pub fn weights<'a>(&'a self, i: usize, params: &'a [HostBuffer]) -> &'a [f32] {
+        params[i].f32s().unwrap_or(&self.master[i])
     }
 
     /// One step: updates the masters from `grads` (f32, one per parameter, same sizes) and
@@ -174,8 +189,19 @@ impl Optimizer {
                 Some(v) => Box::new(v.chunks_mut(CHUNK)),
                 None => Box::new(std::iter::repeat_with(<&mut [f32]>::default)),
             };
+            // An f32 parameter is updated in place; others through their master.
+            let (w, outs): (&mut [f32], Box<dyn Iterator<Item = Option<&mut [u8]>>>) = match dtype {
+                DType::F32 => (
+                    p.f32s_mut().expect("invariant: an f32 buffer"),
+                    Box::new(std::iter::repeat_with(|| None)),
+                ),
+                _ => (
+                    w,
+                    Box::new(p.bytes_mut().chunks_mut(CHUNK * size).map(Some)),
+                ),
+            };
             let parts = w.chunks_mut(CHUNK).zip(m.chunks_mut(CHUNK)).zip(vs);
-            let io = g.chunks(CHUNK).zip(p.bytes_mut().chunks_mut(CHUNK * size));
+            let io = g.chunks(CHUNK).zip(outs);
             for (((w, m), v), (g, out)) in parts.zip(io) {
                 chunks.push(Mutex::new(Chunk {
                     w,
@@ -194,13 +220,14 @@ impl Optimizer {
     }
 }
 
-/// A run of one parameter's elements: its masters, moments, gradient and stored bytes.
+/// A run of one parameter's elements: its masters, moments, gradient and, when it is not
+/// stored in f32, its stored bytes.
 struct Chunk<'a> {
     w: &'a mut [f32],
     m: &'a mut [f32],
     v: &'a mut [f32],
     g: &'a [f32],
-    out: &'a mut [u8],
+    out: Option<&'a mut [u8]>,
     dtype: DType,
 }
 
@@ -227,7 +254,9 @@ impl Chunk<'_> {
                 }
             }
         }
-        encode(self.dtype, self.w, self.out);
+        if let Some(out) = &mut self.out {
+            encode(self.dtype, self.w, out);
+        }
     }
 }
 
@@ -264,7 +293,11 @@ mod tests {
                 }
             }
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&opt.master[0]), bits(&master), "{dtype:?}: masters");
+            assert_eq!(
+                bits(opt.weights(0, &params)),
+                bits(&master),
+                "{dtype:?}: masters"
+            );
             let stored = HostBuffer::from_tensor(&Tensor::new(dtype, vec![n], master));
             assert_eq!(
                 params[0].bytes(),

@@ -168,7 +168,7 @@ pub fn train(
         }
     }
     if let Some(path) = &opts.save {
-        if save(path, m, &params_args, &optimizer)? {
+        if save(path, m, &params_args, &params, &optimizer)? {
             writeln!(err, "wrote {}", path.display()).map_err(io)?;
         }
     }
@@ -417,7 +417,13 @@ fn layer_ids(m: &Manifest, a: &Arg, rank: usize) -> Vec<u64> {
 }
 
 /// Writes the checkpoint (on rank 0, which gathers every rank's stages); true where written.
-fn save(path: &Path, m: &Manifest, params: &[&Arg], opt: &Optimizer) -> Result<bool, String> {
+fn save(
+    path: &Path,
+    m: &Manifest,
+    params: &[&Arg],
+    bufs: &[HostBuffer],
+    opt: &Optimizer,
+) -> Result<bool, String> {
     // Every replica holds the same weights: the first one writes them.
     if crate::comm::replica() != 0 {
         return Ok(false);
@@ -441,7 +447,7 @@ fn save(path: &Path, m: &Manifest, params: &[&Arg], opt: &Optimizer) -> Result<b
                 }
             }
         };
-        add("", &opt.master[i]);
+        add("", opt.weights(i, bufs));
         add("optim.m.", &opt.m[i]);
         if opt.config.kind == Kind::AdamW {
             add("optim.v.", &opt.v[i]);
@@ -487,14 +493,16 @@ fn resume(
     };
     let mut opt = Optimizer::new(config, bufs);
     for (i, a) in params.iter().enumerate() {
-        opt.master[i] = read("", a)?;
+        let weights = read("", a)?;
         opt.m[i] = read("optim.m.", a)?;
         if config.kind == Kind::AdamW {
             opt.v[i] = read("optim.v.", a)
                 .map_err(|e| format!("{e} (a checkpoint of SGD cannot resume with AdamW)"))?;
         }
-        let w = Tensor::new(a.dtype, a.shape.clone(), opt.master[i].clone());
-        bufs[i] = HostBuffer::from_tensor(&w);
+        bufs[i] = HostBuffer::from_tensor(&Tensor::new(a.dtype, a.shape.clone(), weights.clone()));
+        if a.dtype != DType::F32 {
+            opt.master[i] = weights;
+        }
     }
     opt.step = safetensors::read_tensor(path, "optim.step")?
         .to_tensor()
