@@ -190,7 +190,7 @@ impl Optimizer {
                 None => Box::new(std::iter::repeat_with(<&mut [f32]>::default)),
             };
             // An f32 parameter is updated in place; others through their master.
-            let (w, outs): (&mut [f32], Box<dyn Iterator<Item = Option<&mut [u8]>>>) = match dtype {
+            let (w, outs): (&mut [f32], StoredChunks) = match dtype {
                 DType::F32 => (
                     p.f32s_mut().expect("invariant: an f32 buffer"),
                     Box::new(std::iter::repeat_with(|| None)),
@@ -219,6 +219,9 @@ impl Optimizer {
         });
     }
 }
+
+/// The stored bytes of each chunk of a parameter (`None`: stored in f32, updated in place).
+type StoredChunks<'a> = Box<dyn Iterator<Item = Option<&'a mut [u8]>> + 'a>;
 
 /// A run of one parameter's elements: its masters, moments, gradient and, when it is not
 /// stored in f32, its stored bytes.
