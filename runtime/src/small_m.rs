@@ -14,9 +14,11 @@
 //! all fall into one L1 set. `B` rows are usually a page or more apart, where hardware
 //! prefetchers stop, so the kernel prefetches `PREFETCH_ROWS` rows ahead itself.
 //!
-//! Used for row-major operands with unit column stride when the CPU has AVX-512F; anything else
-//! goes to OpenBLAS (`gemm.rs` says where each is faster). Sums run in k order with fused
-//! multiply-adds.
+//! [`sgemm_nt`] is its counterpart for a weight used transposed (`dY · Wᵀ` in the backward).
+//!
+//! Used for row-major operands with unit column stride (or, for [`sgemm_nt`], a `B` with unit
+//! row stride) when the CPU has AVX-512F; anything else goes to OpenBLAS (`gemm.rs` says where
+//! each is faster). [`sgemm`]'s sums run in k order with fused multiply-adds.
 
 /// How far ahead (in rows of `B`) the kernel prefetches; 16 measured best on 4-8 KiB strides.
 const PREFETCH_ROWS: usize = 16;
@@ -43,18 +45,51 @@ pub unsafe fn sgemm(
     c: *mut f32,
     ldc: usize,
 ) {
-    // Blocks of 8 rows, then at most one block each of 4, 2 and 1 for what is left.
-    let mut i = m - m % 8;
+    let kernels: [(usize, Kernel); 4] = [
+        (8, rows::<8>),
+        (4, rows::<4>),
+        (2, rows::<2>),
+        (1, rows::<1>),
+    ];
+    // SAFETY: the caller's contract.
+    unsafe { in_row_blocks(&kernels, m, k, n, a, lda, b, ldb, c, ldc) }
+}
+
+/// A kernel for a multiple of its block of rows: `(m, k, n, a, lda, b, ldb, c, ldc)`, returns `m`.
+#[cfg(target_arch = "x86_64")]
+type Kernel =
+    unsafe fn(usize, usize, usize, *const f32, usize, *const f32, usize, *mut f32, usize) -> usize;
+
+/// `m` rows in blocks: as many as the first kernel's blocks hold, then at most one block of
+/// each smaller size for what is left (the sizes halve down to 1).
+///
+/// # Safety
+/// As the kernels', for the whole product.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // as sgemm
+unsafe fn in_row_blocks(
+    kernels: &[(usize, Kernel)],
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let (size, first) = kernels[0];
+    let mut i = m - m % size;
     // SAFETY: each call gets a whole number of its blocks, inside the rows the contract covers.
     unsafe {
-        rows::<8>(i, k, n, a, lda, b, ldb, c, ldc);
+        first(i, k, n, a, lda, b, ldb, c, ldc);
         while i < m {
-            let (ai, ci) = (a.add(i * lda), c.add(i * ldc));
-            i += match m - i {
-                4.. => rows::<4>(4, k, n, ai, lda, b, ldb, ci, ldc),
-                2.. => rows::<2>(2, k, n, ai, lda, b, ldb, ci, ldc),
-                _ => rows::<1>(1, k, n, ai, lda, b, ldb, ci, ldc),
-            };
+            let &(rows, kernel) = kernels
+                .iter()
+                .find(|(rows, _)| *rows <= m - i)
+                .expect("invariant: the last kernel takes one row");
+            i += kernel(rows, k, n, a.add(i * lda), lda, b, ldb, c.add(i * ldc), ldc);
         }
     }
 }
@@ -81,9 +116,10 @@ unsafe fn rows<const R: usize>(
     ldc: usize,
 ) -> usize {
     use std::arch::x86_64::*;
-    const W: usize = 2; // zmm vectors of columns
-                        // SAFETY: masked-off lanes are not accessed; every other access stays inside the rows and
-                        // columns the contract guarantees. The prefetch hint reads nothing.
+    // zmm vectors of columns per row.
+    const W: usize = 2;
+    // SAFETY: masked-off lanes are not accessed; every other access stays inside the rows and
+    // columns the contract guarantees. The prefetch hint reads nothing.
     unsafe {
         // A, one row block after the other, each k-major.
         let mut packed = vec![0.0f32; m * k];
@@ -175,18 +211,9 @@ pub unsafe fn sgemm_nt(
     c: *mut f32,
     ldc: usize,
 ) {
-    let mut i = m - m % 4;
-    // SAFETY: each call gets a whole number of its blocks, inside the rows the contract covers.
-    unsafe {
-        dots::<4>(i, k, n, a, lda, b, ldb, c, ldc);
-        while i < m {
-            let (ai, ci) = (a.add(i * lda), c.add(i * ldc));
-            i += match m - i {
-                2.. => dots::<2>(2, k, n, ai, lda, b, ldb, ci, ldc),
-                _ => dots::<1>(1, k, n, ai, lda, b, ldb, ci, ldc),
-            };
-        }
-    }
+    let kernels: [(usize, Kernel); 3] = [(4, dots::<4>), (2, dots::<2>), (1, dots::<1>)];
+    // SAFETY: the caller's contract.
+    unsafe { in_row_blocks(&kernels, m, k, n, a, lda, b, ldb, c, ldc) }
 }
 
 /// [`sgemm_nt`] for `m` a multiple of `R`: blocks of `R` rows by 4 columns of `C`, one zmm of
@@ -317,36 +344,47 @@ mod tests {
     use super::*;
     use crate::rng::{Init, Rng};
 
-    #[test]
-    fn the_transposed_product_matches_a_naive_one_including_ragged_edges() {
+    /// [`sgemm`] or [`sgemm_nt`].
+    type Product =
+        unsafe fn(usize, usize, usize, *const f32, usize, *const f32, usize, *mut f32, usize);
+
+    /// `product` on the shapes `(m, k, n)` against sums in f64, with `B` stored `k` rows of `n`,
+    /// or (`transposed`) `n` rows of `k` with 3 elements of padding per row.
+    fn matches_naive_products(
+        name: &str,
+        product: Product,
+        transposed: bool,
+        shapes: &[(usize, usize, usize)],
+    ) {
         if !available() {
-            eprintln!("SKIPPED small_m::the_transposed_product: this CPU has no AVX-512F");
+            // Not a pass: say so. The kernels only run where AVX-512 is (gemm.rs checks).
+            eprintln!(
+                "SKIPPED small_m::{name}: this CPU has no AVX-512F (or PPC_CPU_DISABLE hides \
+                 it); it runs on any x86-64-v4 machine"
+            );
             return;
         }
-        // More than one block of k, ragged rows, columns and k; one row; k below a vector.
-        for (m, k, n) in [
-            (16, 1024, 256),
-            (31, 300, 37),
-            (1, 5, 3),
-            (7, 16, 4),
-            (5, 600, 1),
-        ] {
-            let a = Rng::stream(2, "a", 0).fill(Init::Normal(1.0), m * k);
-            // B stored as n rows of k, with 3 elements of padding per row.
-            let ldb = k + 3;
-            let b = Rng::stream(2, "b", 0).fill(Init::Normal(1.0), n * ldb);
+        for &(m, k, n) in shapes {
+            let (ldb, len) = if transposed {
+                (k + 3, n * (k + 3))
+            } else {
+                (n, k * n)
+            };
+            let at = |p: usize, j: usize| if transposed { j * ldb + p } else { p * ldb + j };
+            let a = Rng::stream(1, "a", 0).fill(Init::Normal(1.0), m * k);
+            let b = Rng::stream(1, "b", 0).fill(Init::Normal(1.0), len);
             let mut c = vec![f32::NAN; m * n];
             // SAFETY: the buffers have exactly the sizes the call describes; AVX-512 checked.
-            unsafe { sgemm_nt(m, k, n, a.as_ptr(), k, b.as_ptr(), ldb, c.as_mut_ptr(), n) };
+            unsafe { product(m, k, n, a.as_ptr(), k, b.as_ptr(), ldb, c.as_mut_ptr(), n) };
             for i in 0..m {
                 for j in 0..n {
                     let want: f64 = (0..k)
-                        .map(|p| f64::from(a[i * k + p]) * f64::from(b[j * ldb + p]))
+                        .map(|p| f64::from(a[i * k + p]) * f64::from(b[at(p, j)]))
                         .sum();
+                    let got = f64::from(c[i * n + j]);
                     assert!(
-                        (want - f64::from(c[i * n + j])).abs() < 1e-4 * (1.0 + want.abs()),
-                        "({m},{k},{n}) at ({i},{j}): {} against {want}",
-                        c[i * n + j]
+                        (want - got).abs() < 1e-4 * (1.0 + want.abs()),
+                        "{name} ({m},{k},{n}) at ({i},{j}): {got} against {want}"
                     );
                 }
             }
@@ -354,42 +392,32 @@ mod tests {
     }
 
     #[test]
-    fn matches_a_naive_product_including_ragged_edges() {
-        if !available() {
-            // Not a pass: say so. The kernel only runs where AVX-512 is (gemm.rs checks).
-            eprintln!(
-                "SKIPPED small_m::matches_a_naive_product: this CPU has no AVX-512F (or \
-                 PPC_CPU_DISABLE hides it); it runs on any x86-64-v4 machine"
-            );
-            return;
-        }
-        for (m, k, n) in [
+    fn the_product_matches_a_naive_one_including_ragged_edges() {
+        // Ragged rows (8, 4, 2 and 1-row blocks) and columns; more than one block of k (sums go
+        // to C and come back).
+        let shapes = [
             (16, 64, 48),
             (31, 13, 37),
             (4, 1, 16),
             (1, 5, 3),
             (16, 40, 1),
-            // More than one block of k (sums go to C and come back), ragged rows and columns.
             (31, 200, 70),
             (8, 129, 32),
             (64, 64, 17),
-        ] {
-            let a = Rng::stream(1, "a", 0).fill(Init::Normal(1.0), m * k);
-            let b = Rng::stream(1, "b", 0).fill(Init::Normal(1.0), k * n);
-            let mut c = vec![f32::NAN; m * n];
-            // SAFETY: the buffers have exactly the sizes the call describes; the test checked AVX-512.
-            unsafe { sgemm(m, k, n, a.as_ptr(), k, b.as_ptr(), n, c.as_mut_ptr(), n) };
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f64 = (0..k)
-                        .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
-                        .sum();
-                    assert!(
-                        (want - f64::from(c[i * n + j])).abs() < 1e-4 * (1.0 + want.abs()),
-                        "({m},{k},{n}) at ({i},{j})"
-                    );
-                }
-            }
-        }
+        ];
+        matches_naive_products("sgemm", sgemm, false, &shapes);
+    }
+
+    #[test]
+    fn the_transposed_product_matches_a_naive_one_including_ragged_edges() {
+        // More than one block of k, ragged rows, columns and k; one row; k below a vector.
+        let shapes = [
+            (16, 1024, 256),
+            (31, 300, 37),
+            (1, 5, 3),
+            (7, 16, 4),
+            (5, 600, 1),
+        ];
+        matches_naive_products("sgemm_nt", sgemm_nt, true, &shapes);
     }
 }
