@@ -166,7 +166,8 @@ impl Optimizer {
     }
 
     /// One step: updates the masters from `grads` (f32, one per parameter, same sizes) and
-    /// writes them, rounded to each parameter's dtype, into `params` in place. Elementwise, so
+    /// writes them, rounded to each parameter's dtype, into `params` in place (an f32
+    /// parameter is its own master, updated where it is). Elementwise, so
     /// it runs in chunks on the pool's threads with the same bits whatever the split.
     pub fn update(&mut self, params: &mut [HostBuffer], grads: &[&[f32]]) {
         const CHUNK: usize = 1 << 14;

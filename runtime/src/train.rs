@@ -499,9 +499,10 @@ fn resume(
             opt.v[i] = read("optim.v.", a)
                 .map_err(|e| format!("{e} (a checkpoint of SGD cannot resume with AdamW)"))?;
         }
-        bufs[i] = HostBuffer::from_tensor(&Tensor::new(a.dtype, a.shape.clone(), weights.clone()));
+        let w = Tensor::new(a.dtype, a.shape.clone(), weights);
+        bufs[i] = HostBuffer::from_tensor(&w);
         if a.dtype != DType::F32 {
-            opt.master[i] = weights;
+            opt.master[i] = w.data;
         }
     }
     opt.step = safetensors::read_tensor(path, "optim.step")?

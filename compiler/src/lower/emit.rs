@@ -749,11 +749,9 @@ impl<'a> Emitter<'a> {
 
     /// Opens the region the module's transform script outlines into a function of its own
     /// (`transform.loop.outline`: a stage's body, not inlined into the pipeline loop; its
-    /// arguments are the buffers and indices it uses from outside). Returns the SSA counter at
-    /// the start, for [`Emitter::made_since`].
-    pub fn begin_outlined(&mut self) -> usize {
+    /// arguments are the buffers and indices it uses from outside).
+    pub fn begin_outlined(&mut self) {
         self.open("scf.execute_region {");
-        self.next
     }
 
     /// Ends the region [`Emitter::begin_outlined`] opened, marked `ppc.outline`.
@@ -762,16 +760,6 @@ impl<'a> Emitter<'a> {
         self.indent -= 1;
         let close = format!("}} {{ppc.outline}}{}", self.loc);
         self.raw(&close);
-    }
-
-    /// Whether `b` is a view written in the body after SSA counter `start` (a view made inside
-    /// an outlined region, which code after it cannot name).
-    pub fn made_since(&self, b: &Buf, start: usize) -> bool {
-        b.name != b.base
-            && b.name
-                .strip_prefix("%v")
-                .and_then(|n| n.parse::<usize>().ok())
-                .is_some_and(|n| n > start)
     }
 
     pub fn end_for(&mut self) {

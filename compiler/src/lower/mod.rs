@@ -613,10 +613,12 @@ impl Walker<'_, '_> {
                     let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
                     // The calls the pipeline's loops make (a stage's body) are functions of
                     // their own on the CPU; the calls inside them are inlined.
-                    let outline =
-                        (self.calls == 0 && self.e.gpu.is_none()).then(|| self.e.begin_outlined());
+                    let outline = self.calls == 0 && self.e.gpu.is_none();
+                    if outline {
+                        self.e.begin_outlined();
+                    }
                     self.calls += 1;
-                    let mut outs = match split {
+                    let outs = match split {
                         Some(stages) => {
                             let read: Vec<bool> =
                                 op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
@@ -625,16 +627,10 @@ impl Walker<'_, '_> {
                         None => self.func_into(g, ins, &add_into)?,
                     };
                     self.calls -= 1;
-                    if let Some(start) = outline {
-                        // A result that is a view made inside (a reshape of the callee's last
-                        // value) is copied out to a buffer that code after the call can name.
-                        for out in &mut outs {
-                            if self.e.made_since(out, start) {
-                                let whole = self.e.alloc(&out.ty);
-                                self.e.copy(out, &whole);
-                                *out = whole;
-                            }
-                        }
+                    // The results are buffers allocated at function entry (a stage's layer
+                    // loop's carried values, a split call's wholes), so code after the region
+                    // can name them; MLIR's verifier would reject a view made inside it.
+                    if outline {
                         self.e.end_outlined();
                     }
                     env.extend(op.results.iter().copied().zip(outs));
