@@ -89,6 +89,13 @@ impl<T> Arena<T> {
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.items.iter_mut()
     }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (Id<T>, &mut T)> {
+        self.items
+            .iter_mut()
+            .enumerate()
+            .map(|(i, t)| (Id(i as u32, PhantomData), t))
+    }
 }
 
 impl<T> std::ops::Index<Id<T>> for Arena<T> {

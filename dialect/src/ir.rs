@@ -259,6 +259,23 @@ impl Func {
         n
     }
 
+    /// Every value some op (nested loops included) or block result reads.
+    pub fn read_values(&self) -> HashSet<ValueId> {
+        fn walk(f: &Func, block: &Block, out: &mut HashSet<ValueId>) {
+            out.extend(&block.results);
+            for &id in &block.ops {
+                let kind = &f.ops[id].kind;
+                out.extend(kind.operands());
+                if let OpKind::Loop { body, .. } = kind {
+                    walk(f, body, out);
+                }
+            }
+        }
+        let mut out = HashSet::new();
+        walk(self, &self.body, &mut out);
+        out
+    }
+
     /// Removes the ops whose results nothing reads (a loop stays whole while any of its
     /// results is read), and their values: the arenas keep the rest in definition order, as
     /// parsing the printed function would make them. Exchanges stay: every rank takes part.
@@ -366,6 +383,59 @@ pub const STAGES_PER_RANK: &str = "stages_per_rank";
 impl Module {
     pub fn func(&self, name: &str) -> Option<&Func> {
         self.funcs.values().find(|f| f.name == name)
+    }
+
+    /// Drops from every function that calls alone run (one that something calls) the results
+    /// that no call reads, then the ops that computed only those, until none is left: a
+    /// function that nothing calls is an entry point and keeps its signature. A call keeps
+    /// one result even when none is read (dead-op removal drops such calls).
+    pub fn remove_unused_results(&mut self) {
+        loop {
+            // Per callee, whether any call reads each of its results.
+            let mut read: HashMap<FuncId, Vec<bool>> = HashMap::new();
+            for f in self.funcs.values() {
+                let values = f.read_values();
+                for op in f.ops.values() {
+                    if let OpKind::Call { callee, .. } = op.kind {
+                        let any = read
+                            .entry(callee)
+                            .or_insert_with(|| vec![false; op.results.len()]);
+                        for (a, r) in any.iter_mut().zip(&op.results) {
+                            *a |= values.contains(r);
+                        }
+                    }
+                }
+            }
+            read.retain(|_, any| any.contains(&false) && any.contains(&true));
+            if read.is_empty() {
+                return;
+            }
+            let keep = |any: &[bool], rs: &[ValueId]| -> Vec<ValueId> {
+                rs.iter()
+                    .zip(any)
+                    .filter(|(_, &a)| a)
+                    .map(|(&r, _)| r)
+                    .collect()
+            };
+            for (id, f) in self.funcs.iter_mut() {
+                let mut changed = false;
+                if let Some(any) = read.get(&id) {
+                    f.body.results = keep(any, &f.body.results);
+                    changed = true;
+                }
+                for op in f.ops.values_mut() {
+                    if let OpKind::Call { callee, .. } = op.kind {
+                        if let Some(any) = read.get(&callee) {
+                            op.results = keep(any, &op.results);
+                            changed = true;
+                        }
+                    }
+                }
+                if changed {
+                    f.remove_dead_ops();
+                }
+            }
+        }
     }
 
     /// The id of the function called `name`.

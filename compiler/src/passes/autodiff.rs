@@ -14,7 +14,10 @@
 //! - **call**: a call of `@g_vjp`, which recomputes `@g` inside (rematerialization: a stage's
 //!   activations live only while its backward runs); the callee's parameter cotangents add up
 //!   in the caller. With `--remat=none` (`remat.rs`) the forward calls `@g_fwd`, which also
-//!   returns what the backward reads, and the backward `@g_bwd` on those residuals.
+//!   returns what the backward reads, and the backward `@g_bwd` on those residuals. Inside a
+//!   called function (a stage) nothing is recomputed in either mode (`remat_of`), and the
+//!   results of `@g_vjp` that no caller reads (the stage's output) are dropped, with what only
+//!   they needed.
 //! - **loop** into a reverse loop of the same trip count. The forward loop keeps, per
 //!   iteration, only the carried values the backward reads (a "tape" `[trips, ...]`); the
 //!   reverse body recomputes from them what the rules need. For the GPipe loop that is the state
@@ -53,19 +56,22 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     }
     let ids: Vec<FuncId> = m.funcs.iter().map(|(id, _)| id).collect();
     let called: HashSet<FuncId> = m.funcs.values().flat_map(callees).collect();
+    // What the functions that keep everything (the called ones, see `remat_of`) call.
+    let nested: HashSet<FuncId> = called.iter().flat_map(|&g| callees(&m.funcs[g])).collect();
     let mut vjps = HashMap::new();
     let mut splits = HashMap::new();
     for id in ids {
+        let remat = remat_of(opts.remat, called.contains(&id));
         let diff = Diff {
             m,
             id,
             f: &m.funcs[id],
-            remat: opts.remat,
+            remat,
             vjps: &vjps,
             splits: &splits,
         };
         let vjp = diff.build().map_err(|d| vec![d])?;
-        let split = if opts.remat == Remat::None && called.contains(&id) {
+        let split = if called.contains(&id) && (opts.remat == Remat::None || nested.contains(&id)) {
             let fwd = diff.build_fwd().map_err(|d| vec![d])?;
             Some((fwd, diff.build_bwd().map_err(|d| vec![d])?))
         } else {
@@ -88,7 +94,23 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             );
         }
     }
+    // The reverse GPipe loop reads the cotangents `@stage_vjp` returns, not the stage's
+    // output: without it the stage's last products are dead.
+    m.remove_unused_results();
     Ok(())
+}
+
+/// How a function's backward rematerializes: the functions that something calls (a stage)
+/// keep what their backward reads while it runs, in every mode, since that backward runs
+/// within one iteration of their caller's reverse loop; `--remat` decides for the loops of
+/// the functions nothing calls (the GPipe loop), so that `stage` recomputes each stage's
+/// forward once, in its backward (GPipe's choice), not once more per layer inside it.
+fn remat_of(option: Remat, called: bool) -> Remat {
+    if called {
+        Remat::None
+    } else {
+        option
+    }
 }
 
 /// The functions `f` calls (nested loops included).
@@ -185,6 +207,11 @@ impl Diff<'_> {
 
     fn is_float(&self, v: ValueId) -> bool {
         self.f.ty(v).dtype.is_float()
+    }
+
+    /// `@g_fwd` and `@g_bwd`, where this function's backward reads what its forward kept.
+    fn split(&self, g: FuncId) -> Option<&Split> {
+        (self.remat == Remat::None).then(|| self.splits.get(&g))?
     }
 
     /// `@f_vjp`: the forward, then the backward.
@@ -424,7 +451,7 @@ impl Diff<'_> {
                 }
                 OpKind::Call { callee, args } => {
                     let args = args.iter().map(|a| env[a]).collect();
-                    match self.splits.get(callee) {
+                    match self.split(*callee) {
                         Some(s) => {
                             let mut outs = b.call_n(&hint, self.m, s.fwd, args)?;
                             residues.insert(id, outs.split_off(op.results.len()));
@@ -548,7 +575,7 @@ impl Diff<'_> {
         if op.results.iter().all(|r| !cots.values.contains_key(r)) {
             return Ok(());
         }
-        let (vjp, mut vjp_args, results) = match self.splits.get(callee) {
+        let (vjp, mut vjp_args, results) = match self.split(*callee) {
             Some(s) => (s.bwd, residuals.to_vec(), 0),
             None => {
                 let args = args.iter().map(|a| env[a]).collect();

@@ -3,7 +3,8 @@
 //!
 //! - `--remat=stage` (the default, GPipe's choice): a loop keeps only the carried values its
 //!   backward reads (for the GPipe loop: each iteration's stage input) and the backward
-//!   recomputes the rest, each stage's forward included (`@g_vjp` recomputes `@g`).
+//!   recomputes the rest, each stage's forward included (`@g_vjp` recomputes `@g`), once: the
+//!   stage's own loops (its layers) keep their activations while its backward runs.
 //! - `--remat=none`: the forward keeps every value the backward reads (JAX's default for a
 //!   scan): each loop a tape per value, each call the residuals of `@g_fwd` for `@g_bwd`. No
 //!   matmul runs twice, at the cost of the activations of every iteration. Values that cost
