@@ -78,13 +78,20 @@ fn small_stages_run_as_one_parallel_loop_over_the_stages() {
 /// entries of [32, 32] attention scores, 64 K in all; stage inputs of 16 K, not split by
 /// stage): how many of its parallel loops run over batch entries (`lower/batch_split.rs`).
 fn entry_loops(extra: &[&str]) -> usize {
+    attention_mlir(extra)
+        .matches("ppc.parallel_over = \"entries\"")
+        .count()
+}
+
+/// The MLIR of the transformer example at [`ATTENTION_SHAPE`], with `extra` arguments.
+fn attention_mlir(extra: &[&str]) -> String {
     let transformer = path("examples/transformer.ppc");
     let mut args = vec!["compile", transformer.as_str(), "--emit=mlir"];
     args.extend(ATTENTION_SHAPE);
     args.extend(extra);
     let (code, out, err) = ppc(&args);
     assert_eq!(code, 0, "{err}");
-    out.matches("ppc.parallel_over = \"entries\"").count()
+    out
 }
 
 const ATTENTION_SHAPE: [&str; 8] = [
@@ -103,13 +110,19 @@ fn attention_runs_as_one_loop_over_its_entries_and_matches_the_interpreter() {
     // The GPU maps each loop nest onto blocks and threads itself.
     assert_eq!(entry_loops(&["--target", "cuda"]), 0);
     // The example's shape is split by stage instead (too small for a loop per op).
-    let (_, out, _) = ppc(&["compile", &path("examples/transformer.ppc"), "--emit=mlir"]);
-    assert!(!out.contains("ppc.parallel_over = \"entries\""));
-    // Bubble entries skip the chain: poisoned bubbles change nothing; bf16; circular repeats.
     let transformer = path("examples/transformer.ppc");
-    let configs: [&[&str]; 4] = [
+    let (_, out, _) = ppc(&["compile", &transformer, "--emit=mlir"]);
+    assert!(!out.contains("ppc.parallel_over = \"entries\""));
+    // With 8 batch rows the MLP's entries take two of them each (its weights are broadcast
+    // along the batch, so each GEMM packs them once for both): two `[32, 128]` hidden blocks.
+    let two_rows = "memref<1x2x32x128xf32>";
+    assert!(!attention_mlir(&[]).contains(two_rows));
+    assert!(attention_mlir(&["--dim", "b=8"]).contains(two_rows));
+    // Bubble entries skip the chain: poisoned bubbles change nothing; bf16; circular repeats.
+    let configs: [&[&str]; 5] = [
         &[],
         &["--poison-bubbles"],
+        &["--dim", "b=8", "--poison-bubbles"],
         &["--dtype", "bf16"],
         &["--repeats", "2", "--microbatches", "5"],
     ];

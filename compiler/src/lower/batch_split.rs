@@ -10,7 +10,10 @@
 //! by its entries (`Emitter::begin_entries`), and the chain's outputs are written straight into
 //! their whole buffers. The matmuls' stage mask is sliced with the stage axis, so bubble
 //! stages still cost no GEMM; when every output is such a matmul's result, a bubble stage's
-//! entries skip the whole chain and get the -0.0 the masked GEMM writes.
+//! entries skip the whole chain and get the -0.0 the masked GEMM writes. Where every matmul's
+//! weights are broadcast along the last leading axis (a decoder MLP's per-stage weights along
+//! the batch), an entry takes several of its rows ([`Chain::tile`]): the runtime folds them
+//! into one GEMM's rows, which packs the weights once for all of them.
 //!
 //! ```text
 //! %s = matmul %qh, %kt, %active : f32[#stages, b, heads, t, t]
@@ -42,6 +45,10 @@ const MIN_ENTRIES: u64 = 16;
 /// decoder MLP's `[128, 1024]` hidden units): an entry's chain then stays in a core's L2.
 const MAX_ENTRY_ELEMENTS: u64 = 131_072;
 
+/// At most this many elements in one entry of the first matmul's result when entries take
+/// several batch rows (1 MB of f32: two `[128, 1024]` blocks of a decoder MLP's hidden units).
+const MAX_TILE_ELEMENTS: u64 = 262_144;
+
 /// One chain of a block.
 pub struct Chain {
     /// Its ops, in block order.
@@ -50,6 +57,11 @@ pub struct Chain {
     pub hoisted: Vec<OpId>,
     /// The sizes of the leading axes it runs over.
     pub prefix: Vec<u64>,
+    /// An entry's size along each of them: 1, but along the last when every matmul's right
+    /// operand is broadcast there (per-stage weights), as many as fit `MAX_TILE_ELEMENTS` while
+    /// every thread still gets several entries. The runtime folds those into the GEMMs' rows,
+    /// which packs each weight once for more rows.
+    pub tile: Vec<u64>,
     /// The matmuls' stage mask and the stage axis's place among the leading axes.
     pub mask: Option<(ValueId, usize)>,
     /// Its values read after it (computed into their whole buffers).
@@ -184,15 +196,47 @@ fn grow(
             producer(f, block, v)
                 .is_some_and(|p| matches!(f.ops[p].kind, OpKind::MatMul { mask: Some(_), .. }))
         });
+    let tile = tile(f, &ops, &prefix, stage_at, out.elements() / entries);
     Some(Chain {
         ops,
         hoisted,
         prefix,
+        tile,
         mask,
         outputs,
         sliced,
         skip_bubbles,
     })
+}
+
+/// [`Chain::tile`] of a chain of `ops` over leading axes `prefix` (the stage axis at
+/// `stage_at`) whose first matmul makes `elements` per entry.
+fn tile(
+    f: &Func,
+    ops: &[OpId],
+    prefix: &[u64],
+    stage_at: Option<usize>,
+    elements: u64,
+) -> Vec<u64> {
+    let mut tile = vec![1; prefix.len()];
+    let last = prefix.len() - 1;
+    let weights_broadcast = ops.iter().all(|&o| match f.ops[o].kind {
+        OpKind::MatMul { rhs, .. } => f.ty(rhs).shape()[last] == 1,
+        _ => true,
+    });
+    if stage_at == Some(last) || !weights_broadcast {
+        return tile;
+    }
+    let entries: u64 = prefix.iter().product();
+    tile[last] = (1..=prefix[last])
+        .filter(|&g| {
+            prefix[last].is_multiple_of(g)
+                && elements * g <= MAX_TILE_ELEMENTS
+                && entries / g >= MIN_ENTRIES
+        })
+        .max()
+        .unwrap_or(1);
+    tile
 }
 
 /// The values that `ops` (a chain of `block`) make and other ops of `block`, or its results,

@@ -102,6 +102,8 @@ struct Split {
 struct Entries {
     /// The sizes of the leading axes it runs over.
     prefix: Vec<u64>,
+    /// An entry's size along each of them.
+    tile: Vec<u64>,
     /// Deallocations of the per-thread buffers, where the thread's part of the loop ends.
     frees: Vec<String>,
 }
@@ -286,16 +288,23 @@ impl<'a> Emitter<'a> {
 
     /// As [`Emitter::slot`], at several axes (`(axis, index)`, in increasing axis order).
     pub fn slots(&mut self, b: &Buf, at: &[(usize, String)], keep: bool) -> Buf {
+        let at: Vec<(usize, String, u64)> = at.iter().map(|(a, i)| (*a, i.clone(), 1)).collect();
+        self.blocks(b, &at, keep)
+    }
+
+    /// As [`Emitter::slots`], taking `size` elements from `index` along each axis
+    /// (`(axis, index, size)`); an axis of a size above 1 is kept whatever `keep` says.
+    pub fn blocks(&mut self, b: &Buf, at: &[(usize, String, u64)], keep: bool) -> Buf {
         let shape = b.ty.shape();
         let mut offsets = vec!["0".to_string(); shape.len()];
         let mut sizes = shape.clone();
         let mut strides = b.strides();
         let mut ty = b.ty.clone();
-        for (axis, index) in at.iter().rev() {
+        for (axis, index, size) in at.iter().rev() {
             offsets[*axis] = index.clone();
-            sizes[*axis] = 1;
-            if keep {
-                ty.dims[*axis].size = 1;
+            sizes[*axis] = *size;
+            if keep || *size > 1 {
+                ty.dims[*axis].size = *size;
             } else {
                 strides.remove(*axis);
                 ty = ty.remove(*axis);
@@ -367,20 +376,26 @@ impl<'a> Emitter<'a> {
         iv
     }
 
-    /// Opens a parallel loop over the entries of leading axes of sizes `prefix`
-    /// (`batch_split.rs`); returns one index per axis. Until [`Emitter::end_entries`], buffers
-    /// are allocated once per thread (at the top of its part of the loop) and loop nests are
-    /// not made parallel themselves.
-    pub fn begin_entries(&mut self, prefix: &[u64]) -> Vec<String> {
-        let mut entry = self.begin_round_robin(prefix.iter().product());
+    /// Opens a parallel loop over the entries of leading axes of sizes `prefix`, each entry
+    /// `tile` of them (`batch_split.rs`); returns the index of an entry's first element along
+    /// each axis. Until [`Emitter::end_entries`], buffers are allocated once per thread (at the
+    /// top of its part of the loop) and loop nests are not made parallel themselves.
+    pub fn begin_entries(&mut self, prefix: &[u64], tile: &[u64]) -> Vec<String> {
+        let counts: Vec<u64> = prefix.iter().zip(tile).map(|(p, t)| p / t).collect();
+        let mut entry = self.begin_round_robin(counts.iter().product());
         let mut ivs = vec![String::new(); prefix.len()];
-        for (i, &size) in prefix.iter().enumerate().rev() {
-            let n = self.index(size);
+        for (i, (&count, &size)) in counts.iter().zip(tile).enumerate().rev() {
+            let n = self.index(count);
             ivs[i] = self.let_(&format!("arith.remui {entry}, {n} : index"));
+            if size > 1 {
+                let size = self.index(size);
+                ivs[i] = self.let_(&format!("arith.muli {}, {size} : index", ivs[i]));
+            }
             entry = self.let_(&format!("arith.divui {entry}, {n} : index"));
         }
         self.entries = Some(Entries {
             prefix: prefix.to_vec(),
+            tile: tile.to_vec(),
             frees: Vec::new(),
         });
         ivs
@@ -395,14 +410,15 @@ impl<'a> Emitter<'a> {
         self.end_round_robin("entries");
     }
 
-    /// Inside a loop over entries: the type of one entry of `ty` (its leading axes of size 1)
-    /// when `ty` has the entries' axes in front; `ty` itself otherwise.
+    /// Inside a loop over entries: the type of one entry of `ty` (its leading axes of the
+    /// entry's sizes, or 1 where `ty` broadcasts) when `ty` has the entries' axes in front; `ty`
+    /// itself otherwise.
     pub fn entry_type(&self, ty: &Type) -> Type {
         match &self.entries {
             Some(entries) if has_prefix(ty, &entries.prefix) => {
                 let mut t = ty.clone();
-                for d in &mut t.dims[..entries.prefix.len()] {
-                    d.size = 1;
+                for (d, &size) in t.dims.iter_mut().zip(&entries.tile) {
+                    d.size = d.size.min(size);
                 }
                 t
             }

@@ -23,18 +23,20 @@ fn horner(e: &mut Emitter, x: &str, coefficients: &[f64]) -> String {
     acc
 }
 
-/// `e^x` in f32, with what would be subnormal (`x < -87`) flushed to 0: no subnormal
-/// arithmetic, which costs a microcode assist per element on x86 (a softmax over causally
-/// masked scores, half of them -1e9: 511 ms of the large transformer's 1.9 s step, 225 ms with
-/// the flush; BENCHMARKS.md). For sums that are at least 1 (a softmax's) the flushed terms
-/// never changed a bit.
+/// `e^x` in f32 for the `x <= 0` that a softmax exponentiates (its scores less their row's
+/// maximum), with what would be subnormal (`x < -87`) flushed to 0: no subnormal arithmetic,
+/// which costs a microcode assist per element on x86 (a softmax over causally masked scores,
+/// half of them -1e9: 511 ms of the large transformer's 1.9 s step, 225 ms with the flush;
+/// BENCHMARKS.md). For sums that are at least 1 (a softmax's) the flushed terms never changed
+/// a bit. NaN stays NaN. On `[-87, 0]`, [`exp`]'s bits with one scaling instead of two.
 pub fn exp_flushed(e: &mut Emitter, x: &str) -> String {
     let lo = e.constant(-87.0, "f32");
     let zero = e.constant(0.0, "f32");
     let tiny = e.let_(&format!("arith.cmpf olt, {x}, {lo} : f32"));
     let c = e.let_(&format!("arith.maximumf {x}, {lo} : f32"));
-    let y = exp(e, &c);
-    e.let_(&format!("arith.select {tiny}, {zero}, {y} : f32"))
+    let y = exp_normal(e, &c);
+    let y = e.let_(&format!("arith.select {tiny}, {zero}, {y} : f32"));
+    keep_nan(e, x, &y)
 }
 
 /// `e^x` in f32. Overflows to +inf, underflows through the subnormals to 0, NaN stays NaN.
@@ -43,6 +45,30 @@ pub fn exp(e: &mut Emitter, x: &str) -> String {
     let (lo, hi) = (e.constant(-104.0, "f32"), e.constant(88.8, "f32"));
     let c = e.let_(&format!("arith.maximumf {x}, {lo} : f32"));
     let c = e.let_(&format!("arith.minimumf {c}, {hi} : f32"));
+    let (p, ni) = exp_reduced(e, &c);
+    // Times 2^n as two normal powers of two, 2^(n/2) and 2^(n - n/2), so that neither
+    // overflows nor is subnormal and the product rounds once.
+    let two = e.constant(2.0, "i32");
+    let n1 = e.let_(&format!("arith.divsi {ni}, {two} : i32"));
+    let n2 = e.let_(&format!("arith.subi {ni}, {n1} : i32"));
+    let s1 = pow2(e, &n1);
+    let s2 = pow2(e, &n2);
+    let y = e.let_(&format!("arith.mulf {p}, {s1} : f32"));
+    let y = e.let_(&format!("arith.mulf {y}, {s2} : f32"));
+    keep_nan(e, x, &y)
+}
+
+/// `e^c` for a `c` in `[-87.3, 88.3]` (so that `2^n` below is a normal number), NaN not
+/// handled: `e^r · 2^n`, one rounding, the same bits as [`exp`].
+fn exp_normal(e: &mut Emitter, c: &str) -> String {
+    let (p, n) = exp_reduced(e, c);
+    let s = pow2(e, &n);
+    e.let_(&format!("arith.mulf {p}, {s} : f32"))
+}
+
+/// `e^c` as `e^r` and `n` (i32) with `e^c = e^r · 2^n`, `|r| <= ln 2 / 2`: Cody–Waite
+/// reduction and a degree-6 polynomial.
+fn exp_reduced(e: &mut Emitter, c: &str) -> (String, String) {
     // n = round-to-even(x / ln 2), by adding and subtracting 1.5·2^23.
     let log2e = e.constant(std::f64::consts::LOG2_E, "f32");
     let magic = e.constant(12_582_912.0, "f32");
@@ -76,16 +102,12 @@ pub fn exp(e: &mut Emitter, x: &str) -> String {
     let p = e.let_(&format!("arith.addf {p}, {r} : f32"));
     let one = e.constant(1.0, "f32");
     let p = e.let_(&format!("arith.addf {p}, {one} : f32"));
-    // Times 2^n as two normal powers of two, 2^(n/2) and 2^(n - n/2), so that neither
-    // overflows nor is subnormal and the product rounds once.
-    let ni = e.let_(&format!("arith.fptosi {n} : f32 to i32"));
-    let two = e.constant(2.0, "i32");
-    let n1 = e.let_(&format!("arith.divsi {ni}, {two} : i32"));
-    let n2 = e.let_(&format!("arith.subi {ni}, {n1} : i32"));
-    let s1 = pow2(e, &n1);
-    let s2 = pow2(e, &n2);
-    let y = e.let_(&format!("arith.mulf {p}, {s1} : f32"));
-    let y = e.let_(&format!("arith.mulf {y}, {s2} : f32"));
+    let n = e.let_(&format!("arith.fptosi {n} : f32 to i32"));
+    (p, n)
+}
+
+/// `y`, or `x` where `x` is NaN.
+fn keep_nan(e: &mut Emitter, x: &str, y: &str) -> String {
     let nan = e.let_(&format!("arith.cmpf uno, {x}, {x} : f32"));
     e.let_(&format!("arith.select {nan}, {x}, {y} : f32"))
 }
@@ -118,11 +140,14 @@ pub fn tanh(e: &mut Emitter, x: &str) -> String {
     let xz = e.let_(&format!("arith.mulf {ax}, {z} : f32"));
     let q = e.let_(&format!("arith.mulf {xz}, {p} : f32"));
     let small = e.let_(&format!("arith.addf {ax}, {q} : f32"));
-    // Elsewhere: 1 - 2/(e^{2|x|} + 1), which is 1 once the exponential overflows.
+    // Elsewhere: 1 - 2/(e^{2|x|} + 1), which is 1 in f32 from 2|x| = 18.1 on: with 2|x| capped
+    // at 20 the exponential needs one scaling, not [`exp`]'s two (the same bits).
     let two = e.constant(2.0, "f32");
     let one = e.constant(1.0, "f32");
+    let cap = e.constant(20.0, "f32");
     let ax2 = e.let_(&format!("arith.mulf {ax}, {two} : f32"));
-    let ex = exp(e, &ax2);
+    let ax2 = e.let_(&format!("arith.minimumf {ax2}, {cap} : f32"));
+    let ex = exp_normal(e, &ax2);
     let d = e.let_(&format!("arith.addf {ex}, {one} : f32"));
     let f = e.let_(&format!("arith.divf {two}, {d} : f32"));
     let large = e.let_(&format!("arith.subf {one}, {f} : f32"));
@@ -136,5 +161,6 @@ pub fn tanh(e: &mut Emitter, x: &str) -> String {
     let sign = e.constant(f64::from(i32::MIN), "i32");
     let s = e.let_(&format!("arith.andi {xb}, {sign} : i32"));
     let b = e.let_(&format!("arith.ori {yb}, {s} : i32"));
-    e.let_(&format!("arith.bitcast {b} : i32 to f32"))
+    let y = e.let_(&format!("arith.bitcast {b} : i32 to f32"));
+    keep_nan(e, x, &y)
 }

@@ -818,14 +818,14 @@ impl Walker<'_, '_> {
         self.e.at(f.op_spans.get(&chain.ops[0]));
         let names: Vec<&str> = chain.ops.iter().map(|&o| f.ops[o].kind.name()).collect();
         let group = self.begin_group(f, chain.ops[0], names.join("+"));
-        let ivs = self.e.begin_entries(&chain.prefix);
+        let ivs = self.e.begin_entries(&chain.prefix, &chain.tile);
         let mut saved = Vec::new();
         for &v in &chain.sliced {
-            let entry = self.entry(&env[&v], f.ty(v), &ivs);
+            let entry = self.entry(&env[&v], f.ty(v), &ivs, &chain.tile);
             saved.push((v, env.insert(v, entry)));
         }
         for (v, whole) in &wholes {
-            let entry = self.entry(whole, f.ty(*v), &ivs);
+            let entry = self.entry(whole, f.ty(*v), &ivs, &chain.tile);
             slices.insert(*v, entry);
         }
         if let Some((mask, at)) = chain.mask {
@@ -878,22 +878,19 @@ impl Walker<'_, '_> {
         self.end_group(open.group);
     }
 
-    /// The entry at `ivs` (indices of the leading axes) of buffer `b` of a value of type `ty`:
-    /// axes of size 1 (broadcast) at 0, every leading axis kept with size 1.
-    fn entry(&mut self, b: &Buf, ty: &Type, ivs: &[String]) -> Buf {
+    /// The entry at `ivs` (indices of the leading axes) of buffer `b` of a value of type `ty`,
+    /// `tile` elements along each: axes of size 1 (broadcast) at 0, every leading axis kept.
+    fn entry(&mut self, b: &Buf, ty: &Type, ivs: &[String], tile: &[u64]) -> Buf {
         let at = ivs
             .iter()
+            .zip(tile)
             .enumerate()
-            .map(|(axis, iv)| {
-                let index = if ty.dims[axis].size == 1 {
-                    self.e.index(0)
-                } else {
-                    iv.clone()
-                };
-                (axis, index)
+            .map(|(axis, (iv, &size))| match ty.dims[axis].size {
+                1 => (axis, self.e.index(0), 1),
+                _ => (axis, iv.clone(), size),
             })
             .collect::<Vec<_>>();
-        self.e.slots(b, &at, true)
+        self.e.blocks(b, &at, true)
     }
 
     /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and
