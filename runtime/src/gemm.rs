@@ -396,7 +396,8 @@ unsafe fn multiply(
     // tasks pack the same rows of `A` (1.09× on the large transformer, BENCHMARKS.md).
     let threads = crate::pool::threads();
     let live = active.map_or(count, |act| act.iter().filter(|&&a| a).count() * per_first);
-    let blocks = if n >= 64 * threads && live < 4 * threads {
+    let balanced = m >= 256 && live.is_multiple_of(threads);
+    let blocks = if n >= 64 * threads && live < 4 * threads && !balanced {
         threads
     } else {
         1

@@ -52,6 +52,57 @@ pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
         .collect()
 }
 
+/// The values of `block` that exactly one op of it reads, with that op; a deferred value's
+/// reads count as its consumer's. An elementwise op may write its result over such a value's
+/// buffer (of the same type): its loop nest reads each element just before writing it.
+pub fn sole_readers(
+    f: &Func,
+    block: &Block,
+    deferred: &HashSet<ValueId>,
+) -> HashMap<ValueId, OpId> {
+    let mut readers: HashMap<ValueId, Vec<OpId>> = HashMap::new();
+    for &id in &block.ops {
+        if f.ops[id]
+            .results
+            .first()
+            .is_some_and(|v| deferred.contains(v))
+        {
+            continue;
+        }
+        let mut read = HashSet::new();
+        leaves(f, block, deferred, id, &mut read);
+        for v in read {
+            readers.entry(v).or_default().push(id);
+        }
+    }
+    readers
+        .into_iter()
+        .filter(|(v, ids)| ids.len() == 1 && !block.results.contains(v))
+        .map(|(v, ids)| (v, ids[0]))
+        .collect()
+}
+
+/// What op `id` of `block` reads, with the deferred values among its operands replaced by what
+/// they are computed from.
+fn leaves(
+    f: &Func,
+    block: &Block,
+    deferred: &HashSet<ValueId>,
+    id: OpId,
+    out: &mut HashSet<ValueId>,
+) {
+    let mut read = HashSet::new();
+    used_in_op(f, &f.ops[id].kind, &mut read);
+    for v in read {
+        match producer(f, block, v).filter(|_| deferred.contains(&v)) {
+            Some(p) => leaves(f, block, deferred, p, out),
+            None => {
+                out.insert(v);
+            }
+        }
+    }
+}
+
 /// The op of `block` whose result is `v`, if `v` is made there.
 pub fn producer(f: &Func, block: &Block, v: ValueId) -> Option<OpId> {
     block

@@ -494,6 +494,13 @@ impl Walker<'_, '_> {
         let strided = batch_split::matmul_operands(f, block, &chains);
         let mut slices: HashMap<ValueId, Buf> = HashMap::new();
         let mut open: Option<OpenChain> = None;
+        // Values whose buffers this block allocated for them (no view, no caller's buffer),
+        // and the one op that reads each value read once: elementwise ops write over those.
+        let mut fresh: HashSet<ValueId> = HashSet::new();
+        let sole_readers = match self.e.gpu {
+            None => fuse::sole_readers(f, block, &deferred),
+            Some(_) => HashMap::new(),
+        };
         for step in batch_split::schedule(block, &chains) {
             let id = match step {
                 batch_split::Step::Begin(c) => {
@@ -708,7 +715,22 @@ impl Walker<'_, '_> {
                     env.extend(op.results.iter().copied().zip(carried));
                 }
                 kind if kind.is_elementwise() => {
-                    let out = output(&mut self.e, &slices, op.results[0]);
+                    // Over a buffer of this block that only this op reads, if one has its
+                    // type (a GELU over its matmul's result); else where `output` says.
+                    let result = op.results[0];
+                    let dying = (!into.contains_key(&result) && !slices.contains_key(&result))
+                        .then(|| {
+                            let ty = value_type(&self.e, f, result);
+                            fresh
+                                .iter()
+                                .copied()
+                                .find(|w| sole_readers.get(w) == Some(&id) && env[w].ty == ty)
+                        })
+                        .flatten();
+                    let out = match dying {
+                        Some(w) => env[&w].clone(),
+                        None => output(&mut self.e, &slices, result),
+                    };
                     let scope = fuse::Scope {
                         f,
                         block,
@@ -719,10 +741,19 @@ impl Walker<'_, '_> {
                     let group = self.begin_group(f, id, name);
                     fuse::emit(&mut self.e, self.numerics, &scope, id, &out);
                     self.end_group(group);
-                    env.insert(op.results[0], out);
+                    if let Some(w) = dying {
+                        fresh.remove(&w);
+                    }
+                    if !into.contains_key(&result) && !slices.contains_key(&result) {
+                        fresh.insert(result);
+                    }
+                    env.insert(result, out);
                 }
                 kind => {
                     let out = output(&mut self.e, &slices, op.results[0]);
+                    if !into.contains_key(&op.results[0]) && !slices.contains_key(&op.results[0]) {
+                        fresh.insert(op.results[0]);
+                    }
                     // GEMMs have spans of their own, from the runtime.
                     let group = (!matches!(kind, OpKind::MatMul { .. }))
                         .then(|| self.begin_group(f, id, kind.name().to_string()))
