@@ -457,6 +457,10 @@ impl Walker<'_, '_> {
         add_into: &HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
         let deferred = fuse::deferred(f, block);
+        // Whether `v` goes into a buffer given from outside: a carried one or a chain output's.
+        let placed = |slices: &HashMap<ValueId, Buf>, v: ValueId| {
+            into.contains_key(&v) || slices.contains_key(&v)
+        };
         // Where a value is computed: a loop's carried buffer (`into`), its entry of a chain's
         // output (`slices`), or a new buffer.
         let output = |e: &mut Emitter, slices: &HashMap<ValueId, Buf>, v: ValueId| {
@@ -496,7 +500,9 @@ impl Walker<'_, '_> {
         let mut open: Option<OpenChain> = None;
         // Values whose buffers this block allocated for them (no view, no caller's buffer),
         // and the one op that reads each value read once: elementwise ops write over those.
-        let mut fresh: HashSet<ValueId> = HashSet::new();
+        // (A list, in the order they were made: which one an op writes over must not depend on
+        // a hash order, or the same model would compile to different code from run to run.)
+        let mut fresh: Vec<ValueId> = Vec::new();
         let sole_readers = match self.e.gpu {
             None => fuse::sole_readers(f, block, &deferred),
             Some(_) => HashMap::new(),
@@ -718,7 +724,8 @@ impl Walker<'_, '_> {
                     // Over a buffer of this block that only this op reads, if one has its
                     // type (a GELU over its matmul's result); else where `output` says.
                     let result = op.results[0];
-                    let dying = (!into.contains_key(&result) && !slices.contains_key(&result))
+                    let own = !placed(&slices, result);
+                    let dying = own
                         .then(|| {
                             let ty = value_type(&self.e, f, result);
                             fresh
@@ -742,17 +749,17 @@ impl Walker<'_, '_> {
                     fuse::emit(&mut self.e, self.numerics, &scope, id, &out);
                     self.end_group(group);
                     if let Some(w) = dying {
-                        fresh.remove(&w);
+                        fresh.retain(|&v| v != w);
                     }
-                    if !into.contains_key(&result) && !slices.contains_key(&result) {
-                        fresh.insert(result);
+                    if own {
+                        fresh.push(result);
                     }
                     env.insert(result, out);
                 }
                 kind => {
                     let out = output(&mut self.e, &slices, op.results[0]);
-                    if !into.contains_key(&op.results[0]) && !slices.contains_key(&op.results[0]) {
-                        fresh.insert(op.results[0]);
+                    if !placed(&slices, op.results[0]) {
+                        fresh.push(op.results[0]);
                     }
                     // GEMMs have spans of their own, from the runtime.
                     let group = (!matches!(kind, OpKind::MatMul { .. }))
