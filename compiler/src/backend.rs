@@ -297,7 +297,6 @@ pub fn executable(
             .args([
                 "-lmpich",
                 "-lomp",
-                "-lopenblas",
                 "-lm",
                 "-lpthread",
                 "-ldl",

@@ -1,16 +1,85 @@
-//! Single-thread GEMM rates on pipeline-stage shapes: the packing-free few-row kernels
-//! (`small_m`, AVX-512 only) against OpenBLAS, with the weight as it is (`A · B`, the forward)
-//! and used transposed (`A · Bᵀ`, the input gradient). `gemm.rs` picks between them from these
-//! numbers (BENCHMARKS.md): `cargo run --release -p ppc-runtime --example gemm`.
+//! Single-thread GEMM rates on pipeline-stage shapes: ppc's own GEMM (`sgemm.rs`, whose
+//! results do not depend on how a product is cut) against OpenBLAS, with the weight as it is
+//! (`A · B`, the forward) and used transposed (`A · Bᵀ`, the input gradient), and the AVX-512
+//! few-row kernel where the CPU has it. BENCHMARKS.md has the figures:
+//! `cargo run --release -p ppc-runtime --example gemm`.
 
-use ppc_runtime::blas::{self, Operand};
+use ppc_runtime::sgemm::{self, Operand};
 use ppc_runtime::small_m;
 use std::time::Instant;
 
+/// OpenBLAS, the maintained GEMM that ppc's runtime used before its own (for the comparison
+/// only: its result for an element depends on the shape of the call, `sgemm.rs` says why).
+mod openblas {
+    use super::Operand;
+
+    #[link(name = "openblas")]
+    extern "C" {
+        fn cblas_sgemm(
+            order: i32,
+            trans_a: i32,
+            trans_b: i32,
+            m: i32,
+            n: i32,
+            k: i32,
+            alpha: f32,
+            a: *const f32,
+            lda: i32,
+            b: *const f32,
+            ldb: i32,
+            beta: f32,
+            c: *mut f32,
+            ldc: i32,
+        );
+        fn openblas_set_num_threads(n: i32);
+    }
+
+    /// `c = a · b` on one thread, for row-major `a` and `c` and a `b` with one unit stride.
+    ///
+    /// # Safety
+    /// The operands cover their elements.
+    pub unsafe fn sgemm(m: usize, k: usize, n: usize, a: Operand, b: Operand, c: Operand) {
+        const ROW_MAJOR: i32 = 101;
+        let (trans_b, ldb) = if b.col_stride == 1 {
+            (111, b.row_stride)
+        } else {
+            (112, b.col_stride)
+        };
+        // SAFETY: the caller's contract.
+        unsafe {
+            openblas_set_num_threads(1);
+            cblas_sgemm(
+                ROW_MAJOR,
+                111,
+                trans_b,
+                m as i32,
+                n as i32,
+                k as i32,
+                1.0,
+                a.ptr,
+                a.row_stride as i32,
+                b.ptr,
+                ldb as i32,
+                0.0,
+                c.ptr.cast_mut(),
+                c.row_stride as i32,
+            )
+        }
+    }
+}
+
+/// The kernels timed: ppc's GEMM, OpenBLAS, the AVX-512 few-row kernel.
+#[derive(Clone, Copy, PartialEq)]
+enum Kernel {
+    Ppc,
+    OpenBlas,
+    SmallM,
+}
+
 fn main() {
     println!(
-        "{:>16} {:>12} {:>12} {:>12} {:>12}",
-        "m x k x n", "small_m", "OpenBLAS", "small_m ·Bᵀ", "OpenBLAS ·Bᵀ"
+        "{:>16} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "m x k x n", "ppc", "OpenBLAS", "small_m", "ppc ·Bᵀ", "OpenBLAS ·Bᵀ"
     );
     for (m, k, n) in [
         (16usize, 256usize, 1024usize),
@@ -26,70 +95,89 @@ fn main() {
         (32, 64, 64),
         (128, 256, 1024),
         (128, 1024, 256),
+        (256, 256, 1024),
         (1024, 256, 1024),
-        (1024, 256, 256),
+        (1024, 1024, 256),
+        (256, 1024, 256),
     ] {
         let a = vec![1.0f32; m * k];
         // Four weight matrices in turn, as four stages would use them, so B is not cache-hot.
         let bs: Vec<Vec<f32>> = (0..4).map(|_| vec![0.5f32; k * n]).collect();
         let mut c = vec![0.0f32; m * n];
         let flops = 2.0 * (m * n * k) as f64;
-        let reps = ((2e9 / flops) as usize).max(10);
-        let mut rates = Vec::new();
-        for transposed in [false, true] {
-            // B is k rows of n, or (transposed) n rows of k.
-            let (b_rows, b_cols) = if transposed { (1, k) } else { (n, 1) };
-            for small in [true, false] {
-                if small && !small_m::available() {
-                    rates.push("-".to_string());
+        let reps = ((1e9 / flops) as usize).max(10);
+        // Five rounds, each timing every kernel once (the machine is noisy): medians.
+        let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); 5];
+        for round in 0..5 {
+            for (kernel, transposed) in [
+                (Kernel::Ppc, false),
+                (Kernel::OpenBlas, false),
+                (Kernel::SmallM, false),
+                (Kernel::Ppc, true),
+                (Kernel::OpenBlas, true),
+            ] {
+                if kernel == Kernel::SmallM && !small_m::available() {
+                    rounds[round].push(f64::NAN);
                     continue;
                 }
+                // B is k rows of n, or (transposed) n rows of k.
+                let (b_rows, b_cols) = if transposed { (1, k) } else { (n, 1) };
                 let t = Instant::now();
                 for r in 0..reps {
                     let b = bs[r % 4].as_ptr();
-                    let (a, c) = (a.as_ptr(), c.as_mut_ptr());
+                    let (ap, cp) = (a.as_ptr(), c.as_mut_ptr());
+                    let operands = (
+                        Operand {
+                            ptr: ap,
+                            row_stride: k as isize,
+                            col_stride: 1,
+                        },
+                        Operand {
+                            ptr: b,
+                            row_stride: b_rows as isize,
+                            col_stride: b_cols as isize,
+                        },
+                        Operand {
+                            ptr: cp.cast_const(),
+                            row_stride: n as isize,
+                            col_stride: 1,
+                        },
+                    );
                     // SAFETY: the buffers have exactly the sizes passed; AVX-512 was checked.
                     unsafe {
-                        match (small, transposed) {
-                            (true, false) => small_m::sgemm(m, k, n, a, k, b, n, c, n),
-                            (true, true) => small_m::sgemm_nt(m, k, n, a, k, b, k, c, n),
-                            (false, _) => blas::sgemm(
-                                m,
-                                k,
-                                n,
-                                Operand {
-                                    ptr: a,
-                                    row_stride: k as isize,
-                                    col_stride: 1,
-                                },
-                                Operand {
-                                    ptr: b,
-                                    row_stride: b_rows as isize,
-                                    col_stride: b_cols as isize,
-                                },
-                                Operand {
-                                    ptr: c.cast_const(),
-                                    row_stride: n as isize,
-                                    col_stride: 1,
-                                },
-                                false,
-                            ),
+                        match kernel {
+                            Kernel::Ppc => {
+                                sgemm::sgemm(m, k, n, operands.0, operands.1, operands.2, false)
+                            }
+                            Kernel::OpenBlas => {
+                                openblas::sgemm(m, k, n, operands.0, operands.1, operands.2)
+                            }
+                            Kernel::SmallM => small_m::sgemm(m, k, n, ap, k, b, n, cp, n),
                         }
                     }
                 }
-                rates.push(format!(
-                    "{:.1}",
-                    flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9
-                ));
+                rounds[round].push(flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9);
             }
         }
+        let rates: Vec<String> = (0..5)
+            .map(|i| {
+                let mut v: Vec<f64> = rounds.iter().map(|r| r[i]).collect();
+                v.sort_by(f64::total_cmp);
+                if v[2].is_nan() {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}", v[2])
+                }
+            })
+            .collect();
         println!(
-            "{:>16} {:>12} {:>12} {:>12} {:>12}",
+            "{:>16} {:>10} {:>10} {:>10} {:>12} {:>12}",
             format!("{m}x{k}x{n}"),
             rates[0],
             rates[1],
             rates[2],
-            rates[3]
+            rates[3],
+            rates[4]
         );
     }
 }

@@ -424,7 +424,7 @@ pub fn bench(
         m.microbatches as f64 / step,
         steps.len(),
         ranks.len(),
-        crate::blas::kernels(),
+        crate::gemm::kernels(),
         per_rank.join(",")
     )
     .map_err(|e| e.to_string())

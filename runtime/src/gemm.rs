@@ -1,12 +1,18 @@
 //! The GEMM that generated CPU code calls for f32 `matmul`: `C = A · B` over any batch axes,
 //! with NumPy broadcasting of the batch axes: the few-row kernel of `small_m.rs` for the
-//! few-row products of pipeline stages with wide weights on AVX-512 CPUs, OpenBLAS otherwise.
+//! few-row products of pipeline stages with wide weights on AVX-512 CPUs, `sgemm.rs` otherwise.
+//!
+//! Both compute every element as the same chain of fused multiply-adds in k order, so how a
+//! product is cut into tasks here (from the shapes and the thread count, for speed) never
+//! changes a bit of the result: the same bytes on any number of threads and ranks, and on AVX2
+//! and AVX-512 CPUs alike.
 //!
 //! It is called through MLIR's C interface with unranked memrefs (`memref<*xf32>`), so one
-//! symbol serves every tensor rank. The summation order differs from the reference interpreter's
-//! k-ordered loop, so results agree to rounding (relative 1e-5), not bit for bit.
+//! symbol serves every tensor rank. The reference interpreter sums with separate multiplies
+//! and adds, so results agree with it to rounding (relative 1e-5), not bit for bit.
 
 use crate::memref::Unranked;
+use crate::sgemm::Operand;
 use crate::trace;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -393,7 +399,8 @@ unsafe fn multiply(
     // One GEMM per batch entry (per stage, in a stage program). When there are too few of them
     // to share evenly among the threads (a stage's few-row product, with 1 to 4 stages active),
     // each is cut into column blocks; otherwise whole GEMMs are the tasks, so that no two
-    // tasks pack the same rows of `A` (1.09× on the large transformer, BENCHMARKS.md).
+    // tasks pack the same rows of `A` (1.09× on the large transformer, BENCHMARKS.md). The
+    // cut depends on the thread count; the results do not (the module doc).
     let threads = crate::pool::threads();
     let live = active.map_or(count, |act| act.iter().filter(|&&a| a).count() * per_first);
     let balanced = m >= 256 && live.is_multiple_of(threads);
@@ -438,10 +445,12 @@ unsafe fn multiply(
             let ap = a.base().offset(batch_offset(a, &idx));
             let bp = b.base().offset(batch_offset(b, &idx) + j0 as isize * bs);
             let width = j1 - j0;
-            let unit = a.strides[ra - 1] == 1 && bs == 1 && cs == 1;
-            // `B` a transposed weight: its rows (along k) contiguous.
-            let transposed = a.strides[ra - 1] == 1 && b.strides[rb - 2] == 1 && cs == 1;
-            if unit && !accumulate && few_row_kernel_wins(m, k, width) {
+            if a.strides[ra - 1] == 1
+                && bs == 1
+                && cs == 1
+                && !accumulate
+                && few_row_kernel_wins(m, k, width)
+            {
                 crate::small_m::sgemm(
                     m,
                     k,
@@ -453,25 +462,13 @@ unsafe fn multiply(
                     cp,
                     c.strides[r - 2] as usize,
                 );
-            } else if transposed && !accumulate && few_row_transposed_kernel_wins(m, k) {
-                crate::small_m::sgemm_nt(
-                    m,
-                    k,
-                    width,
-                    ap,
-                    a.strides[ra - 2] as usize,
-                    bp,
-                    bs as usize,
-                    cp,
-                    c.strides[r - 2] as usize,
-                );
             } else {
-                let operand = |ptr: *const f32, v: &View, rank: usize| crate::blas::Operand {
+                let operand = |ptr: *const f32, v: &View, rank: usize| Operand {
                     ptr,
                     row_stride: v.strides[rank - 2],
                     col_stride: v.strides[rank - 1],
                 };
-                crate::blas::sgemm(
+                crate::sgemm::sgemm(
                     m,
                     k,
                     width,
@@ -507,23 +504,25 @@ fn entry(c: &View, flat: usize, batch: &[usize]) -> *mut f32 {
 /// tiny products cost less than waking the team (1.03× on the transformer; 2^20: 0.94×).
 const SERIAL_FMAS: usize = 1 << 18;
 
-/// Where the few-row kernel of `small_m.rs` beats OpenBLAS: AVX-512, at most 64 rows, and a
-/// weight block of at least 64K elements (measured, one thread: 16×256×256 167-197 against
-/// 99-102 GFLOP/s, 16×256×1024 106-118 against 63-68; but 32×256×64 182 against 220 and
-/// 16×16×16 49 against 92; `cargo run --release -p ppc-runtime --example gemm`).
+/// Where the few-row kernel of `small_m.rs` beats a packing GEMM: AVX-512, at most 64 rows, and
+/// a weight block of at least 64K elements (measured against OpenBLAS, one thread: 16×256×256
+/// 167-197 against 99-102 GFLOP/s, 16×256×1024 106-118 against 63-68; but 32×256×64 182
+/// against 220 and 16×16×16 49 against 92; `cargo run --release -p ppc-runtime --example
+/// gemm`). Its sums are `sgemm.rs`'s, so the choice changes the speed only.
 fn few_row_kernel_wins(m: usize, k: usize, n: usize) -> bool {
     m <= 64 && k * n >= 65_536 && small_m_available()
 }
 
-/// Where the transposed few-row kernel beats OpenBLAS (which packs the whole transposed weight
-/// for a few rows): AVX-512, at most 64 rows, and at least 256 along `k` (one thread,
-/// 16×1024×256: 130 against 55 GFLOP/s, 16×256×1024 120 against 90; but 16×64×1024 65 against
-/// 90; `cargo run --release -p ppc-runtime --example gemm`).
-fn few_row_transposed_kernel_wins(m: usize, k: usize) -> bool {
-    m <= 64 && k >= 256 && small_m_available()
+/// The kernels this CPU runs, as `--bench` reports them.
+pub fn kernels() -> &'static str {
+    match (small_m_available(), crate::sgemm::fma_available()) {
+        (true, _) => "avx512 few-row + avx2/fma",
+        (false, true) => "avx2/fma",
+        (false, false) => "portable",
+    }
 }
 
-/// Whether the few-row kernels can run here (looked up once).
+/// Whether the few-row kernel can run here (looked up once).
 fn small_m_available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(crate::small_m::available)
@@ -590,7 +589,8 @@ mod tests {
     use crate::memref::descriptor;
 
     /// Row-major `[batch.., m, k] · [batch'.., k, n]` with NumPy broadcasting of the batch axes,
-    /// entries whose first index is masked out `-0.0`, summed in k order as a reference.
+    /// entries whose first index is masked out `-0.0`, each element the chain of fused
+    /// multiply-adds in k order that every kernel computes.
     fn reference(
         a: &[f32],
         sa: &[usize],
@@ -618,7 +618,7 @@ mod tests {
                 for j in 0..n {
                     c[(e * m + i) * n + j] = if mask[idx[0]] {
                         (0..k).fold(0.0, |s, l| {
-                            s + a[(ea * m + i) * k + l] * b[(eb * k + l) * n + j]
+                            a[(ea * m + i) * k + l].mul_add(b[(eb * k + l) * n + j], s)
                         })
                     } else {
                         -0.0
@@ -680,26 +680,20 @@ mod tests {
         c
     }
 
-    /// `got` equals `want` to rounding, and masked-out entries are exactly -0.0.
-    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    /// `got` has `want`'s bits, masked-out entries included (-0.0).
+    fn assert_same(got: &[f32], want: &[f32], what: &str) {
         for (i, (got, want)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
                 "{what}: element {i}: {got} against {want}"
             );
-            if want.to_bits() == (-0.0f32).to_bits() {
-                assert_eq!(
-                    got.to_bits(),
-                    want.to_bits(),
-                    "{what}: element {i}: masked out"
-                );
-            }
         }
     }
 
     /// Per-stage weights broadcast along a batch axis (rows folded into one GEMM per stage),
     /// with and without a stage mask, and a product whose weights differ per batch entry (no
-    /// folding): the same values as the k-ordered sums, to rounding.
+    /// folding): the bits of the k-ordered chains.
     #[test]
     fn batched_products_with_broadcast_weights_match_the_loops() {
         for (sa, sb, masked) in [
@@ -725,13 +719,12 @@ mod tests {
             };
             let want = reference(&a.values, &sa, &b.values, &sb, &sc, mask);
             let got = product(&mut a, &mut b, &sc, masked.then_some(&active[..]));
-            assert_close(&got, &want, &format!("{sa:?}·{sb:?} masked {masked}"));
+            assert_same(&got, &want, &format!("{sa:?}·{sb:?} masked {masked}"));
         }
     }
 
     /// Few-row products with per-stage weights used transposed (`dY · Wᵀ`, the weights stored
-    /// `[S, n, k]`), long enough along k for the transposed few-row kernel where the CPU has
-    /// AVX-512, with a bubble stage: the same values as the k-ordered sums of `W` transposed.
+    /// `[S, n, k]`), with a bubble stage: the bits of the k-ordered chains of `W` transposed.
     #[test]
     fn products_with_transposed_weights_match_the_loops() {
         let (s, m, k, n) = (3, 16, 300, 40);
@@ -760,6 +753,6 @@ mod tests {
             strides: Some(strides),
         };
         let got = product(&mut a, &mut b, &sc, Some(&active));
-        assert_close(&got, &want, "[3, 16, 300] · [3, 40, 300]ᵀ");
+        assert_same(&got, &want, "[3, 16, 300] · [3, 40, 300]ᵀ");
     }
 }

@@ -8,7 +8,6 @@
 //! compiler.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod blas;
 pub mod comm;
 pub mod cpu;
 pub mod cuda;
@@ -24,6 +23,7 @@ pub mod params;
 pub mod pool;
 pub mod rng;
 pub mod safetensors;
+pub mod sgemm;
 pub mod small_m;
 pub mod tensor;
 pub mod trace;

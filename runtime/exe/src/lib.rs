@@ -56,9 +56,8 @@ for (ppc compile --target-cpu) and ends the job with the names of the missing on
 Environment: PPC_NUM_THREADS (threads per rank; default: cores / ranks on this node),
 PPC_CPU_DISABLE=avx512f,... (treat these CPU features as absent: the runtime's kernels take
 their portable paths and the start-up check applies), PPC_FAULT_RANK=r (testing: rank r dies
-at start, to check that the job ends); OpenBLAS's OPENBLAS_CORETYPE=NAME forces its GEMM
-kernels (Haswell: AVX2 only, half the speed on AVX-512 CPUs; unset, it picks them for the CPU;
---bench names the ones in use)";
+at start, to check that the job ends). Results are the same bytes whatever the thread count,
+rank count or CPU features (--bench names the GEMM kernels in use)";
 
 const TRAIN_USAGE: &str =
     "usage: MODEL [--steps N] [--lr X] [--optimizer sgd|adamw] [--momentum X] [--weight-decay X]

@@ -1,0 +1,537 @@
+//! ppc's f32 GEMM, whose every result element is one fixed chain of fused multiply-adds:
+//!
+//! ```text
+//! c[i, j] = fma(a[i, k-1], b[k-1, j], … fma(a[i, 1], b[1, j], fma(a[i, 0], b[0, j], c₀)) …)
+//! ```
+//!
+//! with `c₀ = 0`, or `c[i, j]` itself when accumulating. That order is a function of `k` alone:
+//! not of how the product is cut into blocks or tasks, of the thread or rank count, of the
+//! instruction set, nor of where the element sits in its call. A maintained BLAS gives none of
+//! that: OpenBLAS's result for an element changes with the width and height of the call that
+//! computes it (measured: a 256×1024 product cut into 128-column calls differs in 1.4% of its
+//! elements), so a decomposition chosen from the thread count changed results with it.
+//!
+//! The AVX2/FMA path is a BLIS-style loop nest: `B` packed into `KC × NR` panels, `A` into
+//! `MR × KC` slivers, and a micro-kernel that holds an `MR × NR` block of `C` in registers
+//! (6 × 16: twelve ymm accumulators, two loads of `B` and six broadcasts of `A` per twelve
+//! multiply-adds). Between `KC` blocks the running sums go to `C` and come back, which keeps
+//! the chain exact. Padding (rows past `m`, columns past `n`) computes values that are dropped.
+//! [`crate::small_m`]'s AVX-512 few-row kernel sums in the same order; without FMA the portable
+//! path is `f32::mul_add` in the same order, so every CPU gives the same bits.
+
+use std::cell::RefCell;
+
+/// One matrix operand: its first element and its strides (elements) between rows and columns.
+#[derive(Clone, Copy)]
+pub struct Operand {
+    pub ptr: *const f32,
+    pub row_stride: isize,
+    pub col_stride: isize,
+}
+
+impl Operand {
+    /// The address of element `(i, j)`.
+    fn at(&self, i: usize, j: usize) -> *const f32 {
+        self.ptr
+            .wrapping_offset(i as isize * self.row_stride + j as isize * self.col_stride)
+    }
+}
+
+/// Steps of `k` per packed block: a 16-column panel of `B` is 16 KiB, inside L1.
+const KC: usize = 256;
+/// Rows of `A` packed at once: 72 × 256 × 4 B = 72 KiB, inside L2.
+const MC: usize = 72;
+/// Columns of `B` packed at once: 256 × 1024 × 4 B = 1 MiB.
+const NC: usize = 1024;
+
+/// `c[m×n] = a[m×k] · b[k×n]`, or `c += a · b` with `accumulate`, in the order the module doc
+/// gives.
+///
+/// # Safety
+/// The operands cover their `m×k`, `k×n` and `m×n` elements at their strides, `c` overlaps
+/// neither input, and no two of `c`'s elements share an address.
+pub unsafe fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if fma_available() && k > 0 {
+        // SAFETY: the caller's contract; AVX2 and FMA were checked.
+        return unsafe { blocked(m, k, n, a, b, c, accumulate) };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { portable(m, k, n, a, b, c, accumulate) }
+}
+
+/// Whether the AVX2/FMA kernel can run here (looked up once; `PPC_CPU_DISABLE` can hide it).
+pub fn fma_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| crate::cpu::has("avx2") && crate::cpu::has("fma"))
+}
+
+/// The same chains one element at a time: for CPUs without FMA, and the tests' reference.
+///
+/// # Safety
+/// As [`sgemm`].
+pub unsafe fn portable(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    accumulate: bool,
+) {
+    for i in 0..m {
+        for j in 0..n {
+            let cp = c.at(i, j).cast_mut();
+            // SAFETY: every index is inside the operands (the caller's contract).
+            unsafe {
+                let start = if accumulate { *cp } else { 0.0 };
+                *cp = (0..k).fold(start, |s, l| (*a.at(i, l)).mul_add(*b.at(l, j), s));
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's packing buffers for `A` and `B`, kept between calls (a GEMM call is made
+    /// thousands of times a step; a fresh megabyte each time would be page faults each time).
+    static PACKED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Rows of `C` per register block.
+const MR: usize = 6;
+/// Columns of `C` per register block: two ymm vectors.
+const NR: usize = 16;
+
+/// The AVX2/FMA loop nest: columns in blocks of `NC`, `k` in `KC` blocks (each packs its `B`),
+/// rows in blocks of `MC` (each packs its `A`), then register blocks of `MR × NR`.
+///
+/// # Safety
+/// As [`sgemm`], `k > 0`, and the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+unsafe fn blocked(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    accumulate: bool,
+) {
+    PACKED.with(|packed| {
+        let (packed_a, packed_b) = &mut *packed.borrow_mut();
+        for j0 in (0..n).step_by(NC) {
+            let nc = NC.min(n - j0);
+            for l0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - l0);
+                packed_b.clear();
+                packed_b.resize(nc.div_ceil(NR) * kc * NR, 0.0);
+                // The first block of `k` starts each chain at 0 (or at `c`); later ones go on
+                // from the sums the previous block stored in `c`.
+                let load = accumulate || l0 > 0;
+                for i0 in (0..m).step_by(MC) {
+                    let mc = MC.min(m - i0);
+                    // SAFETY: AVX2 is there (this function's contract).
+                    unsafe { pack(a, i0, mc, l0, kc, MR, packed_a) };
+                    for jr in (0..nc).step_by(NR) {
+                        let cols = NR.min(nc - jr);
+                        let panel = &mut packed_b[jr * kc..(jr + NR) * kc];
+                        // A few rows read a row-major `B` where it is: packing it would cost
+                        // as much as their products. Otherwise each panel is packed just before
+                        // its first use, while it is in L1.
+                        let (bp, b_step) = if m <= MC && cols == NR && b.col_stride == 1 {
+                            (b.at(l0, j0 + jr), b.row_stride as usize)
+                        } else {
+                            if i0 == 0 {
+                                // SAFETY: AVX2 is there (this function's contract).
+                                unsafe {
+                                    pack_sliver(b.transposed(), j0 + jr, cols, l0, kc, NR, panel)
+                                };
+                            }
+                            (panel.as_ptr(), NR)
+                        };
+                        for ir in (0..mc).step_by(MR) {
+                            let ap = packed_a[ir * kc..].as_ptr();
+                            let rows = MR.min(mc - ir);
+                            let cp = c.at(i0 + ir, j0 + jr).cast_mut();
+                            // SAFETY: the sliver holds `kc` steps of MR values, `bp` `kc` steps
+                            // of NR values `b_step` apart; the block of `c` is inside it (the
+                            // caller's contract).
+                            unsafe { block(kc, ap, bp, b_step, cp, c, rows, cols, load) };
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// One `rows × cols` block of `C` (at most `MR × NR`) at `cp`: a kernel for its rows, in
+/// place when its columns are whole and contiguous, else through a local tile.
+///
+/// # Safety
+/// `ap` holds `kc` steps of `MR` values, `bp` `kc` steps of `NR` values `b_step` apart; `cp`
+/// is the block's first element in `c`, with `rows × cols` elements inside `c`; AVX2 and FMA
+/// are there.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // a block's sizes, operands and mode
+unsafe fn block(
+    kc: usize,
+    ap: *const f32,
+    bp: *const f32,
+    b_step: usize,
+    cp: *mut f32,
+    c: Operand,
+    rows: usize,
+    cols: usize,
+    load: bool,
+) {
+    let kernel = match rows {
+        6 => kernel::<6>,
+        5 => kernel::<5>,
+        4 => kernel::<4>,
+        3 => kernel::<3>,
+        2 => kernel::<2>,
+        _ => kernel::<1>,
+    };
+    // SAFETY: the kernel reads `kc` packed steps and `rows × NR` elements at `cp` (or the
+    // tile) with row stride `ldc`.
+    unsafe {
+        if cols == NR && c.col_stride == 1 {
+            return kernel(kc, ap, bp, b_step, cp, c.row_stride as usize, load);
+        }
+        let mut tile = [0.0f32; MR * NR];
+        let at =
+            |i: usize, j: usize| cp.offset(i as isize * c.row_stride + j as isize * c.col_stride);
+        if load {
+            for i in 0..rows {
+                for j in 0..cols {
+                    tile[i * NR + j] = *at(i, j);
+                }
+            }
+        }
+        kernel(kc, ap, bp, b_step, tile.as_mut_ptr(), NR, load);
+        for i in 0..rows {
+            for j in 0..cols {
+                *at(i, j) = tile[i * NR + j];
+            }
+        }
+    }
+}
+
+/// `R × NR` sums of `kc` steps into the block at `cp` (row stride `ldc`): from zero, or with
+/// `load` on from the block's values. `2·R` accumulators, two loads of `B` and `R`
+/// broadcasts of `A` per step.
+///
+/// # Safety
+/// `ap` holds `kc` steps of `MR` values (the first `R` used) and `bp` `kc` steps of `NR`
+/// values `b_step` apart; `cp` covers `R` rows of `NR` at `ldc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel<const R: usize>(
+    kc: usize,
+    ap: *const f32,
+    bp: *const f32,
+    b_step: usize,
+    cp: *mut f32,
+    ldc: usize,
+    load: bool,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the contract's extents.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        if load {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm256_loadu_ps(cp.add(r * ldc));
+                acc[1] = _mm256_loadu_ps(cp.add(r * ldc + 8));
+            }
+        }
+        for l in 0..kc {
+            let b0 = _mm256_loadu_ps(bp.add(l * b_step));
+            let b1 = _mm256_loadu_ps(bp.add(l * b_step + 8));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*ap.add(l * MR + r));
+                acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(cp.add(r * ldc), acc[0]);
+            _mm256_storeu_ps(cp.add(r * ldc + 8), acc[1]);
+        }
+    }
+}
+
+impl Operand {
+    /// The same elements as the transposed matrix.
+    fn transposed(self) -> Operand {
+        Operand {
+            ptr: self.ptr,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+        }
+    }
+}
+
+/// Rows `i0 .. i0+rows` and columns `l0 .. l0+kc` of `x` as slivers of `width` rows, each
+/// `kc` steps (columns) of `width` values, zeros past the last row: `A`'s slivers.
+///
+/// # Safety
+/// Those elements are inside `x`; the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack(
+    x: Operand,
+    i0: usize,
+    rows: usize,
+    l0: usize,
+    kc: usize,
+    width: usize,
+    out: &mut Vec<f32>,
+) {
+    let slivers = rows.div_ceil(width);
+    out.clear();
+    out.resize(slivers * kc * width, 0.0);
+    for (s, sliver) in out.chunks_exact_mut(kc * width).enumerate() {
+        let count = width.min(rows - s * width);
+        // SAFETY: the contract.
+        unsafe { pack_sliver(x, i0 + s * width, count, l0, kc, width, sliver) };
+    }
+}
+
+/// Rows `i .. i+count` and columns `l0 .. l0+kc` of `x` as `kc` steps of `width` values
+/// (`count ≤ width`; the rest of each step as it was): a sliver of `A`, or with `B` transposed
+/// a panel of `B`.
+///
+/// # Safety
+/// Those elements are inside `x`; `out` holds `kc · width` values; the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_sliver(
+    x: Operand,
+    i: usize,
+    count: usize,
+    l0: usize,
+    kc: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let whole = count == NR && width == NR;
+    if x.row_stride == 1 && whole {
+        // The values of one step are contiguous (a row-major `B`'s row): one fixed-size copy
+        // each, which compiles to two vector moves.
+        for (l, step) in out.chunks_exact_mut(NR).enumerate() {
+            // SAFETY: `NR` elements from row `i`, column `l0 + l`, are inside `x`.
+            let src = unsafe { x.at(i, l0 + l).cast::<[f32; NR]>().read_unaligned() };
+            step.copy_from_slice(&src);
+        }
+    } else if x.col_stride == 1 && whole {
+        // Each row contiguous along the steps (a transposed weight): 8 × 8 transposes.
+        // SAFETY: the contract.
+        unsafe { transpose_into(x, i, l0, kc, out) };
+    } else {
+        for r in 0..count {
+            for l in 0..kc {
+                // SAFETY: inside `x`.
+                out[l * width + r] = unsafe { *x.at(i + r, l0 + l) };
+            }
+        }
+    }
+}
+
+/// `out[l · NR + r] = x[i + r, l0 + l]` for `NR` rows of `x` that are contiguous along `l`.
+///
+/// # Safety
+/// Those elements are inside `x`; `out` holds `kc · NR` values; the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_into(x: Operand, i: usize, l0: usize, kc: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let whole = kc - kc % 8;
+    // SAFETY: the contract's extents.
+    unsafe {
+        for half in (0..NR).step_by(8) {
+            for l in (0..whole).step_by(8) {
+                let r: [__m256; 8] =
+                    std::array::from_fn(|q| _mm256_loadu_ps(x.at(i + half + q, l0 + l)));
+                let t = [
+                    _mm256_unpacklo_ps(r[0], r[1]),
+                    _mm256_unpackhi_ps(r[0], r[1]),
+                    _mm256_unpacklo_ps(r[2], r[3]),
+                    _mm256_unpackhi_ps(r[2], r[3]),
+                    _mm256_unpacklo_ps(r[4], r[5]),
+                    _mm256_unpackhi_ps(r[4], r[5]),
+                    _mm256_unpacklo_ps(r[6], r[7]),
+                    _mm256_unpackhi_ps(r[6], r[7]),
+                ];
+                let s = [
+                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+                ];
+                let dst = out.as_mut_ptr().add(l * NR + half);
+                for q in 0..4 {
+                    _mm256_storeu_ps(
+                        dst.add(q * NR),
+                        _mm256_permute2f128_ps::<0x20>(s[q], s[q + 4]),
+                    );
+                    _mm256_storeu_ps(
+                        dst.add((q + 4) * NR),
+                        _mm256_permute2f128_ps::<0x31>(s[q], s[q + 4]),
+                    );
+                }
+            }
+        }
+        for r in 0..NR {
+            for l in whole..kc {
+                out[l * NR + r] = *x.at(i + r, l0 + l);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{Init, Rng};
+
+    /// A row-major matrix, or its transpose stored column-major, with padding between rows.
+    struct Stored {
+        values: Vec<f32>,
+        operand: Operand,
+    }
+
+    fn stored(rows: usize, cols: usize, transposed: bool, seed: u64) -> Stored {
+        let pad = 3;
+        let (outer, inner) = if transposed {
+            (cols, rows)
+        } else {
+            (rows, cols)
+        };
+        let values =
+            Rng::stream(seed, "sgemm", 0).fill(Init::Uniform(-1.0, 1.0), outer * (inner + pad));
+        let lead = (inner + pad) as isize;
+        let (row_stride, col_stride) = if transposed { (1, lead) } else { (lead, 1) };
+        let operand = Operand {
+            ptr: values.as_ptr(),
+            row_stride,
+            col_stride,
+        };
+        Stored { values, operand }
+    }
+
+    /// The blocked kernel gives the portable chains' bits on ragged shapes (every edge of
+    /// `MR`, `NR`, `KC`, `MC`, `NC`), with either operand transposed, with and without
+    /// accumulation, and on a strided `c`.
+    #[test]
+    fn every_shape_and_layout_gives_the_portable_bits() {
+        if !fma_available() {
+            eprintln!("SKIPPED sgemm: this CPU has no AVX2/FMA (or PPC_CPU_DISABLE hides it)");
+            return;
+        }
+        let shapes = [
+            (1, 1, 1),
+            (6, 256, 16),
+            (7, 257, 17),
+            (16, 300, 1030),
+            (73, 513, 40),
+            (5, 3, 2),
+            (13, 0, 9),
+        ];
+        for (m, k, n) in shapes {
+            for (ta, tb, accumulate) in [
+                (false, false, false),
+                (false, true, false),
+                (true, false, true),
+                (true, true, true),
+            ] {
+                let (a, b) = (stored(m, k, ta, 1), stored(k, n, tb, 2));
+                let ldc = n + 5;
+                let start = Rng::stream(3, "sgemm", 0).fill(Init::Uniform(-1.0, 1.0), m * ldc);
+                let (mut want, mut got) = (start.clone(), start);
+                let at = |v: &mut Vec<f32>| Operand {
+                    ptr: v.as_mut_ptr(),
+                    row_stride: ldc as isize,
+                    col_stride: 1,
+                };
+                // SAFETY: the buffers hold the shapes at the strides given.
+                unsafe {
+                    portable(m, k, n, a.operand, b.operand, at(&mut want), accumulate);
+                    sgemm(m, k, n, a.operand, b.operand, at(&mut got), accumulate);
+                }
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(w, g)| w.to_bits() == g.to_bits());
+                assert!(
+                    same,
+                    "{m}×{k}×{n} (A transposed {ta}, B transposed {tb}, accumulate {accumulate})"
+                );
+                drop((a.values, b.values));
+            }
+        }
+    }
+
+    /// Cutting a product into column blocks or row blocks, as the runtime's tasks do, gives the
+    /// same bits as one call.
+    #[test]
+    fn blocks_of_any_size_give_the_same_bits() {
+        let (m, k, n) = (40, 300, 200);
+        let (a, b) = (stored(m, k, false, 4), stored(k, n, false, 5));
+        let whole = |rows: usize, cols: usize| {
+            let mut c = vec![0.0f32; m * n];
+            for i0 in (0..m).step_by(rows) {
+                for j0 in (0..n).step_by(cols) {
+                    let (mm, nn) = (rows.min(m - i0), cols.min(n - j0));
+                    let sub = |o: Operand, i: usize, j: usize| Operand {
+                        ptr: o.at(i, j),
+                        ..o
+                    };
+                    let co = Operand {
+                        ptr: c.as_mut_ptr(),
+                        row_stride: n as isize,
+                        col_stride: 1,
+                    };
+                    // SAFETY: each block is inside its operand.
+                    unsafe {
+                        sgemm(
+                            mm,
+                            k,
+                            nn,
+                            sub(a.operand, i0, 0),
+                            sub(b.operand, 0, j0),
+                            sub(co, i0, j0),
+                            false,
+                        )
+                    };
+                }
+            }
+            c
+        };
+        let reference = whole(m, n);
+        for (rows, cols) in [(1, n), (7, 33), (16, 64), (m, 48), (13, 1)] {
+            let got = whole(rows, cols);
+            assert!(
+                reference
+                    .iter()
+                    .zip(&got)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "blocks of {rows}×{cols}"
+            );
+        }
+    }
+}
