@@ -43,6 +43,10 @@ const KC: usize = 256;
 const MC: usize = 72;
 /// Columns of `B` packed at once: 256 × 1024 × 4 B = 1 MiB.
 const NC: usize = 1024;
+/// Columns of `B` packed at once for a product of at most `MC` rows, which uses each packed
+/// value only for those rows: 128 KiB, in L2 while they do (measured best of 32 to 1024 on
+/// 16 × 256 × 1024 and 16 × 1024 × 256).
+const NC_FEW_ROWS: usize = 128;
 
 /// `c[m×n] = a[m×k] · b[k×n]`, or `c += a · b` with `accumulate`, in the order the module doc
 /// gives.
@@ -130,12 +134,20 @@ unsafe fn blocked(
 ) {
     PACKED.with(|packed| {
         let (packed_a, packed_b) = &mut *packed.borrow_mut();
-        for j0 in (0..n).step_by(NC) {
-            let nc = NC.min(n - j0);
+        let nc_max = if m <= MC { NC_FEW_ROWS } else { NC };
+        for j0 in (0..n).step_by(nc_max) {
+            let nc = nc_max.min(n - j0);
             for l0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - l0);
                 packed_b.clear();
                 packed_b.resize(nc.div_ceil(NR) * kc * NR, 0.0);
+                // A row-major `B` is packed row by row (reads that the hardware prefetchers
+                // follow; its rows are often a page apart); any other panel by panel, just
+                // before its first use.
+                let by_rows = b.col_stride == 1;
+                if by_rows {
+                    pack_rows(b, l0, kc, j0, nc, packed_b);
+                }
                 // The first block of `k` starts each chain at 0 (or at `c`); later ones go on
                 // from the sums the previous block stored in `c`.
                 let load = accumulate || l0 > 0;
@@ -146,28 +158,24 @@ unsafe fn blocked(
                     for jr in (0..nc).step_by(NR) {
                         let cols = NR.min(nc - jr);
                         let panel = &mut packed_b[jr * kc..(jr + NR) * kc];
-                        // A few rows read a row-major `B` where it is: packing it would cost
-                        // as much as their products. Otherwise each panel is packed just before
-                        // its first use, while it is in L1.
-                        let (bp, b_step) = if m <= MC && cols == NR && b.col_stride == 1 {
-                            (b.at(l0, j0 + jr), b.row_stride as usize)
-                        } else {
-                            if i0 == 0 {
-                                // SAFETY: AVX2 is there (this function's contract).
-                                unsafe {
-                                    pack_sliver(b.transposed(), j0 + jr, cols, l0, kc, NR, panel)
-                                };
-                            }
-                            (panel.as_ptr(), NR)
-                        };
+                        if i0 == 0 && !by_rows {
+                            // SAFETY: AVX2 is there (this function's contract).
+                            unsafe {
+                                pack_sliver(b.transposed(), j0 + jr, cols, l0, kc, NR, panel)
+                            };
+                        }
                         for ir in (0..mc).step_by(MR) {
                             let ap = packed_a[ir * kc..].as_ptr();
                             let rows = MR.min(mc - ir);
                             let cp = c.at(i0 + ir, j0 + jr).cast_mut();
-                            // SAFETY: the sliver holds `kc` steps of MR values, `bp` `kc` steps
-                            // of NR values `b_step` apart; the block of `c` is inside it (the
-                            // caller's contract).
-                            unsafe { block(kc, ap, bp, b_step, cp, c, rows, cols, load) };
+                            if ir + MR < mc {
+                                // The next block of `c` (its sums, which its first step reads,
+                                // or lines it will write) is fetched while this one runs.
+                                prefetch_block(c, i0 + ir + MR, j0 + jr, MR.min(mc - ir - MR));
+                            }
+                            // SAFETY: the sliver and the panel hold `kc` steps of MR and NR
+                            // values; the block of `c` is inside it (the caller's contract).
+                            unsafe { block(kc, ap, panel.as_ptr(), cp, c, rows, cols, load) };
                         }
                     }
                 }
@@ -176,11 +184,42 @@ unsafe fn blocked(
     });
 }
 
+/// `B[l0 .. l0+kc, j0 .. j0+nc]` of a row-major `b` into `NR`-column panels of `kc` steps
+/// (zeros past `nc`), one row of `B` after the other.
+fn pack_rows(b: Operand, l0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32]) {
+    let whole = nc / NR;
+    for l in 0..kc {
+        let row = b.at(l0 + l, j0);
+        for p in 0..whole {
+            // SAFETY: `NR` elements of row `l0 + l` from column `j0 + p·NR` are inside `b`.
+            let part = unsafe { row.add(p * NR).cast::<[f32; NR]>().read_unaligned() };
+            let at = (p * kc + l) * NR;
+            out[at..at + NR].copy_from_slice(&part);
+        }
+        for j in whole * NR..nc {
+            // SAFETY: inside `b`.
+            out[(whole * kc + l) * NR + j % NR] = unsafe { *row.add(j) };
+        }
+    }
+}
+
+/// Asks for the cache lines of `rows` rows of `NR` elements of `c` from `(i, j)`.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_block(c: Operand, i: usize, j: usize, rows: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for r in 0..rows {
+        for at in [c.at(i + r, j), c.at(i + r, j + NR - 1)] {
+            // SAFETY: a prefetch reads nothing and cannot fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) };
+        }
+    }
+}
+
 /// One `rows × cols` block of `C` (at most `MR × NR`) at `cp`: a kernel for its rows, in
 /// place when its columns are whole and contiguous, else through a local tile.
 ///
 /// # Safety
-/// `ap` holds `kc` steps of `MR` values, `bp` `kc` steps of `NR` values `b_step` apart; `cp`
+/// `ap` holds `kc` steps of `MR` values, `bp` `kc` steps of `NR`; `cp`
 /// is the block's first element in `c`, with `rows × cols` elements inside `c`; AVX2 and FMA
 /// are there.
 #[cfg(target_arch = "x86_64")]
@@ -189,7 +228,6 @@ unsafe fn block(
     kc: usize,
     ap: *const f32,
     bp: *const f32,
-    b_step: usize,
     cp: *mut f32,
     c: Operand,
     rows: usize,
@@ -208,7 +246,7 @@ unsafe fn block(
     // tile) with row stride `ldc`.
     unsafe {
         if cols == NR && c.col_stride == 1 {
-            return kernel(kc, ap, bp, b_step, cp, c.row_stride as usize, load);
+            return kernel(kc, ap, bp, cp, c.row_stride as usize, load);
         }
         let mut tile = [0.0f32; MR * NR];
         let at =
@@ -220,7 +258,7 @@ unsafe fn block(
                 }
             }
         }
-        kernel(kc, ap, bp, b_step, tile.as_mut_ptr(), NR, load);
+        kernel(kc, ap, bp, tile.as_mut_ptr(), NR, load);
         for i in 0..rows {
             for j in 0..cols {
                 *at(i, j) = tile[i * NR + j];
@@ -235,14 +273,13 @@ unsafe fn block(
 ///
 /// # Safety
 /// `ap` holds `kc` steps of `MR` values (the first `R` used) and `bp` `kc` steps of `NR`
-/// values `b_step` apart; `cp` covers `R` rows of `NR` at `ldc`.
+/// values; `cp` covers `R` rows of `NR` at `ldc`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn kernel<const R: usize>(
     kc: usize,
     ap: *const f32,
     bp: *const f32,
-    b_step: usize,
     cp: *mut f32,
     ldc: usize,
     load: bool,
@@ -258,8 +295,8 @@ unsafe fn kernel<const R: usize>(
             }
         }
         for l in 0..kc {
-            let b0 = _mm256_loadu_ps(bp.add(l * b_step));
-            let b1 = _mm256_loadu_ps(bp.add(l * b_step + 8));
+            let b0 = _mm256_loadu_ps(bp.add(l * NR));
+            let b1 = _mm256_loadu_ps(bp.add(l * NR + 8));
             for (r, acc) in acc.iter_mut().enumerate() {
                 let av = _mm256_broadcast_ss(&*ap.add(l * MR + r));
                 acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
@@ -285,7 +322,8 @@ impl Operand {
 }
 
 /// Rows `i0 .. i0+rows` and columns `l0 .. l0+kc` of `x` as slivers of `width` rows, each
-/// `kc` steps (columns) of `width` values, zeros past the last row: `A`'s slivers.
+/// `kc` steps (columns) of `width` values: `A`'s slivers. What a ragged last sliver holds past
+/// its rows is never read.
 ///
 /// # Safety
 /// Those elements are inside `x`; the CPU has AVX2.
@@ -301,20 +339,23 @@ unsafe fn pack(
 ) {
     let slivers = rows.div_ceil(width);
     out.clear();
-    out.resize(slivers * kc * width, 0.0);
-    for (s, sliver) in out.chunks_exact_mut(kc * width).enumerate() {
+    // Room for the last transposed step's whole vector (`transpose_into`).
+    out.resize(slivers * kc * width + 8, 0.0);
+    for s in 0..slivers {
         let count = width.min(rows - s * width);
+        let sliver = &mut out[s * kc * width..];
         // SAFETY: the contract.
         unsafe { pack_sliver(x, i0 + s * width, count, l0, kc, width, sliver) };
     }
 }
 
 /// Rows `i .. i+count` and columns `l0 .. l0+kc` of `x` as `kc` steps of `width` values
-/// (`count ≤ width`; the rest of each step as it was): a sliver of `A`, or with `B` transposed
-/// a panel of `B`.
+/// (`count ≤ width`): a sliver of `A`, or with `B` transposed a panel of `B`. Past `count`
+/// each step holds copies of the last row (computed into results that are dropped).
 ///
 /// # Safety
-/// Those elements are inside `x`; `out` holds `kc · width` values; the CPU has AVX2.
+/// Those elements are inside `x`; `out` holds `kc · width` values, and 8 more where `width`
+/// is not a multiple of 8; the CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 unsafe fn pack_sliver(
     x: Operand,
@@ -325,44 +366,55 @@ unsafe fn pack_sliver(
     width: usize,
     out: &mut [f32],
 ) {
-    let whole = count == NR && width == NR;
-    if x.row_stride == 1 && whole {
+    if x.row_stride == 1 && count == NR && width == NR {
         // The values of one step are contiguous (a row-major `B`'s row): one fixed-size copy
         // each, which compiles to two vector moves.
-        for (l, step) in out.chunks_exact_mut(NR).enumerate() {
+        for (l, step) in out[..kc * NR].chunks_exact_mut(NR).enumerate() {
             // SAFETY: `NR` elements from row `i`, column `l0 + l`, are inside `x`.
             let src = unsafe { x.at(i, l0 + l).cast::<[f32; NR]>().read_unaligned() };
             step.copy_from_slice(&src);
         }
-    } else if x.col_stride == 1 && whole {
-        // Each row contiguous along the steps (a transposed weight): 8 × 8 transposes.
+    } else if x.col_stride == 1 {
+        // Each row contiguous along the steps (a row-major `A`, a transposed weight).
         // SAFETY: the contract.
-        unsafe { transpose_into(x, i, l0, kc, out) };
+        unsafe { transpose_into(x, i, count, l0, kc, width, out) };
     } else {
-        for r in 0..count {
+        for r in 0..width {
             for l in 0..kc {
                 // SAFETY: inside `x`.
-                out[l * width + r] = unsafe { *x.at(i + r, l0 + l) };
+                out[l * width + r] = unsafe { *x.at(i + r.min(count - 1), l0 + l) };
             }
         }
     }
 }
 
-/// `out[l · NR + r] = x[i + r, l0 + l]` for `NR` rows of `x` that are contiguous along `l`.
+/// `out[l · width + r] = x[i + r, l0 + l]` for rows `r < count` of `x` that are contiguous
+/// along `l`, and copies of the last row for `count ≤ r < width`: 8 × 8 transposes, each
+/// step's 8 values stored whole (where `width` is 6 the next step's store overwrites the
+/// extra two).
 ///
 /// # Safety
-/// Those elements are inside `x`; `out` holds `kc · NR` values; the CPU has AVX2.
+/// As [`pack_sliver`], with `x.col_stride == 1`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn transpose_into(x: Operand, i: usize, l0: usize, kc: usize, out: &mut [f32]) {
+unsafe fn transpose_into(
+    x: Operand,
+    i: usize,
+    count: usize,
+    l0: usize,
+    kc: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let whole = kc - kc % 8;
-    // SAFETY: the contract's extents.
+    let row = |r: usize| i + r.min(count - 1);
+    // SAFETY: the contract's extents; rows past `count` read the last row again.
     unsafe {
-        for half in (0..NR).step_by(8) {
+        for group in (0..width).step_by(8) {
             for l in (0..whole).step_by(8) {
                 let r: [__m256; 8] =
-                    std::array::from_fn(|q| _mm256_loadu_ps(x.at(i + half + q, l0 + l)));
+                    std::array::from_fn(|q| _mm256_loadu_ps(x.at(row(group + q), l0 + l)));
                 let t = [
                     _mm256_unpacklo_ps(r[0], r[1]),
                     _mm256_unpackhi_ps(r[0], r[1]),
@@ -383,22 +435,25 @@ unsafe fn transpose_into(x: Operand, i: usize, l0: usize, kc: usize, out: &mut [
                     _mm256_shuffle_ps::<0x44>(t[5], t[7]),
                     _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
                 ];
-                let dst = out.as_mut_ptr().add(l * NR + half);
+                let dst = out.as_mut_ptr().add(l * width + group);
+                // Steps in increasing order: a store's extra lanes land in the next step.
                 for q in 0..4 {
                     _mm256_storeu_ps(
-                        dst.add(q * NR),
+                        dst.add(q * width),
                         _mm256_permute2f128_ps::<0x20>(s[q], s[q + 4]),
                     );
+                }
+                for q in 0..4 {
                     _mm256_storeu_ps(
-                        dst.add((q + 4) * NR),
+                        dst.add((q + 4) * width),
                         _mm256_permute2f128_ps::<0x31>(s[q], s[q + 4]),
                     );
                 }
             }
         }
-        for r in 0..NR {
+        for r in 0..width {
             for l in whole..kc {
-                out[l * NR + r] = *x.at(i + r, l0 + l);
+                out[l * width + r] = *x.at(row(r), l0 + l);
             }
         }
     }

@@ -7,6 +7,7 @@ mod common;
 mod conformance;
 mod cpu;
 mod cuda;
+mod determinism;
 mod errors;
 mod grad;
 mod interp_ops;

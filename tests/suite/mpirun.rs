@@ -13,7 +13,7 @@ const MPIRUN: &str = "mpirun.mpich";
 /// No launch may take longer than this; `timeout` kills it, and the test fails.
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ppc-mpi-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
@@ -41,15 +41,20 @@ fn build(model: &str, exe: &Path, ranks: u64, extra: &[&str]) {
     assert_eq!(code, 0, "ppc {args:?}\n{out}\n{err}");
 }
 
-struct Launch {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Launch {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
     took: Duration,
 }
 
 /// `mpirun.mpich -n RANKS exe ARGS` (or plain `exe ARGS` with `ranks: None`) under `timeout`.
-fn launch(exe: &Path, ranks: Option<u64>, args: &[&str], env: &[(&str, &str)]) -> Launch {
+pub(crate) fn launch(
+    exe: &Path,
+    ranks: Option<u64>,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Launch {
     let mut cmd = Command::new("timeout");
     cmd.arg(LIMIT.as_secs().to_string());
     if let Some(n) = ranks {

@@ -1,0 +1,172 @@
+//! The same bytes whatever runs them: at the examples' real shapes, forward outputs and the
+//! checkpoints of 10 training steps are identical on 1, 2 and 3 threads and on 1, 2 and 4
+//! ranks, with the runtime's native GEMM dispatch and with the AVX2-only path forced
+//! (`PPC_CPU_DISABLE` hides AVX-512, so an AVX-512 machine runs what an AVX2 machine runs), and
+//! a checkpoint resumed on another rank count reproduces the run without a break. An
+//! executable for the x86-64 baseline gives the same bytes again with AVX2 and FMA hidden too
+//! (the runtime's portable GEMM path). The GEMMs' sums do not depend on how a product is cut
+//! (`runtime/src/sgemm.rs`), so no thread count, rank count or CPU changes a bit.
+
+use crate::common::path;
+use crate::mpirun::{launch, scratch};
+use std::path::{Path, PathBuf};
+
+/// AVX-512 hidden: the runtime's AVX2 kernels, as an AVX2-only node runs them.
+const AVX2_ONLY: &str = "avx512f,avx512bw,avx512cd,avx512dq,avx512vl";
+
+/// One way to run an executable: its rank count, threads per rank and hidden CPU features.
+struct Run<'a> {
+    ranks: u64,
+    threads: u64,
+    disable: Option<&'a str>,
+}
+
+/// The runs every configuration is compared over: 1 rank on 1, 2 and 3 threads; 2 and 4
+/// ranks on 1 to 3 threads each; each also with only the AVX2 path.
+fn runs() -> Vec<Run<'static>> {
+    let mut runs = Vec::new();
+    for disable in [None, Some(AVX2_ONLY)] {
+        for (ranks, threads) in [(1, 1), (1, 2), (1, 3), (2, 1), (2, 3), (4, 1), (4, 2)] {
+            runs.push(Run {
+                ranks,
+                threads,
+                disable,
+            });
+        }
+    }
+    runs
+}
+
+/// `ppc compile MODEL -o DIR/NAME` with `flags`, at the model file's own dimensions.
+fn build(model: &str, dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
+    let (file, exe_s) = (path(model), exe.display().to_string());
+    let mut args = vec!["compile", file.as_str(), "-o", exe_s.as_str()];
+    args.extend(flags);
+    let (code, out, err) = crate::common::ppc(&args);
+    assert_eq!(code, 0, "ppc {args:?}\n{out}\n{err}");
+    exe
+}
+
+/// Runs `exe` (built for `run.ranks` ranks) as `run` says with `args`, and returns the bytes
+/// of the file it writes at `out`.
+fn bytes_of(exe: &Path, run: &Run, args: &[&str], out: &Path) -> Vec<u8> {
+    let threads = run.threads.to_string();
+    let mut env = vec![("PPC_NUM_THREADS", threads.as_str())];
+    if let Some(hidden) = run.disable {
+        env.push(("PPC_CPU_DISABLE", hidden));
+    }
+    let ranks = (run.ranks > 1).then_some(run.ranks);
+    let l = launch(exe, ranks, args, &env);
+    let what = format!(
+        "{exe:?} {args:?} on {} ranks × {} threads, hidden {:?}",
+        run.ranks, run.threads, run.disable
+    );
+    assert_eq!(l.code, 0, "{what}\n{}\n{}", l.stdout, l.stderr);
+    std::fs::read(out).unwrap_or_else(|e| panic!("{what}: no {out:?}: {e}"))
+}
+
+/// Forward outputs of the examples, and the checkpoints after 10 training steps, are the same
+/// bytes in every run of [`runs`].
+#[test]
+fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch() {
+    let dir = scratch("determinism");
+    let out = dir.join("out.safetensors");
+    let out_s = out.display().to_string();
+    let forward = ["--seed", "5", "--output", out_s.as_str()];
+    let training = ["--seed", "5", "--steps", "10", "--save", out_s.as_str()];
+    for model in ["examples/mlp.ppc", "examples/transformer.ppc"] {
+        for (mode, args) in [("forward", &forward[..]), ("train", &training[..])] {
+            let exes: Vec<(u64, PathBuf)> = [1u64, 2, 4]
+                .into_iter()
+                .map(|ranks| {
+                    let r = ranks.to_string();
+                    let mut flags = vec!["--ranks", r.as_str()];
+                    if mode == "train" {
+                        flags.push("--train");
+                    }
+                    (ranks, build(model, &dir, &format!("{mode}_{ranks}"), &flags))
+                })
+                .collect();
+            let exe_for = |ranks: u64| &exes.iter().find(|(r, _)| *r == ranks).expect("built").1;
+            let mut first: Option<Vec<u8>> = None;
+            for run in runs() {
+                let got = bytes_of(exe_for(run.ranks), &run, args, &out);
+                match &first {
+                    None => first = Some(got),
+                    Some(want) => assert!(
+                        *want == got,
+                        "{model} {mode}: {} ranks × {} threads (hidden {:?}) wrote other bytes \
+                         than 1 rank × 1 thread",
+                        run.ranks,
+                        run.threads,
+                        run.disable
+                    ),
+                }
+            }
+            if mode == "train" {
+                // 5 steps on 4 ranks, then 5 more on 2 ranks with 3 threads each.
+                let half = dir.join("half.safetensors").display().to_string();
+                let four = Run {
+                    ranks: 4,
+                    threads: 1,
+                    disable: None,
+                };
+                let args = ["--seed", "5", "--steps", "5", "--save", half.as_str()];
+                bytes_of(exe_for(4), &four, &args, Path::new(&half));
+                let two = Run {
+                    ranks: 2,
+                    threads: 3,
+                    disable: Some(AVX2_ONLY),
+                };
+                let args = [
+                    "--seed",
+                    "5",
+                    "--steps",
+                    "5",
+                    "--resume",
+                    half.as_str(),
+                    "--save",
+                    out_s.as_str(),
+                ];
+                let resumed = bytes_of(exe_for(2), &two, &args, &out);
+                assert!(
+                    first.as_ref() == Some(&resumed),
+                    "{model}: resuming on another rank count changed the checkpoint"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// An executable for the x86-64 baseline runs the runtime's portable GEMM (scalar fused
+/// multiply-adds) where AVX2 and FMA are hidden, and its AVX2 kernels where they are not: the
+/// same bytes, forward and after training steps.
+#[test]
+fn the_portable_gemm_path_gives_the_bytes_of_the_vector_kernels() {
+    let dir = scratch("determinism-portable");
+    let out = dir.join("out.safetensors");
+    let out_s = out.display().to_string();
+    for (flags, args) in [
+        (&[][..], &["--seed", "2", "--output", out_s.as_str()][..]),
+        (&["--train"][..], &["--steps", "2", "--save", out_s.as_str()][..]),
+    ] {
+        let mut all = vec!["--target-cpu", "x86-64"];
+        all.extend(flags);
+        let exe = build("examples/mlp.ppc", &dir, "baseline", &all);
+        let run = |disable| Run {
+            ranks: 1,
+            threads: 2,
+            disable,
+        };
+        let native = bytes_of(&exe, &run(None), args, &out);
+        let hidden = format!("{AVX2_ONLY},avx2,fma");
+        let portable = bytes_of(&exe, &run(Some(&hidden)), args, &out);
+        assert!(
+            native == portable,
+            "mlp {flags:?}: the portable GEMM path wrote other bytes"
+        );
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
