@@ -9,8 +9,8 @@ set -euo pipefail
 # baseline executables; MPICH for executables run under mpirun (the `mpi` crate builds against
 # mpicc.mpich, executables link libmpich, tests launch mpirun.mpich); LLVM's OpenMP runtime,
 # the one thread pool of generated code and the runtime (libomp-22-dev; Debian has it bring the
-# ABI-compatible libomp.so.5 of libomp5-19); OpenBLAS for the GEMMs, its threaded build (called
-# from several threads at once, one thread per call; the serial build is not safe for that).
+# ABI-compatible libomp.so.5 of libomp5-19); OpenBLAS, which the runtime's GEMM example times
+# ppc's own GEMM against (executables do not link it).
 PACKAGES=(
   llvm-22 llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev lld-22
   libzstd-dev libz3-dev libxml2-dev

@@ -135,12 +135,13 @@ unsafe fn blocked(
     PACKED.with(|packed| {
         let (packed_a, packed_b) = &mut *packed.borrow_mut();
         let nc_max = if m <= MC { NC_FEW_ROWS } else { NC };
-        for j0 in (0..n).step_by(nc_max) {
-            let nc = nc_max.min(n - j0);
-            for l0 in (0..k).step_by(KC) {
-                let kc = KC.min(k - l0);
-                packed_b.clear();
-                packed_b.resize(nc.div_ceil(NR) * kc * NR, 0.0);
+        // Blocks of `k` outermost: each reads its rows of `B` whole before the next (a few-row
+        // product's `B` comes from memory once; the sums of `c` go on block after block).
+        for l0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - l0);
+            for j0 in (0..n).step_by(nc_max) {
+                let nc = nc_max.min(n - j0);
+                grow(packed_b, nc.div_ceil(NR) * kc * NR);
                 // A row-major `B` is packed row by row (reads that the hardware prefetchers
                 // follow; its rows are often a page apart); any other panel by panel, just
                 // before its first use.
@@ -184,12 +185,41 @@ unsafe fn blocked(
     });
 }
 
+/// How many rows of `B` ahead [`pack_rows`] fetches.
+const PACK_AHEAD: usize = 16;
+
+/// Asks for the cache line of `at`.
+fn prefetch(at: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(at.cast());
+    }
+}
+
+/// Makes `buffer` hold at least `len` values. What it held stays: packing overwrites what the
+/// kernels read, and values left in padding only reach results that are dropped (zeroing
+/// them on every call cost as much as packing).
+fn grow(buffer: &mut Vec<f32>, len: usize) {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+}
+
 /// `B[l0 .. l0+kc, j0 .. j0+nc]` of a row-major `b` into `NR`-column panels of `kc` steps
-/// (zeros past `nc`), one row of `B` after the other.
+/// (what the last panel held past `nc` stays), one row of `B` after the other.
 fn pack_rows(b: Operand, l0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32]) {
     let whole = nc / NR;
     for l in 0..kc {
         let row = b.at(l0 + l, j0);
+        if l + PACK_AHEAD < kc {
+            // Rows are usually a page or more apart, where the hardware prefetchers stop.
+            let ahead = b.at(l0 + l + PACK_AHEAD, j0);
+            for j in (0..nc).step_by(16) {
+                prefetch(ahead.wrapping_add(j));
+            }
+        }
         for p in 0..whole {
             // SAFETY: `NR` elements of row `l0 + l` from column `j0 + p·NR` are inside `b`.
             let part = unsafe { row.add(p * NR).cast::<[f32; NR]>().read_unaligned() };
@@ -204,14 +234,10 @@ fn pack_rows(b: Operand, l0: usize, kc: usize, j0: usize, nc: usize, out: &mut [
 }
 
 /// Asks for the cache lines of `rows` rows of `NR` elements of `c` from `(i, j)`.
-#[cfg(target_arch = "x86_64")]
 fn prefetch_block(c: Operand, i: usize, j: usize, rows: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     for r in 0..rows {
-        for at in [c.at(i + r, j), c.at(i + r, j + NR - 1)] {
-            // SAFETY: a prefetch reads nothing and cannot fault.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) };
-        }
+        prefetch(c.at(i + r, j));
+        prefetch(c.at(i + r, j + NR - 1));
     }
 }
 
@@ -338,9 +364,8 @@ unsafe fn pack(
     out: &mut Vec<f32>,
 ) {
     let slivers = rows.div_ceil(width);
-    out.clear();
     // Room for the last transposed step's whole vector (`transpose_into`).
-    out.resize(slivers * kc * width + 8, 0.0);
+    grow(out, slivers * kc * width + 8);
     for s in 0..slivers {
         let count = width.min(rows - s * width);
         let sliver = &mut out[s * kc * width..];
