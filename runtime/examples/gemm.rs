@@ -112,7 +112,7 @@ fn main() {
         // Five rounds, each timing every kernel once: the best of each (a shared machine's
         // noise only ever slows a round down).
         let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); 5];
-        for round in 0..5 {
+        for round in rounds.iter_mut() {
             for (kernel, transposed) in [
                 (Kernel::Ppc, false),
                 (Kernel::OpenBlas, false),
@@ -121,7 +121,7 @@ fn main() {
                 (Kernel::OpenBlas, true),
             ] {
                 if kernel == Kernel::SmallM && !small_m::available() {
-                    rounds[round].push(f64::NAN);
+                    round.push(f64::NAN);
                     continue;
                 }
                 // B is k rows of n, or (transposed) n rows of k.
@@ -160,7 +160,7 @@ fn main() {
                         }
                     }
                 }
-                rounds[round].push(flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9);
+                round.push(flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9);
             }
         }
         let rates: Vec<String> = (0..5)

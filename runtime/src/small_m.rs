@@ -231,7 +231,7 @@ mod tests {
                     n,
                     operand(a.as_ptr(), k),
                     operand(b.as_ptr(), n),
-                    operand(want.as_ptr(), n),
+                    operand(want.as_mut_ptr().cast_const(), n),
                     false,
                 );
             }

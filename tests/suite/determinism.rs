@@ -85,7 +85,10 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                     if mode == "train" {
                         flags.push("--train");
                     }
-                    (ranks, build(model, &dir, &format!("{mode}_{ranks}"), &flags))
+                    (
+                        ranks,
+                        build(model, &dir, &format!("{mode}_{ranks}"), &flags),
+                    )
                 })
                 .collect();
             let exe_for = |ranks: u64| &exes.iter().find(|(r, _)| *r == ranks).expect("built").1;
@@ -150,7 +153,10 @@ fn the_portable_gemm_path_gives_the_bytes_of_the_vector_kernels() {
     let out_s = out.display().to_string();
     for (flags, args) in [
         (&[][..], &["--seed", "2", "--output", out_s.as_str()][..]),
-        (&["--train"][..], &["--steps", "2", "--save", out_s.as_str()][..]),
+        (
+            &["--train"][..],
+            &["--steps", "2", "--save", out_s.as_str()][..],
+        ),
     ] {
         let mut all = vec!["--target-cpu", "x86-64"];
         all.extend(flags);

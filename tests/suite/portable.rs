@@ -386,7 +386,10 @@ fn training_executables_for_the_baseline_train_alike_on_the_portable_path() {
         let ((want_loss, want), (got_loss, got)) = (train("here", false), train("portable", true));
         assert_eq!(want_loss.len(), 3, "{what}");
         assert_eq!(want_loss, got_loss, "{what}: losses");
-        assert!(want == got, "{what}: the AVX2 path wrote another checkpoint");
+        assert!(
+            want == got,
+            "{what}: the AVX2 path wrote another checkpoint"
+        );
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
