@@ -1,5 +1,5 @@
-//! The same bytes whatever runs them: at the examples' real shapes, forward outputs and the
-//! checkpoints of 10 training steps are identical on 1, 2 and 3 threads and on 1, 2 and 4
+//! The same bytes whatever runs them: at the examples' real shapes, forward outputs (f32 and
+//! bf16) and the checkpoints of 10 training steps are identical on 1, 2 and 3 threads and on 1, 2 and 4
 //! ranks, with the runtime's native GEMM dispatch and with the AVX2-only path forced
 //! (`PPC_CPU_DISABLE` hides AVX-512, so an AVX-512 machine runs what an AVX2 machine runs), and
 //! a checkpoint resumed on another rank count reproduces the run without a break. An
@@ -76,14 +76,20 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
     let forward = ["--seed", "5", "--output", out_s.as_str()];
     let training = ["--seed", "5", "--steps", "10", "--save", out_s.as_str()];
     for model in ["examples/mlp.ppc", "examples/transformer.ppc"] {
-        for (mode, args) in [("forward", &forward[..]), ("train", &training[..])] {
+        for (mode, args) in [
+            ("forward", &forward[..]),
+            ("bf16", &forward[..]),
+            ("train", &training[..]),
+        ] {
             let exes: Vec<(u64, PathBuf)> = [1u64, 2, 4]
                 .into_iter()
                 .map(|ranks| {
                     let r = ranks.to_string();
                     let mut flags = vec!["--ranks", r.as_str()];
-                    if mode == "train" {
-                        flags.push("--train");
+                    match mode {
+                        "train" => flags.push("--train"),
+                        "bf16" => flags.extend(["--dtype", "bf16"]),
+                        _ => {}
                     }
                     (
                         ranks,
