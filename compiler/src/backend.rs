@@ -69,13 +69,43 @@ pub fn emit_mlir(
         .map_err(|e| vec![Diagnostic::plain(format!("cannot print MLIR: {e}"))])
 }
 
-/// The LLVM dialect after the CPU pipeline (`--emit=llvm`).
-pub fn emit_llvm(m: &Module, src: &Source, numerics: Numerics) -> Result<String, Diagnostics> {
-    let l = lower(m, src, numerics, None, None, None)?;
+/// The LLVM dialect after the CPU pipeline, or with `gpu` the host program's after the CUDA
+/// pipelines, its kernels PTX inside (`--emit=llvm`).
+pub fn emit_llvm(
+    m: &Module,
+    src: &Source,
+    numerics: Numerics,
+    gpu: Option<&Gpu>,
+) -> Result<String, Diagnostics> {
+    let l = lower(m, src, numerics, None, gpu, None)?;
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &l.mlir, src.text)?;
-    mlir::lower_to_llvm(&ctx, &mut module, src.text)?;
+    to_llvm_dialect(&ctx, &mut module, gpu, src)?;
     Ok(module.as_operation().to_string())
+}
+
+/// Runs the CPU pipeline on `module`, or with `gpu` the CUDA pipeline (kernels to PTX) and
+/// then the host pipeline.
+fn to_llvm_dialect(
+    ctx: &melior::Context,
+    module: &mut melior::ir::Module,
+    gpu: Option<&Gpu>,
+    src: &Source,
+) -> Result<(), Diagnostics> {
+    match gpu {
+        None => timing::phase("MLIR CPU pipeline", || {
+            mlir::lower_to_llvm(ctx, module, src.text)
+        }),
+        Some(g) => {
+            let pipeline = mlir::cuda_pipeline(&g.arch, &libdevice().map_err(|d| vec![d])?);
+            timing::phase("MLIR CUDA pipeline (kernels to PTX)", || {
+                mlir::run_pipeline(ctx, module, &pipeline, "CUDA", src.text)
+            })?;
+            timing::phase("MLIR CUDA host pipeline", || {
+                mlir::run_pipeline(ctx, module, mlir::CUDA_HOST_PIPELINE, "CUDA host", src.text)
+            })
+        }
+    }
 }
 
 /// JIT-compiles the pipeline for this process.
@@ -217,26 +247,7 @@ fn machine_code(
     let mut module = timing::phase("MLIR parse and verify", || {
         mlir::parse(&ctx, &l.mlir, src.text)
     })?;
-    match gpu {
-        None => timing::phase("MLIR CPU pipeline", || {
-            mlir::lower_to_llvm(&ctx, &mut module, src.text)
-        })?,
-        Some(g) => {
-            let pipeline = mlir::cuda_pipeline(&g.arch, &libdevice().map_err(|d| vec![d])?);
-            timing::phase("MLIR CUDA pipeline (kernels to PTX)", || {
-                mlir::run_pipeline(&ctx, &mut module, &pipeline, "CUDA", src.text)
-            })?;
-            timing::phase("MLIR CUDA host pipeline", || {
-                mlir::run_pipeline(
-                    &ctx,
-                    &mut module,
-                    mlir::CUDA_HOST_PIPELINE,
-                    "CUDA host",
-                    src.text,
-                )
-            })?;
-        }
-    }
+    to_llvm_dialect(&ctx, &mut module, gpu, src)?;
     let mut text = timing::phase("translate to LLVM IR", || {
         mlir::llvm_ir(&ctx, &module, src.text)
     })?;

@@ -65,8 +65,9 @@ pub enum Command {
         #[command(flatten)]
         model: ModelArgs,
         /// Print the IR after this pass, or `mlir` (the lowered MLIR module), `llvm` (the LLVM
-        /// dialect after the CPU pipeline), `asm` (the machine code for --target-cpu) or `ptx`
-        /// (the GPU kernels of --target cuda). Default: after the last pass.
+        /// dialect after the CPU pipeline; with --target cuda, the host program's), `asm` (the
+        /// machine code for --target-cpu) or `ptx` (the GPU kernels of --target cuda). Default:
+        /// after the last pass.
         #[arg(long, value_parser = emit_name)]
         emit: Option<String>,
         /// What runs the loop nests: `cpu` (vectorized, on the rank's threads) or `cuda` (PTX

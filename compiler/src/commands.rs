@@ -283,9 +283,9 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             });
             if gpu.is_some() {
                 cuda_codegen(&codegen)?;
-                if matches!(emit.as_deref(), Some("llvm" | "asm")) {
+                if emit.as_deref() == Some("asm") {
                     return Err(Failure(
-                        "error: --emit=llvm and --emit=asm show the CPU program; with --target cuda, --emit=mlir shows the program and --emit=ptx its kernels\n".into(),
+                        "error: --emit=asm shows the CPU program; with --target cuda, --emit=mlir shows the program, --emit=llvm the host's LLVM dialect and --emit=ptx its kernels\n".into(),
                     ));
                 }
             }
@@ -357,7 +357,8 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                         .map_err(|d| l.fail(&d))?
                 }
                 (None, Some("llvm")) => {
-                    backend::emit_llvm(&l.module, &l.source(), numerics).map_err(|d| l.fail(&d))?
+                    backend::emit_llvm(&l.module, &l.source(), numerics, gpu.as_ref())
+                        .map_err(|d| l.fail(&d))?
                 }
                 (None, Some("asm")) => {
                     let opt = codegen.opt_level.into();

@@ -247,3 +247,104 @@ fn the_gpu_training_step_with_cpu_kernels_matches_the_interpreter() {
         });
     }
 }
+
+/// The `llvm.alloca`s of the LLVM dialect `text` outside a function's entry block that do not
+/// lie between an `llvm.intr.stacksave` and its `llvm.intr.stackrestore`, and how many
+/// `llvm.alloca`s it has in all.
+fn unscoped_allocas(text: &str) -> (Vec<String>, usize) {
+    let (mut unscoped, mut all) = (Vec::new(), 0);
+    let (mut function, mut in_entry, mut saved) = (String::new(), true, 0i64);
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("llvm.func") {
+            function = line.split(['(', ' ']).nth(1).unwrap_or("?").to_string();
+            (in_entry, saved) = (true, 0);
+        } else if line.starts_with("^bb") {
+            in_entry = false;
+        }
+        saved += i64::from(line.contains("llvm.intr.stacksave"));
+        saved -= i64::from(line.contains("llvm.intr.stackrestore"));
+        if line.contains("llvm.alloca") {
+            all += 1;
+            if !in_entry && saved <= 0 {
+                unscoped.push(format!("{function}: {line}"));
+            }
+        }
+    }
+    (unscoped, all)
+}
+
+/// The host's kernel launches and runtime calls put their argument arrays and memref
+/// descriptors on the stack; inside a loop, each iteration must give them back, or the stack
+/// grows with every microbatch and layer. Forward and training, linear and circular, one and
+/// two ranks.
+#[test]
+fn host_loops_give_their_stack_back_every_iteration() {
+    let (transformer, mlp) = (
+        crate::common::path("examples/transformer.ppc"),
+        crate::common::path("examples/mlp.ppc"),
+    );
+    for (file, extra) in [
+        (
+            &transformer,
+            &["--layers-per-stage", "2", "--dim", "b=2"][..],
+        ),
+        (&transformer, &["--train", "--dim", "b=2"][..]),
+        (&mlp, &["--repeats", "2", "--ranks", "2"][..]),
+    ] {
+        let mut args = vec!["compile", file.as_str(), "--target", "cuda", "--emit=llvm"];
+        args.extend(extra);
+        let (code, llvm, err) = ppc(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let (unscoped, all) = unscoped_allocas(&llvm);
+        assert!(all > 0, "{args:?}: no alloca at all: not the host program?");
+        assert!(
+            unscoped.is_empty(),
+            "{args:?}: {} of {all} allocas grow the stack in a loop, e.g. {}",
+            unscoped.len(),
+            unscoped[0]
+        );
+    }
+}
+
+/// A CUDA program of 256 microbatches and 4 layers per stage, its kernels run as CPU loops on
+/// a thread with 2 MiB of stack (what `ulimit -s 2048` gives a process): the host's loops do
+/// not use it up (without the stack saved and restored per iteration they took several MiB).
+#[test]
+fn a_long_gpu_program_runs_in_two_mib_of_stack() {
+    let run = || {
+        let file = crate::common::path("examples/transformer.ppc");
+        let text = std::fs::read_to_string(&file).expect("example");
+        let ov = ppc_dialect::Overrides {
+            dims: vec![("b".into(), 1), ("t".into(), 2)],
+            microbatches: Some(256),
+            layers_per_stage: Some(4),
+            ..Default::default()
+        };
+        let mut m = load(&text, &ov);
+        ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None)
+            .expect("compiles");
+        let src = ppc::backend::Source {
+            file: &file,
+            text: &text,
+        };
+        let jit = ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 0)
+            .expect("JIT");
+        let program = &jit.program;
+        let mut interp = ppc_dialect::interp::Interp::new(&m, 1);
+        let inputs = interp.synthetic_inputs();
+        let mut x = ppc_runtime::memref::HostBuffer::from_tensor(&inputs);
+        let mut params = program
+            .params(&ppc_runtime::init::Source::Seeded(1))
+            .expect("params");
+        let mut y = program.output_buffer();
+        program.run(&mut x, &mut params, &mut y).expect("runs");
+        y.to_tensor()
+    };
+    let y = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(run)
+        .expect("a thread")
+        .join()
+        .expect("the program ran in 2 MiB of stack");
+    assert!(y.data.iter().all(|v| v.is_finite()), "finite outputs");
+}

@@ -139,6 +139,8 @@ pub struct Emitter<'a> {
     pub gpu: Option<GpuCode>,
     /// How many `scf.for`s enclose what is written now.
     loops: usize,
+    /// The stack pointers saved by the host loops being written (`--target cuda`).
+    saved_stacks: Vec<String>,
     /// The stage-parallel loop being written (`stage_split.rs`), if any.
     split: Option<Split>,
     /// The loop over a batched chain's entries being written (`batch_split.rs`), if any.
@@ -161,6 +163,7 @@ impl<'a> Emitter<'a> {
             body: vec![],
             declarations: Default::default(),
             gpu: None,
+            saved_stacks: Vec::new(),
             loops: 0,
             split: None,
             entries: None,
@@ -781,6 +784,32 @@ impl<'a> Emitter<'a> {
     pub fn end_for(&mut self) {
         self.loops -= 1;
         self.close();
+    }
+
+    /// Enters the loop of an IR `loop` op (the pipeline's iterations, a stage's layers), which
+    /// the host runs; returns the induction variable. For `--target cuda` each iteration saves
+    /// the stack pointer and restores it at its end: the host's kernel launches and runtime
+    /// calls put their argument arrays and memref descriptors on the stack at each call (they
+    /// are made later, by `gpu-to-llvm` and `finalize-memref-to-llvm`, so an
+    /// `memref.alloca_scope`, which canonicalization drops while it holds no `alloca`, cannot
+    /// scope them), and the stack would otherwise grow with every iteration. On the CPU the
+    /// stage function and OpenMP's regions scope them.
+    pub fn begin_host_loop(&mut self, trips: u64) -> String {
+        let iv = self.begin_for(trips);
+        if self.gpu.is_some() {
+            let saved = self.let_("llvm.intr.stacksave : !llvm.ptr");
+            self.saved_stacks.push(saved);
+        }
+        iv
+    }
+
+    /// Ends the loop [`Emitter::begin_host_loop`] opened.
+    pub fn end_host_loop(&mut self) {
+        if self.gpu.is_some() {
+            let saved = self.saved_stacks.pop().expect("begin_host_loop saved it");
+            self.op(&format!("llvm.intr.stackrestore {saved} : !llvm.ptr"));
+        }
+        self.end_for();
     }
 }
 

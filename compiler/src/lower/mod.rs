@@ -670,7 +670,7 @@ impl Walker<'_, '_> {
                         }
                     }
                     let t = self.e.alloc(&f.ty(body.args[0]).clone());
-                    let iv = self.e.begin_for(*trips);
+                    let iv = self.e.begin_host_loop(*trips);
                     let ti = self
                         .e
                         .let_(&format!("arith.index_cast {iv} : index to i32"));
@@ -717,7 +717,7 @@ impl Walker<'_, '_> {
                     let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
                     self.carry(&yields, &carried);
                     trace(&mut self.e, "end");
-                    self.e.end_for();
+                    self.e.end_host_loop();
                     env.extend(op.results.iter().copied().zip(carried));
                 }
                 kind if kind.is_elementwise() => {

@@ -299,11 +299,8 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
         return 1;
     }
     if let Some(arch) = &manifest.gpu {
-        // One GPU per rank: MPICH's launcher says which of the node's ranks this one is.
-        let local = std::env::var("MPI_LOCALRANKID")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(rank);
+        // One GPU per rank: the launcher says which of the node's ranks this one is.
+        let local = ppc_runtime::cuda::local_rank(|name| std::env::var(name).ok(), rank);
         match ppc_runtime::cuda::init(local) {
             Ok(gpu) => say(&format!("{who}: {gpu}")),
             Err(e) => {

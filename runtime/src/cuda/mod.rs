@@ -51,6 +51,21 @@ pub fn active() -> bool {
     DEVICE.get().is_some()
 }
 
+/// Which of its node's ranks this one is, as the launcher says: MPICH's `MPI_LOCALRANKID`,
+/// Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK` or Slurm's `SLURM_LOCALID` (the first set, read
+/// through `lookup`), else the rank itself (one rank per node). Rank `r` uses GPU
+/// `local_rank % GPUs`.
+pub fn local_rank(lookup: impl Fn(&str) -> Option<String>, rank: usize) -> usize {
+    [
+        "MPI_LOCALRANKID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|name| lookup(name)?.trim().parse().ok())
+    .unwrap_or(rank)
+}
+
 /// Opens GPU `local_rank % count` of this node (one rank per GPU under mpirun); returns its
 /// name. Fails with a message, never a panic, where no driver, GPU or cuBLAS is found.
 pub fn init(local_rank: usize) -> Result<String, String> {
@@ -310,5 +325,36 @@ impl Drop for Resident {
         for slot in slots.drain(..) {
             free(slot.ptr);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_rank;
+
+    #[test]
+    fn the_local_rank_comes_from_whichever_launcher_started_the_job() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(local_rank(env(&[("MPI_LOCALRANKID", "1")]), 5), 1);
+        assert_eq!(
+            local_rank(env(&[("OMPI_COMM_WORLD_LOCAL_RANK", "2")]), 5),
+            2
+        );
+        assert_eq!(local_rank(env(&[("SLURM_LOCALID", "3")]), 5), 3);
+        // MPICH's own first; a value that is not a number is skipped.
+        let both = &[("SLURM_LOCALID", "3"), ("MPI_LOCALRANKID", "0")];
+        assert_eq!(local_rank(env(both), 5), 0);
+        assert_eq!(
+            local_rank(env(&[("MPI_LOCALRANKID", "x"), ("SLURM_LOCALID", "3")]), 5),
+            3
+        );
+        assert_eq!(local_rank(env(&[]), 5), 5);
     }
 }
