@@ -330,7 +330,7 @@ fn a_long_gpu_program_runs_in_two_mib_of_stack() {
         let jit = ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 0)
             .expect("JIT");
         let program = &jit.program;
-        let mut interp = ppc_dialect::interp::Interp::new(&m, 1);
+        let interp = ppc_dialect::interp::Interp::new(&m, 1);
         let inputs = interp.synthetic_inputs();
         let mut x = ppc_runtime::memref::HostBuffer::from_tensor(&inputs);
         let mut params = program
