@@ -54,7 +54,10 @@ fn bytes_of(exe: &Path, run: &Run, args: &[&str], out: &Path) -> Vec<u8> {
     let threads = run.threads.to_string();
     let mut env = vec![("PPC_NUM_THREADS", threads.as_str())];
     if let Some(hidden) = run.disable {
+        // As an AVX2 node runs it; OpenBLAS's Haswell kernels too, should anything link it
+        // again (executables do not today).
         env.push(("PPC_CPU_DISABLE", hidden));
+        env.push(("OPENBLAS_CORETYPE", "Haswell"));
     }
     let ranks = (run.ranks > 1).then_some(run.ranks);
     let l = launch(exe, ranks, args, &env);
