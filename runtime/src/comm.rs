@@ -148,37 +148,6 @@ exchange_fn!(_mlir_ciface_ppc_exchange_back_f32, 4, true);
 exchange_fn!(_mlir_ciface_ppc_exchange_back_bf16, 2, true);
 exchange_fn!(_mlir_ciface_ppc_exchange_back_f16, 2, true);
 
-/// The runtime functions of this module, by symbol, for registering with a JIT.
-pub fn symbols() -> [(&'static str, *mut ()); 7] {
-    [
-        ("ppc_rank", ppc_rank as *mut ()),
-        (
-            "_mlir_ciface_ppc_exchange_f32",
-            _mlir_ciface_ppc_exchange_f32 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_exchange_bf16",
-            _mlir_ciface_ppc_exchange_bf16 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_exchange_f16",
-            _mlir_ciface_ppc_exchange_f16 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_exchange_back_f32",
-            _mlir_ciface_ppc_exchange_back_f32 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_exchange_back_bf16",
-            _mlir_ciface_ppc_exchange_back_bf16 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_exchange_back_f16",
-            _mlir_ciface_ppc_exchange_back_f16 as *mut (),
-        ),
-    ]
-}
-
 /// A memref as bytes: base pointer, element size, sizes and strides (in elements).
 struct Strided {
     base: *mut u8,

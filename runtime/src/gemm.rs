@@ -528,61 +528,6 @@ fn small_m_available() -> bool {
     *AVAILABLE.get_or_init(crate::small_m::available)
 }
 
-/// The runtime functions generated code calls, by symbol, for registering with a JIT.
-pub fn symbols() -> Vec<(&'static str, *mut ())> {
-    let f: [(&'static str, *mut ()); 12] = [
-        (
-            "_mlir_ciface_ppc_matmul_f32",
-            _mlir_ciface_ppc_matmul_f32 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_f32_masked",
-            _mlir_ciface_ppc_matmul_f32_masked as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_bf16",
-            _mlir_ciface_ppc_matmul_bf16 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_bf16_masked",
-            _mlir_ciface_ppc_matmul_bf16_masked as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_f16",
-            _mlir_ciface_ppc_matmul_f16 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_f16_masked",
-            _mlir_ciface_ppc_matmul_f16_masked as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_acc_f32",
-            _mlir_ciface_ppc_matmul_acc_f32 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_acc_f32_masked",
-            _mlir_ciface_ppc_matmul_acc_f32_masked as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_acc_bf16",
-            _mlir_ciface_ppc_matmul_acc_bf16 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_acc_bf16_masked",
-            _mlir_ciface_ppc_matmul_acc_bf16_masked as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_acc_f16",
-            _mlir_ciface_ppc_matmul_acc_f16 as *mut (),
-        ),
-        (
-            "_mlir_ciface_ppc_matmul_acc_f16_masked",
-            _mlir_ciface_ppc_matmul_acc_f16_masked as *mut (),
-        ),
-    ];
-    f.to_vec()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! compiler.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod abi;
 pub mod comm;
 pub mod cpu;
 pub mod cuda;

@@ -182,27 +182,6 @@ fn close(span: &'static Open, kind: Kind) {
     }
 }
 
-/// The functions generated code calls, for registering with a JIT.
-pub fn symbols() -> [(&'static str, *mut ()); 6] {
-    [
-        ("ppc_trace_group_begin", ppc_trace_group_begin as *mut ()),
-        ("ppc_trace_group_end", ppc_trace_group_end as *mut ()),
-        (
-            "ppc_trace_iteration_begin",
-            ppc_trace_iteration_begin as *mut (),
-        ),
-        (
-            "ppc_trace_iteration_end",
-            ppc_trace_iteration_end as *mut (),
-        ),
-        (
-            "ppc_trace_backward_begin",
-            ppc_trace_backward_begin as *mut (),
-        ),
-        ("ppc_trace_backward_end", ppc_trace_backward_end as *mut ()),
-    ]
-}
-
 /// Stops recording; this process's spans as rows of numbers, for gathering across ranks.
 fn take_rows() -> Vec<f64> {
     ON.store(false, Ordering::Relaxed);

@@ -8,6 +8,7 @@ use super::gpu_map::{self, Tiling};
 use super::residency::Residency;
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Dim, Type};
+use ppc_runtime::abi;
 use std::fmt::Write;
 
 /// A buffer holding one value: the SSA name of its memref and its type. `layout` is set for
@@ -645,10 +646,14 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Declares a runtime entry point at module level (once, however often it is called).
+    pub fn declare(&mut self, f: &abi::EntryPoint) {
+        self.declarations.insert(f.declaration());
+    }
+
     fn wait_for_gpu(&mut self) {
-        self.declarations
-            .insert("func.func private @ppc_gpu_sync()".into());
-        self.op("func.call @ppc_gpu_sync() : () -> ()");
+        self.declare(&abi::GPU_SYNC);
+        self.op(&abi::GPU_SYNC.call(&[]));
     }
 
     /// Fills `out` with a scalar SSA value of its element type.

@@ -360,18 +360,9 @@ pub fn llvm_ir(ctx: &Context, module: &Module, source: &str) -> Result<String, D
 /// # Safety
 /// The lowered module must declare them with the signatures the runtime defines.
 unsafe fn register_runtime(engine: &ExecutionEngine) {
-    let gemm = ppc_runtime::gemm::symbols();
-    let trace = ppc_runtime::trace::symbols();
-    for (name, ptr) in gemm
-        .into_iter()
-        .chain(ppc_runtime::comm::symbols())
-        .chain(trace)
-        .chain([(
-            "ppc_gpu_sync",
-            ppc_runtime::cuda::abi::ppc_gpu_sync as *mut (),
-        )])
-    {
-        // SAFETY: each is an `extern "C"` function of the runtime with its C-interface signature.
-        unsafe { engine.register_symbol(name, ptr) };
+    for f in ppc_runtime::abi::all() {
+        // SAFETY: each is an `extern "C"` function of the runtime with the signature the table
+        // declares.
+        unsafe { engine.register_symbol(&f.symbol(), f.address()) };
     }
 }

@@ -45,7 +45,8 @@ mod views;
 use emit::{escape, Buf, Emitter, Lines};
 use ppc_dialect::ir::{names, Block, Func, Item, Module, ValueId};
 use ppc_dialect::op::OpKind;
-use ppc_dialect::{Diagnostic, Type};
+use ppc_dialect::{DType, Diagnostic, Type};
+use ppc_runtime::abi;
 use ppc_runtime::manifest::{Arg, Manifest, Role};
 use residency::Residency;
 use std::collections::{HashMap, HashSet};
@@ -105,7 +106,7 @@ pub struct Lowered {
 }
 
 /// Name of the entry function.
-pub const ENTRY: &str = "ppc_forward";
+pub const ENTRY: &str = abi::FORWARD;
 
 /// Lowers a module that went through `gpipe-loop`; its training step ([`Entry::of`]) if it
 /// went through `autodiff`.
@@ -260,10 +261,14 @@ fn lower_once(
         out,
         "module attributes {{transform.with_named_sequence}} {{"
     );
-    out.push_str("  func.func private @ppc_matmul_f32(memref<*xf32>, memref<*xf32>, memref<*xf32>) attributes {llvm.emit_c_interface}\n");
-    out.push_str("  func.func private @ppc_matmul_f32_masked(memref<*xf32>, memref<*xf32>, memref<*xf32>, memref<*xi1>) attributes {llvm.emit_c_interface}\n");
-    out.push_str("  func.func private @ppc_trace_iteration_begin(i32)\n  func.func private @ppc_trace_iteration_end(i32)\n");
-    out.push_str("  func.func private @ppc_trace_group_begin(i32)\n  func.func private @ppc_trace_group_end(i32)\n");
+    let always = [false, true]
+        .map(|masked| abi::matmul(DType::F32, false, masked))
+        .into_iter()
+        .chain(&abi::TRACE_ITERATION)
+        .chain(&abi::TRACE_GROUP);
+    for f in always {
+        let _ = writeln!(out, "  {}", f.declaration());
+    }
     for d in &w.e.declarations {
         let _ = writeln!(out, "  {d}");
     }
@@ -278,10 +283,11 @@ fn lower_once(
     let _ = writeln!(out, "    return{loc}\n  }}{loc}");
     if opts.executable {
         let text = format!("{}\0", manifest.to_text());
-        let _ = writeln!(out, "  llvm.mlir.global internal constant @ppc_manifest_text(\"{}\") {{addr_space = 0 : i32}} : !llvm.array<{} x i8>", escape(&text), text.len());
-        out.push_str("  func.func @ppc_manifest() -> !llvm.ptr {\n    %p = llvm.mlir.addressof @ppc_manifest_text : !llvm.ptr\n    return %p : !llvm.ptr\n  }\n");
-        out.push_str("  func.func private @ppc_main(i32, !llvm.ptr) -> i32\n");
-        out.push_str("  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {\n    %r = func.call @ppc_main(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }\n");
+        let (manifest_fn, main) = (abi::MANIFEST, abi::MAIN);
+        let _ = writeln!(out, "  llvm.mlir.global internal constant @{manifest_fn}_text(\"{}\") {{addr_space = 0 : i32}} : !llvm.array<{} x i8>", escape(&text), text.len());
+        let _ = writeln!(out, "  func.func @{manifest_fn}() -> !llvm.ptr {{\n    %p = llvm.mlir.addressof @{manifest_fn}_text : !llvm.ptr\n    return %p : !llvm.ptr\n  }}");
+        let _ = writeln!(out, "  func.func private @{main}(i32, !llvm.ptr) -> i32");
+        let _ = writeln!(out, "  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {{\n    %r = func.call @{main}(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }}");
     }
     let touched = match w.e.gpu {
         Some(gpu) => {
@@ -685,27 +691,23 @@ impl Walker<'_, '_> {
                         || (f.name == names::vjp(names::TRAIN) && std::ptr::eq(block, &f.body));
                     let span = match (gpipe, gpipe_loops) {
                         (false, _) => None,
-                        (true, 0) => Some(("iteration", ti.clone())),
+                        (true, 0) => Some((&abi::TRACE_ITERATION, ti.clone())),
                         (true, _) => {
-                            for what in ["begin", "end"] {
-                                self.e.declarations.insert(format!(
-                                    "func.func private @ppc_trace_backward_{what}(i32)"
-                                ));
+                            for f in &abi::TRACE_BACKWARD {
+                                self.e.declare(f);
                             }
                             let last = self.e.constant((*trips - 1) as f64, "i32");
                             let reversed = self.e.let_(&format!("arith.subi {last}, {ti} : i32"));
-                            Some(("backward", reversed))
+                            Some((&abi::TRACE_BACKWARD, reversed))
                         }
                     };
                     gpipe_loops += usize::from(gpipe);
-                    let trace = |e: &mut Emitter, what: &str| {
-                        if let Some((kind, index)) = &span {
-                            e.op(&format!(
-                                "func.call @ppc_trace_{kind}_{what}({index}) : (i32) -> ()"
-                            ));
+                    let trace = |e: &mut Emitter, end: usize| {
+                        if let Some((calls, index)) = &span {
+                            e.op(&calls[end].call(&[index]));
                         }
                     };
-                    trace(&mut self.e, "begin");
+                    trace(&mut self.e, 0);
                     env.insert(body.args[0], t);
                     env.extend(body.args[1..].iter().copied().zip(carried.iter().cloned()));
                     let into = in_place::plan(f, body)
@@ -716,7 +718,7 @@ impl Walker<'_, '_> {
                     self.e.at(f.op_spans.get(&id));
                     let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
                     self.carry(&yields, &carried);
-                    trace(&mut self.e, "end");
+                    trace(&mut self.e, 1);
                     self.e.end_host_loop();
                     env.extend(op.results.iter().copied().zip(carried));
                 }
@@ -942,9 +944,7 @@ impl Walker<'_, '_> {
         let n = self.groups.len();
         self.groups.push(format!("{name}, line {line}"));
         let c = self.e.constant(n as f64, "i32");
-        self.e.op(&format!(
-            "func.call @ppc_trace_group_begin({c}) : (i32) -> ()"
-        ));
+        self.e.op(&abi::TRACE_GROUP[0].call(&[&c]));
         Some(n)
     }
 
@@ -953,9 +953,7 @@ impl Walker<'_, '_> {
             return;
         };
         let c = self.e.constant(n as f64, "i32");
-        self.e.op(&format!(
-            "func.call @ppc_trace_group_end({c}) : (i32) -> ()"
-        ));
+        self.e.op(&abi::TRACE_GROUP[1].call(&[&c]));
     }
 
     /// Copies the yielded values into the carried buffers for the next iteration. A yield that

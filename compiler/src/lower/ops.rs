@@ -9,6 +9,7 @@ use super::emit::{broadcast_map, elt, identity, Buf, Emitter};
 use super::{fast_math, Numerics};
 use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Type};
+use ppc_runtime::abi;
 
 /// The value of a float block argument in f32.
 ///
@@ -444,17 +445,14 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
         OpKind::Softmax { axis, .. } => softmax(e, numerics, &ins[0], *axis, out),
         OpKind::LayerNorm { axis, eps, .. } => layernorm(e, &ins[0], *axis, eps.0, out),
         OpKind::Rank => {
-            e.declarations
-                .insert("func.func private @ppc_rank() -> i32".into());
-            let v = e.let_("func.call @ppc_rank() : () -> i32");
+            e.declare(&abi::RANK);
+            let v = e.let_(&abi::RANK.call(&[]));
             e.fill(&v, out);
         }
         OpKind::Exchange { reverse, .. } => {
             let t = elt(d);
-            let f = format!("ppc_exchange_{}{t}", if *reverse { "back_" } else { "" });
-            e.declarations.insert(format!(
-                "func.func private @{f}(memref<*x{t}>, memref<*x{t}>) attributes {{llvm.emit_c_interface}}"
-            ));
+            let f = abi::exchange(d, *reverse);
+            e.declare(f);
             let (send, recv) = (&ins[0], out);
             // The runtime moves the buffers through host memory.
             e.host_reads(send);
@@ -469,9 +467,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                 recv.name,
                 recv.mty()
             ));
-            e.op(&format!(
-                "func.call @{f}({us}, {ur}) : (memref<*x{t}>, memref<*x{t}>) -> ()"
-            ));
+            e.op(&f.call(&[&us, &ur]));
         }
         OpKind::Iota { axis } => {
             let axis = *axis;
@@ -626,12 +622,10 @@ fn gemm(
                 (to_f32(e, a), to_f32(e, b), "f32")
             };
             // The f32 GEMMs are declared with the module; the others where used.
-            let f = format!("ppc_matmul_{}{t}", if accumulate { "acc_" } else { "" });
+            let operands = if half { d } else { DType::F32 };
             if half || accumulate {
-                for (suffix, mask) in [("", ""), ("_masked", ", memref<*xi1>")] {
-                    e.declarations.insert(format!(
-                        "func.func private @{f}{suffix}(memref<*x{t}>, memref<*x{t}>, memref<*xf32>{mask}) attributes {{llvm.emit_c_interface}}"
-                    ));
+                for masked in [false, true] {
+                    e.declare(abi::matmul(operands, accumulate, masked));
                 }
             }
             let cast = |e: &mut Emitter, x: &Buf, t: &str| {
@@ -652,12 +646,10 @@ fn gemm(
                 e.device_uses(&[&fa, &fb], &acc);
             }
             match mask {
-                None => e.op(&format!("func.call @{f}({ua}, {ub}, {uc}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>) -> ()")),
+                None => e.op(&abi::matmul(operands, accumulate, false).call(&[&ua, &ub, &uc])),
                 Some(m) => {
                     let um = cast(e, m, "i1");
-                    e.op(&format!(
-                        "func.call @{f}_masked({ua}, {ub}, {uc}, {um}) : (memref<*x{t}>, memref<*x{t}>, memref<*xf32>, memref<*xi1>) -> ()"
-                    ));
+                    e.op(&abi::matmul(operands, accumulate, true).call(&[&ua, &ub, &uc, &um]));
                 }
             }
         }
