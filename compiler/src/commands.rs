@@ -9,10 +9,11 @@ use crate::compare::{compare, tolerance};
 
 use crate::passes::{Options, Remat};
 use crate::pipeline::{compile, frontend, PipelineError};
-use crate::report::report;
+use crate::report::{self, report};
 use crate::schedule::Schedule;
 use ppc_dialect::diag::render;
 use ppc_dialect::interp::{forward_on_ranks, param_source, param_specs, Interp};
+use ppc_dialect::ir::Setting;
 use ppc_dialect::span::Span;
 use ppc_dialect::{print, Diagnostic, Module};
 use ppc_runtime::exec::{drive, write_summary, RunOptions, OUTPUT_TENSOR};
@@ -629,15 +630,24 @@ fn verify(
     } else {
         vs_seq.max_rel <= tol && vs_interp.max_rel <= tol
     };
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "backend": backend.name(),
         "dtype": dtype.name(),
-        "stages": p.stages, "microbatches": p.microbatches, "repeats": p.repeats, "layers": p.layers,
         "poison_bubbles": pass.poison_bubbles, "seed": seed,
         "max_abs_diff": vs_seq.max_abs, "max_rel_diff": vs_seq.max_rel,
         "max_rel_diff_vs_interp_pipeline": vs_interp.max_rel,
         "tolerance": tol, "bit_exact": vs_seq.bit_exact, "ok": ok, "worst": worst,
     });
+    report::with_settings(
+        &mut json,
+        &p,
+        &[
+            Setting::Stages,
+            Setting::Microbatches,
+            Setting::Repeats,
+            Setting::Layers,
+        ],
+    );
     writeln!(out, "{json}").map_err(io)?;
     Ok(if ok { 0 } else { 1 })
 }
@@ -747,13 +757,23 @@ fn verify_grad(
     }
     let p = m.pipeline;
     let (worst_what, worst_rel) = worst.unwrap_or_default();
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "backend": check.backend.name(),
         "grad": true, "dtype": m.input.dtype.name(),
-        "stages": p.stages, "microbatches": p.microbatches, "repeats": p.repeats, "layers": p.layers, "ranks": p.ranks,
         "poison_bubbles": pass.poison_bubbles, "seed": seed, "compared": pairs.len(),
         "max_rel_diff": worst_rel, "worst": worst_what, "tolerance": tol, "ok": ok,
     });
+    report::with_settings(
+        &mut json,
+        &p,
+        &[
+            Setting::Stages,
+            Setting::Microbatches,
+            Setting::Repeats,
+            Setting::Layers,
+            Setting::Ranks,
+        ],
+    );
     writeln!(out, "{json}").map_err(io)?;
     Ok(if ok { 0 } else { 1 })
 }

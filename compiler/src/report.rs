@@ -3,7 +3,7 @@
 //! the training step keeps for its backward loop).
 
 use crate::schedule::Schedule;
-use ppc_dialect::ir::{names, Block, Func, Module};
+use ppc_dialect::ir::{names, Block, Func, Module, Pipeline, Setting};
 use ppc_dialect::op::OpKind;
 use serde_json::{json, Value};
 
@@ -92,17 +92,11 @@ pub fn report(m: &Module) -> Result<Value, String> {
     let x = m.input.bytes();
     let formula = (s - 1) as f64 / p.iterations() as f64;
     let mut r = json!({
-        "stages": s,
-        "microbatches": p.microbatches,
-        "repeats": p.repeats,
-        "layers": p.layers,
-        "layers_per_stage": p.layers_per_stage(),
         "iterations": sched.iterations(),
         "bubble_slots": sched.bubble_slots(),
         "total_slots": sched.total_slots(),
         "bubble_fraction": sched.bubble_fraction(),
         "bubble_fraction_formula": formula,
-        "ranks": p.ranks,
         "param_bytes_per_stage": param_bytes / local,
         "microbatch_bytes": x,
         "state_buffer_bytes_per_rank": local * x,
@@ -110,8 +104,16 @@ pub fn report(m: &Module) -> Result<Value, String> {
         "output_buffer_bytes": p.microbatches * x,
         "stage_activation_bytes_per_stage": result_bytes(stage, &stage.body) / local,
     });
+    with_settings(&mut r, &p, &Setting::ALL);
     if let Some(t) = training(m, local) {
         r["training"] = t;
     }
     Ok(r)
+}
+
+/// Adds these pipeline settings in effect to a JSON object, keyed as the model file names them.
+pub fn with_settings(object: &mut Value, p: &Pipeline, which: &[Setting]) {
+    for &s in which {
+        object[s.name()] = p.get(s).into();
+    }
 }

@@ -6,6 +6,7 @@
 
 use crate::arena::{Arena, Id};
 use crate::op::OpKind;
+pub use crate::setting::Setting;
 use crate::span::SpanTable;
 use crate::types::Type;
 pub use ppc_runtime::Init;
@@ -46,7 +47,7 @@ pub enum Item {
     Pipeline,
     /// The value of a pipeline setting, where the file gives the one in effect (not where
     /// the command line overrides it).
-    Setting(&'static str),
+    Setting(Setting),
     Input,
     Target,
     Loss,
@@ -122,35 +123,38 @@ impl Pipeline {
         self.stages / self.ranks
     }
 
-    /// The settings as printed, in canonical order; `ranks` only when it is not 1.
-    pub fn settings(&self) -> Vec<(&'static str, u64)> {
-        let depth = match self.depth {
-            Depth::Layers => ("layers", self.layers),
-            Depth::PerStage => ("layers_per_stage", self.layers_per_stage()),
-        };
-        let mut s = vec![
-            ("stages", self.stages),
-            depth,
-            ("microbatches", self.microbatches),
-            ("repeats", self.repeats),
-        ];
-        if self.ranks != 1 {
-            s.push(("ranks", self.ranks));
+    /// The value of a setting in effect.
+    pub fn get(&self, s: Setting) -> u64 {
+        match s {
+            Setting::Stages => self.stages,
+            Setting::Layers => self.layers,
+            Setting::LayersPerStage => self.layers_per_stage(),
+            Setting::Microbatches => self.microbatches,
+            Setting::Repeats => self.repeats,
+            Setting::Ranks => self.ranks,
         }
-        s
+    }
+
+    /// The settings as printed, in canonical order: the depth as the file gave it, `ranks`
+    /// only when it is not 1.
+    pub fn settings(&self) -> Vec<(Setting, u64)> {
+        let written = |s: Setting| match s {
+            Setting::Layers => self.depth == Depth::Layers,
+            Setting::LayersPerStage => self.depth == Depth::PerStage,
+            Setting::Ranks => self.ranks != 1,
+            Setting::Stages | Setting::Microbatches | Setting::Repeats => true,
+        };
+        Setting::ALL
+            .into_iter()
+            .filter(|&s| written(s))
+            .map(|s| (s, self.get(s)))
+            .collect()
     }
 
     /// Settings usable as dimension names in shapes.
     pub fn dim_names(&self) -> [(&'static str, u64); 7] {
-        [
-            ("stages", self.stages),
-            ("layers", self.layers),
-            ("layers_per_stage", self.layers_per_stage()),
-            ("microbatches", self.microbatches),
-            ("repeats", self.repeats),
-            ("ranks", self.ranks),
-            (STAGES_PER_RANK, self.stages_per_rank()),
-        ]
+        let [a, b, c, d, e, f] = Setting::ALL.map(|s| (s.name(), self.get(s)));
+        [a, b, c, d, e, f, (STAGES_PER_RANK, self.stages_per_rank())]
     }
 }
 

@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod op;
 pub mod parse;
 pub mod print;
+pub mod setting;
 pub mod span;
 pub mod types;
 pub mod verify;

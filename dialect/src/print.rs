@@ -33,7 +33,7 @@ pub fn print(m: &Module) -> String {
         .pipeline
         .settings()
         .iter()
-        .map(|(n, v)| format!("{n} = {v}"))
+        .map(|(s, v)| format!("{} = {v}", s.name()))
         .collect();
     let _ = writeln!(out, "pipeline {{ {} }}", settings.join(", "));
     let _ = writeln!(out, "input {}", m.input);

@@ -45,7 +45,7 @@ use super::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::interp::POISON;
-use ppc_dialect::ir::{names, FuncId, Item, Module, ValueId};
+use ppc_dialect::ir::{names, FuncId, Item, Module, Setting, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
 use ppc_dialect::{Axis, DType, Dim, Type};
 
@@ -58,8 +58,8 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     }
     if p.repeats > 1 && p.microbatches < p.stages {
         // Point at the numbers where the file gives them; name those the command line gave.
-        let at = |name| m.spans.lookup(&Item::Setting(name));
-        let (span, label) = match at("microbatches") {
+        let at = |s| m.spans.lookup(&Item::Setting(s));
+        let (span, label) = match at(Setting::Microbatches) {
             Some(s) => (s, format!("{} microbatches", p.microbatches)),
             None => (m.spans.get(&Item::Pipeline), "in this pipeline".to_string()),
         };
@@ -71,17 +71,15 @@ pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             span,
             label,
         );
-        let settings = [
-            ("stages", p.stages),
-            ("microbatches", p.microbatches),
-            ("repeats", p.repeats),
-        ];
         let mut given = Vec::new();
-        for (name, v) in settings {
-            match at(name) {
-                Some(s) if name != "microbatches" => d = d.with_label(s, format!("{v} {name}")),
+        for s in [Setting::Stages, Setting::Microbatches, Setting::Repeats] {
+            let v = p.get(s);
+            match at(s) {
+                Some(span) if s != Setting::Microbatches => {
+                    d = d.with_label(span, format!("{v} {}", s.name()))
+                }
                 Some(_) => {}
-                None => given.push(format!("--{name} {v}")),
+                None => given.push(format!("{} {v}", s.flag())),
             }
         }
         if !given.is_empty() {
@@ -127,7 +125,7 @@ fn build(m: &Module, stage_id: FuncId, opts: &Options) -> Result<ppc_dialect::Fu
 
     let mut b = Builder::new(names::PIPELINE);
     b.span = m.spans.get(&Item::Pipeline);
-    let x = b.arg("x", stacked(Dim::named("microbatches", mb)));
+    let x = b.arg("x", stacked(Dim::named(Setting::Microbatches.name(), mb)));
     let int = |b: &mut Builder, hint: &str, v: u64| {
         b.op(
             hint,
@@ -158,7 +156,7 @@ fn build(m: &Module, stage_id: FuncId, opts: &Options) -> Result<ppc_dialect::Fu
     let outputs0 = b.op(
         "outputs0",
         OpKind::Constant { value: fill },
-        Some(stacked(Dim::named("microbatches", mb))),
+        Some(stacked(Dim::named(Setting::Microbatches.name(), mb))),
     )?;
     let mut stage_ids = b.op("stage_ids", OpKind::Iota { axis: 0 }, Some(s_ty.clone()))?;
     let zero = int(&mut b, "zero", 0)?;

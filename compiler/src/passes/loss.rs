@@ -18,7 +18,7 @@
 use super::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
-use ppc_dialect::ir::{names, Item, Loss, Module, ValueId};
+use ppc_dialect::ir::{names, Item, Loss, Module, Setting, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Dim, Type};
 
@@ -41,7 +41,7 @@ pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
 fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::TRAIN);
     b.span = m.spans.get(&Item::Loss);
-    let mbs = Dim::named("microbatches", m.pipeline.microbatches);
+    let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let x = b.arg("x", m.input.insert(0, mbs.clone()));
     let target = b.arg("target", m.target_type().insert(0, mbs));
     // Inlined, so that the gradient's forward loop runs once and keeps its tapes.

@@ -27,7 +27,7 @@ use super::batching::{batch, Batched, Ctx};
 use super::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
-use ppc_dialect::ir::{names, Block, Func, Module, ValueId};
+use ppc_dialect::ir::{names, Block, Func, Module, Setting, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Axis, DType, Dim, Type};
 use std::collections::HashMap;
@@ -82,11 +82,11 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     // Stacked parameters: [R?, S, k?, ...].
     let mut lead = Vec::new();
     if p.repeats > 1 {
-        lead.push(Dim::named("repeats", p.repeats));
+        lead.push(Dim::named(Setting::Repeats.name(), p.repeats));
     }
     lead.push(s_dim.clone());
     if k > 1 {
-        lead.push(Dim::named("layers_per_stage", k));
+        lead.push(Dim::named(Setting::LayersPerStage.name(), k));
     }
     let mut stacked = Vec::new();
     for prm in &layer.params {

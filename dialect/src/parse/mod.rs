@@ -10,7 +10,7 @@ mod func;
 mod module;
 
 use crate::diag::{Diagnostic, Diagnostics};
-use crate::ir::Module;
+use crate::ir::{Module, Setting};
 use crate::span::{Span, SpanTable};
 use crate::types::DType;
 use module::ModuleBuilder;
@@ -33,6 +33,21 @@ pub struct Overrides {
     pub layers_per_stage: Option<u64>,
     /// Every f32 type in the file becomes this dtype (bf16 or f16 storage).
     pub float_dtype: Option<DType>,
+}
+
+impl Overrides {
+    /// The command line's value for a setting (none overrides `layers`: `--layers-per-stage`
+    /// replaces the depth either way the file gives it).
+    pub fn setting(&self, s: Setting) -> Option<u64> {
+        match s {
+            Setting::Stages => self.stages,
+            Setting::Layers => None,
+            Setting::LayersPerStage => self.layers_per_stage,
+            Setting::Microbatches => self.microbatches,
+            Setting::Repeats => self.repeats,
+            Setting::Ranks => self.ranks,
+        }
+    }
 }
 
 /// The most stages, microbatches, repeats or layers a pipeline may have.

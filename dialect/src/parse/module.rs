@@ -6,7 +6,7 @@ use super::{parse_u64, span_of, Overrides, PResult, Rule, MAX_PIPELINE_SETTING};
 use crate::arena::Arena;
 use crate::diag::Diagnostic;
 use crate::infer::checked_elements;
-use crate::ir::{Depth, DimDef, DimFactor, Func, Item, Loss, Module, Pipeline};
+use crate::ir::{Depth, DimDef, DimFactor, Func, Item, Loss, Module, Pipeline, Setting};
 use crate::span::{Span, SpanTable};
 use crate::types::{Axis, DType, Dim, Type};
 use pest::iterators::Pair;
@@ -284,15 +284,15 @@ impl ModuleBuilder<'_> {
     }
 
     fn resolve_pipeline(&mut self, block: Span) -> PResult<Pipeline> {
-        let get = |name: &str| -> PResult<Option<(u64, Span)>> {
+        let get = |setting: Setting| -> PResult<Option<(u64, Span)>> {
             Ok(self
                 .pipeline
                 .iter()
-                .find(|(n, ..)| n == name)
+                .find(|(n, ..)| n == setting.name())
                 .map(|(_, v, _, s)| (*v, *s)))
         };
         for (name, _, span, _) in &self.pipeline {
-            if !SETTINGS.contains(&name.as_str()) {
+            if Setting::from_name(name).is_none() {
                 return Err(Diagnostic::error(format!("unknown pipeline setting `{name}`"), *span, "unknown")
                     .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches`, `repeats` and `ranks`"));
             }
@@ -301,24 +301,25 @@ impl ModuleBuilder<'_> {
         let pick =
             |written: Option<(u64, Span)>, over: Option<u64>| over.map(|v| (v, block)).or(written);
         // Where each setting in effect was written; the command line's have no place in the file.
-        for (name, over) in [
-            ("stages", ov.stages),
-            ("microbatches", ov.microbatches),
-            ("repeats", ov.repeats),
-            ("ranks", ov.ranks),
+        for s in [
+            Setting::Stages,
+            Setting::Microbatches,
+            Setting::Repeats,
+            Setting::Ranks,
         ] {
-            if let (None, Some((_, span))) = (over, get(name)?) {
-                self.spans.set(Item::Setting(name), span);
+            if let (None, Some((_, span))) = (ov.setting(s), get(s)?) {
+                self.spans.set(Item::Setting(s), span);
             }
         }
-        let stages = pick(get("stages")?, ov.stages);
-        let micro = pick(get("microbatches")?, ov.microbatches);
-        let repeats = pick(get("repeats")?, ov.repeats).unwrap_or((1, block));
-        let ranks = pick(get("ranks")?, ov.ranks).unwrap_or((1, block));
+        let given = |s: Setting| Ok::<_, Diagnostic>(pick(get(s)?, ov.setting(s)));
+        let stages = given(Setting::Stages)?;
+        let micro = given(Setting::Microbatches)?;
+        let repeats = given(Setting::Repeats)?.unwrap_or((1, block));
+        let ranks = given(Setting::Ranks)?.unwrap_or((1, block));
         // `--layers-per-stage` replaces either way the file gives the depth.
         let (layers, per_stage) = match ov.layers_per_stage {
             Some(k) => (None, Some((k, block))),
-            None => (get("layers")?, get("layers_per_stage")?),
+            None => (get(Setting::Layers)?, get(Setting::LayersPerStage)?),
         };
         let (Some(stages), Some(micro)) = (stages, micro) else {
             return Err(Diagnostic::error(
@@ -327,16 +328,17 @@ impl ModuleBuilder<'_> {
                 "incomplete pipeline",
             ));
         };
-        for (name, (v, span)) in [
-            ("stages", stages),
-            ("microbatches", micro),
-            ("repeats", repeats),
-            ("ranks", ranks),
+        for (setting, (v, span)) in [
+            (Setting::Stages, stages),
+            (Setting::Microbatches, micro),
+            (Setting::Repeats, repeats),
+            (Setting::Ranks, ranks),
         ]
         .into_iter()
-        .chain(layers.map(|l| ("layers", l)))
-        .chain(per_stage.map(|l| ("layers_per_stage", l)))
+        .chain(layers.map(|l| (Setting::Layers, l)))
+        .chain(per_stage.map(|l| (Setting::LayersPerStage, l)))
         {
+            let name = setting.name();
             if v == 0 {
                 return Err(Diagnostic::error(
                     format!("`{name}` is zero"),
@@ -540,17 +542,7 @@ impl ModuleBuilder<'_> {
     }
 }
 
-/// The settings a `pipeline` block may give.
-const SETTINGS: [&str; 6] = [
-    "stages",
-    "layers",
-    "layers_per_stage",
-    "microbatches",
-    "repeats",
-    "ranks",
-];
-
 /// Names that shapes may use for pipeline settings, so they cannot be declared as dimensions.
 pub(super) fn is_pipeline_name(s: &str) -> bool {
-    SETTINGS.contains(&s) || s == crate::ir::STAGES_PER_RANK
+    Setting::from_name(s).is_some() || s == crate::ir::STAGES_PER_RANK
 }
