@@ -277,44 +277,6 @@ impl ReduceOp {
     }
 }
 
-/// The ops that are not one of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]),
-/// by their names in the text format.
-const OTHER_OPS: [&str; 20] = [
-    "select",
-    "matmul",
-    "transpose",
-    "reshape",
-    "broadcast",
-    "convert",
-    "slice",
-    "concat",
-    "softmax",
-    "layernorm",
-    "iota",
-    "constant",
-    "pad",
-    "shift",
-    "index",
-    "update",
-    "rank",
-    "exchange",
-    "call",
-    "loop",
-];
-
-/// The name of every op of the text format: what the parser accepts and the conformance suite
-/// must cover.
-pub fn all_op_names() -> Vec<&'static str> {
-    let mut v: Vec<&str> = BinaryOp::ALL.iter().map(|o| o.name()).collect();
-    v.extend(UnaryOp::ALL.iter().map(|o| o.name()));
-    v.extend(CmpPred::ALL.iter().map(|o| o.name()));
-    // Reductions sit among the others where the parser's help has always listed them.
-    v.extend(&OTHER_OPS[..8]);
-    v.extend(ReduceOp::ALL.iter().map(|o| o.name()));
-    v.extend(&OTHER_OPS[8..]);
-    v
-}
-
 impl OpKind {
     /// The op's name in the text format.
     pub fn name(&self) -> &'static str {
@@ -467,30 +429,5 @@ impl OpKind {
                 | OpKind::Iota { .. }
                 | OpKind::Constant { .. }
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn op_names_are_unique_and_each_parses_as_an_op() {
-        let names = all_op_names();
-        let unique: std::collections::BTreeSet<_> = names.iter().collect();
-        assert_eq!(unique.len(), names.len(), "a name twice in {names:?}");
-        for name in names {
-            // Whatever else is wrong with the statement, the name itself is known.
-            let text = format!(
-                "dims {{ b = 2 }}\npipeline {{ stages = 1, microbatches = 1 }}\ninput f32[b]\n\
-                 func @layer(%x: f32[b]) -> f32[b] {{\n  %y = {name} %x\n  return %x\n}}\n"
-            );
-            if let Err(d) = crate::parse(&text, &crate::Overrides::default()) {
-                assert!(
-                    !d.iter().any(|d| d.message.starts_with("unknown op")),
-                    "`{name}` is listed but not parsed"
-                );
-            }
-        }
     }
 }

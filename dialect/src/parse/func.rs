@@ -1,13 +1,14 @@
 //! Functions: arguments, parameters, op statements and loop bodies, with names resolved in
 //! scope and every op typed by shape inference as it is read.
 
-use super::attrs::{parse_f64, parse_init, Args, Attr};
+use super::attrs::{parse_init, Args, Attr};
 use super::module::ModuleBuilder;
-use super::{parse_u64, span_of, PResult, Rule, MAX_PIPELINE_SETTING};
+use super::signature::{self, Extra, Signature, Stmt};
+use super::{parse_u64, span_of, PResult, Rule};
 use crate::diag::Diagnostic;
 use crate::infer::{checked_elements, infer};
-use crate::ir::{Block, Func, Op, Param, Value, ValueId};
-use crate::op::{BinaryOp, CmpPred, Float, OpKind, ReduceOp, UnaryOp};
+use crate::ir::{Block, Func, FuncId, Op, Param, Value, ValueId};
+use crate::op::OpKind;
 use crate::span::Span;
 use crate::types::{sizes, DType, Type};
 use pest::iterators::Pair;
@@ -180,7 +181,28 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         Ok(())
     }
 
+    /// An op statement: collect its parts, look its op up, build it, type its results.
     fn stmt(&mut self, s: Pair<Rule>) -> PResult<crate::ir::OpId> {
+        let mut stmt = self.collect(s)?;
+        let sig = self.signature(&stmt)?;
+        let kind = sig.build(self, &mut stmt)?;
+        let types = self.result_types(&stmt, &kind)?;
+        let result_ids = stmt
+            .results
+            .iter()
+            .zip(types)
+            .map(|(r, t)| self.define(r, t))
+            .collect::<PResult<Vec<_>>>()?;
+        let id = self.func.ops.push(Op {
+            kind,
+            results: result_ids,
+        });
+        self.func.op_spans.set(id, stmt.span);
+        Ok(id)
+    }
+
+    /// The parts of a statement as written, operands resolved in scope.
+    fn collect<'i>(&self, s: Pair<'i, Rule>) -> PResult<Stmt<'i>> {
         let span = span_of(&s);
         let mut results = Vec::new();
         let mut name = None;
@@ -202,21 +224,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                         Rule::symbol => symbol = Some((a.as_str()[1..].to_string(), aspan)),
                         Rule::number => number = Some((a.as_str().to_string(), aspan)),
                         Rule::kwarg => {
-                            let mut k = a.into_inner();
-                            let key = k.next().expect("key").as_str().to_string();
-                            let val = k
-                                .next()
-                                .expect("attr")
-                                .into_inner()
-                                .next()
-                                .expect("attr value");
-                            let attr = match val.as_rule() {
-                                Rule::list => Attr::List(
-                                    val.into_inner().map(|n| n.as_str().to_string()).collect(),
-                                ),
-                                Rule::number => Attr::Num(val.as_str().to_string()),
-                                _ => Attr::Ident(val.as_str().to_string()),
-                            };
+                            let (key, attr) = attribute(a);
                             if attrs.iter().any(|(k2, _, _)| *k2 == key) {
                                 return Err(Diagnostic::error(
                                     format!("attribute `{key}` is given twice"),
@@ -241,352 +249,132 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
             }
         }
         let name = name.expect("invariant: stmt has an op name");
-        let op_name = name.as_str();
         let name_span = span_of(&name);
-        let mut a = Args {
-            op: op_name,
-            span: name_span,
-            attrs,
-            used: Vec::new(),
-        };
-        let ids: Vec<ValueId> = operands.iter().map(|(v, _)| *v).collect();
-        let arity = |n: usize| -> PResult<()> {
-            if ids.len() != n {
-                return Err(Diagnostic::error(
-                    format!(
-                        "`{op_name}` takes {n} operand{}, got {}",
-                        if n == 1 { "" } else { "s" },
-                        ids.len()
-                    ),
-                    span,
-                    "wrong number of operands",
-                ));
-            }
-            Ok(())
-        };
-        if number.is_some() && op_name != "constant" {
-            let (_, nspan) = number.clone().expect("checked");
+        Ok(Stmt {
+            span,
+            results,
+            name_span,
+            operands,
+            attrs: Args {
+                op: name.as_str(),
+                span: name_span,
+                attrs,
+                used: Vec::new(),
+            },
+            number,
+            symbol,
+            declared,
+            region,
+        })
+    }
+
+    /// The statement's op, once what it takes besides operands matches what is written.
+    fn signature(&self, s: &Stmt) -> PResult<&'static Signature> {
+        let op = s.op();
+        let sig = signature::find(op);
+        let extra = sig.and_then(|sig| sig.extra);
+        if let (Some((_, span)), false) = (&s.number, extra == Some(Extra::Number)) {
             return Err(Diagnostic::error(
-                format!("`{op_name}` takes no number operand"),
-                nspan,
+                format!("`{op}` takes no number operand"),
+                *span,
                 "unexpected number",
             ));
         }
-        if symbol.is_some() && op_name != "call" {
-            let (_, sspan) = symbol.clone().expect("checked");
+        if let (Some((_, span)), false) = (&s.symbol, extra == Some(Extra::Function)) {
             return Err(Diagnostic::error(
-                format!("`{op_name}` takes no function operand"),
-                sspan,
+                format!("`{op}` takes no function operand"),
+                *span,
                 "unexpected function name",
             ));
         }
-        if region.is_some() && op_name != "loop" {
+        if s.region.is_some() && extra != Some(Extra::Body) {
             return Err(Diagnostic::error(
-                format!("`{op_name}` takes no body"),
-                span,
+                format!("`{op}` takes no body"),
+                s.span,
                 "unexpected `{ ... }`",
             ));
         }
-        let un = UnaryOp::ALL.into_iter().find(|o| o.name() == op_name);
-        let bin = BinaryOp::ALL.into_iter().find(|o| o.name() == op_name);
-        let cmp = CmpPred::ALL.into_iter().find(|o| o.name() == op_name);
-        let red = ReduceOp::ALL.into_iter().find(|o| o.name() == op_name);
-        let kind = if let Some(op) = un {
-            arity(1)?;
-            OpKind::Unary { op, x: ids[0] }
-        } else if let Some(op) = bin {
-            arity(2)?;
-            OpKind::Binary {
-                op,
-                lhs: ids[0],
-                rhs: ids[1],
-            }
-        } else if let Some(pred) = cmp {
-            arity(2)?;
-            OpKind::Compare {
-                pred,
-                lhs: ids[0],
-                rhs: ids[1],
-            }
-        } else if let Some(op) = red {
-            arity(1)?;
-            OpKind::Reduce {
-                op,
-                x: ids[0],
-                axes: a.ints("axes")?,
-            }
-        } else {
-            match op_name {
-                "select" => {
-                    arity(3)?;
-                    OpKind::Select {
-                        cond: ids[0],
-                        on_true: ids[1],
-                        on_false: ids[2],
-                    }
-                }
-                "matmul" => {
-                    if ids.len() != 3 {
-                        arity(2)?;
-                    }
-                    OpKind::MatMul {
-                        lhs: ids[0],
-                        rhs: ids[1],
-                        mask: ids.get(2).copied(),
-                    }
-                }
-                "transpose" => {
-                    arity(1)?;
-                    OpKind::Transpose {
-                        x: ids[0],
-                        perm: a.ints("perm")?,
-                    }
-                }
-                "reshape" => {
-                    arity(1)?;
-                    OpKind::Reshape { x: ids[0] }
-                }
-                "broadcast" => {
-                    arity(1)?;
-                    OpKind::Broadcast { x: ids[0] }
-                }
-                "convert" => {
-                    arity(1)?;
-                    OpKind::Convert { x: ids[0] }
-                }
-                "slice" => {
-                    arity(1)?;
-                    let start = a.ints("start")?.into_iter().map(|v| v as u64).collect();
-                    let end = a.ints("end")?.into_iter().map(|v| v as u64).collect();
-                    OpKind::Slice {
-                        x: ids[0],
-                        start,
-                        end,
-                    }
-                }
-                "concat" => {
-                    if ids.is_empty() {
-                        return Err(Diagnostic::error(
-                            "`concat` needs at least one operand",
-                            span,
-                            "no operands",
-                        ));
-                    }
-                    OpKind::Concat {
-                        xs: ids.clone(),
-                        axis: a.int("axis")?,
-                    }
-                }
-                "softmax" => {
-                    arity(1)?;
-                    OpKind::Softmax {
-                        x: ids[0],
-                        axis: a.int("axis")?,
-                    }
-                }
-                "layernorm" => {
-                    arity(1)?;
-                    OpKind::LayerNorm {
-                        x: ids[0],
-                        axis: a.int("axis")?,
-                        eps: Float(a.float("eps")?),
-                    }
-                }
-                "iota" => {
-                    arity(0)?;
-                    OpKind::Iota {
-                        axis: a.int("axis")?,
-                    }
-                }
-                "constant" => {
-                    arity(0)?;
-                    let (text, nspan) = number.ok_or_else(|| {
-                        Diagnostic::error(
-                            "`constant` needs a value, as in `constant 0.5 : f32[d]`",
-                            span,
-                            "no value",
-                        )
-                    })?;
-                    OpKind::Constant {
-                        value: Float(parse_f64(&text, nspan)?),
-                    }
-                }
-                "pad" => {
-                    arity(1)?;
-                    OpKind::Pad {
-                        x: ids[0],
-                        axis: a.int("axis")?,
-                        low: a.int("low")? as u64,
-                        high: a.int("high")? as u64,
-                        fill: Float(a.float("fill")?),
-                    }
-                }
-                "shift" => {
-                    arity(1)?;
-                    OpKind::Shift {
-                        x: ids[0],
-                        axis: a.int("axis")?,
-                        fill: Float(a.float("fill")?),
-                    }
-                }
-                "index" => {
-                    arity(2)?;
-                    OpKind::Index {
-                        x: ids[0],
-                        index: ids[1],
-                        axis: a.int("axis")?,
-                    }
-                }
-                "update" => {
-                    arity(3)?;
-                    OpKind::Update {
-                        x: ids[0],
-                        update: ids[1],
-                        index: ids[2],
-                        axis: a.int("axis")?,
-                    }
-                }
-                "rank" => {
-                    arity(0)?;
-                    OpKind::Rank
-                }
-                "exchange" => {
-                    arity(1)?;
-                    let reverse = match a.ident_opt("from")? {
-                        None => false,
-                        Some((w, _)) if w == "previous" => false,
-                        Some((w, _)) if w == "next" => true,
-                        Some((w, span)) => {
-                            return Err(Diagnostic::error(
-                                format!("`from` is `previous` or `next`, not `{w}`"),
-                                span,
-                                "not a neighbour",
-                            ))
-                        }
-                    };
-                    OpKind::Exchange { x: ids[0], reverse }
-                }
-                "call" => {
-                    let (callee, cspan) = symbol.clone().ok_or_else(|| {
-                        Diagnostic::error(
-                            "`call` needs a function, as in `call @stage, %x`",
-                            span,
-                            "no callee",
-                        )
-                    })?;
-                    let id = self
-                        .module
-                        .funcs
-                        .iter()
-                        .find(|(_, f)| f.name == callee)
-                        .map(|(id, _)| id)
-                        .ok_or_else(|| {
-                            let defined: Vec<String> = self
-                                .module
-                                .funcs
-                                .values()
-                                .map(|f| format!("@{}", f.name))
-                                .collect();
-                            Diagnostic::error(
-                                format!("unknown function `@{callee}`"),
-                                cspan,
-                                "not defined before this function",
-                            )
-                            .with_note(if defined.is_empty() {
-                                "no function is defined before this one".to_string()
-                            } else {
-                                format!("defined so far: {}", defined.join(", "))
-                            })
-                        })?;
-                    OpKind::Call {
-                        callee: id,
-                        args: ids.clone(),
-                    }
-                }
-                "loop" => {
-                    let trips = a.int("trips")? as u64;
-                    if trips == 0 || trips > MAX_PIPELINE_SETTING * MAX_PIPELINE_SETTING {
-                        return Err(Diagnostic::error(
-                            format!("loop trip count {trips} is out of range"),
-                            span,
-                            "bad trip count",
-                        ));
-                    }
-                    let r = region.take().ok_or_else(|| {
-                        Diagnostic::error(
-                            "`loop` needs a body `{ ^body(...): ... yield ... }`",
-                            span,
-                            "no body",
-                        )
-                    })?;
-                    let body = self.region(r, &ids)?;
-                    OpKind::Loop {
-                        trips,
-                        inits: ids.clone(),
-                        body,
-                    }
-                }
-                other => {
-                    return Err(Diagnostic::error(
-                        format!("unknown op `{other}`"),
-                        name_span,
-                        "not an op",
-                    )
-                    .with_note(format!("ops: {}", crate::op::all_op_names().join(" "))))
-                }
-            }
-        };
-        a.finish()?;
-        // Shape inference, with the written result types as the target or as a check.
-        let operand_types: Vec<&Type> = ids.iter().map(|&v| self.func.ty(v)).collect();
-        let written: Vec<Type> = declared.iter().map(|(t, _)| t.clone()).collect();
-        let callee = match &kind {
+        sig.ok_or_else(|| {
+            let names: Vec<&str> = signature::signatures().iter().map(|s| s.name).collect();
+            Diagnostic::error(format!("unknown op `{op}`"), s.name_span, "not an op")
+                .with_note(format!("ops: {}", names.join(" ")))
+        })
+    }
+
+    /// The function `@name` a `call` names, defined before this one.
+    pub(super) fn callee(&self, name: &str, span: Span) -> PResult<FuncId> {
+        let funcs = &self.module.funcs;
+        funcs
+            .iter()
+            .find(|(_, f)| f.name == name)
+            .map(|(id, _)| id)
+            .ok_or_else(|| {
+                let defined: Vec<String> = funcs.values().map(|f| format!("@{}", f.name)).collect();
+                Diagnostic::error(
+                    format!("unknown function `@{name}`"),
+                    span,
+                    "not defined before this function",
+                )
+                .with_note(if defined.is_empty() {
+                    "no function is defined before this one".to_string()
+                } else {
+                    format!("defined so far: {}", defined.join(", "))
+                })
+            })
+    }
+
+    /// Shape inference, with the written result types as the target or as a check.
+    fn result_types(&self, s: &Stmt, kind: &OpKind) -> PResult<Vec<Type>> {
+        let (op, span, name_span) = (s.op(), s.span, s.name_span);
+        let operand_types: Vec<&Type> = s.operands.iter().map(|&(v, _)| self.func.ty(v)).collect();
+        let written: Vec<Type> = s.declared.iter().map(|(t, _)| t.clone()).collect();
+        let callee = match kind {
             OpKind::Call { callee, .. } => Some(&self.module.funcs[*callee]),
             _ => None,
         };
-        let inferred = infer(&kind, &operand_types, &written, callee).map_err(|e| {
+        let inferred = infer(kind, &operand_types, &written, callee).map_err(|e| {
             let label_span = e
                 .operand
-                .and_then(|i| operands.get(i))
+                .and_then(|i| s.operands.get(i))
                 .map(|(_, s)| *s)
                 .unwrap_or(name_span);
             let mut d = Diagnostic::error(e.message, label_span, "here");
             if label_span != name_span {
-                d = d.with_label(name_span, format!("in this `{op_name}`"));
+                d = d.with_label(name_span, format!("in this `{op}`"));
             }
             d
         })?;
-        if results.len() != inferred.len() {
+        if s.results.len() != inferred.len() {
             return Err(Diagnostic::error(
                 format!(
-                    "`{op_name}` produces {} value{}, but {} name{} given",
+                    "`{op}` produces {} value{}, but {} name{} given",
                     inferred.len(),
                     if inferred.len() == 1 { "" } else { "s" },
-                    results.len(),
-                    if results.len() == 1 { " is" } else { "s are" }
+                    s.results.len(),
+                    if s.results.len() == 1 { " is" } else { "s are" }
                 ),
                 span,
                 "wrong number of results",
             ));
         }
         let mut types = inferred.clone();
-        if !kind.has_declared_type() && !declared.is_empty() {
-            if declared.len() != inferred.len() {
+        if !kind.has_declared_type() && !s.declared.is_empty() {
+            if s.declared.len() != inferred.len() {
                 return Err(Diagnostic::error(
                     format!(
-                        "`{op_name}` has {} results but {} types are written",
+                        "`{op}` has {} results but {} types are written",
                         inferred.len(),
-                        declared.len()
+                        s.declared.len()
                     ),
                     span,
                     "wrong number of types",
                 ));
             }
-            for ((d, dspan), inf) in declared.iter().zip(&inferred) {
+            for ((d, dspan), inf) in s.declared.iter().zip(&inferred) {
                 if !d.same_as(inf) {
                     return Err(Diagnostic::error(
                         format!(
-                            "`{op_name}` produces {} but the written type is {}",
+                            "`{op}` produces {} but the written type is {}",
                             sizes(inf),
                             sizes(d)
                         ),
@@ -595,27 +383,17 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
                     ));
                 }
             }
-            types = declared.into_iter().map(|(t, _)| t).collect();
+            types = written;
         }
         for t in &types {
             checked_elements(&t.shape()).map_err(|m| {
-                Diagnostic::error(format!("`{op_name}` result {t}: {m}"), span, "too large")
+                Diagnostic::error(format!("`{op}` result {t}: {m}"), span, "too large")
             })?;
         }
-        let result_ids = results
-            .iter()
-            .zip(types)
-            .map(|(r, t)| self.define(r, t))
-            .collect::<PResult<Vec<_>>>()?;
-        let id = self.func.ops.push(Op {
-            kind,
-            results: result_ids,
-        });
-        self.func.op_spans.set(id, span);
-        Ok(id)
+        Ok(types)
     }
 
-    fn region(&mut self, r: Pair<Rule>, inits: &[ValueId]) -> PResult<Block> {
+    pub(super) fn region(&mut self, r: Pair<Rule>, inits: &[ValueId]) -> PResult<Block> {
         let rspan = span_of(&r);
         self.scopes.push(HashMap::new());
         let mut block = Block::default();
@@ -695,4 +473,22 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         }
         Ok(())
     }
+}
+
+/// `key = value` as written.
+fn attribute(a: Pair<Rule>) -> (String, Attr) {
+    let mut k = a.into_inner();
+    let key = k.next().expect("key").as_str().to_string();
+    let val = k
+        .next()
+        .expect("attr")
+        .into_inner()
+        .next()
+        .expect("attr value");
+    let attr = match val.as_rule() {
+        Rule::list => Attr::List(val.into_inner().map(|n| n.as_str().to_string()).collect()),
+        Rule::number => Attr::Num(val.as_str().to_string()),
+        _ => Attr::Ident(val.as_str().to_string()),
+    };
+    (key, attr)
 }

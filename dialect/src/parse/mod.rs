@@ -8,6 +8,7 @@
 mod attrs;
 mod func;
 mod module;
+pub mod signature;
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::ir::{Module, Setting};
