@@ -8,6 +8,7 @@ use crate::passes::{self, Options, Remat};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ppc_dialect::{DType, Overrides};
 use ppc_runtime::manifest::Target;
+use ppc_runtime::run_options::{ParamsFile, RunOptions};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -55,7 +56,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
         #[command(flatten)]
-        io: RunArgs,
+        io: RunOptions,
         #[command(flatten)]
         codegen: CodegenArgs,
     },
@@ -128,7 +129,7 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         #[command(flatten)]
-        params: ParamsArg,
+        params: ParamsFile,
         /// Testing verify itself: add 1 to element N (row-major) of the result under test
         /// before comparing, which must then fail.
         #[arg(long, value_name = "N", hide = true)]
@@ -197,49 +198,6 @@ impl ModelArgs {
             float_dtype: self.dtype,
         }
     }
-}
-
-/// Inputs, outputs and repetitions of `ppc run`.
-#[derive(Args, Debug)]
-pub struct RunArgs {
-    /// Seed of the generator that draws parameters and inputs.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// How many times to run the forward pass.
-    #[arg(long, default_value_t = 1)]
-    pub steps: u32,
-    /// After warm-up, time N more steps and print one JSON line (median step time).
-    #[arg(long, value_name = "N")]
-    pub bench: Option<u32>,
-    /// Read input microbatches from tensor `input` of this safetensors file.
-    #[arg(long, value_name = "FILE")]
-    pub input: Option<PathBuf>,
-    /// Write the result to tensor `output` of this safetensors file.
-    #[arg(long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    #[command(flatten)]
-    pub params: ParamsArg,
-    /// Write a Chrome/Perfetto trace of the steps (open it in ui.perfetto.dev): each step,
-    /// each GPipe loop iteration (numbered as `ppc schedule` numbers them), GEMM and exchange.
-    #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
-    /// Write the parameters this run uses (drawn from the seed, or read with --params) to
-    /// this safetensors file, named as --params reads them, in the model's dtype.
-    #[arg(long, value_name = "FILE")]
-    pub dump_params: Option<PathBuf>,
-}
-
-/// Where parameters come from, for every command that runs a model.
-#[derive(Args, Debug)]
-pub struct ParamsArg {
-    /// Read the parameters from this safetensors file instead of drawing them from the seed:
-    /// tensor `layers.L.NAME` holds parameter NAME (as `@layer` names it) of model layer L
-    /// (layer (r·S + s)·k + j is the j-th layer of stage s in repeat r), shaped as in
-    /// `@layer`; a stacked `NAME` of shape [layers, ...] is read too. f32, bf16 or f16 in the
-    /// file, rounded to the model's dtype. Every missing, extra or ill-shaped tensor is
-    /// reported at once and nothing runs.
-    #[arg(long, value_name = "FILE")]
-    pub params: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

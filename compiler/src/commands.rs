@@ -2,9 +2,7 @@
 //! rendered diagnostics with file:line:col, or a one-line `error:` message.
 
 use crate::backend::{self, Source};
-use crate::cli::{
-    Backend, CodegenArgs, Command, Device, ModelArgs, PassArgs, ReportFormat, RunArgs,
-};
+use crate::cli::{Backend, CodegenArgs, Command, Device, ModelArgs, PassArgs, ReportFormat};
 use crate::compare::{compare, tolerance};
 
 use crate::passes::{Options, Remat};
@@ -16,9 +14,10 @@ use ppc_dialect::interp::{forward_on_ranks, param_source, param_specs, Interp};
 use ppc_dialect::ir::Setting;
 use ppc_dialect::span::Span;
 use ppc_dialect::{print, Diagnostic, Module};
-use ppc_runtime::exec::{drive, write_summary, RunOptions, OUTPUT_TENSOR};
+use ppc_runtime::exec::{drive, write_summary, OUTPUT_TENSOR};
 use ppc_runtime::files::write_atomic;
 use ppc_runtime::memref::HostBuffer;
+use ppc_runtime::run_options::RunOptions;
 use ppc_runtime::Tensor;
 use std::io::Write;
 use std::path::Path;
@@ -210,28 +209,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             one_process(&l, "ppc run")?;
             l.compile(&Options::default(), None, None)?;
             let (_dir, exe) = l.cuda_executable(&codegen, err)?;
-            let mut flags: Vec<std::ffi::OsString> = vec![
-                "--seed".into(),
-                args.seed.to_string().into(),
-                "--steps".into(),
-                args.steps.to_string().into(),
-            ];
-            if let Some(n) = args.bench {
-                flags.extend(["--bench".into(), n.to_string().into()]);
-            }
-            let files = [
-                ("--input", &args.input),
-                ("--output", &args.output),
-                ("--params", &args.params.params),
-                ("--dump-params", &args.dump_params),
-                ("--trace", &args.trace),
-            ];
-            for (flag, file) in files {
-                if let Some(f) = file {
-                    flags.extend([flag.into(), f.clone().into_os_string()]);
-                }
-            }
-            return run_executable(&exe, &flags, out, err);
+            return run_executable(&exe, &args.to_args(), out, err);
         }
         Command::Run {
             model,
@@ -252,15 +230,8 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             )
             .map_err(io)?;
             let opts = RunOptions {
-                seed: args.seed,
-                steps: args.steps,
-                bench: args.bench,
-                input: args.input,
-                output: args.output,
-                params: args.params.params,
-                dump_params: args.dump_params,
-                trace: args.trace,
                 backend: "cpu JIT".into(),
+                ..args
             };
             drive(&jit.program, &opts, out, err)?;
         }
@@ -388,7 +359,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let check = Check {
                 backend,
                 seed,
-                params: params.params,
+                params: params.file,
                 perturb,
             };
             if grad {
@@ -460,7 +431,7 @@ fn run_executable(
 /// `ppc run --backend interp`: the model as written, each microbatch through every layer.
 fn run_interp(
     l: &Loaded,
-    args: &RunArgs,
+    args: &RunOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), Failure> {
@@ -470,7 +441,7 @@ fn run_interp(
         ));
     }
     let p = l.module.pipeline;
-    let source = param_source(&l.module, args.seed, args.params.params.as_deref())?;
+    let source = param_source(&l.module, args.seed, args.params.file.as_deref())?;
     if let Some(path) = &args.dump_params {
         ppc_runtime::params::dump(&source, &param_specs(&l.module), path)?;
         writeln!(err, "wrote {}", path.display()).map_err(io)?;

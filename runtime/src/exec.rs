@@ -12,11 +12,11 @@ use crate::init::{self, Layers, Shard, Source};
 use crate::manifest::{Manifest, Role};
 use crate::memref::HostBuffer;
 use crate::params::{ParamFile, Spec};
+use crate::run_options::RunOptions;
 use crate::safetensors;
 use crate::tensor::Tensor;
 use std::ffi::c_void;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -89,7 +89,7 @@ impl Program {
     /// Where this run's parameters come from: `--params FILE`, checked against the model, or
     /// the seeded generator.
     pub fn param_source(&self, opts: &RunOptions) -> Result<Source, String> {
-        match &opts.params {
+        match &opts.params.file {
             None => Ok(Source::Seeded(opts.seed)),
             Some(path) => Ok(Source::File(Arc::new(ParamFile::open(
                 path,
@@ -194,25 +194,6 @@ impl Program {
     }
 }
 
-/// What `ppc run` and an executable are asked to do.
-#[derive(Clone, Debug, Default)]
-pub struct RunOptions {
-    pub seed: u64,
-    pub steps: u32,
-    /// Timed repetitions after warm-up; prints one JSON line.
-    pub bench: Option<u32>,
-    pub input: Option<PathBuf>,
-    pub output: Option<PathBuf>,
-    /// Read the parameters from this safetensors file instead of drawing them.
-    pub params: Option<PathBuf>,
-    /// Write the parameters (drawn or read) to this safetensors file before running.
-    pub dump_params: Option<PathBuf>,
-    /// Write a Chrome/Perfetto trace of the steps (not of `--bench`) to this file.
-    pub trace: Option<PathBuf>,
-    /// What ran, for the summary: `cpu (JIT)`, `cpu (executable)`.
-    pub backend: String,
-}
-
 /// The name of the input and output tensors in safetensors files.
 pub const INPUT_TENSOR: &str = "input";
 pub const OUTPUT_TENSOR: &str = "output";
@@ -306,14 +287,21 @@ pub fn drive(
             writeln!(err, "wrote {}", path.display()).map_err(io)?;
         }
     }
-    let step_s = times.iter().sum::<f64>() / times.len() as f64;
+    // The first step pages in weights and buffers; the others show the steady state, and
+    // their median is what `--bench` reports too.
+    let (cold, warm) = (times[0], &times[1..]);
+    let (step_s, which) = match warm.len() {
+        0 => (cold, "one cold step".to_string()),
+        n => (
+            median(warm),
+            format!("median of {n} warm step{}", if n == 1 { "" } else { "s" }),
+        ),
+    };
     let y = output.to_tensor();
     let bubble = (m.stages - 1) as f64 / (m.repeats * m.microbatches + m.stages - 1) as f64;
     let step = format!(
-        "{step_s:.6} s ({}, seed {}, {steps} step{})",
-        opts.backend,
-        opts.seed,
-        if steps == 1 { "" } else { "s" }
+        "{step_s:.6} s, {which} ({}, seed {})",
+        opts.backend, opts.seed
     );
     let shape = |dtype, shape: &[usize]| format!("{dtype}{shape:?}");
     let input_shape = shape(m.input().dtype, &m.input().shape);
@@ -327,6 +315,13 @@ pub fn drive(
             &step,
         )
         .map_err(io)?;
+        if !warm.is_empty() {
+            writeln!(
+                out,
+                "first step  {cold:.6} s (cold: pages in weights and buffers)"
+            )
+            .map_err(io)?;
+        }
         writeln!(
             out,
             "throughput  {:.1} microbatches/s, {:.2} GFLOP/s useful",
@@ -377,11 +372,6 @@ pub fn bench(
         waits.push(comm::take_exchange_seconds());
     }
     let bubble = crate::gemm::take_measured_bubble().unwrap_or(f64::NAN);
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let wait = median(&waits);
     let mine = [
         median(&steps),
@@ -428,4 +418,11 @@ pub fn bench(
         per_rank.join(",")
     )
     .map_err(|e| e.to_string())
+}
+
+/// The median of step times (the upper one of an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }

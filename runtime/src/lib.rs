@@ -23,6 +23,7 @@ pub mod optim;
 pub mod params;
 pub mod pool;
 pub mod rng;
+pub mod run_options;
 pub mod safetensors;
 pub mod sgemm;
 pub mod small_m;

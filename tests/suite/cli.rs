@@ -361,7 +361,7 @@ fn run_reads_inputs_steps_and_benches_at_every_opt_level() {
         let (code, stdout, err) = ppc(&args);
         assert_eq!(code, 0, "-O{opt}: {err}");
         assert!(
-            stdout.contains("3 steps") && err.contains("step 3/3"),
+            stdout.contains("median of 2 warm steps") && err.contains("step 3/3"),
             "{stdout}{err}"
         );
         let got = safetensors::read_tensor(&out, "output")

@@ -415,15 +415,32 @@ fn executables_reject_bad_arguments_and_inputs() {
     let exe = build("examples/tiny.ppc", &dir, &[]);
     let (code, out, _) = run(&exe, &["--help"]);
     assert_eq!(code, 0);
-    assert!(out.contains("--input FILE") && out.contains("--bench N"));
+    assert!(out.contains("--input <FILE>") && out.contains("--bench <N>"));
     let (code, _, err) = run(&exe, &["--frobnicate"]);
     assert_eq!(code, 2);
-    assert!(err.contains("unknown argument `--frobnicate`"), "{err}");
+    assert!(err.contains("unexpected argument '--frobnicate'"), "{err}");
     let (code, _, err) = run(&exe, &["--steps", "many"]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("--steps needs a non-negative integer"),
+        err.contains("invalid value 'many' for '--steps <N>'"),
         "{err}"
+    );
+    // The summary reports warm steps (the median, as --bench does) and the cold one apart.
+    let (code, out, _) = run(&exe, &[]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(", median of 4 warm steps (cpu executable"),
+        "{out}"
+    );
+    assert!(
+        out.contains("first step  ") && out.contains("(cold"),
+        "{out}"
+    );
+    let (code, out, _) = run(&exe, &["--steps", "1"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(", one cold step (") && !out.contains("first step"),
+        "{out}"
     );
     let (code, _, err) = run(&exe, &["--input", "/no/such/file.safetensors"]);
     assert_eq!(code, 1);

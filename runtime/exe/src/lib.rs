@@ -10,11 +10,13 @@
 
 mod mpi_transport;
 
+use clap::{CommandFactory, FromArgMatches, Parser};
 use mpi::traits::Communicator;
 use ppc_runtime::comm;
-use ppc_runtime::exec::{drive, PackedFn, Program, RunOptions};
+use ppc_runtime::exec::{drive, PackedFn, Program};
 use ppc_runtime::manifest::Manifest;
 use ppc_runtime::optim::{Config, Kind, SETTINGS};
+use ppc_runtime::run_options::RunOptions;
 use ppc_runtime::train::{train, TrainOptions};
 use std::ffi::{c_char, c_int, CStr};
 use std::path::PathBuf;
@@ -24,40 +26,25 @@ extern "C" {
     fn _mlir__mlir_ciface_ppc_forward(args: *mut *mut std::ffi::c_void);
 }
 
-const USAGE: &str =
-    "usage: [mpirun.mpich -n RANKS] MODEL [--seed N] [--input FILE] [--output FILE] [--params FILE]
-         [--dump-params FILE] [--steps N] [--bench N] [--trace FILE]
-
-Runs the pipeline-parallel forward pass that ppc compiled into this executable, on as many MPI
-ranks as it was compiled for (`ppc compile --ranks`; one by default). Rank 0 reads the input;
-the last rank prints the summary and writes the output.
-  --seed N       seed of parameters and synthetic inputs (default 0)
-  --input FILE   read the input microbatches from tensor `input` of a safetensors file
-                 (shape [microbatches, ...input]); default: seeded synthetic inputs
-  --output FILE  write the result to tensor `output` of a safetensors file
-  --params FILE  read the parameters from a safetensors file instead of drawing them: tensor
-                 `layers.L.NAME` is parameter NAME of model layer L (layer (r*S + s)*k + j is
-                 the j-th layer of stage s in repeat r), shaped as in the model's @layer; a
-                 stacked `NAME` [layers, ...] is read too; f32, bf16 or f16. Problems are listed
-                 at once and nothing runs; under mpirun each rank reads only its own layers
-  --dump-params FILE
-                 write the parameters this run uses (seeded, or from --params) in that naming
-  --steps N      run the forward pass N times (default 1)
-  --trace FILE   write a Chrome/Perfetto trace of the steps (ui.perfetto.dev): per rank and
-                 thread, each step, GPipe loop iteration (numbered as `ppc schedule` does),
-                 GEMM and exchange
-  --bench N      after warm-up, time N more steps and print one JSON line (rank 0): step
-                 time, throughput, and per rank compute, exchange wait and measured bubble
-  --help         print this and exit
-
-Every rank checks at start that its CPU has the instruction-set features the code was compiled
-for (ppc compile --target-cpu) and ends the job with the names of the missing ones otherwise.
-
-Environment: PPC_NUM_THREADS (threads per rank; default: cores / ranks on this node),
-PPC_CPU_DISABLE=avx512f,... (treat these CPU features as absent: the runtime's kernels take
-their portable paths and the start-up check applies), PPC_FAULT_RANK=r (testing: rank r dies
-at start, to check that the job ends). Results are the same bytes whatever the thread count,
-rank count or CPU features (--bench names the GEMM kernels in use)";
+/// A forward executable's command line: the run options `ppc run` takes too.
+#[derive(Parser)]
+#[command(
+    about = "Runs the pipeline-parallel forward pass that ppc compiled into this executable, on as \
+             many MPI ranks as it was compiled for (`ppc compile --ranks`; one by default). Rank 0 \
+             reads the input; the last rank prints the summary and writes the output.",
+    after_help = "Every rank checks at start that its CPU has the instruction-set features the code was \
+                  compiled for (ppc compile --target-cpu) and ends the job with the names of the missing \
+                  ones otherwise.\n\n\
+                  Environment: PPC_NUM_THREADS (threads per rank; default: cores / ranks on this node), \
+                  PPC_CPU_DISABLE=avx512f,... (treat these CPU features as absent: the runtime's kernels \
+                  take their portable paths and the start-up check applies), PPC_FAULT_RANK=r (testing: \
+                  rank r dies at start, to check that the job ends). Results are the same bytes whatever \
+                  the thread count, rank count or CPU features (--bench names the GEMM kernels in use)."
+)]
+struct ForwardCli {
+    #[command(flatten)]
+    run: RunOptions,
+}
 
 const TRAIN_USAGE: &str =
     "usage: MODEL [--steps N] [--lr X] [--optimizer sgd|adamw] [--momentum X] [--weight-decay X]
@@ -176,28 +163,19 @@ fn parse_train_args(
     Ok(Some(o))
 }
 
-fn parse_args(args: &[String]) -> Result<Option<RunOptions>, String> {
-    let mut o = RunOptions {
-        steps: 1,
-        backend: "cpu executable".into(),
-        ..Default::default()
-    };
-    let mut f = Flags::new(args);
-    while let Some(a) = f.next_flag() {
-        match a {
-            "--help" | "-h" => return Ok(None),
-            "--seed" => o.seed = f.number(a)?,
-            "--steps" => o.steps = f.count(a)?,
-            "--bench" => o.bench = Some(f.count(a)?),
-            "--input" => o.input = Some(f.path(a)?),
-            "--output" => o.output = Some(f.path(a)?),
-            "--params" => o.params = Some(f.path(a)?),
-            "--dump-params" => o.dump_params = Some(f.path(a)?),
-            "--trace" => o.trace = Some(f.path(a)?),
-            other => return Err(format!("unknown argument `{other}`")),
-        }
-    }
-    Ok(Some(o))
+/// The forward run's options; `Err` holds what clap prints (help, or an error with usage) and
+/// the exit status.
+fn parse_args(args: &[String], prog: &str) -> Result<RunOptions, (String, c_int)> {
+    let cli = ForwardCli::command().bin_name(prog);
+    let matches = cli.try_get_matches_from(args).map_err(|e| {
+        let code = if e.use_stderr() { 2 } else { 0 };
+        (e.render().to_string(), code)
+    })?;
+    let mut o = ForwardCli::from_arg_matches(&matches)
+        .map_err(|e| (e.render().to_string(), 2))?
+        .run;
+    o.backend = "cpu executable".into();
+    Ok(o)
 }
 
 /// # Safety
@@ -218,26 +196,30 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
             return 1;
         }
     };
-    let (usage, parsed) = if manifest.trains() {
-        (
-            TRAIN_USAGE,
-            parse_train_args(&args, &manifest.train).map(|o| o.map(Job::Train)),
-        )
+    let parsed = if manifest.trains() {
+        match parse_train_args(&args, &manifest.train) {
+            Ok(Some(o)) => Ok(Job::Train(o)),
+            Ok(None) => Err((TRAIN_USAGE.replace("MODEL", &prog), 0)),
+            Err(e) => Err((
+                format!(
+                    "{prog}: error: {e}\n{}",
+                    TRAIN_USAGE.replace("MODEL", &prog)
+                ),
+                2,
+            )),
+        }
     } else {
-        (USAGE, parse_args(&args).map(|o| o.map(Job::Forward)))
+        parse_args(&args, &prog).map(Job::Forward)
     };
     let job = match parsed {
-        Ok(Some(j)) => j,
-        Ok(None) => {
-            println!("{}", usage.replace("MODEL", &prog));
+        Ok(j) => j,
+        Err((text, 0)) => {
+            println!("{}", text.trim_end());
             return 0;
         }
-        Err(e) => {
-            say(&format!(
-                "{prog}: error: {e}\n{}",
-                usage.replace("MODEL", &prog)
-            ));
-            return 2;
+        Err((text, code)) => {
+            say(text.trim_end());
+            return code;
         }
     };
     // The pool's (OpenMP's) threads exist beside MPI, but only this thread calls it: "funneled".
