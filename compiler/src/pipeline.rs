@@ -3,14 +3,36 @@
 
 use crate::passes::{Options, PASSES};
 use crate::timing;
-use ppc_dialect::{check_model, parse, print, verify, Diagnostics, Module, Overrides};
+use ppc_dialect::ir::Item;
+use ppc_dialect::{check_model, parse, print, verify, Diagnostic, Diagnostics, Module, Overrides};
 use std::path::Path;
 
 /// Parses and checks a model file's text.
 pub fn frontend(text: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
     let m = parse(text, overrides)?;
+    check_train_settings(&m)?;
     check_model(&m)?;
     Ok(m)
+}
+
+/// The `train { ... }` block's settings, as the runtime's optimizer reads them: the first bad
+/// one, at its name or its value.
+fn check_train_settings(m: &Module) -> Result<(), Diagnostics> {
+    for i in 0..m.train.len() {
+        if let Err(e) = ppc_runtime::optim::Config::from_settings(&m.train[..=i]) {
+            let at = match e.is_about_the_key() {
+                true => Item::TrainKey(i),
+                false => Item::TrainValue(i),
+            };
+            let span = m.spans.get(&at);
+            return Err(vec![Diagnostic::error(
+                e.to_string(),
+                span,
+                "in this training setting",
+            )]);
+        }
+    }
+    Ok(())
 }
 
 /// Runs the passes up to and including `until` (all of them if `None`). With `dump`, the IR

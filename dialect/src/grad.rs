@@ -9,16 +9,15 @@ use crate::interp::{microbatch, on_ranks, shard, stack, Interp};
 use crate::ir::names;
 use crate::kernels;
 use crate::op::BinaryOp;
-use ppc_runtime::init::{global_layer, Source};
-use ppc_runtime::{DType, Tensor};
+use ppc_tensor::init::{global_layer, Source};
+use ppc_tensor::{DType, Tensor};
 
 /// A seeded cotangent of the outputs, `[M, ...input]`: standard normal values.
 pub fn synthetic_cotangent(m: &crate::Module, seed: u64) -> Tensor {
     let mut shape = vec![m.pipeline.microbatches as usize];
     shape.extend(m.input.shape_usize());
     let n = shape.iter().product();
-    let data =
-        ppc_runtime::Rng::stream(seed, "cotangent", 0).fill(ppc_runtime::Init::Normal(1.0), n);
+    let data = ppc_tensor::Rng::stream(seed, "cotangent", 0).fill(ppc_tensor::Init::Normal(1.0), n);
     Tensor::new(m.input.dtype, shape, data)
 }
 

@@ -11,9 +11,8 @@ use crate::types::{sizes, DType, Dim, Label, Type};
 /// The most elements one tensor may have (2^32): anything larger is a typo, not a model.
 pub const MAX_ELEMENTS: u64 = 1 << 32;
 
-/// The most axes of a `matmul` operand: the runtime's GEMM keeps shapes inline
-/// (`ppc_runtime::gemm::MAX_RANK`).
-pub const MAX_MATMUL_RANK: usize = 16;
+/// The most axes of a `matmul` operand (the runtime's GEMM keeps shapes inline).
+pub use ppc_tensor::tensor::MAX_MATMUL_RANK;
 
 /// Why an op's operands do not fit it.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,8 +11,8 @@ use crate::ir::{names, Block, Func, Module, Param, ValueId};
 use crate::kernels as k;
 use crate::op::OpKind;
 use crate::types::{Axis, DType, Type};
-use ppc_runtime::init::{Layers, Shard, Source};
-use ppc_runtime::Tensor;
+use ppc_tensor::init::{Layers, Shard, Source};
+use ppc_tensor::Tensor;
 use std::collections::HashMap;
 
 /// The fill used for poisoned bubbles, as a number the text format can hold.
@@ -288,7 +288,7 @@ pub fn materialize(
         0 => Layers::One(layer),
         axes => Layers::Stacked { axes, shard },
     };
-    ppc_runtime::init::param_from(source, name, ty.dtype, &ty.shape_usize(), layers, p.init)
+    ppc_tensor::init::param_from(source, name, ty.dtype, &ty.shape_usize(), layers, p.init)
 }
 
 /// The part of the full parameter that rank `rank` holds, for a parameter of type `ty` of a
@@ -384,12 +384,12 @@ pub fn on_ranks<T: Send>(
 }
 
 /// The model's parameters as files hold them: each of `@layer`'s, for every layer.
-pub fn param_specs(m: &Module) -> Vec<ppc_runtime::params::Spec> {
+pub fn param_specs(m: &Module) -> Vec<ppc_tensor::params::Spec> {
     m.func(names::LAYER).map_or_else(Vec::new, |layer| {
         layer
             .params
             .iter()
-            .map(|p| ppc_runtime::params::Spec {
+            .map(|p| ppc_tensor::params::Spec {
                 name: layer.values[p.value].name.clone(),
                 shape: layer.ty(p.value).shape_usize(),
                 layers: m.pipeline.layers,
@@ -410,7 +410,7 @@ pub fn param_source(
     match params {
         None => Ok(Source::Seeded(seed)),
         Some(path) => {
-            let f = ppc_runtime::params::ParamFile::open(path, &param_specs(m))?;
+            let f = ppc_tensor::params::ParamFile::open(path, &param_specs(m))?;
             Ok(Source::File(std::sync::Arc::new(f)))
         }
     }
@@ -418,7 +418,7 @@ pub fn param_source(
 
 /// `[M, ...input]` synthetic inputs for `seed`: microbatch `m` from the stream `("input", m)`.
 pub fn synthetic_inputs(m: &Module, seed: u64) -> Tensor {
-    ppc_runtime::init::synthetic_inputs(
+    ppc_tensor::init::synthetic_inputs(
         seed,
         m.input.dtype,
         &m.input.shape_usize(),
@@ -433,12 +433,12 @@ pub fn synthetic_targets(m: &Module, seed: u64) -> Tensor {
     let mut shape = vec![m.pipeline.microbatches as usize];
     shape.extend(t.shape_usize());
     let n = shape.iter().product();
-    let mut rng = ppc_runtime::Rng::stream(seed, "target", 0);
+    let mut rng = ppc_tensor::Rng::stream(seed, "target", 0);
     let data = if t.dtype == DType::I32 {
         let classes = m.input.shape_usize().last().copied().unwrap_or(1) as u64;
         (0..n).map(|_| (rng.next_u64() % classes) as f32).collect()
     } else {
-        rng.fill(ppc_runtime::Init::Normal(1.0), n)
+        rng.fill(ppc_tensor::Init::Normal(1.0), n)
     };
     Tensor::new(t.dtype, shape, data)
 }

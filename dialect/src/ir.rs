@@ -9,7 +9,7 @@ use crate::op::OpKind;
 pub use crate::setting::Setting;
 use crate::span::SpanTable;
 use crate::types::Type;
-pub use ppc_runtime::Init;
+pub use ppc_tensor::Init;
 use std::collections::{HashMap, HashSet};
 
 pub type ValueId = Id<Value>;
@@ -52,6 +52,9 @@ pub enum Item {
     Target,
     Loss,
     Train,
+    /// The name and the value of `train` setting `i`.
+    TrainKey(usize),
+    TrainValue(usize),
 }
 
 impl Item {
@@ -63,7 +66,7 @@ impl Item {
             Item::Input => "input",
             Item::Target => "target",
             Item::Loss => "loss",
-            Item::Train => "train",
+            Item::Train | Item::TrainKey(_) | Item::TrainValue(_) => "train",
         }
     }
 }

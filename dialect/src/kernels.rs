@@ -7,8 +7,8 @@
 
 use crate::op::{BinaryOp, CmpPred, ReduceOp, UnaryOp};
 use crate::types::DType;
-use ppc_runtime::tensor::strides;
-use ppc_runtime::Tensor;
+use ppc_tensor::tensor::strides;
+use ppc_tensor::Tensor;
 
 /// Strides that read `from` (a shape NumPy-broadcastable to `to`) at each index of `to`.
 fn broadcast_strides(from: &[usize], to: &[usize]) -> Vec<usize> {

@@ -5,7 +5,7 @@
 //! stage axis that `vmap-stages` added first and an ordinary dimension that happens to be as
 //! long as the pipeline has stages last, and passes tell them apart by type.
 
-pub use ppc_runtime::DType;
+pub use ppc_tensor::DType;
 use std::fmt;
 
 /// An axis that passes create and find by what it is, never by what it is called.

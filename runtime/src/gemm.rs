@@ -49,7 +49,7 @@ impl Elem {
 }
 
 /// The most axes a `matmul` operand has (the type checker rejects more).
-pub const MAX_RANK: usize = 16;
+pub const MAX_RANK: usize = crate::tensor::MAX_MATMUL_RANK;
 
 /// An operand's sizes, strides or batch index, inline: generated code calls the GEMM
 /// thousands of times a step (the transformer's training step), and allocating these showed in

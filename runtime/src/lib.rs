@@ -1,11 +1,10 @@
 //! The ppc runtime: what a program produced by ppc needs at run time, and nothing more.
 //!
-//! Today that is host tensors ([`Tensor`], f32/bf16/f16/i32/i1 storage) and the seeded
-//! generator ([`rng`]) that draws parameters and synthetic inputs. The reference interpreter in
-//! `ppc-dialect` uses the same generator, so every backend sees identical numbers for one seed.
-//! It also holds what generated code calls and needs: memref buffers and descriptors, the GEMM
-//! behind `matmul`, the manifest, safetensors I/O and the run driver. It never depends on the
-//! compiler.
+//! What generated code calls and needs: the entry points of [`abi`] (the GEMM behind
+//! `matmul`, exchanges, trace spans), the manifest, the run driver, training and the optimizer,
+//! the thread pool, MPI transport and the CUDA runtime. Tensors, the seeded generator and files
+//! it shares with the interpreter come from `ppc-tensor` (re-exported here). It never depends
+//! on the compiler.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
@@ -13,23 +12,17 @@ pub mod comm;
 pub mod cpu;
 pub mod cuda;
 pub mod exec;
-pub mod files;
 pub mod gemm;
 pub mod heap;
-pub mod init;
 pub mod manifest;
-pub mod memref;
 pub mod optim;
-pub mod params;
 pub mod pool;
-pub mod rng;
 pub mod run_options;
-pub mod safetensors;
 pub mod sgemm;
 pub mod small_m;
-pub mod tensor;
 pub mod trace;
 pub mod train;
 
-pub use rng::{Init, Rng};
-pub use tensor::{DType, Tensor};
+// Shared with the interpreter; re-exported so that `ppc_runtime::tensor` and the like name them.
+pub use ppc_tensor::{files, init, memref, params, rng, safetensors, tensor};
+pub use ppc_tensor::{DType, Init, Rng, Tensor};

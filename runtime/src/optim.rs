@@ -54,14 +54,33 @@ pub const SETTINGS: [&str; 7] = [
     "eps",
 ];
 
+/// A training setting that is not valid, as the model file or the command line wrote it.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SettingError {
+    #[error("unknown training setting `{0}` (expected one of: {list})", list = SETTINGS.join(", "))]
+    UnknownKey(String),
+    #[error("`{key}` needs a non-negative number, got `{value}`")]
+    BadNumber { key: String, value: String },
+    #[error("`optimizer` is `sgd` or `adamw`, not `{0}`")]
+    UnknownOptimizer(String),
+}
+
+impl SettingError {
+    /// Whether the setting's name is wrong (else its value).
+    pub fn is_about_the_key(&self) -> bool {
+        matches!(self, SettingError::UnknownKey(_))
+    }
+}
+
 impl Config {
     /// The optimizer the settings choose (the last `optimizer = ...`; AdamW if none), with its
     /// defaults, then the other settings applied in order (a later one wins); the first bad one
     /// is an error.
-    pub fn from_settings(settings: &[(String, String)]) -> Result<Config, String> {
+    pub fn from_settings(settings: &[(String, String)]) -> Result<Config, SettingError> {
         let kind = match settings.iter().rev().find(|(k, _)| k == "optimizer") {
-            Some((_, v)) => Kind::from_name(v)
-                .ok_or_else(|| format!("`optimizer` is `sgd` or `adamw`, not `{v}`"))?,
+            Some((_, v)) => {
+                Kind::from_name(v).ok_or_else(|| SettingError::UnknownOptimizer(v.clone()))?
+            }
             None => Kind::AdamW,
         };
         let mut c = Config::new(kind);
@@ -72,12 +91,15 @@ impl Config {
     }
 
     /// Sets one numeric setting (`lr`, `momentum`, ...) from its text.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), SettingError> {
         let x: f32 = value
             .parse()
             .ok()
             .filter(|x: &f32| x.is_finite() && *x >= 0.0)
-            .ok_or_else(|| format!("`{key}` needs a non-negative number, got `{value}`"))?;
+            .ok_or_else(|| SettingError::BadNumber {
+                key: key.to_string(),
+                value: value.to_string(),
+            })?;
         let slot = match key {
             "lr" => &mut self.lr,
             "momentum" => &mut self.momentum,
@@ -85,12 +107,7 @@ impl Config {
             "beta1" => &mut self.beta1,
             "beta2" => &mut self.beta2,
             "eps" => &mut self.eps,
-            _ => {
-                return Err(format!(
-                    "unknown training setting `{key}` (expected one of: {})",
-                    SETTINGS.join(", ")
-                ))
-            }
+            _ => return Err(SettingError::UnknownKey(key.to_string())),
         };
         *slot = x;
         Ok(())

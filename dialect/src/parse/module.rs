@@ -129,16 +129,12 @@ impl ModuleBuilder<'_> {
                             "again here",
                         ));
                     }
+                    // What is valid is the runtime's optimizer's to say (the compiler's
+                    // front end checks it); the spans are kept for its diagnostics.
+                    let i = settings.len();
+                    self.spans.set(Item::TrainKey(i), span_of(&name));
+                    self.spans.set(Item::TrainValue(i), span_of(&value));
                     settings.push((name.as_str().to_string(), value.as_str().to_string()));
-                    // The runtime's optimizer is the one definition of what is valid.
-                    ppc_runtime::optim::Config::from_settings(&settings).map_err(|e| {
-                        let at = if e.starts_with("unknown") {
-                            &name
-                        } else {
-                            &value
-                        };
-                        Diagnostic::error(e, span_of(at), "in this training setting")
-                    })?;
                 }
                 self.train = Some(settings);
                 Ok(())

@@ -159,7 +159,7 @@ fn parse_train_args(
             }
         }
     }
-    o.optimizer = Config::from_settings(&settings)?;
+    o.optimizer = Config::from_settings(&settings).map_err(|e| e.to_string())?;
     Ok(Some(o))
 }
 

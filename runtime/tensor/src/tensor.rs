@@ -8,6 +8,10 @@
 use half::{bf16, f16};
 use std::fmt;
 
+/// The most axes of a `matmul` operand: the runtime's GEMM keeps shapes inline, and the
+/// front end rejects more.
+pub const MAX_MATMUL_RANK: usize = 16;
+
 /// Element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
