@@ -1,8 +1,11 @@
-//! The options of a forward run, declared once: `ppc run` flattens them into its command line,
-//! executables parse them (`ppc-exe`), and `ppc run --backend cuda` hands them on to its
-//! scratch executable with [`RunOptions::to_args`], which a test holds to the parser.
+//! The options of runs, declared once. A forward run's: `ppc run` flattens them into its
+//! command line, executables parse them (`ppc-exe`), and `ppc run --backend cuda` hands them on
+//! to its scratch executable with [`RunOptions::to_args`], which a test holds to the parser. A
+//! training run's: training executables parse them, with one option per optimizer setting of
+//! [`optim::SETTINGS`].
 
-use clap::Args;
+use crate::optim::{self, Config, Kind};
+use clap::{Arg, ArgMatches, Args};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -102,6 +105,70 @@ impl RunOptions {
         }
         args
     }
+}
+
+/// What a training run is asked to do.
+#[derive(Args, Clone, Debug)]
+pub struct TrainOptions {
+    /// Training steps.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub steps: u32,
+    /// Train on tensors `input` [N, ...input] and `target` [N, ...target] of a safetensors
+    /// file, M rows per step (M microbatches), cycling; default: a seeded synthetic task (the
+    /// same model with other weights labels 8 seeded batches of inputs; its argmax for
+    /// softmax_cross_entropy).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// After the last step, write weights (`layers.L.NAME`, as --params files name them),
+    /// optimizer state and step to a safetensors file, atomically.
+    #[arg(long, value_name = "CKPT")]
+    pub save: Option<PathBuf>,
+    /// Start from a checkpoint written by --save (the step count goes on).
+    #[arg(long, value_name = "CKPT")]
+    pub resume: Option<PathBuf>,
+    /// Seed of the initial weights and of the synthetic task.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// One JSON line per step on stdout: {"step":N,"loss":X,"step_s":T}, instead of the
+    /// progress display.
+    #[arg(long)]
+    pub json: bool,
+    /// After the run, time N more steps (forward, backward, update) and print one JSON line as
+    /// forward executables do.
+    #[arg(long, value_name = "N")]
+    pub bench: Option<u32>,
+    /// Write a Chrome/Perfetto trace of the steps (ui.perfetto.dev): per step, GPipe loop
+    /// iteration (forward and backward), loop nest, GEMM and exchange.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// The optimizer and its settings: the model file's `train { ... }` block, then the
+    /// command line's (see [`optimizer_args`]).
+    #[arg(skip = Config::new(Kind::AdamW))]
+    pub optimizer: Config,
+}
+
+/// One option per optimizer setting: `--optimizer NAME`, `--lr X`, `--weight-decay X`, ...
+pub fn optimizer_args() -> impl Iterator<Item = Arg> {
+    optim::SETTINGS.into_iter().map(|key| {
+        let arg = Arg::new(key).long(key.replace('_', "-"));
+        match key {
+            "optimizer" => arg.value_name("NAME").help(
+                "adamw (lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 0.01) or sgd (lr 0.01, \
+                 momentum 0.9, no weight decay); default: the model file's `train` block, else adamw",
+            ),
+            _ => arg
+                .value_name("X")
+                .help(format!("The optimizer's `{key}`; overrides the model file's `train` block")),
+        }
+    })
+}
+
+/// The optimizer settings the command line gave, as the model file writes them.
+pub fn optimizer_settings(m: &ArgMatches) -> Vec<(String, String)> {
+    optim::SETTINGS
+        .into_iter()
+        .filter_map(|key| Some((key.to_string(), m.get_one::<String>(key)?.clone())))
+        .collect()
 }
 
 #[cfg(test)]

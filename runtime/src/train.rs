@@ -22,33 +22,17 @@ use crate::manifest::{Arg, Manifest, Role};
 use crate::memref::HostBuffer;
 use crate::optim::{Config, Kind, Optimizer};
 use crate::params::tensor_name;
+use crate::run_options::TrainOptions;
 use crate::safetensors;
 use crate::tensor::{DType, Tensor};
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// The teacher of the synthetic task is the model drawn with `seed + TEACHER_SEED_OFFSET`.
 pub const TEACHER_SEED_OFFSET: u64 = 1_000_003;
 /// Input batches the synthetic task cycles through.
 pub const SYNTHETIC_BATCHES: u64 = 8;
-
-/// What a training run is asked to do.
-#[derive(Clone, Debug)]
-pub struct TrainOptions {
-    pub seed: u64,
-    pub steps: u32,
-    pub optimizer: Config,
-    pub data: Option<PathBuf>,
-    pub save: Option<PathBuf>,
-    pub resume: Option<PathBuf>,
-    /// One JSON line per step on stdout instead of the progress display.
-    pub json: bool,
-    /// After the run, time this many more steps and print one JSON line.
-    pub bench: Option<u32>,
-    /// Write a Chrome/Perfetto trace of the training steps to this file.
-    pub trace: Option<PathBuf>,
-}
 
 /// What a run did: the losses of its steps, in order, and the optimizer's final state.
 pub struct Trained {

@@ -292,6 +292,40 @@ fn the_train_block_sets_the_optimizer_and_the_command_line_overrides_it() {
         &["--optimizer", "adamw", "--lr", "0.001"],
     );
     assert_eq!(strip(&overridden), strip(&default), "the command line wins");
+    // Every optimizer setting is an option; a bad value or an unknown option is exit status 2.
+    let exe = dir.join("block");
+    let run = |args: &[&str]| {
+        std::process::Command::new(&exe)
+            .args(args)
+            .output()
+            .expect("runs")
+    };
+    let help = String::from_utf8(run(&["--help"]).stdout).expect("utf-8");
+    for key in ppc_runtime::optim::SETTINGS {
+        assert!(
+            help.contains(&format!("--{} <", key.replace('_', "-"))),
+            "{key}:\n{help}"
+        );
+    }
+    for (args, says) in [
+        (
+            &["--lr", "x"][..],
+            "`lr` needs a non-negative number, got `x`",
+        ),
+        (
+            &["--optimizer", "lamb"][..],
+            "`optimizer` is `sgd` or `adamw`, not `lamb`",
+        ),
+        (
+            &["--learning-rate", "1"][..],
+            "unexpected argument '--learning-rate'",
+        ),
+    ] {
+        let o = run(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 

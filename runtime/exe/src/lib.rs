@@ -15,11 +15,10 @@ use mpi::traits::Communicator;
 use ppc_runtime::comm;
 use ppc_runtime::exec::{drive, PackedFn, Program};
 use ppc_runtime::manifest::Manifest;
-use ppc_runtime::optim::{Config, Kind, SETTINGS};
-use ppc_runtime::run_options::RunOptions;
-use ppc_runtime::train::{train, TrainOptions};
+use ppc_runtime::optim::Config;
+use ppc_runtime::run_options::{optimizer_args, optimizer_settings, RunOptions, TrainOptions};
+use ppc_runtime::train::train;
 use std::ffi::{c_char, c_int, CStr};
-use std::path::PathBuf;
 
 extern "C" {
     fn ppc_manifest() -> *const c_char;
@@ -46,34 +45,18 @@ struct ForwardCli {
     run: RunOptions,
 }
 
-const TRAIN_USAGE: &str =
-    "usage: MODEL [--steps N] [--lr X] [--optimizer sgd|adamw] [--momentum X] [--weight-decay X]
-         [--data FILE] [--save CKPT] [--resume CKPT] [--seed N] [--json] [--bench N] [--trace FILE]
-
-Trains the model that ppc compiled into this executable (`ppc compile --train`): each step runs
-the pipeline forward over every microbatch, the model's loss, the pipeline backward, and the
-optimizer on every parameter. Prints the loss per step with a progress bar and ETA on a
-terminal, one line per step otherwise.
-  --steps N          training steps (default 10)
-  --optimizer NAME   adamw (default: lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 0.01) or
-                     sgd (lr 0.01, momentum 0.9, no weight decay)
-  --lr X, --momentum X, --weight-decay X, --beta1 X, --beta2 X, --eps X
-                     the optimizer's settings; defaults come from the model file's
-                     `train { ... }` block (ppc compile embeds it), these override it
-  --data FILE        train on tensors `input` [N, ...input] and `target` [N, ...target] of a
-                     safetensors file, M rows per step (M microbatches), cycling; default: a
-                     seeded synthetic task (the same model with other weights labels 8 seeded
-                     batches of inputs; its argmax for softmax_cross_entropy)
-  --save CKPT        after the last step, write weights (`layers.L.NAME`, as --params files
-                     name them), optimizer state and step to a safetensors file, atomically
-  --resume CKPT      start from a checkpoint written by --save (the step count goes on)
-  --seed N           seed of the initial weights and of the synthetic task (default 0)
-  --trace FILE       write a Chrome/Perfetto trace of the steps (ui.perfetto.dev): per step,
-                     GPipe loop iteration (forward and backward), loop nest, GEMM and exchange
-  --json             one JSON line per step on stdout: {\"step\":N,\"loss\":X,\"step_s\":T}
-  --bench N          after the run, time N more steps (forward, backward, update) and print one
-                     JSON line as forward executables do
-  --help             print this and exit";
+/// A training executable's command line; the optimizer's settings are added from its table.
+#[derive(Parser)]
+#[command(
+    about = "Trains the model that ppc compiled into this executable (`ppc compile --train`): each \
+             step runs the pipeline forward over every microbatch, the model's loss, the pipeline \
+             backward, and the optimizer on every parameter. Prints the loss per step with a \
+             progress bar and ETA on a terminal, one line per step otherwise."
+)]
+struct TrainCli {
+    #[command(flatten)]
+    train: TrainOptions,
+}
 
 /// What the executable was asked to do.
 enum Job {
@@ -81,98 +64,37 @@ enum Job {
     Train(TrainOptions),
 }
 
-/// The command line, flag by flag, with the values flags take.
-struct Flags<'a> {
-    it: std::iter::Skip<std::slice::Iter<'a, String>>,
-}
-
-impl<'a> Flags<'a> {
-    fn new(args: &'a [String]) -> Flags<'a> {
-        Flags {
-            it: args.iter().skip(1),
-        }
-    }
-
-    fn next_flag(&mut self) -> Option<&'a str> {
-        self.it.next().map(String::as_str)
-    }
-
-    fn value(&mut self, name: &str) -> Result<String, String> {
-        self.it
-            .next()
-            .cloned()
-            .ok_or_else(|| format!("{name} needs a value"))
-    }
-
-    fn path(&mut self, name: &str) -> Result<PathBuf, String> {
-        self.value(name).map(PathBuf::from)
-    }
-
-    fn number(&mut self, name: &str) -> Result<u64, String> {
-        let v = self.value(name)?;
-        v.parse::<u64>()
-            .map_err(|_| format!("{name} needs a non-negative integer, got `{v}`"))
-    }
-
-    fn count(&mut self, name: &str) -> Result<u32, String> {
-        u32::try_from(self.number(name)?).map_err(|_| format!("{name} is too large"))
-    }
-}
-
 /// The training options: the model file's `train` settings, then the command line's.
 fn parse_train_args(
     args: &[String],
+    prog: &str,
     model: &[(String, String)],
-) -> Result<Option<TrainOptions>, String> {
-    let mut o = TrainOptions {
-        seed: 0,
-        steps: 10,
-        optimizer: Config::new(Kind::AdamW),
-        data: None,
-        save: None,
-        resume: None,
-        json: false,
-        bench: None,
-        trace: None,
-    };
+) -> Result<TrainOptions, (String, c_int)> {
+    let cli = TrainCli::command().args(optimizer_args()).bin_name(prog);
+    let matches = cli.try_get_matches_from(args).map_err(clap_exit)?;
+    let mut o = TrainCli::from_arg_matches(&matches)
+        .map_err(clap_exit)?
+        .train;
     let mut settings = model.to_vec();
-    let mut f = Flags::new(args);
-    while let Some(a) = f.next_flag() {
-        match a {
-            "--help" | "-h" => return Ok(None),
-            "--seed" => o.seed = f.number(a)?,
-            "--steps" => o.steps = f.count(a)?,
-            "--bench" => o.bench = Some(f.count(a)?),
-            "--data" => o.data = Some(f.path(a)?),
-            "--save" => o.save = Some(f.path(a)?),
-            "--resume" => o.resume = Some(f.path(a)?),
-            "--trace" => o.trace = Some(f.path(a)?),
-            "--json" => o.json = true,
-            flag => {
-                // --optimizer, --lr, --weight-decay, ...: the settings of a `train` block.
-                let key = flag
-                    .strip_prefix("--")
-                    .map(|k| k.replace('-', "_"))
-                    .filter(|k| SETTINGS.contains(&k.as_str()))
-                    .ok_or_else(|| format!("unknown argument `{flag}`"))?;
-                settings.push((key, f.value(flag)?));
-            }
-        }
-    }
-    o.optimizer = Config::from_settings(&settings).map_err(|e| e.to_string())?;
-    Ok(Some(o))
+    settings.extend(optimizer_settings(&matches));
+    o.optimizer =
+        Config::from_settings(&settings).map_err(|e| (format!("{prog}: error: {e}"), 2))?;
+    Ok(o)
+}
+
+/// What clap says (help, or an error with usage) and the exit status that goes with it.
+fn clap_exit(e: clap::Error) -> (String, c_int) {
+    let code = if e.use_stderr() { 2 } else { 0 };
+    (e.render().to_string(), code)
 }
 
 /// The forward run's options; `Err` holds what clap prints (help, or an error with usage) and
 /// the exit status.
 fn parse_args(args: &[String], prog: &str) -> Result<RunOptions, (String, c_int)> {
     let cli = ForwardCli::command().bin_name(prog);
-    let matches = cli.try_get_matches_from(args).map_err(|e| {
-        let code = if e.use_stderr() { 2 } else { 0 };
-        (e.render().to_string(), code)
-    })?;
+    let matches = cli.try_get_matches_from(args).map_err(clap_exit)?;
     let mut o = ForwardCli::from_arg_matches(&matches)
-        .map_err(|e| (e.render().to_string(), 2))?
+        .map_err(clap_exit)?
         .run;
     o.backend = "cpu executable".into();
     Ok(o)
@@ -197,17 +119,7 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
         }
     };
     let parsed = if manifest.trains() {
-        match parse_train_args(&args, &manifest.train) {
-            Ok(Some(o)) => Ok(Job::Train(o)),
-            Ok(None) => Err((TRAIN_USAGE.replace("MODEL", &prog), 0)),
-            Err(e) => Err((
-                format!(
-                    "{prog}: error: {e}\n{}",
-                    TRAIN_USAGE.replace("MODEL", &prog)
-                ),
-                2,
-            )),
-        }
+        parse_train_args(&args, &prog, &manifest.train).map(Job::Train)
     } else {
         parse_args(&args, &prog).map(Job::Forward)
     };
