@@ -18,5 +18,6 @@ mod portable;
 mod properties;
 mod robustness;
 mod roundtrip;
+mod structure;
 mod train;
 mod verify;

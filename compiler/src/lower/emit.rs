@@ -4,71 +4,13 @@
 //! entry and freed at exit, so values computed in a loop body reuse their buffer each iteration.
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
+use super::buf::{elt, list, memref_type, Buf, Layout};
 use super::gpu_map::{self, Tiling};
 use super::residency::Residency;
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Dim, Type};
 use ppc_runtime::abi;
 use std::fmt::Write;
-
-/// A buffer holding one value: the SSA name of its memref and its type. `layout` is set for
-/// strided views (subviews), which have a non-identity memref type.
-#[derive(Clone, Debug)]
-pub struct Buf {
-    pub name: String,
-    pub ty: Type,
-    pub layout: Option<Layout>,
-    /// The allocation (or entry argument) this buffer or view lies in.
-    pub base: String,
-}
-
-/// Where a view's elements are in its buffer: strides, and an offset known when compiling or
-/// only at run time (`None`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Layout {
-    pub strides: Vec<usize>,
-    pub offset: Option<u64>,
-}
-
-impl Layout {
-    fn text(&self) -> String {
-        let offset = self.offset.map_or("?".to_string(), |o| o.to_string());
-        format!("strided<[{}], offset: {offset}>", list(&self.strides))
-    }
-}
-
-/// MLIR's element type for a dtype.
-pub fn elt(d: DType) -> &'static str {
-    d.name()
-}
-
-/// `memref<2x3xf32>` (or `memref<f32>` for a scalar), with an optional strided layout.
-pub fn memref_type(ty: &Type, layout: Option<&Layout>) -> String {
-    let mut s = String::from("memref<");
-    for d in ty.shape() {
-        let _ = write!(s, "{d}x");
-    }
-    s.push_str(elt(ty.dtype));
-    if let Some(l) = layout {
-        let _ = write!(s, ", {}", l.text());
-    }
-    s.push('>');
-    s
-}
-
-impl Buf {
-    pub fn mty(&self) -> String {
-        memref_type(&self.ty, self.layout.as_ref())
-    }
-
-    /// Its strides: the layout's, or those of a contiguous row-major buffer.
-    pub fn strides(&self) -> Vec<usize> {
-        self.layout.as_ref().map_or_else(
-            || ppc_runtime::tensor::strides(&self.ty.shape_usize()),
-            |l| l.strides.clone(),
-        )
-    }
-}
 
 /// Line and column (1-based) of byte offsets in the source, for MLIR locations.
 pub struct Lines {
@@ -909,13 +851,6 @@ pub fn broadcast_map(src: &[u64], dst: &[u64]) -> String {
                 format!("d{}", i + off)
             }
         })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-pub fn list<T: ToString>(xs: &[T]) -> String {
-    xs.iter()
-        .map(|x| x.to_string())
         .collect::<Vec<_>>()
         .join(", ")
 }

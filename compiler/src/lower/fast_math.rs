@@ -9,6 +9,17 @@
 
 use super::emit::Emitter;
 
+/// How the generated code computes: as the interpreter does, or as fast as it can.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Numerics {
+    /// The runtime's tuned GEMM and vectorizable `exp`/`tanh` written in `arith` (this
+    /// file): equal to the interpreter up to rounding (1e-5 normwise in f32).
+    Fast,
+    /// Matmuls as `linalg.generic` loops in the interpreter's order and libm's `exp`/`tanh`:
+    /// slow; bit-identical to the interpreter.
+    Exact,
+}
+
 /// `c0 + x·(c1 + x·(c2 + …))`, Horner's scheme, coefficients from the constant term up.
 fn horner(e: &mut Emitter, x: &str, coefficients: &[f64]) -> String {
     let (last, rest) = coefficients

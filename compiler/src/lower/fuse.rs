@@ -13,9 +13,10 @@
 //!                                }
 //! ```
 
-use super::emit::{identity, Buf, Emitter};
+use super::buf::Buf;
+use super::emit::{identity, Emitter};
+use super::fast_math::Numerics;
 use super::ops::elementwise_value;
-use super::Numerics;
 use ppc_dialect::ir::{Block, Func, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::DType;
@@ -23,9 +24,9 @@ use std::collections::{HashMap, HashSet};
 
 /// The values of `block` that are not given a buffer: results of elementwise ops whose only
 /// use is an elementwise op of the same block, which computes them in its own loop. (A select
-/// that guards an update, `in_place::guarded_updates`, is a conditional write, not a loop.)
-pub fn deferred(f: &Func, block: &Block) -> HashSet<ValueId> {
-    let guarded = super::in_place::guarded_updates(f, block);
+/// that guards an update, one of `guarded` (`in_place::guarded_updates`), is a conditional
+/// write, not a loop.)
+pub fn deferred(f: &Func, block: &Block, guarded: &HashMap<OpId, OpId>) -> HashSet<ValueId> {
     let fuses = |id: &OpId| f.ops[*id].kind.is_elementwise() && !guarded.contains_key(id);
     let mut fusable_uses: HashMap<ValueId, usize> = HashMap::new();
     let mut other_uses: HashSet<ValueId> = HashSet::new();

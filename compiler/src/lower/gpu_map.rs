@@ -85,14 +85,14 @@ pub fn script(tilings: &[Tiling]) -> String {
         let _ = writeln!(
             s,
             "    %t{k}, %b{k} = transform.structured.tile_using_forall %g{k} tile_sizes [{}] (mapping = [{}]) : {two}",
-            super::emit::list(&t.block),
+            super::buf::list(&t.block),
             mapping.join(", ")
         );
         if t.threads > 1 {
             let _ = writeln!(
                 s,
                 "    %u{k}, %w{k} = transform.structured.tile_using_forall %t{k} tile_sizes [{}] (mapping = [#gpu.thread<x>]) : {two}",
-                super::emit::list(&inner)
+                super::buf::list(&inner)
             );
         }
         let _ = writeln!(

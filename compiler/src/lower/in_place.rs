@@ -23,15 +23,15 @@ use ppc_dialect::op::OpKind;
 use std::collections::{HashMap, HashSet};
 
 /// For a loop body, the yielded values that may be computed in place: value → position of the
-/// carried value (block argument `1 + position`) whose buffer it is written into.
-pub fn plan(f: &Func, body: &Block) -> HashMap<ValueId, usize> {
-    let deferred = fuse::deferred(f, body);
+/// carried value (block argument `1 + position`) whose buffer it is written into. `deferred`:
+/// the body's values computed inside their consumers (`fuse::deferred`).
+pub fn plan(f: &Func, body: &Block, deferred: &HashSet<ValueId>) -> HashMap<ValueId, usize> {
     body.results
         .iter()
         .enumerate()
         .filter(|&(j, y)| {
             body.results.iter().filter(|&r| r == y).count() == 1
-                && safe(f, body, &deferred, body.args[1 + j], *y)
+                && safe(f, body, deferred, body.args[1 + j], *y)
         })
         .map(|(j, &y)| (y, j))
         .collect()

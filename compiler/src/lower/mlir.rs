@@ -8,7 +8,6 @@
 #![allow(unsafe_code)]
 
 use super::emit::Lines;
-use super::ENTRY;
 use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
 use melior::ir::{BlockLike, Module};
@@ -19,6 +18,7 @@ use melior::utility::{
 use melior::{Context, ExecutionEngine};
 use ppc_dialect::span::Span;
 use ppc_dialect::{Diagnostic, Diagnostics};
+use ppc_runtime::abi::FORWARD as ENTRY;
 use ppc_runtime::exec::{PackedFn, Program};
 use ppc_runtime::manifest::Manifest;
 use std::cell::RefCell;

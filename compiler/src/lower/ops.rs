@@ -5,8 +5,9 @@
 //! softmax, layernorm) accumulate into f32 scratch buffers. Accumulation orders follow the
 //! interpreter's, so that with `--exact` the CPU result is the interpreter's bit for bit.
 
-use super::emit::{broadcast_map, elt, identity, Buf, Emitter};
-use super::{fast_math, Numerics};
+use super::buf::{elt, Buf};
+use super::emit::{broadcast_map, identity, Emitter};
+use super::fast_math::{self, Numerics};
 use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Type};
 use ppc_runtime::abi;

@@ -15,7 +15,7 @@
 //!
 //! Buffers are named by their allocation (`Buf::base`): a view shares its buffer's fate.
 
-use super::emit::Buf;
+use super::buf::Buf;
 use std::collections::HashSet;
 
 #[derive(Default)]

@@ -23,7 +23,8 @@
 //!                                         }
 //! ```
 
-use super::emit::{Buf, Emitter, MIN_PARALLEL_ELEMENTS};
+use super::buf::Buf;
+use super::emit::{Emitter, MIN_PARALLEL_ELEMENTS};
 use ppc_dialect::DType;
 
 /// Lanes of the vector maximum: two AVX2 registers, one AVX-512 register.

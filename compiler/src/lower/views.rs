@@ -6,7 +6,8 @@
 //! Copying each weight slice once per layer and iteration took a fifth of the transformer's step
 //! (`--trace`: the `index` loop nests, 1.3 of 6.8 ms).
 
-use super::emit::{list, Buf, Emitter, Layout};
+use super::buf::{list, Buf, Layout};
+use super::emit::Emitter;
 use super::ops::clamp_index;
 use ppc_dialect::ir::{Func, ValueId};
 use ppc_dialect::op::OpKind;
@@ -109,7 +110,7 @@ fn dynamic_offset(e: &mut Emitter, x: &Buf) -> String {
         "{meta}_base, {meta}_offset{sizes_strides} = memref.extract_strided_metadata {} : {} -> memref<{}>, {index_types}",
         x.name,
         x.mty(),
-        super::emit::elt(x.ty.dtype)
+        super::buf::elt(x.ty.dtype)
     ));
     format!("{meta}_offset")
 }

@@ -32,9 +32,9 @@
 //! pipelined gradient of a parameter is the same sum, in the same order, as the sequential
 //! model's over microbatches `M-1, ..., 0`: equal bit for bit (tested).
 
+use super::options::Options;
 use super::remat::{backward_reads, recomputable, Remat};
 use super::vjp::{self, bin, select, zeros, Env};
-use super::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, Op, OpId, ValueId};

@@ -41,7 +41,7 @@
 //! }
 //! ```
 
-use super::Options;
+use super::options::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::interp::POISON;

@@ -15,7 +15,7 @@
 //! dtype. The mean over microbatches is one scale at the
 //! end, so every microbatch's gradient is scaled once, by `1/M` of the same number.
 
-use super::Options;
+use super::options::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Item, Loss, Module, Setting, ValueId};

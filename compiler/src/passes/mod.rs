@@ -6,6 +6,7 @@ mod autodiff;
 mod batching;
 mod gpipe_loop;
 mod loss;
+mod options;
 mod remat;
 mod shard_stages;
 mod vjp;
@@ -14,22 +15,12 @@ mod vmap_stages;
 pub use autodiff::{autodiff, trainables};
 pub use gpipe_loop::gpipe_loop;
 pub use loss::loss;
+pub use options::Options;
 pub use remat::Remat;
 pub use shard_stages::shard_stages;
 pub use vmap_stages::vmap_stages;
 
 use ppc_dialect::{Diagnostics, Module};
-
-/// Options shared by all passes.
-#[derive(Clone, Debug, Default)]
-pub struct Options {
-    /// Fill bubble slots (padding, initial state, shift fill) with NaN instead of zeros.
-    pub poison_bubbles: bool,
-    /// Run the training passes ([`PassInfo::training`]) too.
-    pub train: bool,
-    /// What the backward pass recomputes (`autodiff`).
-    pub remat: Remat,
-}
 
 /// One entry of the pass table.
 pub struct PassInfo {

@@ -18,7 +18,7 @@
 //!   param %w: f32[#stages, d, d] = ...       ──▶     param %w: f32[#stages_per_rank, d, d] = ...
 //! ```
 
-use super::Options;
+use super::options::Options;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Module};
 use ppc_dialect::{Axis, Dim};

@@ -24,7 +24,7 @@
 //! ```
 
 use super::batching::{batch, Batched, Ctx};
-use super::Options;
+use super::options::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Block, Func, Module, Setting, ValueId};

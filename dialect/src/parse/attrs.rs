@@ -1,6 +1,6 @@
 //! Op attributes (`axis = 1`, `perm = [1, 0]`, `fill = nan`), numbers and initializers.
 
-use super::{span_of, PResult, Rule};
+use super::syntax::{span_of, PResult, Rule};
 use crate::diag::Diagnostic;
 use crate::ir::Init;
 use crate::span::Span;

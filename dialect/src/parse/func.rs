@@ -2,9 +2,9 @@
 //! scope and every op typed by shape inference as it is read.
 
 use super::attrs::{parse_init, Args, Attr};
-use super::module::ModuleBuilder;
-use super::signature::{self, Extra, Signature, Stmt};
-use super::{parse_u64, span_of, PResult, Rule};
+use super::signature::{self, Extra, FuncScope, Signature, Stmt};
+use super::syntax::{parse_u64, span_of, PResult, Rule};
+use crate::arena::Arena;
 use crate::diag::Diagnostic;
 use crate::infer::{checked_elements, infer};
 use crate::ir::{Block, Func, FuncId, Op, Param, Value, ValueId};
@@ -14,22 +14,24 @@ use crate::types::{sizes, DType, Type};
 use pest::iterators::Pair;
 use std::collections::HashMap;
 
-pub(super) struct FuncBuilder<'m, 'o> {
-    module: &'m ModuleBuilder<'o>,
+/// What a function sees of the module being parsed.
+pub(super) trait ModuleScope {
+    /// A written type, its dimensions resolved.
+    fn ty(&self, t: Pair<Rule>) -> PResult<Type>;
+    /// The functions defined so far.
+    fn funcs(&self) -> &Arena<Func>;
+}
+
+pub(super) struct FuncBuilder<'m> {
+    module: &'m dyn ModuleScope,
     func: Func,
     /// Names in scope, innermost block last.
     scopes: Vec<HashMap<String, ValueId>>,
 }
 
-impl<'m, 'o> FuncBuilder<'m, 'o> {
-    pub(super) fn build(module: &'m ModuleBuilder<'o>, p: Pair<Rule>) -> PResult<Func> {
-        if module.resolved.is_none() {
-            return Err(Diagnostic::error(
-                "functions must come after the `pipeline` block",
-                span_of(&p),
-                "too early",
-            ));
-        }
+impl<'m> FuncBuilder<'m> {
+    /// Parses a function; the module's types must be resolved (its `pipeline` read).
+    pub(super) fn build(module: &'m dyn ModuleScope, p: Pair<Rule>) -> PResult<Func> {
         let mut it = p.into_inner();
         let name = it.next().expect("func name");
         let mut fb = FuncBuilder {
@@ -302,8 +304,8 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
     }
 
     /// The function `@name` a `call` names, defined before this one.
-    pub(super) fn callee(&self, name: &str, span: Span) -> PResult<FuncId> {
-        let funcs = &self.module.funcs;
+    fn find_callee(&self, name: &str, span: Span) -> PResult<FuncId> {
+        let funcs = self.module.funcs();
         funcs
             .iter()
             .find(|(_, f)| f.name == name)
@@ -329,7 +331,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         let operand_types: Vec<&Type> = s.operands.iter().map(|&(v, _)| self.func.ty(v)).collect();
         let written: Vec<Type> = s.declared.iter().map(|(t, _)| t.clone()).collect();
         let callee = match kind {
-            OpKind::Call { callee, .. } => Some(&self.module.funcs[*callee]),
+            OpKind::Call { callee, .. } => Some(&self.module.funcs()[*callee]),
             _ => None,
         };
         let inferred = infer(kind, &operand_types, &written, callee).map_err(|e| {
@@ -393,7 +395,7 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
         Ok(types)
     }
 
-    pub(super) fn region(&mut self, r: Pair<Rule>, inits: &[ValueId]) -> PResult<Block> {
+    fn loop_body(&mut self, r: Pair<Rule>, inits: &[ValueId]) -> PResult<Block> {
         let rspan = span_of(&r);
         self.scopes.push(HashMap::new());
         let mut block = Block::default();
@@ -472,6 +474,16 @@ impl<'m, 'o> FuncBuilder<'m, 'o> {
             block.args.push(id);
         }
         Ok(())
+    }
+}
+
+impl FuncScope for FuncBuilder<'_> {
+    fn callee(&self, name: &str, span: Span) -> PResult<FuncId> {
+        self.find_callee(name, span)
+    }
+
+    fn region(&mut self, r: Pair<Rule>, inits: &[ValueId]) -> PResult<Block> {
+        self.loop_body(r, inits)
     }
 }
 

@@ -1,8 +1,9 @@
 //! Module-level items: named dimensions, the pipeline block, types, and the overrides from the
 //! command line that replace what the file says.
 
-use super::func::FuncBuilder;
-use super::{parse_u64, span_of, Overrides, PResult, Rule, MAX_PIPELINE_SETTING};
+use super::func::{FuncBuilder, ModuleScope};
+use super::overrides::Overrides;
+use super::syntax::{parse_u64, span_of, PResult, Rule, MAX_PIPELINE_SETTING};
 use crate::arena::Arena;
 use crate::diag::Diagnostic;
 use crate::infer::checked_elements;
@@ -140,6 +141,13 @@ impl ModuleBuilder<'_> {
                 Ok(())
             }
             Rule::func => {
+                if self.resolved.is_none() {
+                    return Err(Diagnostic::error(
+                        "functions must come after the `pipeline` block",
+                        span,
+                        "too early",
+                    ));
+                }
                 let f = FuncBuilder::build(self, item)?;
                 if self.funcs.values().any(|g| g.name == f.name) {
                     return Err(Diagnostic::error(
@@ -541,4 +549,14 @@ impl ModuleBuilder<'_> {
 /// Names that shapes may use for pipeline settings, so they cannot be declared as dimensions.
 pub(super) fn is_pipeline_name(s: &str) -> bool {
     Setting::from_name(s).is_some() || s == crate::ir::STAGES_PER_RANK
+}
+
+impl ModuleScope for ModuleBuilder<'_> {
+    fn ty(&self, t: Pair<Rule>) -> PResult<Type> {
+        ModuleBuilder::ty(self, t)
+    }
+
+    fn funcs(&self) -> &Arena<Func> {
+        &self.funcs
+    }
 }

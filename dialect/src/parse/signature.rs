@@ -4,10 +4,9 @@
 //! [`OpKind::name`]; the round-trip tests (print, then parse) hold the two to the same names.
 
 use super::attrs::{parse_f64, Args};
-use super::func::FuncBuilder;
-use super::{PResult, Rule, MAX_PIPELINE_SETTING};
+use super::syntax::{PResult, Rule, MAX_PIPELINE_SETTING};
 use crate::diag::Diagnostic;
-use crate::ir::ValueId;
+use crate::ir::{Block, FuncId, ValueId};
 use crate::op::{BinaryOp, CmpPred, Float, OpKind, ReduceOp, UnaryOp};
 use crate::span::Span;
 use crate::types::Type;
@@ -45,7 +44,15 @@ pub struct Signature {
     /// The attributes it takes, in the order a reference lists them (`from` of `exchange` is
     /// optional; the others are required).
     pub attributes: &'static [&'static str],
-    build: fn(&mut FuncBuilder, &mut Stmt) -> PResult<OpKind>,
+    build: fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>,
+}
+
+/// What building an op needs of the function being parsed: `call`'s callee and `loop`'s body.
+pub(super) trait FuncScope {
+    /// The function `@name` (written at `span`), defined before this one.
+    fn callee(&self, name: &str, span: Span) -> PResult<FuncId>;
+    /// A loop body carrying `inits`, parsed in a scope of its own.
+    fn region(&mut self, r: Pair<Rule>, inits: &[ValueId]) -> PResult<Block>;
 }
 
 /// One op statement as written, before its op is built.
@@ -73,7 +80,7 @@ impl Stmt<'_> {
 
 impl Signature {
     /// Checks the operand count, builds the op and checks that no attribute is left over.
-    pub(super) fn build(&self, fb: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+    pub(super) fn build(&self, fb: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
         self.check_arity(s)?;
         let kind = (self.build)(fb, s)?;
         debug_assert!(
@@ -143,12 +150,20 @@ pub fn find(name: &str) -> Option<&'static Signature> {
     signatures().iter().find(|s| s.name == name)
 }
 
-type Build = fn(&mut FuncBuilder, &mut Stmt) -> PResult<OpKind>;
+type Build = fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>;
 
-/// The ops that are not of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]):
-/// name, operands, extra, attributes, builder.
+/// One op of [`OTHERS`]: name, operands, extra, attributes, builder.
+type Row = (
+    &'static str,
+    Arity,
+    Option<Extra>,
+    &'static [&'static str],
+    Build,
+);
+
+/// The ops that are not of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]).
 #[rustfmt::skip]
-const OTHERS: [(&str, Arity, Option<Extra>, &[&str], Build); 20] = [
+const OTHERS: [Row; 20] = [
     ("select", Arity::Exactly(3), None, &[], |_, s| {
         let x = s.ids();
         Ok(OpKind::Select { cond: x[0], on_true: x[1], on_false: x[2] })
@@ -209,15 +224,7 @@ const OTHERS: [(&str, Arity, Option<Extra>, &[&str], Build); 20] = [
 ];
 
 impl Signature {
-    fn of(
-        &(name, operands, extra, attributes, build): &(
-            &'static str,
-            Arity,
-            Option<Extra>,
-            &'static [&'static str],
-            Build,
-        ),
-    ) -> Signature {
+    fn of(&(name, operands, extra, attributes, build): &Row) -> Signature {
         Signature {
             name,
             operands,
@@ -228,7 +235,7 @@ impl Signature {
     }
 }
 
-fn unary(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+fn unary(_: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let op = UnaryOp::ALL.into_iter().find(|o| o.name() == s.op());
     Ok(OpKind::Unary {
         op: op.expect("invariant: in the table by its name"),
@@ -236,7 +243,7 @@ fn unary(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
     })
 }
 
-fn binary(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+fn binary(_: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let op = BinaryOp::ALL.into_iter().find(|o| o.name() == s.op());
     let x = s.ids();
     Ok(OpKind::Binary {
@@ -246,7 +253,7 @@ fn binary(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
     })
 }
 
-fn compare(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+fn compare(_: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let pred = CmpPred::ALL.into_iter().find(|o| o.name() == s.op());
     let x = s.ids();
     Ok(OpKind::Compare {
@@ -256,7 +263,7 @@ fn compare(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
     })
 }
 
-fn reduce(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+fn reduce(_: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let op = ReduceOp::ALL.into_iter().find(|o| o.name() == s.op());
     Ok(OpKind::Reduce {
         op: op.expect("invariant: in the table by its name"),
@@ -265,7 +272,7 @@ fn reduce(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
     })
 }
 
-fn exchange(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+fn exchange(_: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let reverse = match s.attrs.ident_opt("from")? {
         None => false,
         Some((w, _)) if w == "previous" => false,
@@ -284,7 +291,7 @@ fn exchange(_: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
     })
 }
 
-fn call(fb: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+fn call(fb: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let (callee, span) = s.symbol.clone().ok_or_else(|| {
         Diagnostic::error(
             "`call` needs a function, as in `call @stage, %x`",
@@ -298,7 +305,7 @@ fn call(fb: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
     })
 }
 
-fn loop_(fb: &mut FuncBuilder, s: &mut Stmt) -> PResult<OpKind> {
+fn loop_(fb: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let trips = s.attrs.int("trips")? as u64;
     if trips == 0 || trips > MAX_PIPELINE_SETTING * MAX_PIPELINE_SETTING {
         return Err(Diagnostic::error(

@@ -1,0 +1,184 @@
+//! What the lowering decides for one block, as a value computed before anything is written.
+//! The analyses run once each, in order, each taking what it needs as arguments: which selects
+//! guard an update (`in_place.rs`), which values fuse into their consumer (`fuse.rs`), which
+//! adds fold into the call before them (`accumulate.rs`), which ops run as one loop over batch
+//! entries (`batch_split.rs`); then each op gets one [`Decision`]. `walk.rs` writes the plan
+//! out with one arm per decision.
+//!
+//! ```text
+//! %s = select %c, %u, %x      ──▶  Decision::GuardedUpdate { update: %u's op, .. }
+//! %u = update %x, %y, %k          Decision::Skip (written by the select)
+//! %h = mul %a, %b             ──▶  Decision::Skip (deferred: fused into its reader)
+//! %g = gelu %h                     Decision::Elementwise
+//! ```
+
+use super::accumulate::{self, Accumulation, Fold};
+use super::batch_split::{self, Chain, Step};
+use super::fast_math::Numerics;
+use super::{fuse, in_place, stage_split, views};
+use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
+use ppc_dialect::op::OpKind;
+use std::collections::{HashMap, HashSet};
+
+/// Where the block is written, as far as the decisions depend on it.
+pub struct Context {
+    pub numerics: Numerics,
+    /// `--target cuda`: loop nests become kernels.
+    pub gpu: bool,
+    /// Inside a loop the threads already share (a stage-parallel call, a chain's entries).
+    pub in_parallel_loop: bool,
+    /// Values computed into a buffer given from outside: a loop's carried buffer
+    /// (`in_place.rs`) or an accumulator the caller adds into.
+    pub carried: HashSet<ValueId>,
+    /// Among them, those the caller adds into (`accumulate.rs`).
+    pub accumulated: HashSet<ValueId>,
+}
+
+/// The analyses a loop body needs before its carried values are placed (`in_place::plan`).
+pub struct Fusion {
+    /// Selects that only guard an update: select → update.
+    pub guarded: HashMap<OpId, OpId>,
+    /// Values with no buffer: computed inside their consumer's loop nest.
+    pub deferred: HashSet<ValueId>,
+}
+
+impl Fusion {
+    pub fn of(f: &Func, block: &Block) -> Fusion {
+        let guarded = in_place::guarded_updates(f, block);
+        let deferred = fuse::deferred(f, block, &guarded);
+        Fusion { guarded, deferred }
+    }
+}
+
+/// How one op is written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Nothing: computed inside its consumer's loop nest, or written by the select it feeds.
+    Skip,
+    /// A view of its operand (a reshape; a transpose the GEMM reads through strides).
+    View,
+    /// `update` at the same position for every stage: a copy into a view of the slice.
+    UpdateSlice {
+        scalar: ValueId,
+    },
+    /// `select(c, update(x, u, i), x)`: `x` with slice `i` written if `c`.
+    GuardedUpdate {
+        update: OpId,
+        scalar: ValueId,
+    },
+    /// `index` at the same position for every stage: a view, no copy.
+    IndexView {
+        scalar: ValueId,
+    },
+    /// A call, inlined; `stages`: as one parallel loop over the callee's stages.
+    Call {
+        stages: Option<u64>,
+    },
+    /// A matmul that adds into the accumulator its caller gave.
+    MatMulInto,
+    /// A constant only a loop's overwritten carried value starts from: a buffer, no fill.
+    Unfilled,
+    Loop,
+    /// An elementwise op: one loop nest, fusing the deferred values it reads.
+    Elementwise,
+    /// Any other op, by `ops.rs`.
+    Compute,
+}
+
+/// Every decision for one block.
+pub struct BlockPlan {
+    pub fusion: Fusion,
+    /// Adds a GEMM does (fast numerics: another order of sums) and adds a stage-parallel call
+    /// does where each stage ends (the same sums); the call decides which it can take.
+    pub gemm_accumulations: Vec<Accumulation>,
+    pub stage_accumulations: Vec<Accumulation>,
+    pub chains: Vec<Chain>,
+    /// The order ops are written in, with each chain's loop around its ops.
+    pub steps: Vec<Step>,
+    /// For each value read once in this block, the op that reads it (elementwise ops may write
+    /// over such a buffer; none on the GPU).
+    pub sole_readers: HashMap<ValueId, OpId>,
+    pub decisions: HashMap<OpId, Decision>,
+}
+
+impl BlockPlan {
+    pub fn new(m: &Module, f: &Func, block: &Block, fusion: Fusion, cx: &Context) -> BlockPlan {
+        let deferred = &fusion.deferred;
+        let gemm_accumulations = match cx.numerics {
+            Numerics::Fast => accumulate::find(m, f, block, deferred, Fold::Gemm),
+            Numerics::Exact => Vec::new(),
+        };
+        let stage_accumulations = accumulate::find(m, f, block, deferred, Fold::StageEnd);
+        let unread = in_place::unread_inits(f, block);
+        let chains = if cx.numerics == Numerics::Fast && !cx.gpu && !cx.in_parallel_loop {
+            let guarded = &fusion.guarded;
+            let excluded = guarded.keys().chain(guarded.values()).copied().collect();
+            batch_split::find(f, block, deferred, &excluded, &cx.carried)
+        } else {
+            Vec::new()
+        };
+        let strided = batch_split::matmul_operands(f, block, &chains);
+        let sole_readers = match cx.gpu {
+            false => fuse::sole_readers(f, block, deferred),
+            true => HashMap::new(),
+        };
+        let guarded_updates: HashSet<OpId> = fusion.guarded.values().copied().collect();
+        let decide = |id: OpId| {
+            let op = &f.ops[id];
+            if op.results.first().is_some_and(|v| deferred.contains(v))
+                || guarded_updates.contains(&id)
+            {
+                return Decision::Skip;
+            }
+            match &op.kind {
+                OpKind::Reshape { .. } => Decision::View,
+                OpKind::Transpose { perm, .. }
+                    if views::swaps_last_two(perm) || strided.contains(&op.results[0]) =>
+                {
+                    Decision::View
+                }
+                OpKind::Update { index, .. } => match views::uniform(f, *index) {
+                    Some(scalar) => Decision::UpdateSlice { scalar },
+                    None => Decision::Compute,
+                },
+                OpKind::Select { .. } if fusion.guarded.contains_key(&id) => {
+                    let update = fusion.guarded[&id];
+                    let OpKind::Update { index, .. } = &f.ops[update].kind else {
+                        unreachable!("invariant: guarded_updates pairs selects with updates")
+                    };
+                    let scalar = views::uniform(f, *index).expect("checked by guarded_updates");
+                    Decision::GuardedUpdate { update, scalar }
+                }
+                OpKind::Index { index, .. } => match views::uniform(f, *index) {
+                    Some(scalar) => Decision::IndexView { scalar },
+                    None => Decision::Compute,
+                },
+                OpKind::Call { callee, .. } => {
+                    let gemm_adds = gemm_accumulations.iter().any(|a| a.call == id);
+                    let stages = match (cx.gpu, cx.in_parallel_loop || gemm_adds) {
+                        (false, false) => stage_split::stages(m, &m.funcs[*callee]),
+                        _ => None,
+                    };
+                    Decision::Call { stages }
+                }
+                OpKind::MatMul { .. } if cx.accumulated.contains(&op.results[0]) => {
+                    Decision::MatMulInto
+                }
+                OpKind::Constant { .. } if unread.contains(&op.results[0]) => Decision::Unfilled,
+                OpKind::Loop { .. } => Decision::Loop,
+                kind if kind.is_elementwise() => Decision::Elementwise,
+                _ => Decision::Compute,
+            }
+        };
+        let decisions = block.ops.iter().map(|&id| (id, decide(id))).collect();
+        BlockPlan {
+            steps: batch_split::schedule(block, &chains),
+            fusion,
+            gemm_accumulations,
+            stage_accumulations,
+            chains,
+            sole_readers,
+            decisions,
+        }
+    }
+}

@@ -1,0 +1,689 @@
+//! Writes a function's blocks as the plan of each says (`plan.rs`), inlining calls: one arm
+//! per [`Decision`]. Values map to buffers (`env`); what is decided here is only what depends
+//! on buffers already written: which accumulator buffer a call's adds fold into, and which
+//! buffer read for the last time an elementwise op writes over.
+
+use super::batch_split::{self, Step};
+use super::buf::{self, Buf};
+use super::emit::Emitter;
+use super::fast_math::Numerics;
+use super::plan::{self, BlockPlan, Decision, Fusion};
+use super::{fuse, in_place, ops, stage_split, views};
+use ppc_dialect::ir::{names, Block, Func, Module, OpId, ValueId};
+use ppc_dialect::op::OpKind;
+use ppc_dialect::{Diagnostic, Type};
+use ppc_runtime::abi;
+use std::collections::{HashMap, HashSet};
+
+/// The block being written, its plan and where its values go besides new buffers.
+struct Scope<'s> {
+    f: &'s Func,
+    block: &'s Block,
+    plan: &'s BlockPlan,
+    into: &'s HashMap<ValueId, Buf>,
+    add_into: &'s HashMap<ValueId, Buf>,
+}
+
+impl Scope<'_> {
+    /// Whether `v` goes into a buffer given from outside: a carried one or a chain output's.
+    fn placed(&self, st: &Written, v: ValueId) -> bool {
+        self.into.contains_key(&v) || st.slices.contains_key(&v)
+    }
+}
+
+/// What writing a block has done so far.
+#[derive(Default)]
+struct Written {
+    /// The values of the open chain's outputs: their entry's slices.
+    slices: HashMap<ValueId, Buf>,
+    /// Values whose buffers this block allocated for them (no view, no caller's buffer), in
+    /// the order they were made: an elementwise op may write over one that only it reads
+    /// (which one must not depend on a hash order, or the same model would compile to
+    /// different code from run to run).
+    fresh: Vec<ValueId>,
+    /// Adds the call before them did.
+    folded: HashSet<OpId>,
+    /// The GPipe loops written so far (`--trace` spans).
+    gpipe_loops: usize,
+}
+
+/// The type of `v`'s buffer: its stage's slice inside a stage-parallel loop, its entry's
+/// inside a loop over a batched chain's entries.
+fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
+    if e.in_stage_split() {
+        stage_split::slice_type(f.ty(v))
+    } else {
+        e.entry_type(f.ty(v))
+    }
+}
+
+/// A chain's loop over entries being written (`batch_split.rs`): its trace span, the buffers of
+/// the values it slices (to restore), and its outputs' whole buffers.
+struct OpenChain {
+    group: Option<usize>,
+    saved: Vec<(ValueId, Option<Buf>)>,
+    wholes: Vec<(ValueId, Buf)>,
+}
+
+/// Walks functions, inlining calls; values map to buffers.
+pub(super) struct Walker<'m, 'a> {
+    pub m: &'m Module,
+    pub e: Emitter<'a>,
+    pub numerics: Numerics,
+    /// Entry arguments for parameters, in first-use order: (name, buffer, param).
+    pub params: Vec<(String, Buf, ppc_dialect::ir::Param)>,
+    pub param_bufs: HashMap<(String, String), Buf>,
+    /// Names of the loop nests marked for `--trace`, in the order of their numbers.
+    pub groups: Vec<String>,
+    /// Calls being emitted around what is written now.
+    pub calls: usize,
+}
+
+impl Walker<'_, '_> {
+    /// Emits `f`'s body with `args` bound; returns its result buffers.
+    pub fn func(&mut self, f: &Func, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
+        self.func_into(f, args, &HashMap::new())
+    }
+
+    /// As [`Walker::func`], with results computed by adding into the given buffers (by result
+    /// index; `accumulate.rs`).
+    fn func_into(
+        &mut self,
+        f: &Func,
+        args: Vec<Buf>,
+        add_into: &HashMap<usize, Buf>,
+    ) -> Result<Vec<Buf>, Diagnostic> {
+        let mut env: HashMap<ValueId, Buf> = f.body.args.iter().copied().zip(args).collect();
+        for p in &f.params {
+            // Keyed by name and type: `@stage` and `@stage_vjp` declare the same weights.
+            let key = (f.values[p.value].name.clone(), f.ty(p.value).to_string());
+            let buf = match self.param_bufs.get(&key) {
+                Some(b) => b.clone(),
+                None => {
+                    let name = f.values[p.value].name.clone();
+                    let name_of = format!("%p{}", self.params.len());
+                    let b = Buf {
+                        base: name_of.clone(),
+                        name: name_of,
+                        ty: f.ty(p.value).clone(),
+                        layout: None,
+                    };
+                    let unique = if self.params.iter().any(|(n, _, _)| *n == name) {
+                        format!("{}.{name}", f.name)
+                    } else {
+                        name
+                    };
+                    self.params.push((unique, b.clone(), p.clone()));
+                    self.param_bufs.insert(key, b.clone());
+                    b
+                }
+            };
+            let buf = self.e.stage_slice(&buf, f.ty(p.value));
+            env.insert(p.value, buf);
+        }
+        let add_into: HashMap<ValueId, Buf> = add_into
+            .iter()
+            .map(|(&i, b)| (f.body.results[i], b.clone()))
+            .collect();
+        let fusion = Fusion::of(f, &f.body);
+        self.block(f, &f.body, fusion, &mut env, &HashMap::new(), &add_into)?;
+        Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
+    }
+
+    /// Plans `block` (`plan.rs`) and writes it. `into`: the values computed straight into a
+    /// loop's carried buffer (`in_place.rs`) and that buffer; `add_into`: the matmul results
+    /// that add into the caller's buffer.
+    fn block(
+        &mut self,
+        f: &Func,
+        block: &Block,
+        fusion: Fusion,
+        env: &mut HashMap<ValueId, Buf>,
+        into: &HashMap<ValueId, Buf>,
+        add_into: &HashMap<ValueId, Buf>,
+    ) -> Result<(), Diagnostic> {
+        let cx = plan::Context {
+            numerics: self.numerics,
+            gpu: self.e.gpu.is_some(),
+            in_parallel_loop: self.e.in_parallel_loop(),
+            carried: into.keys().chain(add_into.keys()).copied().collect(),
+            accumulated: add_into.keys().copied().collect(),
+        };
+        let plan = BlockPlan::new(self.m, f, block, fusion, &cx);
+        let s = Scope {
+            f,
+            block,
+            plan: &plan,
+            into,
+            add_into,
+        };
+        let mut st = Written::default();
+        let mut open: Option<OpenChain> = None;
+        for step in &plan.steps {
+            match *step {
+                Step::Begin(c) => {
+                    let chain = &plan.chains[c];
+                    let wholes = chain
+                        .outputs
+                        .iter()
+                        .map(|&v| (v, self.output(&s, &st, v)))
+                        .collect();
+                    open = Some(self.begin_chain(f, chain, wholes, env, &mut st.slices));
+                }
+                Step::End(c) => {
+                    let chain = open.take().expect("invariant: Begin comes before End");
+                    self.end_chain(&plan.chains[c], chain, env, &mut st.slices);
+                }
+                Step::Op(id) => self.op(&s, &mut st, env, id)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `v` is computed: a loop's carried buffer, its entry of a chain's output, or a new
+    /// buffer.
+    fn output(&mut self, s: &Scope, st: &Written, v: ValueId) -> Buf {
+        s.into
+            .get(&v)
+            .or_else(|| st.slices.get(&v))
+            .cloned()
+            .unwrap_or_else(|| self.e.alloc(&value_type(&self.e, s.f, v)))
+    }
+
+    /// Writes op `id` as the plan decided.
+    fn op(
+        &mut self,
+        s: &Scope,
+        st: &mut Written,
+        env: &mut HashMap<ValueId, Buf>,
+        id: OpId,
+    ) -> Result<(), Diagnostic> {
+        let (f, op) = (s.f, &s.f.ops[id]);
+        let decision = &s.plan.decisions[&id];
+        if *decision == Decision::Skip || st.folded.contains(&id) {
+            return Ok(()); // computed inside its consumer's loop nest, or by a GEMM
+        }
+        self.e.at(f.op_spans.get(&id));
+        // Deferred values have no buffer; only elementwise ops, which fuse them, read them.
+        let ins: Vec<Buf> = if op.kind.is_elementwise() {
+            Vec::new()
+        } else {
+            op.kind.operands().iter().map(|v| env[v].clone()).collect()
+        };
+        let result = op.results[0];
+        match decision {
+            Decision::Skip => unreachable!("returned above"),
+            Decision::View => {
+                let ty = value_type(&self.e, f, result);
+                let view = match &op.kind {
+                    OpKind::Transpose { perm, .. } => {
+                        views::transpose(&mut self.e, &ins[0], perm, &ty)
+                    }
+                    _ => views::reshape(&mut self.e, &ins[0], &ty),
+                };
+                env.insert(result, view);
+            }
+            Decision::UpdateSlice { scalar } => {
+                // Only the slice is written, after a copy of `x` unless `x` is the output
+                // buffer itself (a carried accumulator updated in place).
+                let OpKind::Update { x, axis, .. } = &op.kind else {
+                    unreachable!("invariant: planned for updates")
+                };
+                let out = self.output(s, st, result);
+                let group = self.begin_group(f, id, "update".to_string());
+                if env[x].name != out.name {
+                    self.e.copy(&env[x], &out);
+                }
+                let slice = views::index(&mut self.e, &out, &env[scalar], *axis);
+                self.e.copy(&ins[1], &slice);
+                self.end_group(group);
+                env.insert(result, out);
+            }
+            Decision::GuardedUpdate { update, scalar } => {
+                let OpKind::Select { cond, on_false, .. } = &op.kind else {
+                    unreachable!("invariant: planned for selects")
+                };
+                let OpKind::Update { update, axis, .. } = &f.ops[*update].kind else {
+                    unreachable!("invariant: guarded_updates pairs selects with updates")
+                };
+                let out = self.output(s, st, result);
+                let group = self.begin_group(f, id, "update".to_string());
+                if env[on_false].name != out.name {
+                    self.e.copy(&env[on_false], &out);
+                }
+                self.e.begin_if(&env[cond]);
+                let slice = views::index(&mut self.e, &out, &env[scalar], *axis);
+                self.e.copy(&env[update], &slice);
+                self.e.end_if();
+                self.end_group(group);
+                env.insert(result, out);
+            }
+            Decision::IndexView { scalar } => {
+                // A stage's layer loop picking its layer's weights: a view of the stacked
+                // weights, no copy.
+                let OpKind::Index { x, axis, .. } = &op.kind else {
+                    unreachable!("invariant: planned for indexes")
+                };
+                let view = views::index(&mut self.e, &env[x], &env[scalar], *axis);
+                env.insert(result, view);
+            }
+            Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
+            Decision::MatMulInto => {
+                let acc = s.add_into[&result].clone();
+                ops::matmul_into(&mut self.e, &ins[0], &ins[1], ins.get(2), &acc);
+                env.insert(result, acc);
+            }
+            Decision::Unfilled => {
+                let out = self.output(s, st, result);
+                env.insert(result, out);
+            }
+            Decision::Loop => self.for_loop(s, st, env, id, &ins)?,
+            Decision::Elementwise => self.elementwise(s, st, env, id),
+            Decision::Compute => {
+                let out = self.output(s, st, result);
+                if !s.placed(st, result) {
+                    st.fresh.push(result);
+                }
+                // GEMMs have spans of their own, from the runtime.
+                let group = (!matches!(op.kind, OpKind::MatMul { .. }))
+                    .then(|| self.begin_group(f, id, op.kind.name().to_string()))
+                    .flatten();
+                ops::lower(&mut self.e, self.numerics, &op.kind, &ins, &out);
+                self.end_group(group);
+                env.insert(result, out);
+            }
+        }
+        Ok(())
+    }
+
+    /// A call, inlined (or as one parallel loop over the callee's stages), with the adds of
+    /// its results the plan found folded into it where the accumulator's buffer allows.
+    fn call(
+        &mut self,
+        s: &Scope,
+        st: &mut Written,
+        env: &mut HashMap<ValueId, Buf>,
+        id: OpId,
+        ins: Vec<Buf>,
+        split: Option<u64>,
+    ) -> Result<(), Diagnostic> {
+        let (f, op) = (s.f, &s.f.ops[id]);
+        let OpKind::Call { callee, .. } = &op.kind else {
+            unreachable!("invariant: planned for calls")
+        };
+        let g = &self.m.funcs[*callee];
+        // The adds this call's results fold into: into the accumulator's own buffer, or a
+        // fresh one holding a copy of it.
+        let accumulations = match split {
+            Some(_) => &s.plan.stage_accumulations,
+            None => &s.plan.gemm_accumulations,
+        };
+        let mut adds = HashMap::new();
+        for a in accumulations.iter().filter(|a| a.call == id) {
+            let sum = f.ops[a.add].results[0];
+            let acc = env[&a.acc].clone();
+            let out = match s.into.get(&sum) {
+                Some(b) if b.name != acc.name => continue,
+                Some(b) => b.clone(),
+                None => {
+                    let b = self.e.alloc(&value_type(&self.e, f, sum));
+                    self.e.copy(&acc, &b);
+                    b
+                }
+            };
+            adds.insert(a.result, (a.add, out));
+        }
+        let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
+        // The calls the pipeline's loops make (a stage's body) are functions of their own on
+        // the CPU; the calls inside them are inlined.
+        let outline = self.calls == 0 && self.e.gpu.is_none();
+        if outline {
+            self.e.begin_outlined();
+        }
+        self.calls += 1;
+        let outs = match split {
+            Some(stages) => {
+                let read: Vec<bool> = op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
+                self.split_call(g, ins, &read, &add_into, stages)?
+            }
+            None => self.func_into(g, ins, &add_into)?,
+        };
+        self.calls -= 1;
+        // The results are buffers allocated at function entry (a stage's layer loop's carried
+        // values, a split call's wholes), so code after the region can name them; MLIR's
+        // verifier would reject a view made inside it.
+        if outline {
+            self.e.end_outlined();
+        }
+        env.extend(op.results.iter().copied().zip(outs));
+        for (add, out) in adds.into_values() {
+            env.insert(f.ops[add].results[0], out);
+            st.folded.insert(add);
+        }
+        Ok(())
+    }
+
+    /// A loop: `scf.for` over host code, its carried values in buffers of their own (copied in
+    /// unless the body overwrites them first), its body's yields computed in place where
+    /// `in_place.rs` allows.
+    fn for_loop(
+        &mut self,
+        s: &Scope,
+        st: &mut Written,
+        env: &mut HashMap<ValueId, Buf>,
+        id: OpId,
+        ins: &[Buf],
+    ) -> Result<(), Diagnostic> {
+        let (f, op) = (s.f, &s.f.ops[id]);
+        let OpKind::Loop { trips, body, .. } = &op.kind else {
+            unreachable!("invariant: planned for loops")
+        };
+        let carried: Vec<Buf> = ins.iter().map(|b| self.e.alloc(&b.ty)).collect();
+        let overwritten = in_place::overwritten(f, body, *trips);
+        for (j, (src, dst)) in ins.iter().zip(&carried).enumerate() {
+            if !overwritten.contains(&j) {
+                self.e.copy(src, dst);
+            }
+        }
+        let t = self.e.alloc(&f.ty(body.args[0]).clone());
+        let iv = self.e.begin_host_loop(*trips);
+        let ti = self
+            .e
+            .let_(&format!("arith.index_cast {iv} : index to i32"));
+        self.e.host_writes(&t);
+        self.e
+            .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
+        // The GPipe loop's iterations are spans of `--trace` (a flag test when tracing is off);
+        // a stage's loop over its layers is not. The training step runs the forward loop, then
+        // the backward loop, which takes forward iteration `trips - 1 - t` back at its
+        // iteration `t` and is numbered so.
+        let gpipe = f.name == names::PIPELINE
+            || (f.name == names::vjp(names::TRAIN) && std::ptr::eq(s.block, &f.body));
+        let span = match (gpipe, st.gpipe_loops) {
+            (false, _) => None,
+            (true, 0) => Some((&abi::TRACE_ITERATION, ti.clone())),
+            (true, _) => {
+                for f in &abi::TRACE_BACKWARD {
+                    self.e.declare(f);
+                }
+                let last = self.e.constant((*trips - 1) as f64, "i32");
+                let reversed = self.e.let_(&format!("arith.subi {last}, {ti} : i32"));
+                Some((&abi::TRACE_BACKWARD, reversed))
+            }
+        };
+        st.gpipe_loops += usize::from(gpipe);
+        let trace = |e: &mut Emitter, end: usize| {
+            if let Some((calls, index)) = &span {
+                e.op(&calls[end].call(&[index]));
+            }
+        };
+        trace(&mut self.e, 0);
+        env.insert(body.args[0], t);
+        env.extend(body.args[1..].iter().copied().zip(carried.iter().cloned()));
+        let fusion = Fusion::of(f, body);
+        let into = in_place::plan(f, body, &fusion.deferred)
+            .into_iter()
+            .map(|(v, j)| (v, carried[j].clone()))
+            .collect();
+        self.block(f, body, fusion, env, &into, &HashMap::new())?;
+        self.e.at(f.op_spans.get(&id));
+        let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
+        self.carry(&yields, &carried);
+        trace(&mut self.e, 1);
+        self.e.end_host_loop();
+        env.extend(op.results.iter().copied().zip(carried));
+        Ok(())
+    }
+
+    /// An elementwise op and the deferred values it reads, as one loop nest: over a buffer of
+    /// this block that only this op reads, if one has its type (a GELU over its matmul's
+    /// result); else where [`Walker::output`] says.
+    fn elementwise(
+        &mut self,
+        s: &Scope,
+        st: &mut Written,
+        env: &mut HashMap<ValueId, Buf>,
+        id: OpId,
+    ) {
+        let f = s.f;
+        let result = f.ops[id].results[0];
+        let own = !s.placed(st, result);
+        let dying = own
+            .then(|| {
+                let ty = value_type(&self.e, f, result);
+                st.fresh
+                    .iter()
+                    .copied()
+                    .find(|w| s.plan.sole_readers.get(w) == Some(&id) && env[w].ty == ty)
+            })
+            .flatten();
+        let out = match dying {
+            Some(w) => env[&w].clone(),
+            None => self.output(s, st, result),
+        };
+        let scope = fuse::Scope {
+            f,
+            block: s.block,
+            env,
+            deferred: &s.plan.fusion.deferred,
+        };
+        let name = fuse::ops_of(&scope, id).join("+");
+        let group = self.begin_group(f, id, name);
+        fuse::emit(&mut self.e, self.numerics, &scope, id, &out);
+        self.end_group(group);
+        if let Some(w) = dying {
+            st.fresh.retain(|&v| v != w);
+        }
+        if own {
+            st.fresh.push(result);
+        }
+        env.insert(result, out);
+    }
+
+    /// Emits a call of `g` as one parallel loop over its `stages` (`stage_split.rs`); returns
+    /// the whole result buffers. `read[i]`: whether the caller reads result `i`; results in
+    /// `add_into` (by index) are added into the given buffer, stage by stage.
+    fn split_call(
+        &mut self,
+        g: &Func,
+        args: Vec<Buf>,
+        read: &[bool],
+        add_into: &HashMap<usize, Buf>,
+        stages: u64,
+    ) -> Result<Vec<Buf>, Diagnostic> {
+        let results: Vec<Buf> = g
+            .body
+            .results
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| match add_into.get(&i) {
+                Some(acc) => acc.clone(),
+                None => self.e.alloc(g.ty(r)),
+            })
+            .collect();
+        self.e.begin_stage_split(stages);
+        let args: Vec<Buf> = args
+            .iter()
+            .zip(&g.body.args)
+            .map(|(a, &v)| self.e.stage_slice(a, g.ty(v)))
+            .collect();
+        // A bubble stage of a callee whose every result it masks skips the body; an
+        // accumulator is then left as it is, which needs its result's constant to be -0.0
+        // (the additive identity: `acc + -0.0` is `acc`, bit for bit).
+        let minus_zero = |c: &Option<ppc_dialect::op::Float>| {
+            c.is_none_or(|c| c.0.to_bits() == (-0.0f64).to_bits())
+        };
+        let masked = stage_split::masked_results(g, read)
+            .filter(|(_, fills)| add_into.keys().all(|&i| minus_zero(&fills[i])));
+        if let Some((at, _)) = &masked {
+            let (mask, zero) = (&args[*at], self.e.index(0));
+            let active = self.e.let_(&format!(
+                "memref.load {}[{zero}] : {}",
+                mask.name,
+                mask.mty()
+            ));
+            self.e.open(&format!("scf.if {active} {{"));
+        }
+        let outs = self.func(g, args)?;
+        for (i, ((out, whole), &v)) in outs.iter().zip(&results).zip(&g.body.results).enumerate() {
+            let slot = self.e.stage_slice(whole, g.ty(v));
+            if add_into.contains_key(&i) {
+                self.e.add_to(&slot, out);
+            } else {
+                self.e.copy(out, &slot);
+            }
+        }
+        if let Some((_, fills)) = masked {
+            self.e.begin_else();
+            let kept = results.iter().zip(&g.body.results).zip(fills).enumerate();
+            for (_, ((whole, &v), value)) in kept.filter(|(i, _)| !add_into.contains_key(i)) {
+                let Some(value) = value else { continue };
+                let slot = self.e.stage_slice(whole, g.ty(v));
+                let fill = OpKind::Constant { value };
+                ops::lower(&mut self.e, self.numerics, &fill, &[], &slot);
+            }
+            self.e.end_bubble_if();
+        }
+        self.e.end_stage_split();
+        Ok(results)
+    }
+
+    /// Opens `chain`'s loop over its entries (`batch_split.rs`): the values it reads along its
+    /// leading axes become their entry's slices in `env`, its outputs (`wholes`: their whole
+    /// buffers) their entry's in `slices`, and a bubble stage's entries skip it.
+    fn begin_chain(
+        &mut self,
+        f: &Func,
+        chain: &batch_split::Chain,
+        wholes: Vec<(ValueId, Buf)>,
+        env: &mut HashMap<ValueId, Buf>,
+        slices: &mut HashMap<ValueId, Buf>,
+    ) -> OpenChain {
+        self.e.at(f.op_spans.get(&chain.ops[0]));
+        let names: Vec<&str> = chain.ops.iter().map(|&o| f.ops[o].kind.name()).collect();
+        let group = self.begin_group(f, chain.ops[0], names.join("+"));
+        let ivs = self.e.begin_entries(&chain.prefix, &chain.tile);
+        let mut saved = Vec::new();
+        for &v in &chain.sliced {
+            let entry = self.entry(&env[&v], f.ty(v), &ivs, &chain.tile);
+            saved.push((v, env.insert(v, entry)));
+        }
+        for (v, whole) in &wholes {
+            let entry = self.entry(whole, f.ty(*v), &ivs, &chain.tile);
+            slices.insert(*v, entry);
+        }
+        if let Some((mask, at)) = chain.mask {
+            let entry = self.e.slot(&env[&mask], &ivs[at], 0, true);
+            if chain.skip_bubbles {
+                let zero = self.e.index(0);
+                let active = self.e.let_(&format!(
+                    "memref.load {}[{zero}] : {}",
+                    entry.name,
+                    entry.mty()
+                ));
+                self.e.open(&format!("scf.if {active} {{"));
+            }
+            saved.push((mask, env.insert(mask, entry)));
+        }
+        OpenChain {
+            group,
+            saved,
+            wholes,
+        }
+    }
+
+    /// Closes `chain`'s loop: a bubble stage's entries get what the masked GEMM writes (-0.0),
+    /// and `env` the whole buffers again.
+    fn end_chain(
+        &mut self,
+        chain: &batch_split::Chain,
+        open: OpenChain,
+        env: &mut HashMap<ValueId, Buf>,
+        slices: &mut HashMap<ValueId, Buf>,
+    ) {
+        if chain.skip_bubbles {
+            self.e.begin_else();
+            for (v, _) in &open.wholes {
+                let zero = self.e.constant(-0.0, buf::elt(slices[v].ty.dtype));
+                self.e.fill(&zero, &slices[v]);
+            }
+            self.e.end_bubble_if();
+        }
+        self.e.end_entries();
+        for (v, before) in open.saved {
+            if let Some(b) = before {
+                env.insert(v, b);
+            }
+        }
+        for (v, whole) in open.wholes {
+            slices.remove(&v);
+            env.insert(v, whole);
+        }
+        self.end_group(open.group);
+    }
+
+    /// The entry at `ivs` (indices of the leading axes) of buffer `b` of a value of type `ty`,
+    /// `tile` elements along each: axes of size 1 (broadcast) at 0, every leading axis kept.
+    fn entry(&mut self, b: &Buf, ty: &Type, ivs: &[String], tile: &[u64]) -> Buf {
+        let at = ivs
+            .iter()
+            .zip(tile)
+            .enumerate()
+            .map(|(axis, (iv, &size))| match ty.dims[axis].size {
+                1 => (axis, self.e.index(0), 1),
+                _ => (axis, iv.clone(), size),
+            })
+            .collect::<Vec<_>>();
+        self.e.blocks(b, &at, true)
+    }
+
+    /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and
+    /// its model line; returns its number. `None` inside a chain's loop over entries: the chain
+    /// has one span of its own.
+    fn begin_group(&mut self, f: &Func, id: ppc_dialect::ir::OpId, name: String) -> Option<usize> {
+        if self.e.in_entries() {
+            return None;
+        }
+        let (line, _) = self.e.lines.line_col(f.op_spans.get(&id).start as usize);
+        let n = self.groups.len();
+        self.groups.push(format!("{name}, line {line}"));
+        let c = self.e.constant(n as f64, "i32");
+        self.e.op(&abi::TRACE_GROUP[0].call(&[&c]));
+        Some(n)
+    }
+
+    fn end_group(&mut self, n: Option<usize>) {
+        let Some(n) = n else {
+            return;
+        };
+        let c = self.e.constant(n as f64, "i32");
+        self.e.op(&abi::TRACE_GROUP[1].call(&[&c]));
+    }
+
+    /// Copies the yielded values into the carried buffers for the next iteration. A yield that
+    /// is itself another carried buffer goes through a scratch copy first.
+    fn carry(&mut self, yields: &[Buf], carried: &[Buf]) {
+        let staged: Vec<Buf> = yields
+            .iter()
+            .enumerate()
+            .map(|(i, y)| {
+                if carried
+                    .iter()
+                    .enumerate()
+                    .any(|(j, c)| j != i && c.name == y.name)
+                {
+                    let s = self.e.alloc(&y.ty);
+                    self.e.copy(y, &s);
+                    s
+                } else {
+                    y.clone()
+                }
+            })
+            .collect();
+        for (y, c) in staged.iter().zip(carried) {
+            if y.name != c.name {
+                self.e.copy(y, c);
+            }
+        }
+    }
+}
