@@ -31,6 +31,7 @@ mod accumulate;
 mod batch_split;
 pub mod buf;
 pub mod emit;
+mod entry;
 mod fast_math;
 mod fuse;
 pub mod gpu_map;
@@ -45,40 +46,18 @@ mod stage_split;
 mod views;
 mod walk;
 
-use buf::Buf;
 use emit::{escape, Emitter, Lines};
+pub use entry::Entry;
 pub use fast_math::Numerics;
 use ppc_dialect::ir::{names, Item, Module};
 use ppc_dialect::op::OpKind;
-use ppc_dialect::{DType, Diagnostic, Type};
+use ppc_dialect::{DType, Diagnostic};
 use ppc_runtime::abi;
-use ppc_runtime::manifest::{Arg, Manifest, Role};
+use ppc_runtime::manifest::Manifest;
 use residency::Residency;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 use walk::Walker;
-
-/// What the entry function computes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Entry {
-    /// `@pipeline`: `output = f(input, params)`.
-    Forward,
-    /// `@train_vjp` (after `loss` and `autodiff`): `loss, output, grads = f(input, target,
-    /// params)`, the gradients in f32, one per parameter.
-    Train,
-}
-
-impl Entry {
-    /// The training step for a module compiled for training (it has `@train_vjp`), else the
-    /// forward pass.
-    pub fn of(m: &Module) -> Entry {
-        if m.func(&names::vjp(names::TRAIN)).is_some() {
-            Entry::Train
-        } else {
-            Entry::Forward
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -148,86 +127,7 @@ fn lower_once(
         groups: Vec::new(),
         calls: 0,
     };
-    // Entry arguments are located at the pipeline block, return and frees at the end.
-    let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
-    let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
-    let entry_buf = |name: &str, ty: &Type| Buf {
-        name: format!("%{name}"),
-        base: format!("%{name}"),
-        ty: ty.clone(),
-        layout: None,
-    };
-    // The entry's own arguments: (role, name, buffer); the rest of `f`'s are constants.
-    let mut inputs = vec![(
-        Role::Input,
-        "input",
-        entry_buf("input", f.ty(f.body.args[0])),
-    )];
-    let mut args: Vec<Buf> = vec![inputs[0].2.clone()];
-    if entry == Entry::Train {
-        // (x, target, d_loss, d_outputs): the loss's cotangent is 1, the outputs' zero.
-        let target = entry_buf("target", f.ty(f.body.args[1]));
-        args.push(target.clone());
-        inputs.push((Role::Target, "target", target));
-        w.e.at(m.spans.get(&Item::Pipeline));
-        for (&a, v) in f.body.args[2..].iter().zip([1.0, -0.0]) {
-            let b = w.e.alloc(f.ty(a));
-            let fill = OpKind::Constant {
-                value: ppc_dialect::op::Float(v),
-            };
-            ops::lower(&mut w.e, w.numerics, &fill, &[], &b);
-            args.push(b);
-        }
-    }
-    let results = w.func(f, args)?;
-    // The results that leave the entry: (role, name, index in `f`'s results).
-    let mut outputs: Vec<(Role, String, usize)> = Vec::new();
-    match entry {
-        Entry::Forward => outputs.push((Role::Output, "output".into(), 0)),
-        Entry::Train => {
-            outputs.push((Role::Loss, "loss".into(), 0));
-            outputs.push((Role::Output, "output".into(), 1));
-            // Then the inputs' (and float targets') cotangents, then one per parameter of
-            // `@stage`, named as the parameter.
-            let stage = m
-                .func(names::STAGE)
-                .ok_or_else(|| Diagnostic::plain("no `@stage`"))?;
-            let first = results.len() - stage.params.len();
-            for (i, p) in stage.params.iter().enumerate() {
-                outputs.push((Role::Grad, stage.values[p.value].name.clone(), first + i));
-            }
-        }
-    }
-    let out_bufs: Vec<Buf> = outputs
-        .iter()
-        .enumerate()
-        .map(|(i, (role, name, r))| {
-            let id = match role {
-                Role::Grad => format!("grad{i}"),
-                _ => name.clone(),
-            };
-            entry_buf(&id, &results[*r].ty)
-        })
-        .collect();
-    w.e.at(m.spans.get(&Item::Pipeline));
-    for ((_, _, r), out) in outputs.iter().zip(&out_bufs) {
-        w.e.copy(&results[*r], out);
-    }
-
-    let mut args = Vec::new();
-    let mut sig = Vec::new();
-    for (role, name, buf) in &inputs {
-        args.push(arg(*role, name, &buf.ty, None));
-        sig.push(format!("{}: {}{loc}", buf.name, buf.mty()));
-    }
-    for (name, buf, p) in &w.params {
-        args.push(arg(Role::Param, name, &buf.ty, Some(p)));
-        sig.push(format!("{}: {}{loc}", buf.name, buf.mty()));
-    }
-    for ((role, name, _), buf) in outputs.iter().zip(&out_bufs) {
-        args.push(arg(*role, name, &buf.ty, None));
-        sig.push(format!("{}: {}{loc}", buf.name, buf.mty()));
-    }
+    let args = entry::write(&mut w, f, entry)?;
     let p = m.pipeline;
     let manifest = Manifest {
         model: file.to_string(),
@@ -240,48 +140,21 @@ fn lower_once(
         flops: model_flops(m),
         target: opts.target.clone(),
         gpu: opts.gpu.clone(),
-        args,
-        groups: w.groups,
+        args: args.iter().map(entry::Argument::manifest).collect(),
+        groups: std::mem::take(&mut w.groups),
         train: match entry {
             Entry::Train => m.train.clone(),
             Entry::Forward => Vec::new(),
         },
     };
-
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "module attributes {{transform.with_named_sequence}} {{"
-    );
-    let always = [false, true]
-        .map(|masked| abi::matmul(DType::F32, false, masked))
-        .into_iter()
-        .chain(&abi::TRACE_ITERATION)
-        .chain(&abi::TRACE_GROUP);
-    for f in always {
-        let _ = writeln!(out, "  {}", f.declaration());
-    }
-    for d in &w.e.declarations {
-        let _ = writeln!(out, "  {d}");
-    }
-    let _ = writeln!(
-        out,
-        "  func.func @{}({}) attributes {{llvm.emit_c_interface}} {{",
-        abi::FORWARD,
-        sig.join(", ")
-    );
-    for l in w.e.allocs.iter().chain(&w.e.body).chain(&w.e.frees) {
-        let _ = writeln!(out, "{l}");
-    }
-    let _ = writeln!(out, "    return{loc}\n  }}{loc}");
-    if opts.executable {
-        let text = format!("{}\0", manifest.to_text());
-        let (manifest_fn, main) = (abi::MANIFEST, abi::MAIN);
-        let _ = writeln!(out, "  llvm.mlir.global internal constant @{manifest_fn}_text(\"{}\") {{addr_space = 0 : i32}} : !llvm.array<{} x i8>", escape(&text), text.len());
-        let _ = writeln!(out, "  func.func @{manifest_fn}() -> !llvm.ptr {{\n    %p = llvm.mlir.addressof @{manifest_fn}_text : !llvm.ptr\n    return %p : !llvm.ptr\n  }}");
-        let _ = writeln!(out, "  func.func private @{main}(i32, !llvm.ptr) -> i32");
-        let _ = writeln!(out, "  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {{\n    %r = func.call @{main}(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }}");
-    }
+    // Entry arguments are located at the pipeline block, return and frees at the end.
+    let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
+    let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
+    let sig: Vec<String> = args
+        .iter()
+        .map(|a| format!("{}: {}{loc}", a.buf.name, a.buf.mty()))
+        .collect();
+    let mut out = module_text(&w.e, &sig, &loc, opts.executable.then_some(&manifest));
     let touched = match w.e.gpu {
         Some(gpu) => {
             out.push_str(&gpu_map::script(&gpu.tilings));
@@ -302,6 +175,47 @@ fn lower_once(
     ))
 }
 
+/// The module up to its transform script: runtime declarations, the entry function with
+/// signature `sig` and the emitter's body, and for an executable (given its manifest) the
+/// embedded manifest and `main`.
+fn module_text(e: &Emitter, sig: &[String], loc: &str, executable: Option<&Manifest>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "module attributes {{transform.with_named_sequence}} {{"
+    );
+    let always = [false, true]
+        .map(|masked| abi::matmul(DType::F32, false, masked))
+        .into_iter()
+        .chain(&abi::TRACE_ITERATION)
+        .chain(&abi::TRACE_GROUP);
+    for f in always {
+        let _ = writeln!(out, "  {}", f.declaration());
+    }
+    for d in &e.declarations {
+        let _ = writeln!(out, "  {d}");
+    }
+    let _ = writeln!(
+        out,
+        "  func.func @{}({}) attributes {{llvm.emit_c_interface}} {{",
+        abi::FORWARD,
+        sig.join(", ")
+    );
+    for l in e.allocs.iter().chain(&e.body).chain(&e.frees) {
+        let _ = writeln!(out, "{l}");
+    }
+    let _ = writeln!(out, "    return{loc}\n  }}{loc}");
+    if let Some(manifest) = executable {
+        let text = format!("{}\0", manifest.to_text());
+        let (manifest_fn, main) = (abi::MANIFEST, abi::MAIN);
+        let _ = writeln!(out, "  llvm.mlir.global internal constant @{manifest_fn}_text(\"{}\") {{addr_space = 0 : i32}} : !llvm.array<{} x i8>", escape(&text), text.len());
+        let _ = writeln!(out, "  func.func @{manifest_fn}() -> !llvm.ptr {{\n    %p = llvm.mlir.addressof @{manifest_fn}_text : !llvm.ptr\n    return %p : !llvm.ptr\n  }}");
+        let _ = writeln!(out, "  func.func private @{main}(i32, !llvm.ptr) -> i32");
+        let _ = writeln!(out, "  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {{\n    %r = func.call @{main}(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }}");
+    }
+    out
+}
+
 /// LLVM IR of `_mlir__mlir_ciface_ppc_forward(void **args)`: the packed entry the runtime calls,
 /// forwarding `*args[i]` as argument `i` of the C interface. MLIR's JIT makes it for itself;
 /// executables get this one, appended to the module's LLVM IR.
@@ -318,18 +232,6 @@ pub fn packed_entry(manifest: &Manifest) -> String {
     let _ = writeln!(s, "  call void @_mlir_ciface_{entry}({})", call.join(", "));
     s.push_str("  ret void\n}\n");
     s
-}
-
-fn arg(role: Role, name: &str, ty: &Type, p: Option<&ppc_dialect::ir::Param>) -> Arg {
-    Arg {
-        role,
-        name: name.to_string(),
-        dtype: ty.dtype,
-        shape: ty.shape_usize(),
-        init: p.map_or(ppc_runtime::Init::Zeros, |p| p.init),
-        layer_axes: p.map_or(0, |p| p.layer_axes),
-        shard_axis: ty.axis(ppc_dialect::Axis::RankStages),
-    }
 }
 
 /// Useful floating-point work of one forward step: the matmuls of every layer on every

@@ -1,0 +1,144 @@
+//! The entry function `@ppc_forward`: which function it runs ([`Entry`]), its arguments in the
+//! order the manifest lists them (inputs, then parameters in first-use order, then outputs),
+//! and the code around the walk of that function that binds them.
+
+use super::buf::Buf;
+use super::ops;
+use super::walk::Walker;
+use ppc_dialect::ir::{names, Func, Item, Module, Param};
+use ppc_dialect::op::{Float, OpKind};
+use ppc_dialect::{Axis, Diagnostic, Type};
+use ppc_runtime::manifest::{Arg, Role};
+
+/// What the entry function computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `@pipeline`: `output = f(input, params)`.
+    Forward,
+    /// `@train_vjp` (after `loss` and `autodiff`): `loss, output, grads = f(input, target,
+    /// params)`, the gradients in f32, one per parameter.
+    Train,
+}
+
+impl Entry {
+    /// The training step for a module compiled for training (it has `@train_vjp`), else the
+    /// forward pass.
+    pub fn of(m: &Module) -> Entry {
+        if m.func(&names::vjp(names::TRAIN)).is_some() {
+            Entry::Train
+        } else {
+            Entry::Forward
+        }
+    }
+}
+
+/// One argument of the entry function.
+pub struct Argument {
+    pub role: Role,
+    /// As the manifest names it (a parameter or gradient: its `@layer` name).
+    pub name: String,
+    pub buf: Buf,
+    /// A parameter's declaration (initializer, layer axes).
+    pub param: Option<Param>,
+}
+
+impl Argument {
+    pub fn manifest(&self) -> Arg {
+        let ty = &self.buf.ty;
+        Arg {
+            role: self.role,
+            name: self.name.clone(),
+            dtype: ty.dtype,
+            shape: ty.shape_usize(),
+            init: self
+                .param
+                .as_ref()
+                .map_or(ppc_runtime::Init::Zeros, |p| p.init),
+            layer_axes: self.param.as_ref().map_or(0, |p| p.layer_axes),
+            shard_axis: ty.axis(Axis::RankStages),
+        }
+    }
+}
+
+/// A buffer the entry function takes as argument `%name`.
+fn argument_buf(name: &str, ty: &Type) -> Buf {
+    Buf {
+        name: format!("%{name}"),
+        base: format!("%{name}"),
+        ty: ty.clone(),
+        layout: None,
+    }
+}
+
+/// Writes the entry's body, `f` (the pipeline or the training step) with the entry's
+/// arguments bound; returns the arguments in order.
+pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Diagnostic> {
+    let m: &Module = w.m;
+    let argument = |role, name: &str, buf| Argument {
+        role,
+        name: name.to_string(),
+        buf,
+        param: None,
+    };
+    // The entry's own arguments; the rest of `f`'s are constants.
+    let mut inputs = vec![argument(
+        Role::Input,
+        "input",
+        argument_buf("input", f.ty(f.body.args[0])),
+    )];
+    let mut args: Vec<Buf> = vec![inputs[0].buf.clone()];
+    if entry == Entry::Train {
+        // (x, target, d_loss, d_outputs): the loss's cotangent is 1, the outputs' zero.
+        let target = argument_buf("target", f.ty(f.body.args[1]));
+        args.push(target.clone());
+        inputs.push(argument(Role::Target, "target", target));
+        w.e.at(m.spans.get(&Item::Pipeline));
+        for (&a, v) in f.body.args[2..].iter().zip([1.0, -0.0]) {
+            let b = w.e.alloc(f.ty(a));
+            let fill = OpKind::Constant { value: Float(v) };
+            ops::lower(&mut w.e, w.numerics, &fill, &[], &b);
+            args.push(b);
+        }
+    }
+    let results = w.func(f, args)?;
+    // The results that leave the entry: (role, name, index in `f`'s results).
+    let mut outputs: Vec<(Role, String, usize)> = Vec::new();
+    match entry {
+        Entry::Forward => outputs.push((Role::Output, "output".into(), 0)),
+        Entry::Train => {
+            outputs.push((Role::Loss, "loss".into(), 0));
+            outputs.push((Role::Output, "output".into(), 1));
+            // Then the inputs' (and float targets') cotangents, then one per parameter of
+            // `@stage`, named as the parameter.
+            let stage = m
+                .func(names::STAGE)
+                .ok_or_else(|| Diagnostic::plain("no `@stage`"))?;
+            let first = results.len() - stage.params.len();
+            for (i, p) in stage.params.iter().enumerate() {
+                outputs.push((Role::Grad, stage.values[p.value].name.clone(), first + i));
+            }
+        }
+    }
+    w.e.at(m.spans.get(&Item::Pipeline));
+    let mut outs = Vec::new();
+    for (i, (role, name, r)) in outputs.into_iter().enumerate() {
+        let id = match role {
+            Role::Grad => format!("grad{i}"),
+            _ => name.clone(),
+        };
+        let buf = argument_buf(&id, &results[r].ty);
+        w.e.copy(&results[r], &buf);
+        outs.push(argument(role, &name, buf));
+    }
+    let params = w.params.iter().map(|(name, buf, p)| Argument {
+        role: Role::Param,
+        name: name.clone(),
+        buf: buf.clone(),
+        param: Some(p.clone()),
+    });
+    Ok(inputs
+        .into_iter()
+        .chain(params.collect::<Vec<_>>())
+        .chain(outs)
+        .collect())
+}
