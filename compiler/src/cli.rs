@@ -62,89 +62,10 @@ pub enum Command {
     },
     /// Run the passes; print the IR after one of them (--emit), the compile report (--report),
     /// or write a standalone executable (-o).
-    Compile {
-        #[command(flatten)]
-        model: ModelArgs,
-        /// Print the IR after this pass, or `mlir` (the lowered MLIR module), `llvm` (the LLVM
-        /// dialect after the CPU pipeline; with --target cuda, the host program's), `asm` (the
-        /// machine code for --target-cpu) or `ptx` (the GPU kernels of --target cuda). Default:
-        /// after the last pass.
-        #[arg(long, value_parser = emit_name)]
-        emit: Option<String>,
-        /// What runs the loop nests: `cpu` (vectorized, on the rank's threads) or `cuda` (PTX
-        /// kernels on the rank's NVIDIA GPU, GEMMs in cuBLAS; the executable needs the CUDA
-        /// driver, and the host code still runs on --target-cpu).
-        #[arg(long, value_enum, default_value_t = Device::Cpu)]
-        target: Device,
-        /// With --target cuda: the GPU architecture the kernels are compiled for (sm_80 A100,
-        /// sm_90 H100/H200).
-        #[arg(long, value_name = "ARCH", default_value = "sm_90", value_parser = gpu_arch)]
-        gpu_arch: String,
-        /// The CPU the executable's generated code is compiled for: x86-64-v3 (AVX2, FMA; the
-        /// default, every x86-64 server since 2015), x86-64-v4 (AVX-512), x86-64-v2, x86-64, or
-        /// native (this machine: its every feature becomes a requirement). Build for the oldest
-        /// CPU among the nodes that will run it; the runtime's GEMMs use AVX-512 at run time
-        /// wherever a node has it. The executable checks its CPU at start and names what is
-        /// missing instead of crashing.
-        #[arg(long, value_name = "CPU", default_value = crate::target::DEFAULT_CPU, value_parser = target_cpu)]
-        target_cpu: Target,
-        /// Print where compile time goes (each pass, MLIR, LLVM, the link) to stderr.
-        #[arg(long)]
-        time_passes: bool,
-        /// Write a standalone executable here (needs only libc and libmpich at run time; try
-        /// `PATH --help`).
-        #[arg(short, long, value_name = "PATH")]
-        output: Option<PathBuf>,
-        /// Write the IR after every pass to DIR/NN-<pass>.ppc.
-        #[arg(long, value_name = "DIR")]
-        print_after_all: Option<PathBuf>,
-        /// Print a report of the generated pipeline instead of IR.
-        #[arg(long, value_enum)]
-        report: Option<ReportFormat>,
-        /// Compile the training step instead of the forward pass: the pipeline, the model's
-        /// loss, the backward pipeline (passes `loss` and `autodiff`); with -o, an executable
-        /// that trains (try `PATH --help`).
-        #[arg(long)]
-        train: bool,
-        /// With --train: D pipelines side by side (data × pipeline parallel), run as
-        /// `mpirun.mpich -n D·R` (R = --ranks); each trains on its own batches and their
-        /// gradients are averaged once per step, in a fixed order.
-        #[arg(long, value_name = "D", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
-        replicas: u64,
-        #[command(flatten)]
-        pass: PassArgs,
-        #[command(flatten)]
-        codegen: CodegenArgs,
-    },
+    Compile(CompileArgs),
     /// Compile the pipeline, run it and the sequential model on the same seeded inputs, and
     /// compare. The last line is JSON; exit status 0 only when they agree.
-    Verify {
-        #[command(flatten)]
-        model: ModelArgs,
-        /// `interp`: the pipelined IR in the interpreter must equal the sequential model bit for
-        /// bit. `cpu`: the compiled program must match both within the dtype's tolerance (bit
-        /// for bit with --exact).
-        #[arg(long, value_enum, default_value_t = Backend::Interp)]
-        backend: Backend,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        #[command(flatten)]
-        params: ParamsFile,
-        /// Testing verify itself: add 1 to element N (row-major) of the result under test
-        /// before comparing, which must then fail.
-        #[arg(long, value_name = "N", hide = true)]
-        perturb: Option<usize>,
-        /// Check the training step's gradients instead of the forward pass: `interp`, the
-        /// pipelined program's parameter and input gradients (for a seeded cotangent of the
-        /// outputs) against the sequential model's, bit for bit, on every rank count; `cpu`,
-        /// the compiled training step's loss and gradients against the interpreter's.
-        #[arg(long)]
-        grad: bool,
-        #[command(flatten)]
-        pass: PassArgs,
-        #[command(flatten)]
-        codegen: CodegenArgs,
-    },
+    Verify(VerifyArgs),
     /// Draw the generated loop's time × stage grid: which microbatch each stage holds at each
     /// iteration, bubbles marked.
     Schedule {
@@ -154,6 +75,93 @@ pub enum Command {
         #[arg(long, value_name = "OUT")]
         svg: Option<PathBuf>,
     },
+}
+
+/// What `ppc compile` takes.
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print the IR after this pass, or `mlir` (the lowered MLIR module), `llvm` (the LLVM
+    /// dialect after the CPU pipeline; with --target cuda, the host program's), `asm` (the
+    /// machine code for --target-cpu) or `ptx` (the GPU kernels of --target cuda). Default:
+    /// after the last pass.
+    #[arg(long, value_parser = emit_name)]
+    pub emit: Option<String>,
+    /// What runs the loop nests: `cpu` (vectorized, on the rank's threads) or `cuda` (PTX
+    /// kernels on the rank's NVIDIA GPU, GEMMs in cuBLAS; the executable needs the CUDA
+    /// driver, and the host code still runs on --target-cpu).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub target: Device,
+    /// With --target cuda: the GPU architecture the kernels are compiled for (sm_80 A100,
+    /// sm_90 H100/H200).
+    #[arg(long, value_name = "ARCH", default_value = "sm_90", value_parser = gpu_arch)]
+    pub gpu_arch: String,
+    /// The CPU the executable's generated code is compiled for: x86-64-v3 (AVX2, FMA; the
+    /// default, every x86-64 server since 2015), x86-64-v4 (AVX-512), x86-64-v2, x86-64, or
+    /// native (this machine: its every feature becomes a requirement). Build for the oldest
+    /// CPU among the nodes that will run it; the runtime's GEMMs use AVX-512 at run time
+    /// wherever a node has it. The executable checks its CPU at start and names what is
+    /// missing instead of crashing.
+    #[arg(long, value_name = "CPU", default_value = crate::target::DEFAULT_CPU, value_parser = target_cpu)]
+    pub target_cpu: Target,
+    /// Print where compile time goes (each pass, MLIR, LLVM, the link) to stderr.
+    #[arg(long)]
+    pub time_passes: bool,
+    /// Write a standalone executable here (needs only libc and libmpich at run time; try
+    /// `PATH --help`).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// Write the IR after every pass to DIR/NN-<pass>.ppc.
+    #[arg(long, value_name = "DIR")]
+    pub print_after_all: Option<PathBuf>,
+    /// Print a report of the generated pipeline instead of IR.
+    #[arg(long, value_enum)]
+    pub report: Option<ReportFormat>,
+    /// Compile the training step instead of the forward pass: the pipeline, the model's
+    /// loss, the backward pipeline (passes `loss` and `autodiff`); with -o, an executable
+    /// that trains (try `PATH --help`).
+    #[arg(long)]
+    pub train: bool,
+    /// With --train: D pipelines side by side (data × pipeline parallel), run as
+    /// `mpirun.mpich -n D·R` (R = --ranks); each trains on its own batches and their
+    /// gradients are averaged once per step, in a fixed order.
+    #[arg(long, value_name = "D", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub replicas: u64,
+    #[command(flatten)]
+    pub pass: PassArgs,
+    #[command(flatten)]
+    pub codegen: CodegenArgs,
+}
+
+/// What `ppc verify` takes.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// `interp`: the pipelined IR in the interpreter must equal the sequential model bit for
+    /// bit. `cpu`: the compiled program must match both within the dtype's tolerance (bit
+    /// for bit with --exact).
+    #[arg(long, value_enum, default_value_t = Backend::Interp)]
+    pub backend: Backend,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub params: ParamsFile,
+    /// Testing verify itself: add 1 to element N (row-major) of the result under test
+    /// before comparing, which must then fail.
+    #[arg(long, value_name = "N", hide = true)]
+    pub perturb: Option<usize>,
+    /// Check the training step's gradients instead of the forward pass: `interp`, the
+    /// pipelined program's parameter and input gradients (for a seeded cotangent of the
+    /// outputs) against the sequential model's, bit for bit, on every rank count; `cpu`,
+    /// the compiled training step's loss and gradients against the interpreter's.
+    #[arg(long)]
+    pub grad: bool,
+    #[command(flatten)]
+    pub pass: PassArgs,
+    #[command(flatten)]
+    pub codegen: CodegenArgs,
 }
 
 /// The model file and command-line overrides of its settings.

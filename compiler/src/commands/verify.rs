@@ -1,0 +1,345 @@
+//! `ppc verify`: the pipelined or compiled program against the sequential model, and the
+//! training step's gradients against the interpreter's.
+
+use super::loaded::*;
+use crate::backend::{self};
+use crate::cli::{Backend, CodegenArgs, ModelArgs, PassArgs, VerifyArgs};
+use crate::compare::{compare, tolerance};
+use crate::passes::Remat;
+use crate::report::{self};
+use ppc_dialect::interp::{forward_on_ranks, param_source, Interp};
+use ppc_dialect::ir::Setting;
+use ppc_runtime::memref::HostBuffer;
+use ppc_runtime::Tensor;
+use std::io::Write;
+use std::time::Instant;
+
+/// `ppc verify`: the pipelined program (interpreted or compiled) against the sequential model,
+/// or with `--grad` the training step's gradients.
+pub fn verify_command(
+    a: VerifyArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, Failure> {
+    let VerifyArgs {
+        model,
+        backend,
+        seed,
+        params,
+        perturb,
+        pass,
+        codegen,
+        grad,
+    } = a;
+    let check = Check {
+        backend,
+        seed,
+        params: params.file,
+        perturb,
+    };
+    if grad {
+        return verify_grad(&model, &check, &pass, &codegen, out, err);
+    }
+    if pass.remat != Remat::Stage {
+        return Err(Failure(
+            "error: --remat chooses what the backward recomputes: add --grad\n".into(),
+        ));
+    }
+    verify(&model, &check, &pass, &codegen, out, err)
+}
+
+/// What `ppc verify` compares, and with which numbers.
+struct Check {
+    backend: Backend,
+    seed: u64,
+    params: Option<std::path::PathBuf>,
+    perturb: Option<usize>,
+}
+
+/// `ppc verify`: the pipelined program (interpreted or compiled) against the sequential model.
+fn verify(
+    model: &ModelArgs,
+    check: &Check,
+    pass: &PassArgs,
+    codegen: &CodegenArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, Failure> {
+    let Check {
+        backend,
+        seed,
+        ref params,
+        perturb,
+    } = *check;
+    let mut l = load(model)?;
+    if backend != Backend::Interp {
+        one_process(&l, &format!("ppc verify --backend {}", backend.name()))?;
+    }
+    l.compile(&pass.options(false), None, None)?;
+    let p = l.module.pipeline;
+    let dtype = l.module.input.dtype;
+    let poison = if pass.poison_bubbles {
+        ", poisoned bubbles"
+    } else {
+        ""
+    };
+    writeln!(
+        err,
+        "verify: {} stages, {} microbatches, {} repeats, {} layers, {dtype} (seed {seed}{poison})",
+        p.stages, p.microbatches, p.repeats, p.layers
+    )
+    .map_err(io)?;
+    let source = param_source(&l.module, seed, params.as_deref())?;
+    let mut interp = Interp::with_params(&l.module, seed, source.clone());
+    let inputs = interp.synthetic_inputs();
+    let t = Instant::now();
+    let want = interp.sequential(&inputs)?;
+    writeln!(
+        err,
+        "sequential model (interp): {:.3} s",
+        t.elapsed().as_secs_f64()
+    )
+    .map_err(io)?;
+    let t = Instant::now();
+    // A program split over ranks runs with one interpreter thread per rank.
+    let piped = match p.ranks {
+        1 => interp.forward(&inputs)?,
+        _ => forward_on_ranks(&l.module, seed, &source, &inputs)?,
+    };
+    writeln!(
+        err,
+        "pipelined program (interp, {} rank{}): {:.3} s",
+        p.ranks,
+        if p.ranks == 1 { "" } else { "s" },
+        t.elapsed().as_secs_f64()
+    )
+    .map_err(io)?;
+    let (mut got, tol) = match backend {
+        Backend::Interp => (piped.clone(), 0.0),
+        Backend::Cpu => {
+            let t = Instant::now();
+            let jit = l.jit(codegen)?;
+            let mut x = HostBuffer::from_tensor(&inputs);
+            let mut params = jit.program.params(&source)?;
+            let mut y = jit.program.output_buffer();
+            jit.program.run(&mut x, &mut params, &mut y)?;
+            writeln!(
+                err,
+                "pipelined program (cpu, compile and run): {:.3} s",
+                t.elapsed().as_secs_f64()
+            )
+            .map_err(io)?;
+            let exact = codegen.exact;
+            (y.to_tensor(), if exact { 0.0 } else { tolerance(dtype) })
+        }
+        Backend::Cuda => {
+            // The executable draws the same inputs and parameters from the seed.
+            let (dir, exe) = l.cuda_executable(codegen, err)?;
+            let file = dir.path().join("output.safetensors");
+            let mut flags: Vec<std::ffi::OsString> = vec![
+                "--seed".into(),
+                seed.to_string().into(),
+                "--output".into(),
+                file.clone().into(),
+            ];
+            if let Some(p) = params {
+                flags.extend(["--params".into(), p.clone().into_os_string()]);
+            }
+            let mut said = Vec::new();
+            let code = run_executable(&exe, &flags, &mut said, err)?;
+            if code != 0 {
+                return Ok(code);
+            }
+            let y = ppc_runtime::safetensors::read_tensor(&file, ppc_runtime::exec::OUTPUT_TENSOR)
+                .map_err(|e| Failure(format!("error: reading the GPU's result: {e}\n")))?;
+            (y.to_tensor(), tolerance(dtype))
+        }
+    };
+    perturbed(&mut got, perturb)?;
+    let (vs_seq, vs_interp) = (compare(&want, &got), compare(&piped, &got));
+    // Where the result is furthest from the sequential model, as an index into the output.
+    let worst = vs_seq.worst.map(|i| {
+        let at = ppc_runtime::tensor::unflatten(i, &want.shape);
+        serde_json::json!({ "index": at, "want": want.data[i], "got": got.data[i] })
+    });
+    let ok = if tol == 0.0 {
+        vs_seq.bit_exact && vs_interp.bit_exact
+    } else {
+        vs_seq.max_rel <= tol && vs_interp.max_rel <= tol
+    };
+    let mut json = serde_json::json!({
+        "backend": backend.name(),
+        "dtype": dtype.name(),
+        "poison_bubbles": pass.poison_bubbles, "seed": seed,
+        "max_abs_diff": vs_seq.max_abs, "max_rel_diff": vs_seq.max_rel,
+        "max_rel_diff_vs_interp_pipeline": vs_interp.max_rel,
+        "tolerance": tol, "bit_exact": vs_seq.bit_exact, "ok": ok, "worst": worst,
+    });
+    report::with_settings(
+        &mut json,
+        &p,
+        &[
+            Setting::Stages,
+            Setting::Microbatches,
+            Setting::Repeats,
+            Setting::Layers,
+        ],
+    );
+    writeln!(out, "{json}").map_err(io)?;
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// `--perturb N` (testing verify itself): element `N` of the result under test plus one.
+fn perturbed(got: &mut Tensor, at: Option<usize>) -> Result<(), Failure> {
+    let Some(i) = at else { return Ok(()) };
+    let n = got.data.len();
+    let v = got.data.get_mut(i).ok_or_else(|| {
+        Failure(format!(
+            "error: --perturb {i}: the result has {n} elements\n"
+        ))
+    })?;
+    *v += 1.0;
+    Ok(())
+}
+
+/// `ppc verify --grad`: the training step's gradients, pipelined against sequential (interp)
+/// or compiled against interpreted (cpu).
+fn verify_grad(
+    model: &ModelArgs,
+    check: &Check,
+    pass: &PassArgs,
+    codegen: &CodegenArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32, Failure> {
+    let mut l = load(model)?;
+    if check.backend == Backend::Cpu {
+        one_process(&l, "ppc verify --grad --backend cpu")?;
+    }
+    let opts = pass.options(true);
+    l.compile(&opts, None, None)?;
+    let (m, seed) = (&l.module, check.seed);
+    let source = param_source(m, seed, check.params.as_deref())?;
+    let inputs = ppc_dialect::interp::synthetic_inputs(m, seed);
+    // Each check gives (what, reference, result) triples, the reference first.
+    let (mut pairs, tol): (Vec<(String, Tensor, Tensor)>, f64) = match check.backend {
+        Backend::Cuda => return Err(Failure("error: `ppc verify --grad --backend cuda` is not built yet: training executables compiled with --target cuda run the step on the GPU, and scripts/gpu-check.sh compares their losses with the CPU's\n".into())),
+        Backend::Interp => {
+            let d = ppc_dialect::grad::synthetic_cotangent(m, seed);
+            let mut interp = Interp::with_params(m, seed, source.clone());
+            let want = interp.sequential_vjp(&inputs, &d)?;
+            let got = ppc_dialect::grad::pipeline_vjp_on_ranks(m, seed, &source, &inputs, &d)?;
+            (grad_pairs(&want, &got), 0.0)
+        }
+        Backend::Cpu => {
+            let targets = ppc_dialect::interp::synthetic_targets(m, seed);
+            let want =
+                Interp::with_params(m, seed, source.clone()).train_step(&inputs, &targets)?;
+            // LLVM's O1/O2 pipeline spends ~45 s on a training step (IndVarSimplify after
+            // unrolling its many small loops), and this check is about meaning: no LLVM passes.
+            let jit =
+                backend::jit(m, &l.source(), codegen.numerics(), 0).map_err(|d| l.fail(&d))?;
+            let mut params = jit.program.params(&source)?;
+            let (x, t) = (
+                HostBuffer::from_tensor(&inputs),
+                HostBuffer::from_tensor(&targets),
+            );
+            let got = ppc_runtime::train::step(&jit.program, x, t, &mut params)?;
+            let names = jit.program.specs().into_iter().map(|s| s.name);
+            let mut pairs = vec![(
+                "loss".to_string(),
+                Tensor::scalar(ppc_dialect::DType::F32, want.loss),
+                Tensor::scalar(ppc_dialect::DType::F32, got.loss),
+            )];
+            for (name, g) in names.zip(got.grads) {
+                let (_, layers) = want
+                    .grads
+                    .params
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .ok_or_else(|| Failure(format!("error: no gradient of `{name}`\n")))?;
+                let w: Vec<f32> = layers.iter().flat_map(|t| t.data.iter().copied()).collect();
+                pairs.push((
+                    format!("gradient of {name}"),
+                    Tensor::new(g.dtype, g.shape.clone(), w),
+                    g,
+                ));
+            }
+            let tol = if codegen.exact {
+                0.0
+            } else {
+                tolerance(m.input.dtype)
+            };
+            (pairs, tol)
+        }
+    };
+    // Testing: the first result compared (the outputs, or the loss) made wrong.
+    perturbed(&mut pairs[0].2, check.perturb)?;
+    let mut ok = true;
+    let mut worst: Option<(String, f64)> = None;
+    for (what, want, got) in &pairs {
+        let c = compare(want, got);
+        let good = if tol == 0.0 {
+            c.bit_exact
+        } else {
+            c.max_rel <= tol
+        };
+        ok &= good;
+        if worst.as_ref().is_none_or(|(_, r)| c.max_rel > *r) {
+            worst = Some((what.clone(), c.max_rel));
+        }
+        if !good {
+            writeln!(err, "{what}: differs (normwise {:e})", c.max_rel).map_err(io)?;
+        }
+    }
+    let p = m.pipeline;
+    let (worst_what, worst_rel) = worst.unwrap_or_default();
+    let mut json = serde_json::json!({
+        "backend": check.backend.name(),
+        "grad": true, "dtype": m.input.dtype.name(),
+        "poison_bubbles": pass.poison_bubbles, "seed": seed, "compared": pairs.len(),
+        "max_rel_diff": worst_rel, "worst": worst_what, "tolerance": tol, "ok": ok,
+    });
+    report::with_settings(
+        &mut json,
+        &p,
+        &[
+            Setting::Stages,
+            Setting::Microbatches,
+            Setting::Repeats,
+            Setting::Layers,
+            Setting::Ranks,
+        ],
+    );
+    writeln!(out, "{json}").map_err(io)?;
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// The outputs', input gradients' and every layer's parameter gradients' (reference, result).
+fn grad_pairs(
+    want: &ppc_dialect::grad::Grads,
+    got: &ppc_dialect::grad::Grads,
+) -> Vec<(String, Tensor, Tensor)> {
+    let mut pairs = vec![
+        (
+            "outputs".to_string(),
+            want.outputs.clone(),
+            got.outputs.clone(),
+        ),
+        (
+            "input gradient".to_string(),
+            want.inputs.clone(),
+            got.inputs.clone(),
+        ),
+    ];
+    for ((name, w), (_, g)) in want.params.iter().zip(&got.params) {
+        for (l, (w, g)) in w.iter().zip(g).enumerate() {
+            pairs.push((
+                format!("gradient of {name} in layer {l}"),
+                w.clone(),
+                g.clone(),
+            ));
+        }
+    }
+    pairs
+}
