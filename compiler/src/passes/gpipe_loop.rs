@@ -205,120 +205,171 @@ fn build(m: &Module, stage_id: FuncId, opts: &Options) -> Result<ppc_dialect::Fu
     });
     let circular = circular.transpose()?;
 
+    let inv = Invariants {
+        inputs,
+        first,
+        stage_ids,
+        zero,
+        last_stage,
+        all_items,
+        circular,
+        ranks,
+        fill,
+    };
     let outs = b.loop_op(
         trips,
         vec![state0, outputs0],
         &["state", "outputs"],
-        |b, t, carried| {
-            let (state, outputs) = (carried[0], carried[1]);
-            let (bin, cmp) = (binary, compare);
-            // 1. What enters stage 0.
-            let mut next = b.op(
-                "next",
-                OpKind::Index {
-                    x: inputs,
-                    index: t,
-                    axis: 0,
-                },
-                None,
-            )?;
-            if let Some([num_mb, all_items, _]) = circular {
-                // Items t in M..R*M are microbatch t mod M coming back for another repeat.
-                let slot = modulo(b, t, num_mb)?;
-                let back = b.op(
-                    "back_edge",
-                    OpKind::Index {
-                        x: outputs,
-                        index: slot,
-                        axis: 0,
-                    },
-                    None,
-                )?;
-                let not_first = cmp(b, "not_first_pass", CmpPred::Ge, t, num_mb)?;
-                let in_range = cmp(b, "not_drained", CmpPred::Lt, t, all_items)?;
-                let both = and(b, "again", not_first, in_range)?;
-                next = b.op(
-                    "next_in",
-                    OpKind::Select {
-                        cond: both,
-                        on_true: back,
-                        on_false: next,
-                    },
-                    None,
-                )?;
-            }
-            let stage_in = b.op(
-                "stage_in",
-                OpKind::Select {
-                    cond: first,
-                    on_true: next,
-                    on_false: state,
-                },
-                None,
-            )?;
-            // 2. Every stage computes.
-            // Stage s works on item t - s; outside 0..R*M it is in a bubble and skips its work.
-            let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
-            let started = cmp(b, "started", CmpPred::Ge, item, zero)?;
-            let unfinished = cmp(b, "unfinished", CmpPred::Lt, item, all_items)?;
-            let active = and(b, "active", started, unfinished)?;
-            let mut args = vec![stage_in, active];
-            if let Some([num_mb, _, last_item]) = circular {
-                let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
-                let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
-                args.push(bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?);
-            }
-            let out = b.call("out", m, stage_id, args)?;
-            // 3. The last stage finishes item t - (S-1) once the pipe is full.
-            let (last, from_prev) = match &ranks {
-                Some(ranks) => {
-                    let (last, from_prev) = ranks.last_stage(b, out)?;
-                    (last, Some(from_prev))
-                }
-                None => (index(b, "last", out, last_stage)?, None),
-            };
-            let done = bin(b, "done_item", BinaryOp::Sub, t, last_stage)?;
-            let slot = match circular {
-                Some([num_mb, _, _]) => modulo(b, done, num_mb)?,
-                None => done,
-            };
-            let written = b.op(
-                "written",
-                OpKind::Update {
-                    x: outputs,
-                    update: last,
-                    index: slot,
-                    axis: 0,
-                },
-                None,
-            )?;
-            let full = cmp(b, "full", CmpPred::Ge, done, zero)?;
-            let outputs = b.op(
-                "outputs_next",
-                OpKind::Select {
-                    cond: full,
-                    on_true: written,
-                    on_false: outputs,
-                },
-                None,
-            )?;
-            // 4. Shift: stage s feeds stage s+1.
-            let shift = OpKind::Shift {
-                x: out,
-                axis: 0,
-                fill,
-            };
-            let shifted = match (&ranks, from_prev) {
-                (Some(ranks), Some(from_prev)) => {
-                    let moved = b.op("moved", shift, None)?;
-                    ranks.receive(b, moved, from_prev)?
-                }
-                _ => b.op("shifted", shift, None)?,
-            };
-            Ok(vec![shifted, outputs])
-        },
+        |b, t, carried| iteration(b, m, stage_id, &inv, t, carried),
     )?;
     Ok(b.finish(vec![outs[1]]))
+}
+
+/// What the GPipe loop's body reads from before the loop.
+struct Invariants {
+    /// The input microbatches, padded to one per iteration.
+    inputs: ValueId,
+    /// Stage 0's mask, shaped to select between stage inputs.
+    first: ValueId,
+    /// The global stage index of each stage of the state.
+    stage_ids: ValueId,
+    zero: ValueId,
+    last_stage: ValueId,
+    /// Work items: R·M.
+    all_items: ValueId,
+    /// Circular pipelines: M, R·M and the last item R·M - 1.
+    circular: Option<[ValueId; 3]>,
+    ranks: Option<Ranks>,
+    fill: Float,
+}
+
+/// One iteration `t` of the GPipe loop over the carried (state, outputs): what enters stage 0,
+/// every stage's work, the last stage's result written out, the shift to the next stage.
+fn iteration(
+    b: &mut Builder,
+    m: &Module,
+    stage_id: FuncId,
+    inv: &Invariants,
+    t: ValueId,
+    carried: &[ValueId],
+) -> Result<Vec<ValueId>, Diagnostic> {
+    let Invariants {
+        inputs,
+        first,
+        stage_ids,
+        zero,
+        last_stage,
+        all_items,
+        circular,
+        ref ranks,
+        fill,
+    } = *inv;
+    let (state, outputs) = (carried[0], carried[1]);
+    let (bin, cmp) = (binary, compare);
+    // 1. What enters stage 0.
+    let mut next = b.op(
+        "next",
+        OpKind::Index {
+            x: inputs,
+            index: t,
+            axis: 0,
+        },
+        None,
+    )?;
+    if let Some([num_mb, all_items, _]) = circular {
+        // Items t in M..R*M are microbatch t mod M coming back for another repeat.
+        let slot = modulo(b, t, num_mb)?;
+        let back = b.op(
+            "back_edge",
+            OpKind::Index {
+                x: outputs,
+                index: slot,
+                axis: 0,
+            },
+            None,
+        )?;
+        let not_first = cmp(b, "not_first_pass", CmpPred::Ge, t, num_mb)?;
+        let in_range = cmp(b, "not_drained", CmpPred::Lt, t, all_items)?;
+        let both = and(b, "again", not_first, in_range)?;
+        next = b.op(
+            "next_in",
+            OpKind::Select {
+                cond: both,
+                on_true: back,
+                on_false: next,
+            },
+            None,
+        )?;
+    }
+    let stage_in = b.op(
+        "stage_in",
+        OpKind::Select {
+            cond: first,
+            on_true: next,
+            on_false: state,
+        },
+        None,
+    )?;
+    // 2. Every stage computes.
+    // Stage s works on item t - s; outside 0..R*M it is in a bubble and skips its work.
+    let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
+    let started = cmp(b, "started", CmpPred::Ge, item, zero)?;
+    let unfinished = cmp(b, "unfinished", CmpPred::Lt, item, all_items)?;
+    let active = and(b, "active", started, unfinished)?;
+    let mut args = vec![stage_in, active];
+    if let Some([num_mb, _, last_item]) = circular {
+        let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
+        let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
+        args.push(bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?);
+    }
+    let out = b.call("out", m, stage_id, args)?;
+    // 3. The last stage finishes item t - (S-1) once the pipe is full.
+    let (last, from_prev) = match &ranks {
+        Some(ranks) => {
+            let (last, from_prev) = ranks.last_stage(b, out)?;
+            (last, Some(from_prev))
+        }
+        None => (index(b, "last", out, last_stage)?, None),
+    };
+    let done = bin(b, "done_item", BinaryOp::Sub, t, last_stage)?;
+    let slot = match circular {
+        Some([num_mb, _, _]) => modulo(b, done, num_mb)?,
+        None => done,
+    };
+    let written = b.op(
+        "written",
+        OpKind::Update {
+            x: outputs,
+            update: last,
+            index: slot,
+            axis: 0,
+        },
+        None,
+    )?;
+    let full = cmp(b, "full", CmpPred::Ge, done, zero)?;
+    let outputs = b.op(
+        "outputs_next",
+        OpKind::Select {
+            cond: full,
+            on_true: written,
+            on_false: outputs,
+        },
+        None,
+    )?;
+    // 4. Shift: stage s feeds stage s+1.
+    let shift = OpKind::Shift {
+        x: out,
+        axis: 0,
+        fill,
+    };
+    let shifted = match (&ranks, from_prev) {
+        (Some(ranks), Some(from_prev)) => {
+            let moved = b.op("moved", shift, None)?;
+            ranks.receive(b, moved, from_prev)?
+        }
+        _ => b.op("shifted", shift, None)?,
+    };
+    Ok(vec![shifted, outputs])
 }
 
 /// What the loop of one rank of a sharded pipeline knows about its place in the ring.
