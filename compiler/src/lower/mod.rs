@@ -37,14 +37,17 @@ mod fuse;
 pub mod gpu_map;
 mod in_place;
 pub mod machine;
+mod matmul;
 pub mod mlir;
 mod ops;
+mod parallel_write;
 mod plan;
 mod residency;
 mod row_reduce;
 mod stage_split;
 mod views;
 mod walk;
+mod widen;
 
 use emit::{escape, Emitter, Lines};
 pub use entry::Entry;

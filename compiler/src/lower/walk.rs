@@ -3,12 +3,12 @@
 //! on buffers already written: which accumulator buffer a call's adds fold into, and which
 //! buffer read for the last time an elementwise op writes over.
 
-use super::batch_split::{self, Step};
-use super::buf::{self, Buf};
+use super::batch_split::Step;
+use super::buf::Buf;
 use super::emit::Emitter;
 use super::fast_math::Numerics;
 use super::plan::{self, BlockPlan, Decision, Fusion};
-use super::{fuse, in_place, ops, stage_split, views};
+use super::{fuse, in_place, matmul, ops, stage_split, views};
 use ppc_dialect::ir::{names, Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Diagnostic, Type};
@@ -55,14 +55,6 @@ fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
     } else {
         e.entry_type(f.ty(v))
     }
-}
-
-/// A chain's loop over entries being written (`batch_split.rs`): its trace span, the buffers of
-/// the values it slices (to restore), and its outputs' whole buffers.
-struct OpenChain {
-    group: Option<usize>,
-    saved: Vec<(ValueId, Option<Buf>)>,
-    wholes: Vec<(ValueId, Buf)>,
 }
 
 /// Walks functions, inlining calls; values map to buffers.
@@ -158,7 +150,7 @@ impl Walker<'_, '_> {
             add_into,
         };
         let mut st = Written::default();
-        let mut open: Option<OpenChain> = None;
+        let mut open = None;
         for step in &plan.steps {
             match *step {
                 Step::Begin(c) => {
@@ -270,7 +262,7 @@ impl Walker<'_, '_> {
             Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
             Decision::MatMulInto => {
                 let acc = s.add_into[&result].clone();
-                ops::matmul_into(&mut self.e, &ins[0], &ins[1], ins.get(2), &acc);
+                matmul::matmul_into(&mut self.e, &ins[0], &ins[1], ins.get(2), &acc);
                 env.insert(result, acc);
             }
             Decision::Unfilled => {
@@ -480,167 +472,15 @@ impl Walker<'_, '_> {
         env.insert(result, out);
     }
 
-    /// Emits a call of `g` as one parallel loop over its `stages` (`stage_split.rs`); returns
-    /// the whole result buffers. `read[i]`: whether the caller reads result `i`; results in
-    /// `add_into` (by index) are added into the given buffer, stage by stage.
-    fn split_call(
-        &mut self,
-        g: &Func,
-        args: Vec<Buf>,
-        read: &[bool],
-        add_into: &HashMap<usize, Buf>,
-        stages: u64,
-    ) -> Result<Vec<Buf>, Diagnostic> {
-        let results: Vec<Buf> = g
-            .body
-            .results
-            .iter()
-            .enumerate()
-            .map(|(i, &r)| match add_into.get(&i) {
-                Some(acc) => acc.clone(),
-                None => self.e.alloc(g.ty(r)),
-            })
-            .collect();
-        self.e.begin_stage_split(stages);
-        let args: Vec<Buf> = args
-            .iter()
-            .zip(&g.body.args)
-            .map(|(a, &v)| self.e.stage_slice(a, g.ty(v)))
-            .collect();
-        // A bubble stage of a callee whose every result it masks skips the body; an
-        // accumulator is then left as it is, which needs its result's constant to be -0.0
-        // (the additive identity: `acc + -0.0` is `acc`, bit for bit).
-        let minus_zero = |c: &Option<ppc_dialect::op::Float>| {
-            c.is_none_or(|c| c.0.to_bits() == (-0.0f64).to_bits())
-        };
-        let masked = stage_split::masked_results(g, read)
-            .filter(|(_, fills)| add_into.keys().all(|&i| minus_zero(&fills[i])));
-        if let Some((at, _)) = &masked {
-            let (mask, zero) = (&args[*at], self.e.index(0));
-            let active = self.e.let_(&format!(
-                "memref.load {}[{zero}] : {}",
-                mask.name,
-                mask.mty()
-            ));
-            self.e.open(&format!("scf.if {active} {{"));
-        }
-        let outs = self.func(g, args)?;
-        for (i, ((out, whole), &v)) in outs.iter().zip(&results).zip(&g.body.results).enumerate() {
-            let slot = self.e.stage_slice(whole, g.ty(v));
-            if add_into.contains_key(&i) {
-                self.e.add_to(&slot, out);
-            } else {
-                self.e.copy(out, &slot);
-            }
-        }
-        if let Some((_, fills)) = masked {
-            self.e.begin_else();
-            let kept = results.iter().zip(&g.body.results).zip(fills).enumerate();
-            for (_, ((whole, &v), value)) in kept.filter(|(i, _)| !add_into.contains_key(i)) {
-                let Some(value) = value else { continue };
-                let slot = self.e.stage_slice(whole, g.ty(v));
-                let fill = OpKind::Constant { value };
-                ops::lower(&mut self.e, self.numerics, &fill, &[], &slot);
-            }
-            self.e.end_bubble_if();
-        }
-        self.e.end_stage_split();
-        Ok(results)
-    }
-
-    /// Opens `chain`'s loop over its entries (`batch_split.rs`): the values it reads along its
-    /// leading axes become their entry's slices in `env`, its outputs (`wholes`: their whole
-    /// buffers) their entry's in `slices`, and a bubble stage's entries skip it.
-    fn begin_chain(
-        &mut self,
-        f: &Func,
-        chain: &batch_split::Chain,
-        wholes: Vec<(ValueId, Buf)>,
-        env: &mut HashMap<ValueId, Buf>,
-        slices: &mut HashMap<ValueId, Buf>,
-    ) -> OpenChain {
-        self.e.at(f.op_spans.get(&chain.ops[0]));
-        let names: Vec<&str> = chain.ops.iter().map(|&o| f.ops[o].kind.name()).collect();
-        let group = self.begin_group(f, chain.ops[0], names.join("+"));
-        let ivs = self.e.begin_entries(&chain.prefix, &chain.tile);
-        let mut saved = Vec::new();
-        for &v in &chain.sliced {
-            let entry = self.entry(&env[&v], f.ty(v), &ivs, &chain.tile);
-            saved.push((v, env.insert(v, entry)));
-        }
-        for (v, whole) in &wholes {
-            let entry = self.entry(whole, f.ty(*v), &ivs, &chain.tile);
-            slices.insert(*v, entry);
-        }
-        if let Some((mask, at)) = chain.mask {
-            let entry = self.e.slot(&env[&mask], &ivs[at], 0, true);
-            if chain.skip_bubbles {
-                let zero = self.e.index(0);
-                let active = self.e.let_(&format!(
-                    "memref.load {}[{zero}] : {}",
-                    entry.name,
-                    entry.mty()
-                ));
-                self.e.open(&format!("scf.if {active} {{"));
-            }
-            saved.push((mask, env.insert(mask, entry)));
-        }
-        OpenChain {
-            group,
-            saved,
-            wholes,
-        }
-    }
-
-    /// Closes `chain`'s loop: a bubble stage's entries get what the masked GEMM writes (-0.0),
-    /// and `env` the whole buffers again.
-    fn end_chain(
-        &mut self,
-        chain: &batch_split::Chain,
-        open: OpenChain,
-        env: &mut HashMap<ValueId, Buf>,
-        slices: &mut HashMap<ValueId, Buf>,
-    ) {
-        if chain.skip_bubbles {
-            self.e.begin_else();
-            for (v, _) in &open.wholes {
-                let zero = self.e.constant(-0.0, buf::elt(slices[v].ty.dtype));
-                self.e.fill(&zero, &slices[v]);
-            }
-            self.e.end_bubble_if();
-        }
-        self.e.end_entries();
-        for (v, before) in open.saved {
-            if let Some(b) = before {
-                env.insert(v, b);
-            }
-        }
-        for (v, whole) in open.wholes {
-            slices.remove(&v);
-            env.insert(v, whole);
-        }
-        self.end_group(open.group);
-    }
-
-    /// The entry at `ivs` (indices of the leading axes) of buffer `b` of a value of type `ty`,
-    /// `tile` elements along each: axes of size 1 (broadcast) at 0, every leading axis kept.
-    fn entry(&mut self, b: &Buf, ty: &Type, ivs: &[String], tile: &[u64]) -> Buf {
-        let at = ivs
-            .iter()
-            .zip(tile)
-            .enumerate()
-            .map(|(axis, (iv, &size))| match ty.dims[axis].size {
-                1 => (axis, self.e.index(0), 1),
-                _ => (axis, iv.clone(), size),
-            })
-            .collect::<Vec<_>>();
-        self.e.blocks(b, &at, true)
-    }
-
     /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and
     /// its model line; returns its number. `None` inside a chain's loop over entries: the chain
     /// has one span of its own.
-    fn begin_group(&mut self, f: &Func, id: ppc_dialect::ir::OpId, name: String) -> Option<usize> {
+    pub(super) fn begin_group(
+        &mut self,
+        f: &Func,
+        id: ppc_dialect::ir::OpId,
+        name: String,
+    ) -> Option<usize> {
         if self.e.in_entries() {
             return None;
         }
@@ -652,7 +492,7 @@ impl Walker<'_, '_> {
         Some(n)
     }
 
-    fn end_group(&mut self, n: Option<usize>) {
+    pub(super) fn end_group(&mut self, n: Option<usize>) {
         let Some(n) = n else {
             return;
         };
