@@ -29,18 +29,18 @@ fn interpreted(model: &str, dtype: DType, seed: u64) -> ppc_runtime::Tensor {
     interp.forward(&inputs).expect("interp")
 }
 
-/// The line of the manifest embedded in `exe` that starts with `key`.
-fn manifest_line(exe: &Path, key: &str) -> String {
+/// The CPU and features the manifest embedded in `exe` records, as `CPU f1,f2,...`.
+fn manifest_target(exe: &Path) -> String {
     let bytes = std::fs::read(exe).expect("executable");
     let text = String::from_utf8_lossy(&bytes);
-    let start = text.find("ppc-manifest 1\n").expect("an embedded manifest");
+    let start = text
+        .find("{\"ppc_manifest\":")
+        .expect("an embedded manifest");
     let manifest = &text[start..];
     let end = manifest.find('\0').expect("NUL-terminated");
-    manifest[..end]
-        .lines()
-        .find(|l| l.starts_with(&format!("{key} ")))
-        .unwrap_or_else(|| panic!("no `{key}` line in the manifest"))
-        .to_string()
+    let m = ppc_runtime::manifest::Manifest::parse(&manifest[..end]).expect("a manifest");
+    let t = m.target.expect("a target");
+    format!("{} {}", t.cpu, t.features.join(","))
 }
 
 /// Functions of `exe` whose code names a `zmm` register (an AVX-512 instruction).
@@ -93,9 +93,9 @@ fn baseline_executables_hold_no_avx512_and_match_the_interpreter_in_every_dtype(
             extra.extend(["--dtype", d.as_str()]);
         }
         let exe = build(model, &dir, &extra);
-        let target = manifest_line(&exe, "target");
+        let target = manifest_target(&exe);
         assert!(
-            target.starts_with("target x86-64-v3 ") && target.contains(",avx2,"),
+            target.starts_with("x86-64-v3 ") && target.contains(",avx2,"),
             "{what}: the manifest should record the target and its features: {target}"
         );
         assert!(!target.contains("avx512"), "{what}: {target}");
@@ -281,8 +281,8 @@ fn a_cpu_without_a_needed_feature_gets_a_message_on_every_rank() {
 fn native_records_the_build_machine_and_unknown_cpus_are_refused() {
     let dir = scratch("native");
     let exe = build("examples/tiny.ppc", &dir, &["--target-cpu", "native"]);
-    let target = manifest_line(&exe, "target");
-    assert!(target.starts_with("target native sse,sse2,"), "{target}");
+    let target = manifest_target(&exe);
+    assert!(target.starts_with("native sse,sse2,"), "{target}");
     let (code, _, err) = run(&exe, &[]);
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = ppc(&[
@@ -316,10 +316,33 @@ fn what_the_jit_says_reaches_the_user() {
 {}}}"#,
         ppc::lower::emit::TRANSFORM_SCRIPT
     );
-    let manifest = ppc_runtime::manifest::Manifest::parse(
-        "ppc-manifest 1\narg input x f32 2\narg output y f32 2\n",
-    )
-    .expect("manifest");
+    let arg = |role, name: &str| ppc_runtime::manifest::Arg {
+        role,
+        name: name.into(),
+        dtype: DType::F32,
+        shape: vec![2],
+        init: ppc_runtime::Init::Zeros,
+        layer_axes: 0,
+        shard_axis: None,
+    };
+    let manifest = ppc_runtime::manifest::Manifest {
+        model: String::new(),
+        stages: 1,
+        microbatches: 1,
+        repeats: 1,
+        layers: 1,
+        ranks: 1,
+        replicas: 1,
+        flops: 0,
+        target: None,
+        gpu: None,
+        args: vec![
+            arg(ppc_runtime::manifest::Role::Input, "x"),
+            arg(ppc_runtime::manifest::Role::Output, "y"),
+        ],
+        groups: vec![],
+        train: vec![],
+    };
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &text, "").expect("parses");
     mlir::lower_to_llvm(&ctx, &mut module, "").expect("lowers");

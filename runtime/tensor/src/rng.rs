@@ -6,7 +6,8 @@
 //! split over ranks. Normal draws use Box–Muller in f64 and round once to f32.
 
 /// A parameter initializer, as written after `=` in a `param` line.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Init {
     Zeros,
     Ones,

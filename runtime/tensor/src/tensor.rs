@@ -13,7 +13,8 @@ use std::fmt;
 pub const MAX_MATMUL_RANK: usize = 16;
 
 /// Element type of a tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DType {
     F32,
     BF16,
