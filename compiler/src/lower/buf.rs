@@ -63,6 +63,29 @@ impl Buf {
     }
 }
 
+/// The type of a scalar SSA value: an element type, or the 16-bit integers that hold the bits
+/// of 16-bit floats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scalar {
+    Elem(DType),
+    I16,
+}
+
+impl Scalar {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scalar::Elem(d) => elt(d),
+            Scalar::I16 => "i16",
+        }
+    }
+}
+
+impl From<DType> for Scalar {
+    fn from(d: DType) -> Scalar {
+        Scalar::Elem(d)
+    }
+}
+
 /// `a, b, c`: a list as MLIR writes it.
 pub fn list<T: ToString>(xs: &[T]) -> String {
     xs.iter()

@@ -4,7 +4,7 @@
 //! entry and freed at exit, so values computed in a loop body reuse their buffer each iteration.
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
-use super::buf::{elt, list, memref_type, Buf, Layout};
+use super::buf::{elt, list, memref_type, Buf, Layout, Scalar};
 use super::gpu_map::{self, Tiling};
 use super::residency::Residency;
 use ppc_dialect::span::Span;
@@ -406,14 +406,15 @@ impl<'a> Emitter<'a> {
     }
 
     /// A scalar constant of an MLIR element type given by name.
-    pub fn constant(&mut self, value: f64, ty: &str) -> String {
+    pub fn constant(&mut self, value: f64, ty: impl Into<Scalar>) -> String {
+        let ty = ty.into();
         let lit = match ty {
             // `true : i1` does not parse: a bool attribute carries its type.
-            "i1" => u8::from(value != 0.0).to_string(),
-            "i16" | "i32" | "index" => format!("{}", value as i64),
-            _ => float_literal(value as f32),
+            Scalar::Elem(DType::I1) => u8::from(value != 0.0).to_string(),
+            Scalar::Elem(DType::I32) | Scalar::I16 => format!("{}", value as i64),
+            Scalar::Elem(DType::F32 | DType::BF16 | DType::F16) => float_literal(value as f32),
         };
-        self.let_(&format!("arith.constant {lit} : {ty}"))
+        self.let_(&format!("arith.constant {lit} : {}", ty.name()))
     }
 
     /// `linalg.generic` over `out`'s shape. `ins` are buffers with their indexing maps (as

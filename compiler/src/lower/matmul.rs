@@ -85,7 +85,7 @@ fn gemm(
         Numerics::Exact => {
             let r = acc.ty.rank();
             let nb = r - 2;
-            let zero = e.constant(0.0, "f32");
+            let zero = e.constant(0.0, DType::F32);
             e.fill(&zero, &acc);
             let (m, n, k) = (
                 format!("d{nb}"),
@@ -114,7 +114,7 @@ fn gemm(
                 ins.push((m, "d0".to_string()));
             }
             // Entries of masked-out stages are -0.0, as the interpreter's.
-            let skipped = mask.map(|_| e.constant(-0.0, "f32"));
+            let skipped = mask.map(|_| e.constant(-0.0, DType::F32));
             e.generic(r + 1, &ins, (&acc, lo), &iters, |e, v| {
                 let (x, y) = (ext(e, &v[0], da), ext(e, &v[1], db));
                 let p = e.let_(&format!("arith.mulf {x}, {y} : f32"));

@@ -42,30 +42,30 @@ fn unary_value(e: &mut Emitter, num: Numerics, op: UnaryOp, x: &str) -> String {
         UnaryOp::Sqrt => e.let_(&format!("math.sqrt {x} : f32")),
         UnaryOp::Rsqrt => {
             let s = e.let_(&format!("math.sqrt {x} : f32"));
-            let one = e.constant(1.0, "f32");
+            let one = e.constant(1.0, DType::F32);
             e.let_(&format!("arith.divf {one}, {s} : f32"))
         }
         UnaryOp::Sigmoid => {
             // 1 / (1 + exp(-x))
             let n = e.let_(&format!("arith.negf {x} : f32"));
             let ex = exp_value(e, num, &n);
-            let one = e.constant(1.0, "f32");
+            let one = e.constant(1.0, DType::F32);
             let d = e.let_(&format!("arith.addf {one}, {ex} : f32"));
             e.let_(&format!("arith.divf {one}, {d} : f32"))
         }
         UnaryOp::Relu => {
             // x > 0 ? x : 0 (NaN gives 0, as in the interpreter)
-            let z = e.constant(0.0, "f32");
+            let z = e.constant(0.0, DType::F32);
             let c = e.let_(&format!("arith.cmpf ogt, {x}, {z} : f32"));
             e.let_(&format!("arith.select {c}, {x}, {z} : f32"))
         }
         UnaryOp::Gelu => {
             // ((0.5 * x) * (1 + tanh(C * (x + ((0.044715 * x) * x) * x))))
             let (half, c, k, one) = (
-                e.constant(0.5, "f32"),
-                e.constant(f64::from(0.797_884_6f32), "f32"),
-                e.constant(f64::from(0.044_715f32), "f32"),
-                e.constant(1.0, "f32"),
+                e.constant(0.5, DType::F32),
+                e.constant(f64::from(0.797_884_6f32), DType::F32),
+                e.constant(f64::from(0.044_715f32), DType::F32),
+                e.constant(1.0, DType::F32),
             );
             let kx = e.let_(&format!("arith.mulf {k}, {x} : f32"));
             let kxx = e.let_(&format!("arith.mulf {kx}, {x} : f32"));
@@ -90,7 +90,7 @@ fn binary_value(e: &mut Emitter, op: BinaryOp, a: &str, b: &str, d: DType) -> St
             BinaryOp::Min => e.let_(&format!("arith.minsi {a}, {b} : i32")),
             BinaryOp::Div => {
                 // Floor division; dividing by zero gives 0 (never executes a trapping divide).
-                let (zero, one) = (e.constant(0.0, "i32"), e.constant(1.0, "i32"));
+                let (zero, one) = (e.constant(0.0, DType::I32), e.constant(1.0, DType::I32));
                 let is0 = e.let_(&format!("arith.cmpi eq, {b}, {zero} : i32"));
                 let safe = e.let_(&format!("arith.select {is0}, {one}, {b} : i32"));
                 let q = e.let_(&format!("arith.floordivsi {a}, {safe} : i32"));
@@ -185,9 +185,9 @@ fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
     }
     let init = if max { f64::NEG_INFINITY } else { -0.0 };
     let init = if acc.ty.dtype == DType::I32 {
-        e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, "i32")
+        e.constant(if max { f64::from(i32::MIN) } else { 0.0 }, DType::I32)
     } else {
-        e.constant(init, "f32")
+        e.constant(init, DType::F32)
     };
     e.fill(&init, acc);
     let keep: Vec<String> = (0..r)
@@ -224,7 +224,7 @@ const GPU_SPLIT_REDUCTION: u64 = 4096;
 /// `out = x / n` elementwise (f32).
 fn scale_down(e: &mut Emitter, x: &Buf, n: u64, out: &Buf) {
     let r = out.ty.rank();
-    let c = e.constant(n as f64, "f32");
+    let c = e.constant(n as f64, DType::F32);
     e.generic(
         r,
         &[(x, identity(r))],
@@ -326,9 +326,9 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
         }
         OpKind::Constant { value } => {
             let v = match d {
-                DType::F32 | DType::I32 | DType::I1 => e.constant(value.0, elt(d)),
+                DType::F32 | DType::I32 | DType::I1 => e.constant(value.0, d),
                 DType::BF16 | DType::F16 => {
-                    let c = e.constant(value.0, "f32");
+                    let c = e.constant(value.0, DType::F32);
                     trunc(e, &c, d)
                 }
             };
@@ -492,8 +492,8 @@ fn layernorm(e: &mut Emitter, x: &Buf, axis: usize, eps: f64, out: &Buf) {
     reduce_into(e, &sq, &[axis], &var, false);
     scale_down(e, &var.clone(), n, &var);
     let y = f32_scratch(e, out);
-    let eps = e.constant(f64::from(eps as f32), "f32");
-    let one = e.constant(1.0, "f32");
+    let eps = e.constant(f64::from(eps as f32), DType::F32);
+    let one = e.constant(1.0, DType::F32);
     e.generic(
         r,
         &[

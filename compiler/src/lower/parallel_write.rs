@@ -3,7 +3,7 @@
 //! (`batch_split.rs`).
 
 use super::batch_split;
-use super::buf::{self, Buf};
+use super::buf::Buf;
 use super::ops;
 use super::stage_split;
 use super::walk::Walker;
@@ -145,7 +145,7 @@ impl Walker<'_, '_> {
         if chain.skip_bubbles {
             self.e.begin_else();
             for (v, _) in &open.wholes {
-                let zero = self.e.constant(-0.0, buf::elt(slices[v].ty.dtype));
+                let zero = self.e.constant(-0.0, slices[v].ty.dtype);
                 self.e.fill(&zero, &slices[v]);
             }
             self.e.end_bubble_if();

@@ -11,7 +11,7 @@ use super::plan::{self, BlockPlan, Decision, Fusion};
 use super::{fuse, in_place, matmul, ops, stage_split, views};
 use ppc_dialect::ir::{names, Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
-use ppc_dialect::{Diagnostic, Type};
+use ppc_dialect::{DType, Diagnostic, Type};
 use ppc_runtime::abi;
 use std::collections::{HashMap, HashSet};
 
@@ -398,7 +398,7 @@ impl Walker<'_, '_> {
                 for f in &abi::TRACE_BACKWARD {
                     self.e.declare(f);
                 }
-                let last = self.e.constant((*trips - 1) as f64, "i32");
+                let last = self.e.constant((*trips - 1) as f64, DType::I32);
                 let reversed = self.e.let_(&format!("arith.subi {last}, {ti} : i32"));
                 Some((&abi::TRACE_BACKWARD, reversed))
             }
@@ -487,7 +487,7 @@ impl Walker<'_, '_> {
         let (line, _) = self.e.lines.line_col(f.op_spans.get(&id).start as usize);
         let n = self.groups.len();
         self.groups.push(format!("{name}, line {line}"));
-        let c = self.e.constant(n as f64, "i32");
+        let c = self.e.constant(n as f64, DType::I32);
         self.e.op(&abi::TRACE_GROUP[0].call(&[&c]));
         Some(n)
     }
@@ -496,7 +496,7 @@ impl Walker<'_, '_> {
         let Some(n) = n else {
             return;
         };
-        let c = self.e.constant(n as f64, "i32");
+        let c = self.e.constant(n as f64, DType::I32);
         self.e.op(&abi::TRACE_GROUP[1].call(&[&c]));
     }
 

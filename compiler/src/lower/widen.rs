@@ -2,7 +2,7 @@
 //! extended on load and rounded on store; conversions between element types and selections
 //! that round alike on every CPU.
 
-use super::buf::{elt, Buf};
+use super::buf::{elt, Buf, Scalar};
 use super::emit::{identity, Emitter};
 use ppc_dialect::DType;
 
@@ -20,7 +20,7 @@ pub fn ext(e: &mut Emitter, v: &str, d: DType) -> String {
             // The bits become the upper half of an f32's.
             let b = e.let_(&format!("arith.bitcast {v} : bf16 to i16"));
             let w = e.let_(&format!("arith.extui {b} : i16 to i32"));
-            let sixteen = e.constant(16.0, "i32");
+            let sixteen = e.constant(16.0, DType::I32);
             let s = e.let_(&format!("arith.shli {w}, {sixteen} : i32"));
             e.let_(&format!("arith.bitcast {s} : i32 to f32"))
         }
@@ -37,9 +37,9 @@ pub fn trunc(e: &mut Emitter, v: &str, d: DType) -> String {
         DType::BF16 => {
             let bits = e.let_(&format!("arith.bitcast {v} : f32 to i32"));
             let (sixteen, one, half) = (
-                e.constant(16.0, "i32"),
-                e.constant(1.0, "i32"),
-                e.constant(f64::from(0x7fff), "i32"),
+                e.constant(16.0, DType::I32),
+                e.constant(1.0, DType::I32),
+                e.constant(f64::from(0x7fff), DType::I32),
             );
             // Adding 0x7fff plus the lowest kept bit rounds the dropped half to even.
             let kept = e.let_(&format!("arith.shrui {bits}, {sixteen} : i32"));
@@ -49,7 +49,7 @@ pub fn trunc(e: &mut Emitter, v: &str, d: DType) -> String {
             let hi = e.let_(&format!("arith.shrui {r}, {sixteen} : i32"));
             let h = e.let_(&format!("arith.trunci {hi} : i32 to i16"));
             let nan = e.let_(&format!("arith.cmpf uno, {v}, {v} : f32"));
-            let quiet = e.constant(f64::from(0x7fc0), "i16");
+            let quiet = e.constant(f64::from(0x7fc0), Scalar::I16);
             let h = e.let_(&format!("arith.select {nan}, {quiet}, {h} : i16"));
             e.let_(&format!("arith.bitcast {h} : i16 to bf16"))
         }
@@ -115,13 +115,13 @@ pub fn convert_value(e: &mut Emitter, v: &str, from: DType, to: DType) -> String
             let x = ext(e, v, from);
             let t = e.let_(&format!("arith.fptosi {x} : f32 to i32"));
             let (lo, hi) = (
-                e.constant(-2_147_483_648.0, "f32"),
-                e.constant(2_147_483_648.0, "f32"),
+                e.constant(-2_147_483_648.0, DType::F32),
+                e.constant(2_147_483_648.0, DType::F32),
             );
             let (min, max, zero) = (
-                e.constant(f64::from(i32::MIN), "i32"),
-                e.constant(f64::from(i32::MAX), "i32"),
-                e.constant(0.0, "i32"),
+                e.constant(f64::from(i32::MIN), DType::I32),
+                e.constant(f64::from(i32::MAX), DType::I32),
+                e.constant(0.0, DType::I32),
             );
             let below = e.let_(&format!("arith.cmpf olt, {x}, {lo} : f32"));
             let above = e.let_(&format!("arith.cmpf oge, {x}, {hi} : f32"));
@@ -132,7 +132,7 @@ pub fn convert_value(e: &mut Emitter, v: &str, from: DType, to: DType) -> String
         }
         (F32 | BF16 | F16, I1) => {
             let x = ext(e, v, from);
-            let z = e.constant(0.0, "f32");
+            let z = e.constant(0.0, DType::F32);
             e.let_(&format!("arith.cmpf une, {x}, {z} : f32"))
         }
         (I32, F32 | BF16 | F16) => {
@@ -144,7 +144,7 @@ pub fn convert_value(e: &mut Emitter, v: &str, from: DType, to: DType) -> String
             trunc(e, &x, to)
         }
         (I32, I1) => {
-            let z = e.constant(0.0, "i32");
+            let z = e.constant(0.0, DType::I32);
             e.let_(&format!("arith.cmpi ne, {v}, {z} : i32"))
         }
         (I1, I32) => e.let_(&format!("arith.extui {v} : i1 to i32")),
@@ -168,9 +168,9 @@ pub fn convert(e: &mut Emitter, src: &Buf, dst: &Buf) {
 pub fn fill_value(e: &mut Emitter, v: f64, d: DType) -> String {
     match d {
         DType::BF16 | DType::F16 => {
-            let c = e.constant(v, "f32");
+            let c = e.constant(v, DType::F32);
             trunc(e, &c, d)
         }
-        DType::F32 | DType::I32 | DType::I1 => e.constant(v, elt(d)),
+        DType::F32 | DType::I32 | DType::I1 => e.constant(v, d),
     }
 }
