@@ -5,35 +5,12 @@
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
 use super::buf::{elt, list, memref_type, Buf, Layout, Scalar};
-use super::gpu_map::{self, Tiling};
-use super::residency::Residency;
+
+use super::residency::GpuCode;
+use super::text::{escape, float_literal, identity, Lines};
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Dim, Type};
 use ppc_runtime::abi;
-use std::fmt::Write;
-
-/// Line and column (1-based) of byte offsets in the source, for MLIR locations.
-pub struct Lines {
-    starts: Vec<usize>,
-}
-
-impl Lines {
-    pub fn new(src: &str) -> Lines {
-        let mut starts = vec![0];
-        starts.extend(src.match_indices('\n').map(|(i, _)| i + 1));
-        Lines { starts }
-    }
-
-    /// The byte offset of a 1-based line and column, if the source has it.
-    pub fn offset(&self, line: usize, col: usize) -> Option<usize> {
-        Some(self.starts.get(line.checked_sub(1)?)? + col.checked_sub(1)?)
-    }
-
-    pub fn line_col(&self, offset: usize) -> (usize, usize) {
-        let line = self.starts.partition_point(|&s| s <= offset);
-        (line, offset - self.starts[line - 1] + 1)
-    }
-}
 
 /// A stage-parallel loop: its stage count and induction variable.
 struct Split {
@@ -60,15 +37,6 @@ pub fn has_prefix(ty: &Type, prefix: &[u64]) -> bool {
             .all(|(d, &p)| d.size == p || d.size == 1)
 }
 
-/// What writing for `--target cuda` keeps track of.
-pub struct GpuCode {
-    /// The tilings of the loop nests so far (`gpu_map.rs`).
-    pub tilings: Vec<Tiling>,
-    pub residency: Residency,
-    /// Buffers the next generic's body reads besides its operands.
-    also_reads: Vec<Buf>,
-}
-
 /// Writes one function's body.
 pub struct Emitter<'a> {
     file: &'a str,
@@ -81,7 +49,7 @@ pub struct Emitter<'a> {
     /// `--target cuda`; `None` for the CPU.
     pub gpu: Option<GpuCode>,
     /// How many `scf.for`s enclose what is written now.
-    loops: usize,
+    pub(super) loops: usize,
     /// The stack pointers saved by the host loops being written (`--target cuda`).
     saved_stacks: Vec<String>,
     /// The stage-parallel loop being written (`stage_split.rs`), if any.
@@ -115,16 +83,6 @@ impl<'a> Emitter<'a> {
             indent: 2,
             loc: String::new(),
         }
-    }
-
-    /// Writes for `--target cuda`, with what is known of the GPU's buffers.
-    pub fn for_gpu(mut self, residency: Option<Residency>) -> Emitter<'a> {
-        self.gpu = residency.map(|residency| GpuCode {
-            tilings: Vec::new(),
-            residency,
-            also_reads: Vec::new(),
-        });
-        self
     }
 
     /// Locations of everything emitted until the next call point at `span` of the model file.
@@ -507,96 +465,9 @@ impl<'a> Emitter<'a> {
         self.close();
     }
 
-    /// For `--target cuda` (else `None`): the tag of the kernel this nest becomes, or `None`
-    /// when the host computes it: a nest without a parallel loop, or a few integers or
-    /// booleans from what the host wrote (the stage mask, from the loop counter).
-    fn gpu_tag(
-        &mut self,
-        ins: &[(&Buf, String)],
-        out: &(&Buf, String),
-        iters: &[&str],
-    ) -> Option<Option<String>> {
-        let gpu = self.gpu.as_mut()?;
-        let small = !out.0.ty.dtype.is_float() && out.0.ty.elements() <= HOST_INTEGERS;
-        // Constants (iotas) are the host's only outside loops: inside one, the host would
-        // rewrite them every iteration while kernels still read them.
-        let from_host = if ins.is_empty() {
-            self.loops == 0
-        } else {
-            ins.iter().all(|(b, _)| gpu.residency.host_wrote_last(b))
-        };
-        if small && from_host {
-            return Some(None);
-        }
-        let sizes = domain_sizes(ins, out, iters.len());
-        Some(gpu_map::tiling(&sizes, iters).map(|t| {
-            let k = gpu.tilings.iter().position(|u| *u == t).unwrap_or_else(|| {
-                gpu.tilings.push(t);
-                gpu.tilings.len() - 1
-            });
-            gpu_map::tag(k)
-        }))
-    }
-
-    fn gpu_residency(&self) -> Option<&Residency> {
-        self.gpu.as_ref().map(|g| &g.residency)
-    }
-
-    /// Host code reads `b` next (`--target cuda`): wait for the GPU if it may have written it.
-    pub fn host_reads(&mut self, b: &Buf) {
-        if self.gpu_residency().is_some_and(|r| r.host_reads(b)) {
-            self.wait_for_gpu();
-        }
-    }
-
-    /// Host code writes `b` next (`--target cuda`): wait for the GPU if it may still use it.
-    pub fn host_writes(&mut self, b: &Buf) {
-        if self
-            .gpu
-            .as_mut()
-            .is_some_and(|g| g.residency.host_writes(b))
-        {
-            self.wait_for_gpu();
-        }
-    }
-
-    /// Host code computes `out` from `reads` (and what [`Emitter::also_reads`] named).
-    fn host_computes(&mut self, reads: &[&Buf], out: &Buf) {
-        let extra = self
-            .gpu
-            .as_mut()
-            .map(|g| std::mem::take(&mut g.also_reads))
-            .unwrap_or_default();
-        for b in reads.iter().copied().chain(&extra) {
-            self.host_reads(b);
-        }
-        self.host_writes(out);
-    }
-
-    /// GPU work (a kernel, a GEMM) reads `reads` and writes `out` (`--target cuda`).
-    pub fn device_uses(&mut self, reads: &[&Buf], out: &Buf) {
-        if let Some(g) = self.gpu.as_mut() {
-            let extra = std::mem::take(&mut g.also_reads);
-            let all: Vec<&Buf> = reads.iter().copied().chain(&extra).collect();
-            g.residency.device_uses(&all, &[out]);
-        }
-    }
-
-    /// The next generic's body also reads `b` (a `memref.load` of a captured buffer).
-    pub fn also_reads(&mut self, b: &Buf) {
-        if let Some(g) = self.gpu.as_mut() {
-            g.also_reads.push(b.clone());
-        }
-    }
-
     /// Declares a runtime entry point at module level (once, however often it is called).
     pub fn declare(&mut self, f: &abi::EntryPoint) {
         self.declarations.insert(f.declaration());
-    }
-
-    fn wait_for_gpu(&mut self) {
-        self.declare(&abi::GPU_SYNC);
-        self.op(&abi::GPU_SYNC.call(&[]));
     }
 
     /// Fills `out` with a scalar SSA value of its element type.
@@ -761,11 +632,6 @@ impl<'a> Emitter<'a> {
     }
 }
 
-/// `--target cuda`: integer and boolean nests of at most this many elements from what the host
-/// wrote (the stage mask, from the loop counter) are computed by the host, so that it knows
-/// them without waiting for the GPU.
-const HOST_INTEGERS: u64 = 1024;
-
 /// Loop nests that touch fewer elements than this run on one thread: below it, starting the
 /// team cost more than it saved (BENCHMARKS.md: 4 K and 64 K were both slower on the
 /// transformer).
@@ -818,67 +684,3 @@ pub const TRANSFORM_SCRIPT: &str = r#"  transform.named_sequence private @__tran
     transform.yield
   }
 "#;
-
-/// The trip count of each of a generic's `dims` loops, from the operands that index by it.
-fn domain_sizes(ins: &[(&Buf, String)], out: &(&Buf, String), dims: usize) -> Vec<u64> {
-    let mut sizes = vec![1; dims];
-    for (b, map) in ins.iter().chain([out]) {
-        let shape = b.ty.shape();
-        for (axis, expr) in map.split(", ").enumerate() {
-            if let Some(d) = expr.strip_prefix('d').and_then(|d| d.parse::<usize>().ok()) {
-                sizes[d] = shape[axis];
-            }
-        }
-    }
-    sizes
-}
-
-/// `d0, d1, ...` for an identity map of rank `r`.
-pub fn identity(r: usize) -> String {
-    (0..r)
-        .map(|i| format!("d{i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The map reading an operand of shape `src` (NumPy-broadcast) at each index of `dst`.
-pub fn broadcast_map(src: &[u64], dst: &[u64]) -> String {
-    let off = dst.len() - src.len();
-    (0..src.len())
-        .map(|i| {
-            if src[i] == 1 && dst[i + off] != 1 {
-                "0".to_string()
-            } else {
-                format!("d{}", i + off)
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// An f32 literal MLIR reads back to the same bits.
-pub fn float_literal(x: f32) -> String {
-    if x.is_finite() {
-        // MLIR's float literals need a `.` in the mantissa: `1e0` must be `1.0e0`.
-        let s = format!("{x:e}");
-        match s.split_once('e') {
-            Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
-            _ => s,
-        }
-    } else {
-        format!("0x{:08X}", x.to_bits())
-    }
-}
-
-/// A string for an MLIR string literal.
-pub fn escape(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_graphic() && b != b'"' && b != b'\\' || b == b' ' {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "\\{b:02X}");
-        }
-    }
-    out
-}

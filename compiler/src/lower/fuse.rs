@@ -14,9 +14,10 @@
 //! ```
 
 use super::buf::Buf;
-use super::emit::{identity, Emitter};
+use super::emit::Emitter;
 use super::fast_math::Numerics;
 use super::ops::elementwise_value;
+use super::text::identity;
 use ppc_dialect::ir::{Block, Func, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::DType;

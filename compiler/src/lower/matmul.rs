@@ -2,8 +2,9 @@
 //! interpreter's order for the exact ones, accumulating in f32.
 
 use super::buf::{elt, Buf};
-use super::emit::{broadcast_map, Emitter};
+use super::emit::Emitter;
 use super::fast_math::Numerics;
+use super::text::broadcast_map;
 use super::widen::{ext, f32_scratch, store, to_f32};
 use ppc_dialect::DType;
 use ppc_runtime::abi;

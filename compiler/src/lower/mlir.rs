@@ -7,7 +7,7 @@
 //! catching what LLVM prints on the standard error while it JIT-compiles.
 #![allow(unsafe_code)]
 
-use super::emit::Lines;
+use super::text::Lines;
 use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
 use melior::ir::{BlockLike, Module};

@@ -31,6 +31,7 @@ mod accumulate;
 mod batch_split;
 pub mod buf;
 pub mod emit;
+mod emit_gpu;
 mod entry;
 mod fast_math;
 mod fuse;
@@ -45,11 +46,12 @@ mod plan;
 mod residency;
 mod row_reduce;
 mod stage_split;
+mod text;
 mod views;
 mod walk;
 mod widen;
 
-use emit::{escape, Emitter, Lines};
+use emit::Emitter;
 pub use entry::Entry;
 pub use fast_math::Numerics;
 use ppc_dialect::ir::{names, Item, Module};
@@ -60,6 +62,7 @@ use ppc_runtime::manifest::Manifest;
 use residency::Residency;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
+use text::{escape, Lines};
 use walk::Walker;
 
 #[derive(Clone, Debug)]

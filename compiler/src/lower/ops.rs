@@ -6,9 +6,10 @@
 //! interpreter's, so that with `--exact` the CPU result is the interpreter's bit for bit.
 
 use super::buf::{elt, Buf};
-use super::emit::{identity, Emitter};
+use super::emit::Emitter;
 use super::fast_math::{self, Numerics};
 use super::matmul::matmul;
+use super::text::identity;
 use super::widen::{
     convert_value, ext, f32_scratch, fill_value, select_value, store, to_f32, trunc,
 };

@@ -16,6 +16,7 @@
 //! Buffers are named by their allocation (`Buf::base`): a view shares its buffer's fate.
 
 use super::buf::Buf;
+use super::gpu_map::Tiling;
 use std::collections::HashSet;
 
 #[derive(Default)]
@@ -61,4 +62,13 @@ impl Residency {
             self.host_written.remove(&b.base);
         }
     }
+}
+
+/// What writing for `--target cuda` keeps track of.
+pub struct GpuCode {
+    /// The tilings of the loop nests so far (`gpu_map.rs`).
+    pub tilings: Vec<Tiling>,
+    pub residency: Residency,
+    /// Buffers the next generic's body reads besides its operands.
+    pub also_reads: Vec<Buf>,
 }

@@ -3,7 +3,8 @@
 //! that round alike on every CPU.
 
 use super::buf::{elt, Buf, Scalar};
-use super::emit::{identity, Emitter};
+use super::emit::Emitter;
+use super::text::identity;
 use ppc_dialect::DType;
 
 /// The value of a float block argument in f32.
