@@ -143,7 +143,7 @@ pub fn trainables(m: &Module, f: FuncId) -> Vec<Slot> {
 }
 
 /// The trainable parameters of the functions called in `block` (nested loops included).
-fn callee_slots(m: &Module, f: &Func, block: &Block) -> Vec<Slot> {
+pub(super) fn callee_slots(m: &Module, f: &Func, block: &Block) -> Vec<Slot> {
     let mut out = Vec::new();
     for &id in &block.ops {
         let found = match &f.ops[id].kind {
@@ -161,51 +161,51 @@ fn callee_slots(m: &Module, f: &Func, block: &Block) -> Vec<Slot> {
 }
 
 /// The type of a slot's cotangent: its parameter's, in f32.
-fn slot_type(m: &Module, (f, i): Slot) -> Type {
+pub(super) fn slot_type(m: &Module, (f, i): Slot) -> Type {
     let func = &m.funcs[f];
     func.ty(func.params[i].value).with_dtype(DType::F32)
 }
 
 /// Cotangents built so far: of source values, and of callees' parameters.
 #[derive(Default)]
-struct Cots {
-    values: HashMap<ValueId, ValueId>,
-    slots: BTreeMap<Slot, ValueId>,
+pub(super) struct Cots {
+    pub(super) values: HashMap<ValueId, ValueId>,
+    pub(super) slots: BTreeMap<Slot, ValueId>,
 }
 
 /// What the forward keeps for the backward: a value of the block, or the `k`-th value kept by
 /// one of its loops (a tape) or calls (a residual of `@g_fwd`).
 #[derive(Clone, Copy, Debug)]
-enum Kept {
+pub(super) enum Kept {
     Value(ValueId),
     Of(OpId, usize),
 }
 
 /// The values kept by a block's loops (their tapes, `[trips, ...]`) and calls (their
 /// residuals), by op, in the order of [`Diff::kept`].
-type Residues = HashMap<OpId, Vec<ValueId>>;
+pub(super) type Residues = HashMap<OpId, Vec<ValueId>>;
 
 /// The functions `@g_fwd` and `@g_bwd` of a function `@g` (`--remat=none`).
-struct Split {
-    fwd: FuncId,
-    bwd: FuncId,
+pub(super) struct Split {
+    pub(super) fwd: FuncId,
+    pub(super) bwd: FuncId,
 }
 
-struct Diff<'a> {
-    m: &'a Module,
-    id: FuncId,
-    f: &'a Func,
-    remat: Remat,
-    vjps: &'a HashMap<FuncId, FuncId>,
-    splits: &'a HashMap<FuncId, Split>,
+pub(super) struct Diff<'a> {
+    pub(super) m: &'a Module,
+    pub(super) id: FuncId,
+    pub(super) f: &'a Func,
+    pub(super) remat: Remat,
+    pub(super) vjps: &'a HashMap<FuncId, FuncId>,
+    pub(super) splits: &'a HashMap<FuncId, Split>,
 }
 
 impl Diff<'_> {
-    fn name(&self, v: ValueId) -> &str {
+    pub(super) fn name(&self, v: ValueId) -> &str {
         &self.f.values[v].name
     }
 
-    fn is_float(&self, v: ValueId) -> bool {
+    pub(super) fn is_float(&self, v: ValueId) -> bool {
         self.f.ty(v).dtype.is_float()
     }
 
@@ -341,7 +341,7 @@ impl Diff<'_> {
 
     /// What the forward of `block` keeps for its backward, in order. `available`: the block's
     /// arguments the backward has anyway (a loop's iteration number).
-    fn kept(&self, block: &Block, available: &[ValueId]) -> Vec<Kept> {
+    pub(super) fn kept(&self, block: &Block, available: &[ValueId]) -> Vec<Kept> {
         let args = block.args.iter().filter(|a| !available.contains(a));
         if self.remat == Remat::Stage {
             // The carried values the recomputation starts from.
@@ -402,7 +402,7 @@ impl Diff<'_> {
         }
     }
 
-    fn kept_type(&self, k: Kept) -> Type {
+    pub(super) fn kept_type(&self, k: Kept) -> Type {
         match k {
             Kept::Value(v) => self.f.ty(v).clone(),
             Kept::Of(op, k) => match self.nested(op, k) {
@@ -412,7 +412,7 @@ impl Diff<'_> {
         }
     }
 
-    fn kept_name(&self, k: Kept) -> String {
+    pub(super) fn kept_name(&self, k: Kept) -> String {
         match k {
             Kept::Value(v) => self.name(v).to_string(),
             Kept::Of(op, k) => match self.nested(op, k) {
@@ -428,7 +428,7 @@ impl Diff<'_> {
 
     /// Copies `block`'s ops (those in `only`, if given) into `b`, extending `env`; loops keep
     /// the tapes their reverse loops read.
-    fn forward(
+    pub(super) fn forward(
         &self,
         b: &mut Builder,
         block: &Block,
@@ -475,53 +475,9 @@ impl Diff<'_> {
         Ok(residues)
     }
 
-    /// The loop `op` with one more carried value per value it keeps ([`Diff::kept`]): a tape
-    /// `[trips, ...]`, slot `t` holding iteration `t`'s value. Returns its results and tapes.
-    fn forward_loop(
-        &self,
-        b: &mut Builder,
-        op: &Op,
-        env: &Env,
-    ) -> Result<(Vec<ValueId>, Vec<ValueId>), Diagnostic> {
-        let OpKind::Loop { trips, inits, body } = &op.kind else {
-            unreachable!("invariant: called on loops")
-        };
-        let carried = &body.args[1..];
-        let kept = self.kept(body, &body.args[..1]);
-        let mut all_inits: Vec<ValueId> = inits.iter().map(|v| env[v]).collect();
-        let mut hints: Vec<String> = carried.iter().map(|&c| self.name(c).to_string()).collect();
-        for &k in &kept {
-            let ty = self.kept_type(k).insert(0, Dim::lit(*trips));
-            all_inits.push(zeros(b, &ty)?);
-            hints.push(format!("tape_{}", self.kept_name(k)));
-        }
-        let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
-        let mut outs = b.loop_op(*trips, all_inits, &hints, |b, t, car| {
-            let mut env = env.clone();
-            env.insert(body.args[0], t);
-            for (&a, &c) in carried.iter().zip(car) {
-                env.insert(a, c);
-            }
-            let residues = self.forward(b, body, &mut env, None)?;
-            let mut yields: Vec<ValueId> = body.results.iter().map(|v| env[v]).collect();
-            for (&k, &tape) in kept.iter().zip(&car[carried.len()..]) {
-                let write = OpKind::Update {
-                    x: tape,
-                    update: resolve(k, &env, &residues),
-                    index: t,
-                    axis: 0,
-                };
-                yields.push(b.op("tape", write, None)?);
-            }
-            Ok(yields)
-        })?;
-        let tapes = outs.split_off(carried.len());
-        Ok((outs, tapes))
-    }
-
     /// Adds the cotangents of `block`'s operands and outer values to `cots`, from those of its
     /// results, op by op in reverse.
-    fn backward(
+    pub(super) fn backward(
         &self,
         b: &mut Builder,
         block: &Block,
@@ -603,151 +559,8 @@ impl Diff<'_> {
         Ok(())
     }
 
-    /// A loop into a reverse loop of the same trip count (see the module docs).
-    fn loop_vjp(
-        &self,
-        b: &mut Builder,
-        op: &Op,
-        env: &Env,
-        tapes: &[ValueId],
-        cots: &mut Cots,
-    ) -> Result<(), Diagnostic> {
-        let OpKind::Loop { trips, inits, body } = &op.kind else {
-            unreachable!("invariant: called on loops")
-        };
-        let carried = &body.args[1..];
-        let floats: Vec<usize> = (0..carried.len())
-            .filter(|&i| self.is_float(carried[i]))
-            .collect();
-        if floats
-            .iter()
-            .all(|&i| !cots.values.contains_key(&op.results[i]))
-        {
-            return Ok(());
-        }
-        let captured: Vec<ValueId> = free_values(self.f, body)
-            .into_iter()
-            .filter(|&v| self.is_float(v))
-            .collect();
-        let sliced: Vec<bool> = captured
-            .iter()
-            .map(|&v| only_indexed(self.f, body, v))
-            .collect();
-        let slots = callee_slots(self.m, self.f, body);
-        let mut inits_r = Vec::new();
-        let mut hints = Vec::new();
-        for &i in &floats {
-            inits_r.push(match cots.values.get(&op.results[i]) {
-                Some(&d) => d,
-                None => zeros(b, self.f.ty(carried[i]))?,
-            });
-            hints.push(format!("d_{}", self.name(carried[i])));
-        }
-        for &v in &captured {
-            inits_r.push(zeros(b, self.f.ty(v))?);
-            hints.push(format!("d_{}", self.name(v)));
-        }
-        for &s in &slots {
-            inits_r.push(zeros(b, &slot_type(self.m, s))?);
-            let g = &self.m.funcs[s.0];
-            hints.push(format!(
-                "d_{}_{}",
-                g.name, g.values[g.params[s.1].value].name
-            ));
-        }
-        let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
-        let kept = self.kept(body, &body.args[..1]);
-        let recompute = match self.remat {
-            Remat::Stage => needed(self.f, body).0,
-            Remat::None => recomputable(self.f, body, &body.args[..1]),
-        };
-        let outs = b.loop_op(*trips, inits_r, &hints, |b, tr, car| {
-            // Iteration `trips - 1 - tr` of the forward loop.
-            let last = b.op(
-                "last_trip",
-                OpKind::Constant {
-                    value: Float((*trips - 1) as f64),
-                },
-                Some(Type::scalar(DType::I32)),
-            )?;
-            let sub = OpKind::Binary {
-                op: BinaryOp::Sub,
-                lhs: last,
-                rhs: tr,
-            };
-            let t = b.op("t_fwd", sub, None)?;
-            let mut env = env.clone();
-            env.insert(body.args[0], t);
-            let mut inner = Residues::new();
-            for (&k, &tape) in kept.iter().zip(tapes) {
-                let read = OpKind::Index {
-                    x: tape,
-                    index: t,
-                    axis: 0,
-                };
-                let x = b.op(&self.kept_name(k), read, None)?;
-                bind(k, x, &mut env, &mut inner);
-            }
-            inner.extend(self.forward(b, body, &mut env, Some(&recompute))?);
-            let mut bc = Cots::default();
-            for (k, &i) in floats.iter().enumerate() {
-                self.add(b, &mut bc, body.results[i], car[k])?;
-            }
-            // A captured value read by one `index` only gets its cotangent added into the slice
-            // that was read, straight into its accumulator (same bits: one term per iteration).
-            for (k, &v) in captured.iter().enumerate() {
-                if sliced[k] {
-                    bc.values.insert(v, car[floats.len() + k]);
-                }
-            }
-            self.backward(b, body, &env, &inner, &mut bc)?;
-            let mut next = Vec::new();
-            for &i in &floats {
-                next.push(match bc.values.get(&carried[i]) {
-                    Some(&d) => d,
-                    None => zeros(b, self.f.ty(carried[i]))?,
-                });
-            }
-            let mut acc = car[floats.len()..].iter().copied();
-            for (&v, &seeded) in captured.iter().zip(&sliced) {
-                let a = acc
-                    .next()
-                    .expect("invariant: an accumulator per captured value");
-                next.push(match bc.values.get(&v) {
-                    Some(&d) if seeded => d,
-                    Some(&d) => bin(b, BinaryOp::Add, a, d)?,
-                    None => a,
-                });
-            }
-            for s in &slots {
-                let a = acc.next().expect("invariant: an accumulator per parameter");
-                next.push(match bc.slots.get(s) {
-                    Some(&d) => bin(b, BinaryOp::Add, a, d)?,
-                    None => a,
-                });
-            }
-            Ok(next)
-        })?;
-        let mut outs = outs.into_iter();
-        for &i in &floats {
-            let d = outs
-                .next()
-                .expect("invariant: a result per carried cotangent");
-            self.add(b, cots, inits[i], d)?;
-        }
-        for &v in &captured {
-            let d = outs.next().expect("invariant: a result per captured value");
-            self.add(b, cots, v, d)?;
-        }
-        for &s in &slots {
-            let d = outs.next().expect("invariant: a result per parameter");
-            self.add_slot(b, cots, s, d)?;
-        }
-        Ok(())
-    }
-
     /// `cots[v] += c` (non-float values have no cotangent).
-    fn add(
+    pub(super) fn add(
         &self,
         b: &mut Builder,
         cots: &mut Cots,
@@ -795,7 +608,7 @@ impl Diff<'_> {
         Ok(())
     }
 
-    fn add_slot(
+    pub(super) fn add_slot(
         &self,
         b: &mut Builder,
         cots: &mut Cots,
@@ -812,7 +625,7 @@ impl Diff<'_> {
 }
 
 /// The value `k` stands for in a forward that built `env` and `residues`.
-fn resolve(k: Kept, env: &Env, residues: &Residues) -> ValueId {
+pub(super) fn resolve(k: Kept, env: &Env, residues: &Residues) -> ValueId {
     match k {
         Kept::Value(v) => env[&v],
         Kept::Of(op, i) => residues[&op][i],
@@ -820,7 +633,7 @@ fn resolve(k: Kept, env: &Env, residues: &Residues) -> ValueId {
 }
 
 /// Makes `x` the value `k` stands for (the inverse of [`resolve`]; `k`s come in order).
-fn bind(k: Kept, x: ValueId, env: &mut Env, residues: &mut Residues) {
+pub(super) fn bind(k: Kept, x: ValueId, env: &mut Env, residues: &mut Residues) {
     match k {
         Kept::Value(v) => {
             env.insert(v, x);
@@ -899,7 +712,7 @@ fn to_f32(b: &mut Builder, d: ValueId) -> Result<ValueId, Diagnostic> {
 
 /// What the backward of `block` reads: the ops to recompute and the values they need (the
 /// primal values the rules read, closed over their producers in `block`).
-fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId>) {
+pub(super) fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId>) {
     let producer: HashMap<ValueId, OpId> = block
         .ops
         .iter()
@@ -928,19 +741,14 @@ fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId>) {
     (ops, values)
 }
 
-/// Whether the only use of `v` in `block` (nested blocks and yields included) is one `index`
-/// of `block` itself.
-fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
-    let indexed = block
-        .ops
-        .iter()
-        .any(|&id| matches!(&f.ops[id].kind, OpKind::Index { x, .. } if *x == v));
-    indexed && f.uses(block, v) == 1
-}
-
 /// The values `block` (nested blocks included) reads but does not define, in id order.
-fn free_values(f: &Func, block: &Block) -> Vec<ValueId> {
-    fn walk(f: &Func, block: &Block, defined: &mut HashSet<ValueId>, used: &mut Vec<ValueId>) {
+pub(super) fn free_values(f: &Func, block: &Block) -> Vec<ValueId> {
+    fn walk(
+        f: &Func,
+        block: &Block,
+        defined: &mut HashSet<ValueId>,
+        used: &mut Vec<ValueId>,
+    ) {
         defined.extend(&block.args);
         for &id in &block.ops {
             let op = &f.ops[id];

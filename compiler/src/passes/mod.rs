@@ -3,6 +3,7 @@
 //! command line, `--print-after-all` and the test `// RUN:` lines read.
 
 mod autodiff;
+mod autodiff_loop;
 mod batching;
 mod gpipe_loop;
 mod loss;
