@@ -743,12 +743,7 @@ pub(super) fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId
 
 /// The values `block` (nested blocks included) reads but does not define, in id order.
 pub(super) fn free_values(f: &Func, block: &Block) -> Vec<ValueId> {
-    fn walk(
-        f: &Func,
-        block: &Block,
-        defined: &mut HashSet<ValueId>,
-        used: &mut Vec<ValueId>,
-    ) {
+    fn walk(f: &Func, block: &Block, defined: &mut HashSet<ValueId>, used: &mut Vec<ValueId>) {
         defined.extend(&block.args);
         for &id in &block.ops {
             let op = &f.ops[id];

@@ -1,0 +1,172 @@
+//! Tests of `gemm.rs`: every kernel against the scalar chain of fused multiply-adds, bit for bit.
+
+use super::*;
+use crate::memref::descriptor;
+
+/// Row-major `[batch.., m, k] · [batch'.., k, n]` with NumPy broadcasting of the batch axes,
+/// entries whose first index is masked out `-0.0`, each element the chain of fused
+/// multiply-adds in k order that every kernel computes.
+fn reference(
+    a: &[f32],
+    sa: &[usize],
+    b: &[f32],
+    sb: &[usize],
+    sc: &[usize],
+    mask: &[bool],
+) -> Vec<f32> {
+    let r = sc.len();
+    let (m, n, k) = (sc[r - 2], sc[r - 1], sa[sa.len() - 1]);
+    let batch = &sc[..r - 2];
+    let count: usize = batch.iter().product();
+    let flat_of = |idx: &[usize], shape: &[usize]| {
+        let nb = shape.len() - 2;
+        let skip = idx.len() - nb;
+        (0..nb).fold(0, |acc, i| {
+            acc * shape[i] + if shape[i] == 1 { 0 } else { idx[skip + i] }
+        })
+    };
+    let mut c = vec![0f32; count * m * n];
+    for e in 0..count {
+        let idx = unflatten(e, batch);
+        let (ea, eb) = (flat_of(&idx, sa), flat_of(&idx, sb));
+        for i in 0..m {
+            for j in 0..n {
+                c[(e * m + i) * n + j] = if mask[idx[0]] {
+                    (0..k).fold(0.0, |s, l| {
+                        a[(ea * m + i) * k + l].mul_add(b[(eb * k + l) * n + j], s)
+                    })
+                } else {
+                    -0.0
+                };
+            }
+        }
+    }
+    c
+}
+
+/// A test operand: its values, its shape, and its strides when not row-major.
+struct Operand {
+    values: Vec<f32>,
+    shape: Vec<usize>,
+    strides: Option<Vec<i64>>,
+}
+
+/// Values in [-1, 1) that differ between elements and seeds.
+fn fill(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0) - 1.0)
+        .collect()
+}
+
+/// `a · b` through the runtime's entry point (masked by `mask` when given), into a fresh
+/// `[.., m, n]` result of shape `sc`.
+fn product(a: &mut Operand, b: &mut Operand, sc: &[usize], mask: Option<&[bool]>) -> Vec<f32> {
+    let mut c = vec![f32::NAN; sc.iter().product()];
+    let describe = |v: &mut Operand| {
+        let mut d = descriptor(v.values.as_mut_ptr().cast(), &v.shape);
+        if let Some(strides) = &v.strides {
+            let rank = v.shape.len();
+            d[3 + rank..].copy_from_slice(strides);
+        }
+        d
+    };
+    let unranked = |d: &mut Vec<i64>, rank: usize| Unranked {
+        rank: rank as i64,
+        descriptor: d.as_mut_ptr().cast(),
+    };
+    let (mut da, mut db) = (describe(a), describe(b));
+    let mut dc = descriptor(c.as_mut_ptr().cast(), sc);
+    let mut bytes: Vec<u8> = mask.unwrap_or(&[]).iter().map(|&x| u8::from(x)).collect();
+    let mut dm = descriptor(bytes.as_mut_ptr(), &[bytes.len()]);
+    let (ua, ub, uc, um) = (
+        unranked(&mut da, a.shape.len()),
+        unranked(&mut db, b.shape.len()),
+        unranked(&mut dc, sc.len()),
+        unranked(&mut dm, 1),
+    );
+    // SAFETY: the descriptors point at live buffers of the shapes and strides they state.
+    unsafe {
+        if mask.is_some() {
+            _mlir_ciface_ppc_matmul_f32_masked(&ua, &ub, &uc, &um);
+        } else {
+            _mlir_ciface_ppc_matmul_f32(&ua, &ub, &uc);
+        }
+    }
+    c
+}
+
+/// `got` has `want`'s bits, masked-out entries included (-0.0).
+fn assert_same(got: &[f32], want: &[f32], what: &str) {
+    for (i, (got, want)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "{what}: element {i}: {got} against {want}"
+        );
+    }
+}
+
+/// Per-stage weights broadcast along a batch axis (rows folded into one GEMM per stage),
+/// with and without a stage mask, and a product whose weights differ per batch entry (no
+/// folding): the bits of the k-ordered chains.
+#[test]
+fn batched_products_with_broadcast_weights_match_the_loops() {
+    for (sa, sb, masked) in [
+        (vec![3, 2, 4, 5], vec![3, 1, 5, 6], true),
+        (vec![3, 2, 4, 5], vec![3, 1, 5, 6], false),
+        (vec![2, 3, 4, 5], vec![5, 6], false),
+        (vec![3, 2, 4, 5], vec![3, 2, 5, 6], true),
+    ] {
+        let r = sa.len();
+        let mut sc = sa.clone();
+        sc[r - 1] = sb[sb.len() - 1];
+        let active = [true, false, true];
+        let mask = if masked { &active } else { &[true; 3] };
+        let mut a = Operand {
+            values: fill(sa.iter().product(), 1),
+            shape: sa.clone(),
+            strides: None,
+        };
+        let mut b = Operand {
+            values: fill(sb.iter().product(), 2),
+            shape: sb.clone(),
+            strides: None,
+        };
+        let want = reference(&a.values, &sa, &b.values, &sb, &sc, mask);
+        let got = product(&mut a, &mut b, &sc, masked.then_some(&active[..]));
+        assert_same(&got, &want, &format!("{sa:?}·{sb:?} masked {masked}"));
+    }
+}
+
+/// Few-row products with per-stage weights used transposed (`dY · Wᵀ`, the weights stored
+/// `[S, n, k]`), with a bubble stage: the bits of the k-ordered chains of `W` transposed.
+#[test]
+fn products_with_transposed_weights_match_the_loops() {
+    let (s, m, k, n) = (3, 16, 300, 40);
+    let stored = fill(s * n * k, 2);
+    // The same weights, transposed into row-major [S, k, n], for the reference.
+    let mut plain = vec![0.0; s * k * n];
+    for e in 0..s {
+        for j in 0..n {
+            for l in 0..k {
+                plain[(e * k + l) * n + j] = stored[(e * n + j) * k + l];
+            }
+        }
+    }
+    let (sa, sb, sc) = (vec![s, m, k], vec![s, k, n], vec![s, m, n]);
+    let active = [true, false, true];
+    let mut a = Operand {
+        values: fill(s * m * k, 1),
+        shape: sa.clone(),
+        strides: None,
+    };
+    let want = reference(&a.values, &sa, &plain, &sb, &sc, &active);
+    let strides = vec![(n * k) as i64, 1, k as i64];
+    let mut b = Operand {
+        values: stored,
+        shape: sb,
+        strides: Some(strides),
+    };
+    let got = product(&mut a, &mut b, &sc, Some(&active));
+    assert_same(&got, &want, "[3, 16, 300] · [3, 40, 300]ᵀ");
+}
