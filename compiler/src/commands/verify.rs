@@ -8,7 +8,7 @@ use crate::compare::{compare, tolerance};
 use crate::passes::Remat;
 use crate::report::{self};
 use ppc_dialect::interp::{forward_on_ranks, param_source, Interp};
-use ppc_dialect::ir::Setting;
+use ppc_dialect::ir::{Pipeline, Setting};
 use ppc_runtime::memref::HostBuffer;
 use ppc_runtime::Tensor;
 use std::io::Write;
@@ -167,7 +167,7 @@ fn verify(
     } else {
         vs_seq.max_rel <= tol && vs_interp.max_rel <= tol
     };
-    let mut json = serde_json::json!({
+    let json = serde_json::json!({
         "backend": backend.name(),
         "dtype": dtype.name(),
         "poison_bubbles": pass.poison_bubbles, "seed": seed,
@@ -175,16 +175,25 @@ fn verify(
         "max_rel_diff_vs_interp_pipeline": vs_interp.max_rel,
         "tolerance": tol, "bit_exact": vs_seq.bit_exact, "ok": ok, "worst": worst,
     });
-    report::with_settings(
-        &mut json,
-        &p,
-        &[
-            Setting::Stages,
-            Setting::Microbatches,
-            Setting::Repeats,
-            Setting::Layers,
-        ],
-    );
+    let settings = [
+        Setting::Stages,
+        Setting::Microbatches,
+        Setting::Repeats,
+        Setting::Layers,
+    ];
+    verdict(out, json, &p, &settings, ok)
+}
+
+/// Prints a verdict's JSON line with the pipeline settings it was checked at; the exit status
+/// is 0 only when the check passed.
+fn verdict(
+    out: &mut dyn Write,
+    mut json: serde_json::Value,
+    p: &Pipeline,
+    settings: &[Setting],
+    ok: bool,
+) -> Result<i32, Failure> {
+    report::with_settings(&mut json, p, settings);
     writeln!(out, "{json}").map_err(io)?;
     Ok(if ok { 0 } else { 1 })
 }
@@ -294,25 +303,20 @@ fn verify_grad(
     }
     let p = m.pipeline;
     let (worst_what, worst_rel) = worst.unwrap_or_default();
-    let mut json = serde_json::json!({
+    let json = serde_json::json!({
         "backend": check.backend.name(),
         "grad": true, "dtype": m.input.dtype.name(),
         "poison_bubbles": pass.poison_bubbles, "seed": seed, "compared": pairs.len(),
         "max_rel_diff": worst_rel, "worst": worst_what, "tolerance": tol, "ok": ok,
     });
-    report::with_settings(
-        &mut json,
-        &p,
-        &[
-            Setting::Stages,
-            Setting::Microbatches,
-            Setting::Repeats,
-            Setting::Layers,
-            Setting::Ranks,
-        ],
-    );
-    writeln!(out, "{json}").map_err(io)?;
-    Ok(if ok { 0 } else { 1 })
+    let settings = [
+        Setting::Stages,
+        Setting::Microbatches,
+        Setting::Repeats,
+        Setting::Layers,
+        Setting::Ranks,
+    ];
+    verdict(out, json, &p, &settings, ok)
 }
 
 /// The outputs', input gradients' and every layer's parameter gradients' (reference, result).
