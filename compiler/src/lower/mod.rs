@@ -32,6 +32,7 @@ mod batch_split;
 pub mod buf;
 pub mod emit;
 mod emit_gpu;
+mod emit_loops;
 mod entry;
 mod fast_math;
 mod fuse;
