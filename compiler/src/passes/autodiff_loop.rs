@@ -2,9 +2,9 @@
 //! (a tape `[trips, ...]`), and the reverse loop runs the same trip count backwards,
 //! accumulating the cotangents of what the body reads from outside in its carried values.
 
-use super::autodiff::{
-    bind, callee_slots, free_values, needed, resolve, slot_type, Cots, Diff, Residues,
-};
+use super::autodiff::{callee_slots, slot_type};
+use super::autodiff_kept::{bind, free_values, needed, resolve, Residues};
+use super::differ::{Cots, Diff};
 use super::remat::{recomputable, Remat};
 use super::vjp::{bin, zeros, Env};
 use ppc_dialect::build::Builder;

@@ -3,8 +3,10 @@
 //! command line, `--print-after-all` and the test `// RUN:` lines read.
 
 mod autodiff;
+mod autodiff_kept;
 mod autodiff_loop;
 mod batching;
+mod differ;
 mod gpipe_loop;
 mod loss;
 mod options;

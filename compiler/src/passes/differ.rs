@@ -1,0 +1,34 @@
+//! The differentiation of one function: what `autodiff` knows while it writes `@f_vjp` (and,
+//! with `--remat=none`, `@f_fwd` and `@f_bwd`). Its methods are in `autodiff.rs`,
+//! `autodiff_kept.rs` and `autodiff_loop.rs`.
+
+use super::remat::Remat;
+use ppc_dialect::ir::{Func, FuncId, Module, ValueId};
+use std::collections::{BTreeMap, HashMap};
+
+/// A trainable parameter: the function that declares it and its index among its parameters.
+pub type Slot = (FuncId, usize);
+
+/// Cotangents built so far: of source values, and of callees' parameters.
+#[derive(Default)]
+pub(super) struct Cots {
+    pub(super) values: HashMap<ValueId, ValueId>,
+    pub(super) slots: BTreeMap<Slot, ValueId>,
+}
+
+/// The functions `@g_fwd` and `@g_bwd` of a function `@g` (`--remat=none`).
+pub(super) struct Split {
+    pub(super) fwd: FuncId,
+    pub(super) bwd: FuncId,
+}
+
+/// One function being differentiated, with what the module already has: the VJPs of its
+/// callees and their forward/backward splits.
+pub(super) struct Diff<'a> {
+    pub(super) m: &'a Module,
+    pub(super) id: FuncId,
+    pub(super) f: &'a Func,
+    pub(super) remat: Remat,
+    pub(super) vjps: &'a HashMap<FuncId, FuncId>,
+    pub(super) splits: &'a HashMap<FuncId, Split>,
+}
