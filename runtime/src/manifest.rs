@@ -42,17 +42,6 @@ impl Role {
     pub fn is_result(self) -> bool {
         matches!(self, Role::Output | Role::Loss | Role::Grad)
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Input => "input",
-            Role::Param => "param",
-            Role::Output => "output",
-            Role::Target => "target",
-            Role::Loss => "loss",
-            Role::Grad => "grad",
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
