@@ -1,5 +1,6 @@
-//! Buffers: each value of the program lives in a memref, whole or a strided view of another,
-//! named by its SSA value. What the lowering passes around and the emitter writes into.
+//! Buffers: each value of the program lives in a memref, whole or a strided view of another.
+//! What the lowering passes around and the emitter writes into; each allocation (or entry
+//! argument) has its own [`BufId`], which its views share.
 
 use ppc_dialect::{DType, Type};
 use std::fmt::Write;
@@ -12,8 +13,13 @@ pub struct Buf {
     pub ty: Type,
     pub layout: Option<Layout>,
     /// The allocation (or entry argument) this buffer or view lies in.
-    pub base: String,
+    pub base: BufId,
 }
+
+/// One allocation or entry argument of the function being written, numbered in the order the
+/// emitter made them (`Emitter::buffer_id`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufId(pub u32);
 
 /// Where a view's elements are in its buffer: strides, and an offset known when compiling or
 /// only at run time (`None`).

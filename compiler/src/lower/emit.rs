@@ -4,7 +4,7 @@
 //! entry and freed at exit, so values computed in a loop body reuse their buffer each iteration.
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
-use super::buf::{elt, list, memref_type, Buf, Layout, Scalar};
+use super::buf::{elt, list, memref_type, Buf, BufId, Layout, Scalar};
 
 use super::residency::GpuCode;
 use super::text::{escape, float_literal, identity, Lines};
@@ -37,13 +37,31 @@ pub fn has_prefix(ty: &Type, prefix: &[u64]) -> bool {
             .all(|(d, &p)| d.size == p || d.size == 1)
 }
 
+/// A line of the function's body.
+pub enum Line {
+    Text(String),
+    /// A wait for the GPU before the host writes this buffer, needed only if GPU work anywhere
+    /// in the program uses it (`residency.rs`).
+    WaitIfTouched(BufId, String),
+}
+
+/// A function's body as written: module-level declarations, allocations at entry, the body,
+/// frees at exit, and (`--target cuda`) the tilings of its kernels (`gpu_map.rs`).
+pub struct Written {
+    pub declarations: std::collections::BTreeSet<String>,
+    pub allocs: Vec<String>,
+    pub body: Vec<String>,
+    pub frees: Vec<String>,
+    pub tilings: Option<Vec<super::gpu_map::Tiling>>,
+}
+
 /// Writes one function's body.
 pub struct Emitter<'a> {
     pub(super) file: &'a str,
     pub lines: &'a Lines,
     pub allocs: Vec<String>,
     pub frees: Vec<String>,
-    pub body: Vec<String>,
+    pub body: Vec<Line>,
     /// Runtime functions the body calls besides the GEMMs, declared once at module level.
     pub declarations: std::collections::BTreeSet<String>,
     /// `--target cuda`; `None` for the CPU.
@@ -60,6 +78,8 @@ pub struct Emitter<'a> {
     /// are allocated there): the line and its indentation.
     pub(super) thread_body: (usize, usize),
     pub(super) next: usize,
+    /// Allocations and entry arguments so far ([`BufId`]).
+    buffers: u32,
     pub(super) indent: usize,
     pub(super) loc: String,
 }
@@ -80,6 +100,7 @@ impl<'a> Emitter<'a> {
             entries: None,
             thread_body: (0, 0),
             next: 0,
+            buffers: 0,
             indent: 2,
             loc: String::new(),
         }
@@ -91,6 +112,12 @@ impl<'a> Emitter<'a> {
         self.loc = format!(" loc(\"{}\":{l}:{c})", escape(self.file));
     }
 
+    /// A new allocation's (or entry argument's) identity.
+    pub fn buffer_id(&mut self) -> BufId {
+        self.buffers += 1;
+        BufId(self.buffers)
+    }
+
     pub fn fresh(&mut self) -> String {
         self.next += 1;
         format!("%v{}", self.next)
@@ -98,14 +125,44 @@ impl<'a> Emitter<'a> {
 
     /// An op line, with the current location.
     pub fn op(&mut self, text: &str) {
-        let line = format!("{}{text}{}", "  ".repeat(self.indent), self.loc);
-        self.body.push(line);
+        let line = self.indented(text);
+        self.body.push(Line::Text(line));
+    }
+
+    /// `text` indented to the current depth, with the current location.
+    pub(super) fn indented(&self, text: &str) -> String {
+        format!("{}{text}{}", "  ".repeat(self.indent), self.loc)
     }
 
     /// A line without a location (block headers).
     pub fn raw(&mut self, text: &str) {
         let line = format!("{}{text}", "  ".repeat(self.indent));
-        self.body.push(line);
+        self.body.push(Line::Text(line));
+    }
+
+    /// What was written, with every wait for the GPU that turned out to be needed
+    /// (`residency.rs`), and the tilings of its kernels (`--target cuda`).
+    pub fn finish(mut self) -> Written {
+        let gpu = self.gpu.take();
+        let touches = |id| gpu.as_ref().is_some_and(|g| g.residency.touches(id));
+        let mut body = Vec::with_capacity(self.body.len());
+        for line in self.body {
+            match line {
+                Line::Text(text) => body.push(text),
+                Line::WaitIfTouched(id, text) if touches(id) => {
+                    self.declarations.insert(abi::GPU_SYNC.declaration());
+                    body.push(text);
+                }
+                Line::WaitIfTouched(..) => {}
+            }
+        }
+        Written {
+            declarations: self.declarations,
+            allocs: self.allocs,
+            body,
+            frees: self.frees,
+            tilings: gpu.map(|g| g.tilings),
+        }
     }
 
     /// Opens a region with its header line (`... {`); [`Emitter::close`] ends it.
@@ -151,7 +208,7 @@ impl<'a> Emitter<'a> {
         let (buf, alloc, free) = self.new_buffer(ty);
         let (at, indent) = self.thread_body;
         self.body
-            .insert(at, format!("{}{alloc}", "  ".repeat(indent)));
+            .insert(at, Line::Text(format!("{}{alloc}", "  ".repeat(indent))));
         self.thread_body.0 += 1;
         self.entries
             .as_mut()
@@ -176,7 +233,7 @@ impl<'a> Emitter<'a> {
         let alloc = format!("{name} = memref.alloc() {{alignment = 64 : i64}} : {mty}{loc}");
         let free = format!("memref.dealloc {name} : {mty}{loc}");
         let buf = Buf {
-            base: name.clone(),
+            base: self.buffer_id(),
             name,
             ty: ty.clone(),
             layout: None,
@@ -216,7 +273,7 @@ impl<'a> Emitter<'a> {
         }
         let view = Buf {
             name: self.fresh(),
-            base: b.base.clone(),
+            base: b.base,
             ty,
             layout: Some(Layout {
                 strides,
@@ -411,7 +468,7 @@ impl<'a> Emitter<'a> {
             name: name.clone(),
             ty: Type::of(b.ty.dtype, sizes),
             layout: Some(Layout { strides, offset }),
-            base: b.base.clone(),
+            base: b.base,
         };
         self.op(&format!(
             "{name} = memref.subview {}[{}] [{}] [{}] : {} to {}",

@@ -4,6 +4,7 @@
 use super::buf::Buf;
 use super::emit::Emitter;
 use super::gpu_map;
+use super::emit::Line;
 use super::residency::{GpuCode, Residency};
 use ppc_runtime::abi;
 
@@ -13,13 +14,9 @@ use ppc_runtime::abi;
 const HOST_INTEGERS: u64 = 1024;
 
 impl<'a> Emitter<'a> {
-    /// Writes for `--target cuda`, with what is known of the GPU's buffers.
-    pub fn for_gpu(mut self, residency: Option<Residency>) -> Emitter<'a> {
-        self.gpu = residency.map(|residency| GpuCode {
-            tilings: Vec::new(),
-            residency,
-            also_reads: Vec::new(),
-        });
+    /// Writes for `--target cuda`.
+    pub fn for_gpu(mut self) -> Emitter<'a> {
+        self.gpu = Some(GpuCode::default());
         self
     }
 
@@ -65,14 +62,13 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Host code writes `b` next (`--target cuda`): wait for the GPU if it may still use it.
+    /// Host code writes `b` next (`--target cuda`): wait for the GPU if it may still use it,
+    /// which is known once the whole program is written.
     pub fn host_writes(&mut self, b: &Buf) {
-        if self
-            .gpu
-            .as_mut()
-            .is_some_and(|g| g.residency.host_writes(b))
-        {
-            self.wait_for_gpu();
+        if let Some(g) = self.gpu.as_mut() {
+            g.residency.host_writes(b);
+            let text = self.indented(&abi::GPU_SYNC.call(&[]));
+            self.body.push(Line::WaitIfTouched(b.base, text));
         }
     }
 

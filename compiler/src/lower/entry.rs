@@ -3,6 +3,7 @@
 //! and the code around the walk of that function that binds them.
 
 use super::buf::Buf;
+use super::emit::Emitter;
 use super::ops;
 use super::walk::Walker;
 use ppc_dialect::ir::{names, Func, Item, Module, Param};
@@ -61,10 +62,10 @@ impl Argument {
 }
 
 /// A buffer the entry function takes as argument `%name`.
-fn argument_buf(name: &str, ty: &Type) -> Buf {
+fn argument_buf(e: &mut Emitter, name: &str, ty: &Type) -> Buf {
     Buf {
         name: format!("%{name}"),
-        base: format!("%{name}"),
+        base: e.buffer_id(),
         ty: ty.clone(),
         layout: None,
     }
@@ -84,12 +85,12 @@ pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Di
     let mut inputs = vec![argument(
         Role::Input,
         "input",
-        argument_buf("input", f.ty(f.body.args[0])),
+        argument_buf(&mut w.e, "input", f.ty(f.body.args[0])),
     )];
     let mut args: Vec<Buf> = vec![inputs[0].buf.clone()];
     if entry == Entry::Train {
         // (x, target, d_loss, d_outputs): the loss's cotangent is 1, the outputs' zero.
-        let target = argument_buf("target", f.ty(f.body.args[1]));
+        let target = argument_buf(&mut w.e, "target", f.ty(f.body.args[1]));
         args.push(target.clone());
         inputs.push(argument(Role::Target, "target", target));
         w.e.at(m.spans.get(&Item::Pipeline));
@@ -126,7 +127,7 @@ pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Di
             Role::Grad => format!("grad{i}"),
             _ => name.clone(),
         };
-        let buf = argument_buf(&id, &results[r].ty);
+        let buf = argument_buf(&mut w.e, &id, &results[r].ty);
         w.e.copy(&results[r], &buf);
         outs.push(argument(role, &name, buf));
     }

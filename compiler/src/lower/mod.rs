@@ -52,7 +52,7 @@ mod views;
 mod walk;
 mod widen;
 
-use emit::Emitter;
+use emit::{Emitter, Written};
 pub use entry::Entry;
 pub use fast_math::Numerics;
 use ppc_dialect::ir::{names, Item, Module};
@@ -60,8 +60,7 @@ use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic};
 use ppc_runtime::abi;
 use ppc_runtime::manifest::Manifest;
-use residency::Residency;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write;
 use text::{escape, Lines};
 use walk::Walker;
@@ -90,30 +89,6 @@ pub struct Lowered {
 /// went through `autodiff`.
 /// `file` and `source` give locations.
 pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Lowered, Diagnostic> {
-    if opts.gpu.is_none() {
-        return lower_once(m, opts, file, source, None).map(|(l, _)| l);
-    }
-    // Where the host must wait depends on what the GPU touches anywhere (`residency.rs`).
-    let (_, touched) = lower_once(m, opts, file, source, Some(Residency::default()))?;
-    let (lowered, again) = lower_once(
-        m,
-        opts,
-        file,
-        source,
-        Some(Residency::knowing(touched.clone())),
-    )?;
-    debug_assert_eq!(touched, again, "both passes write the same program");
-    Ok(lowered)
-}
-
-/// One pass of [`lower`]: the program, and (`--target cuda`) the buffers the GPU touches.
-fn lower_once(
-    m: &Module,
-    opts: &Options,
-    file: &str,
-    source: &str,
-    residency: Option<Residency>,
-) -> Result<(Lowered, HashSet<String>), Diagnostic> {
     let entry = Entry::of(m);
     let name = match entry {
         Entry::Forward => names::PIPELINE.to_string(),
@@ -125,9 +100,13 @@ fn lower_once(
         ))
     })?;
     let lines = Lines::new(source);
+    let mut e = Emitter::new(file, &lines);
+    if opts.gpu.is_some() {
+        e = e.for_gpu();
+    }
     let mut w = Walker {
         m,
-        e: Emitter::new(file, &lines).for_gpu(residency),
+        e,
         numerics: opts.numerics,
         params: Vec::new(),
         param_bufs: HashMap::new(),
@@ -161,31 +140,23 @@ fn lower_once(
         .iter()
         .map(|a| format!("{}: {}{loc}", a.buf.name, a.buf.mty()))
         .collect();
-    let mut out = module_text(&w.e, &sig, &loc, opts.executable.then_some(&manifest));
-    let touched = match w.e.gpu {
-        Some(gpu) => {
-            out.push_str(&gpu_map::script(&gpu.tilings));
-            gpu.residency.touched
-        }
-        None => {
-            out.push_str(emit::TRANSFORM_SCRIPT);
-            HashSet::new()
-        }
-    };
+    let written = w.e.finish();
+    let mut out = module_text(&written, &sig, &loc, opts.executable.then_some(&manifest));
+    match &written.tilings {
+        Some(tilings) => out.push_str(&gpu_map::script(tilings)),
+        None => out.push_str(emit::TRANSFORM_SCRIPT),
+    }
     out.push_str("}\n");
-    Ok((
-        Lowered {
-            mlir: out,
-            manifest,
-        },
-        touched,
-    ))
+    Ok(Lowered {
+        mlir: out,
+        manifest,
+    })
 }
 
 /// The module up to its transform script: runtime declarations, the entry function with
 /// signature `sig` and the emitter's body, and for an executable (given its manifest) the
 /// embedded manifest and `main`.
-fn module_text(e: &Emitter, sig: &[String], loc: &str, executable: Option<&Manifest>) -> String {
+fn module_text(e: &Written, sig: &[String], loc: &str, executable: Option<&Manifest>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -136,7 +136,7 @@ pub fn transpose(e: &mut Emitter, x: &Buf, perm: &[usize], ty: &Type) -> Buf {
     };
     let view = Buf {
         name: e.fresh(),
-        base: x.base.clone(),
+        base: x.base,
         ty: ty.clone(),
         layout: Some(Layout {
             strides: strides.clone(),
@@ -159,7 +159,7 @@ pub fn transpose(e: &mut Emitter, x: &Buf, perm: &[usize], ty: &Type) -> Buf {
 fn reinterpret(e: &mut Emitter, x: &Buf, ty: &Type, offset: &str, strides: &[usize]) -> Buf {
     let view = Buf {
         name: e.fresh(),
-        base: x.base.clone(),
+        base: x.base,
         ty: ty.clone(),
         layout: (offset != "0").then(|| dynamic_layout(strides)),
     };

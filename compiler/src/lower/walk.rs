@@ -95,7 +95,7 @@ impl Walker<'_, '_> {
                     let name = f.values[p.value].name.clone();
                     let name_of = format!("%p{}", self.params.len());
                     let b = Buf {
-                        base: name_of.clone(),
+                        base: self.e.buffer_id(),
                         name: name_of,
                         ty: f.ty(p.value).clone(),
                         layout: None,
