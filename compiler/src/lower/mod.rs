@@ -106,6 +106,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     }
     let mut w = Walker {
         m,
+        entry: f,
         e,
         numerics: opts.numerics,
         params: Vec::new(),

@@ -9,7 +9,7 @@ use super::emit::Emitter;
 use super::fast_math::Numerics;
 use super::plan::{self, BlockPlan, Decision, Fusion};
 use super::{fuse, in_place, matmul, ops, stage_split, views};
-use ppc_dialect::ir::{names, Block, Func, Module, OpId, ValueId};
+use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic, Type};
 use ppc_runtime::abi;
@@ -60,6 +60,9 @@ fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
 /// Walks functions, inlining calls; values map to buffers.
 pub(super) struct Walker<'m, 'a> {
     pub m: &'m Module,
+    /// The function the entry runs (`@pipeline`, or the training step's `@train_vjp`): the
+    /// loops of its body are the GPipe loops.
+    pub entry: &'m Func,
     pub e: Emitter<'a>,
     pub numerics: Numerics,
     /// Entry arguments for parameters, in first-use order: (name, buffer, param).
@@ -389,8 +392,7 @@ impl Walker<'_, '_> {
         // a stage's loop over its layers is not. The training step runs the forward loop, then
         // the backward loop, which takes forward iteration `trips - 1 - t` back at its
         // iteration `t` and is numbered so.
-        let gpipe = f.name == names::PIPELINE
-            || (f.name == names::vjp(names::TRAIN) && std::ptr::eq(s.block, &f.body));
+        let gpipe = std::ptr::eq(f, self.entry) && std::ptr::eq(s.block, &f.body);
         let span = match (gpipe, st.gpipe_loops) {
             (false, _) => None,
             (true, 0) => Some((&abi::TRACE_ITERATION, ti.clone())),
