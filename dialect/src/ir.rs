@@ -75,15 +75,9 @@ impl Item {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DimDef {
     pub name: String,
-    /// Factors as written; a factor is a number or an earlier dimension's name.
-    pub factors: Vec<DimFactor>,
+    /// As written, over numbers and earlier dimensions (a `--dim` override: its number).
+    pub expr: crate::expr::Expr,
     pub value: u64,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum DimFactor {
-    Lit(u64),
-    Name(String),
 }
 
 /// The pipeline's shape.

@@ -10,6 +10,7 @@
 pub mod arena;
 pub mod build;
 pub mod diag;
+pub mod expr;
 pub mod grad;
 pub mod infer;
 pub mod interp;

@@ -4,7 +4,7 @@
 //! the compiler makes. Output is deterministic: items in a fixed order, every op with its types.
 //! Comments are not part of the IR, so `ppc fmt` drops them.
 
-use crate::ir::{Block, DimFactor, Func, Init, Module};
+use crate::ir::{Block, Func, Init, Module};
 use crate::op::OpKind;
 use std::fmt::Write;
 
@@ -15,17 +15,7 @@ pub fn print(m: &Module) -> String {
         let dims: Vec<String> = m
             .dims
             .iter()
-            .map(|d| {
-                let factors: Vec<String> = d
-                    .factors
-                    .iter()
-                    .map(|f| match f {
-                        DimFactor::Lit(v) => v.to_string(),
-                        DimFactor::Name(n) => n.clone(),
-                    })
-                    .collect();
-                format!("{} = {}", d.name, factors.join(" * "))
-            })
+            .map(|d| format!("{} = {}", d.name, d.expr))
             .collect();
         let _ = writeln!(out, "dims {{ {} }}", dims.join(", "));
     }

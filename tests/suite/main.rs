@@ -11,6 +11,7 @@ mod determinism;
 mod errors;
 mod grad;
 mod interp_ops;
+mod language;
 mod lowering;
 mod mpirun;
 mod oracle;

@@ -1,17 +1,23 @@
-//! Op attributes (`axis = 1`, `perm = [1, 0]`, `fill = nan`), numbers and initializers.
+//! Op attributes (`axis = 1`, `perm = [1, 0]`, `fill = nan`, `end = [t - 1]`), numbers and
+//! initializers.
 
 use super::syntax::{span_of, PResult, Rule};
 use crate::diag::Diagnostic;
+use crate::expr::{Expr, ExprKind};
 use crate::ir::Init;
 use crate::span::Span;
 use pest::iterators::Pair;
+use std::rc::Rc;
 
-/// An attribute as written: `axis = 1`, `perm = [1, 0]`, `fill = nan`.
+/// An attribute as written: an expression (`axis = 1`, `fill = nan`, `from = next`,
+/// `eps = 1 / d`) or a list of them (`perm = [1, 0]`).
 pub(super) enum Attr {
-    Num(String),
-    List(Vec<String>),
-    Ident(String),
+    One(Expr),
+    List(Vec<Expr>),
 }
+
+/// The dimensions and pipeline settings an expression may name, with their values.
+pub(super) type Dims = Rc<[(String, u64)]>;
 
 /// Keyword attributes of one op, consumed by name; leftovers are an error.
 pub(super) struct Args<'a> {
@@ -19,6 +25,12 @@ pub(super) struct Args<'a> {
     pub(super) span: Span,
     pub(super) attrs: Vec<(String, Attr, Span)>,
     pub(super) used: Vec<String>,
+    pub(super) dims: Dims,
+}
+
+/// The value of `name` among `dims`.
+pub(super) fn lookup(dims: &Dims) -> impl Fn(&str) -> Option<u64> + '_ {
+    |name| dims.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
 }
 
 impl Args<'_> {
@@ -46,7 +58,9 @@ impl Args<'_> {
             return Ok(None);
         }
         match self.take(key)? {
-            (Attr::Ident(w), span) => Ok(Some((w.clone(), span))),
+            (Attr::One(e), span) if e.as_name().is_some() => {
+                Ok(Some((e.as_name().unwrap_or_default().to_string(), span)))
+            }
             (_, span) => Err(Diagnostic::error(
                 format!("`{key}` must be a word"),
                 span,
@@ -56,14 +70,10 @@ impl Args<'_> {
     }
 
     pub(super) fn int(&mut self, key: &str) -> PResult<usize> {
+        let dims = self.dims.clone();
         let (a, span) = self.take(key)?;
         match a {
-            Attr::Num(n) => parse_index(n, span),
-            Attr::Ident(w) => Err(Diagnostic::error(
-                format!("`{key}` must be an integer, not `{w}`"),
-                span,
-                "not an integer",
-            )),
+            Attr::One(e) => index(e, &dims, key, span),
             Attr::List(_) => Err(Diagnostic::error(
                 format!("`{key}` must be an integer, not a list"),
                 span,
@@ -73,11 +83,12 @@ impl Args<'_> {
     }
 
     pub(super) fn ints(&mut self, key: &str) -> PResult<Vec<usize>> {
+        let dims = self.dims.clone();
         let (a, span) = self.take(key)?;
         match a {
-            Attr::List(ns) => ns.iter().map(|n| parse_index(n, span)).collect(),
-            Attr::Num(w) | Attr::Ident(w) => Err(Diagnostic::error(
-                format!("`{key}` must be a list like `[0, 1]`, not `{w}`"),
+            Attr::List(es) => es.iter().map(|e| index(e, &dims, key, span)).collect(),
+            Attr::One(e) => Err(Diagnostic::error(
+                format!("`{key}` must be a list like `[0, 1]`, not `{e}`"),
                 span,
                 "not a list",
             )),
@@ -85,14 +96,17 @@ impl Args<'_> {
     }
 
     pub(super) fn float(&mut self, key: &str) -> PResult<f64> {
+        let dims = self.dims.clone();
         let (a, span) = self.take(key)?;
         match a {
-            Attr::Num(n) => parse_f64(n, span),
-            Attr::Ident(w) => Err(Diagnostic::error(
-                format!("`{key}` must be a number, not `{w}`"),
-                span,
-                "not a number",
-            )),
+            Attr::One(e) => match &e.kind {
+                ExprKind::Name(w) if lookup(&dims)(w).is_none() => Err(Diagnostic::error(
+                    format!("`{key}` must be a number, not `{w}`"),
+                    span,
+                    "not a number",
+                )),
+                _ => e.float(&lookup(&dims)),
+            },
             Attr::List(_) => Err(Diagnostic::error(
                 format!("`{key}` must be a number, not a list"),
                 span,
@@ -115,7 +129,23 @@ impl Args<'_> {
     }
 }
 
-/// A non-negative integer attribute that indexes or sizes something (at most 2^32).
+/// A non-negative integer attribute `key` that indexes or sizes something (at most 2^32): a
+/// number, or an expression over dimensions.
+fn index(e: &Expr, dims: &Dims, key: &str, span: Span) -> PResult<usize> {
+    match &e.kind {
+        ExprKind::Number(text) => parse_index(text, span),
+        ExprKind::Name(w) if lookup(dims)(w).is_none() => Err(Diagnostic::error(
+            format!("`{key}` must be an integer, not `{w}`"),
+            span,
+            "not an integer",
+        )),
+        _ => {
+            let v = e.index(&lookup(dims))?;
+            parse_index(&v.to_string(), e.span)
+        }
+    }
+}
+
 fn parse_index(text: &str, span: Span) -> PResult<usize> {
     match text.parse::<u64>() {
         Ok(v) if v <= crate::infer::MAX_ELEMENTS => Ok(v as usize),
@@ -132,31 +162,13 @@ fn parse_index(text: &str, span: Span) -> PResult<usize> {
     }
 }
 
-pub(super) fn parse_f64(text: &str, span: Span) -> PResult<f64> {
-    let v = match text {
-        "nan" | "-nan" => f64::NAN,
-        "inf" => f64::INFINITY,
-        "-inf" => f64::NEG_INFINITY,
-        t => t
-            .parse::<f64>()
-            .map_err(|_| Diagnostic::error(format!("`{t}` is not a number"), span, "bad number"))?,
-    };
-    if v.is_infinite() && !text.contains("inf") {
-        return Err(Diagnostic::error(
-            format!("`{text}` is too large for a number"),
-            span,
-            "overflow",
-        ));
-    }
-    Ok(v)
-}
-
-pub(super) fn parse_init(p: Pair<Rule>) -> PResult<Init> {
+/// An initializer, its arguments evaluated over `dims`: `normal(1 / sqrt(d))`.
+pub(super) fn parse_init(p: Pair<Rule>, dims: &Dims) -> PResult<Init> {
     let span = span_of(&p);
     let mut it = p.into_inner();
     let name = it.next().expect("init name");
     let args = it
-        .map(|n| parse_f64(n.as_str(), span_of(&n)))
+        .map(|n| super::expr::expr(n)?.float(&lookup(dims)))
         .collect::<PResult<Vec<_>>>()?;
     let bad = |msg: &str| Diagnostic::error(msg.to_string(), span, "bad initializer");
     let init = match (name.as_str(), args.as_slice()) {

@@ -1,7 +1,7 @@
 //! Functions: arguments, parameters, op statements and loop bodies, with names resolved in
 //! scope and every op typed by shape inference as it is read.
 
-use super::attrs::{parse_init, Args, Attr};
+use super::attrs::{parse_init, Args, Attr, Dims};
 use super::signature::{self, Extra, FuncScope, Signature, Stmt};
 use super::syntax::{parse_u64, span_of, PResult, Rule};
 use crate::arena::Arena;
@@ -20,6 +20,8 @@ pub(super) trait ModuleScope {
     fn ty(&self, t: Pair<Rule>) -> PResult<Type>;
     /// The functions defined so far.
     fn funcs(&self) -> &Arena<Func>;
+    /// The dimensions and pipeline settings expressions may name, with their values.
+    fn dims(&self) -> Dims;
 }
 
 pub(super) struct FuncBuilder<'m> {
@@ -27,6 +29,7 @@ pub(super) struct FuncBuilder<'m> {
     func: Func,
     /// Names in scope, innermost block last.
     scopes: Vec<HashMap<String, ValueId>>,
+    dims: Dims,
 }
 
 impl<'m> FuncBuilder<'m> {
@@ -38,6 +41,7 @@ impl<'m> FuncBuilder<'m> {
             module,
             func: Func::new(&name.as_str()[1..]),
             scopes: vec![HashMap::new()],
+            dims: module.dims(),
         };
         let mut declared_results = Vec::new();
         for part in it {
@@ -148,7 +152,7 @@ impl<'m> FuncBuilder<'m> {
         let v = it.next().expect("param name");
         let ty = self.module.ty(it.next().expect("param type"))?;
         let init_pair = it.next().expect("param init");
-        let init = parse_init(init_pair)?;
+        let init = parse_init(init_pair, &self.dims)?;
         let layer_axes = match it.next() {
             Some(n) => {
                 let k = parse_u64(&n, "layer_axes")? as usize;
@@ -210,7 +214,7 @@ impl<'m> FuncBuilder<'m> {
         let mut name = None;
         let mut operands: Vec<(ValueId, Span)> = Vec::new();
         let mut attrs: Vec<(String, Attr, Span)> = Vec::new();
-        let mut number: Option<(String, Span)> = None;
+        let mut number: Option<(crate::expr::Expr, Span)> = None;
         let mut symbol: Option<(String, Span)> = None;
         let mut declared: Vec<(Type, Span)> = Vec::new();
         let mut region = None;
@@ -224,9 +228,9 @@ impl<'m> FuncBuilder<'m> {
                     match a.as_rule() {
                         Rule::value => operands.push((self.lookup(&a)?, aspan)),
                         Rule::symbol => symbol = Some((a.as_str()[1..].to_string(), aspan)),
-                        Rule::number => number = Some((a.as_str().to_string(), aspan)),
+                        Rule::expr => number = Some((super::expr::expr(a)?, aspan)),
                         Rule::kwarg => {
-                            let (key, attr) = attribute(a);
+                            let (key, attr) = attribute(a)?;
                             if attrs.iter().any(|(k2, _, _)| *k2 == key) {
                                 return Err(Diagnostic::error(
                                     format!("attribute `{key}` is given twice"),
@@ -262,6 +266,7 @@ impl<'m> FuncBuilder<'m> {
                 span: name_span,
                 attrs,
                 used: Vec::new(),
+                dims: self.dims.clone(),
             },
             number,
             symbol,
@@ -488,7 +493,7 @@ impl FuncScope for FuncBuilder<'_> {
 }
 
 /// `key = value` as written.
-fn attribute(a: Pair<Rule>) -> (String, Attr) {
+fn attribute(a: Pair<Rule>) -> PResult<(String, Attr)> {
     let mut k = a.into_inner();
     let key = k.next().expect("key").as_str().to_string();
     let val = k
@@ -498,9 +503,12 @@ fn attribute(a: Pair<Rule>) -> (String, Attr) {
         .next()
         .expect("attr value");
     let attr = match val.as_rule() {
-        Rule::list => Attr::List(val.into_inner().map(|n| n.as_str().to_string()).collect()),
-        Rule::number => Attr::Num(val.as_str().to_string()),
-        _ => Attr::Ident(val.as_str().to_string()),
+        Rule::list => Attr::List(
+            val.into_inner()
+                .map(super::expr::expr)
+                .collect::<PResult<_>>()?,
+        ),
+        _ => Attr::One(super::expr::expr(val)?),
     };
-    (key, attr)
+    Ok((key, attr))
 }

@@ -6,6 +6,7 @@
 //! shape is computed, so every size in the module already reflects them.
 
 mod attrs;
+mod expr;
 mod func;
 mod module;
 mod overrides;

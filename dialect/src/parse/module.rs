@@ -1,13 +1,15 @@
 //! Module-level items: named dimensions, the pipeline block, types, and the overrides from the
 //! command line that replace what the file says.
 
+use super::attrs::Dims;
 use super::func::{FuncBuilder, ModuleScope};
 use super::overrides::Overrides;
 use super::syntax::{parse_u64, span_of, PResult, Rule, MAX_PIPELINE_SETTING};
 use crate::arena::Arena;
 use crate::diag::Diagnostic;
+use crate::expr::{Expr, ExprKind};
 use crate::infer::checked_elements;
-use crate::ir::{Depth, DimDef, DimFactor, Func, Item, Loss, Module, Pipeline, Setting};
+use crate::ir::{Depth, DimDef, Func, Item, Loss, Module, Pipeline, Setting};
 use crate::span::{Span, SpanTable};
 use crate::types::{Axis, DType, Dim, Type};
 use pest::iterators::Pair;
@@ -183,45 +185,13 @@ impl ModuleBuilder<'_> {
             )
             .with_note("set it in the `pipeline { ... }` block"));
         }
-        let mut factors = Vec::new();
-        let mut value = 1u64;
-        for term in expr.into_inner() {
-            let t = term.into_inner().next().expect("dim term");
-            let (f, v) = match t.as_rule() {
-                Rule::int => {
-                    let v = parse_u64(&t, &format!("dimension `{}` =", name.as_str()))?;
-                    (DimFactor::Lit(v), v)
-                }
-                _ => {
-                    let v = self
-                        .dims
-                        .iter()
-                        .find(|x| x.name == t.as_str())
-                        .map(|x| x.value)
-                        .ok_or_else(|| {
-                            Diagnostic::error(
-                                format!("unknown dimension `{}`", t.as_str()),
-                                span_of(&t),
-                                "not declared before this point",
-                            )
-                        })?;
-                    (DimFactor::Name(t.as_str().to_string()), v)
-                }
-            };
-            value = value.checked_mul(v).ok_or_else(|| {
-                Diagnostic::error(
-                    format!("dimension `{}` overflows 64 bits", name.as_str()),
-                    span_of(&t),
-                    "integer overflow",
-                )
-            })?;
-            factors.push(f);
-        }
+        let expr = super::expr::expr(expr)?;
+        let value = self.dim_value(name.as_str(), &expr, self.dims.len())?;
         self.check_dim_size(name.as_str(), value, span_of(&name))?;
         self.spans.set(Item::Dim(self.dims.len()), span_of(&name));
         self.dims.push(DimDef {
             name: name.as_str().to_string(),
-            factors,
+            expr,
             value,
         });
         Ok(())
@@ -260,31 +230,32 @@ impl ModuleBuilder<'_> {
                 ))
                 .with_note(format!("declared dimensions: {}", known.join(", "))));
             };
-            d.factors = vec![DimFactor::Lit(*v)];
+            d.expr = Expr::number(*v, d.expr.span);
         }
         for i in 0..self.dims.len() {
-            let mut value = 1u64;
-            for f in &self.dims[i].factors {
-                let v = match f {
-                    DimFactor::Lit(v) => *v,
-                    DimFactor::Name(n) => self.dims[..i]
-                        .iter()
-                        .find(|d| &d.name == n)
-                        .map(|d| d.value)
-                        .expect("invariant: checked at parse"),
-                };
-                value = value.checked_mul(v).ok_or_else(|| {
-                    Diagnostic::plain(format!(
-                        "dimension `{}` overflows 64 bits",
-                        self.dims[i].name
-                    ))
-                })?;
-            }
-            let span = self.spans.get(&Item::Dim(i));
-            self.check_dim_size(&self.dims[i].name.clone(), value, span)?;
+            let d = &self.dims[i];
+            let value = self.dim_value(&d.name, &d.expr, i)?;
             self.dims[i].value = value;
         }
         Ok(())
+    }
+
+    /// The value of dimension `name = expr`, the `before` dimensions declared before it known.
+    fn dim_value(&self, name: &str, expr: &Expr, before: usize) -> PResult<u64> {
+        let earlier = |n: &str| {
+            self.dims[..before]
+                .iter()
+                .find(|x| x.name == n)
+                .map(|x| x.value)
+        };
+        let value = expr.index(&earlier).map_err(|mut d| {
+            if d.message.starts_with("unknown dimension") {
+                d.labels[0].message = "not declared before this point".into();
+            }
+            d
+        })?;
+        self.check_dim_size(name, value, expr.span)?;
+        Ok(value)
     }
 
     fn resolve_pipeline(&mut self, block: Span) -> PResult<Pipeline> {
@@ -444,6 +415,26 @@ impl ModuleBuilder<'_> {
             })
     }
 
+    /// A dimension written as a size: `4`, `d`, `3 * d`; labelled as written.
+    fn size(&self, e: Expr) -> PResult<Dim> {
+        let lookup = |n: &str| self.dim_size(n);
+        let size = e.index(&lookup).map_err(|mut diag| {
+            if let (Some(name), true) = (e.as_name(), self.resolved.is_none()) {
+                if is_pipeline_name(name) {
+                    diag = diag.with_note(
+                        "pipeline settings can be used as dimensions after the `pipeline` block",
+                    );
+                }
+            }
+            diag
+        })?;
+        Ok(match &e.kind {
+            ExprKind::Number(_) => Dim::lit(size),
+            ExprKind::Name(n) => Dim::named(n, size),
+            _ => Dim::named(&e.to_string(), size),
+        })
+    }
+
     /// `#stages` or `#stages_per_rank`: the stage axis, sized by the pipeline.
     fn axis(&self, d: &Pair<Rule>) -> PResult<Dim> {
         let name = &d.as_str()[1..];
@@ -480,6 +471,7 @@ impl ModuleBuilder<'_> {
 
     pub(super) fn ty(&self, t: Pair<Rule>) -> PResult<Type> {
         let span = span_of(&t);
+        let text = t.as_str();
         let mut it = t.into_inner();
         let dt = it.next().expect("dtype");
         let dtype = DType::from_name(dt.as_str()).ok_or_else(|| {
@@ -490,26 +482,17 @@ impl ModuleBuilder<'_> {
             )
             .with_note("dtypes are f32, bf16, f16, i32 and i1")
         })?;
+        let pinned = text[dt.as_str().len()..].trim_start().starts_with('!');
         let mut dims = Vec::new();
         for d in it {
             let d = d.into_inner().next().expect("dim");
             dims.push(match d.as_rule() {
-                Rule::int => Dim::lit(parse_u64(&d, "dimension")?),
                 Rule::axis => self.axis(&d)?,
-                _ => {
-                    let size = self.dim_size(d.as_str()).ok_or_else(|| {
-                        let mut diag = Diagnostic::error(format!("unknown dimension `{}`", d.as_str()), span_of(&d), "not declared");
-                        if self.resolved.is_none() && is_pipeline_name(d.as_str()) {
-                            diag = diag.with_note("pipeline settings can be used as dimensions after the `pipeline` block");
-                        }
-                        diag
-                    })?;
-                    Dim::named(d.as_str(), size)
-                }
+                _ => self.size(super::expr::expr(d)?)?,
             });
         }
         let dtype = match (dtype, self.overrides.float_dtype) {
-            (DType::F32, Some(d)) => d,
+            (DType::F32, Some(d)) if !pinned => d,
             _ => dtype,
         };
         let t = Type::new(dtype, dims);
@@ -558,5 +541,17 @@ impl ModuleScope for ModuleBuilder<'_> {
 
     fn funcs(&self) -> &Arena<Func> {
         &self.funcs
+    }
+
+    fn dims(&self) -> Dims {
+        let mut all: Vec<(String, u64)> = self
+            .dims
+            .iter()
+            .map(|d| (d.name.clone(), d.value))
+            .collect();
+        if let Some(p) = self.resolved {
+            all.extend(p.dim_names().iter().map(|(n, v)| (n.to_string(), *v)));
+        }
+        all.into()
     }
 }

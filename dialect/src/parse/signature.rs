@@ -3,9 +3,10 @@
 //! "unknown op" note and the conformance suite list it. The printer names ops by
 //! [`OpKind::name`]; the round-trip tests (print, then parse) hold the two to the same names.
 
-use super::attrs::{parse_f64, Args};
+use super::attrs::{lookup, Args};
 use super::syntax::{PResult, Rule, MAX_PIPELINE_SETTING};
 use crate::diag::Diagnostic;
+use crate::expr::Expr;
 use crate::ir::{Block, FuncId, ValueId};
 use crate::op::{BinaryOp, CmpPred, Float, OpKind, ReduceOp, UnaryOp};
 use crate::span::Span;
@@ -62,7 +63,8 @@ pub(super) struct Stmt<'i> {
     pub name_span: Span,
     pub operands: Vec<(ValueId, Span)>,
     pub attrs: Args<'i>,
-    pub number: Option<(String, Span)>,
+    /// A value written as an expression: `constant 1 / sqrt(dh)`.
+    pub number: Option<(Expr, Span)>,
     pub symbol: Option<(String, Span)>,
     pub declared: Vec<(Type, Span)>,
     pub region: Option<Pair<'i, Rule>>,
@@ -195,10 +197,10 @@ const OTHERS: [Row; 20] = [
     }),
     ("iota", Arity::Exactly(0), None, &["axis"], |_, s| Ok(OpKind::Iota { axis: s.attrs.int("axis")? })),
     ("constant", Arity::Exactly(0), Some(Extra::Number), &[], |_, s| {
-        let (text, span) = s.number.clone().ok_or_else(|| {
+        let (e, _) = s.number.clone().ok_or_else(|| {
             Diagnostic::error("`constant` needs a value, as in `constant 0.5 : f32[d]`", s.span, "no value")
         })?;
-        Ok(OpKind::Constant { value: Float(parse_f64(&text, span)?) })
+        Ok(OpKind::Constant { value: Float(e.float(&lookup(&s.attrs.dims))?) })
     }),
     ("pad", Arity::Exactly(1), None, &["axis", "low", "high", "fill"], |_, s| {
         let a = &mut s.attrs;

@@ -86,6 +86,12 @@ fn rule_name(r: Rule) -> String {
         Rule::tys => "a list of types",
         Rule::param => "`param`",
         Rule::arg | Rule::kwarg => "an operand or `name = value`",
+        Rule::expr | Rule::term | Rule::factor | Rule::apply | Rule::neg => {
+            "a number or size like `4`, `d` or `d / heads`"
+        }
+        Rule::add_op | Rule::mul_op => "an operator (`+ - * /`)",
+        Rule::axis => "an axis like `#stages`",
+        Rule::list => "a list like `[0, 1]`",
         Rule::EOI => "end of file",
         other => return format!("{other:?}"),
     }
