@@ -27,3 +27,56 @@ fn sizes_slices_and_constants_follow_the_dimensions_they_are_written_with() {
         }
     }
 }
+
+/// `ppc run MODEL --dtype bf16 --backend BACKEND` on `input`: the output tensor.
+fn run_bf16(model: &str, backend: &str, input: &std::path::Path) -> ppc_runtime::tensor::Tensor {
+    let out = input.with_file_name(format!("out-{backend}.safetensors"));
+    let (i, o) = (input.display().to_string(), out.display().to_string());
+    let args = [
+        "run",
+        model,
+        "--dtype",
+        "bf16",
+        "--backend",
+        backend,
+        "--input",
+        &i,
+        "--output",
+        &o,
+        "--steps",
+        "1",
+    ];
+    let (code, stdout, err) = ppc(&args);
+    assert_eq!(code, 0, "{args:?}\n{stdout}\n{err}");
+    ppc_runtime::safetensors::read_tensor(&out, "output")
+        .expect("output")
+        .to_tensor()
+}
+
+#[test]
+fn a_pinned_f32_value_stays_exact_in_a_bf16_model_on_every_backend() {
+    use ppc_runtime::{memref::HostBuffer, safetensors, tensor::Tensor, DType};
+    let dir = std::env::temp_dir().join(format!("ppc-pinned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    // Small integers, exact in bf16: the identity model must give them back exactly.
+    let shape = vec![2, 2, 512];
+    let data: Vec<f32> = (0..2 * 2 * 512).map(|i| (i % 13) as f32 - 6.0).collect();
+    let x = Tensor::new(DType::BF16, shape, data);
+    let input = dir.join("in.safetensors");
+    safetensors::write(&input, &[("input", &HostBuffer::from_tensor(&x))]).expect("input");
+    let pinned = path("tests/models/pinned_f32.ppc");
+    for backend in ["interp", "cpu"] {
+        let got = run_bf16(&pinned, backend, &input);
+        assert_eq!(got.data, x.data, "{backend}: positions lost precision");
+    }
+    // The same model without `!`: its positions round to bf16 and the gaps are 0 or 2.
+    let text = std::fs::read_to_string(&pinned).expect("model");
+    let unpinned = dir.join("unpinned.ppc");
+    std::fs::write(&unpinned, text.replace("f32!", "f32")).expect("write");
+    let got = run_bf16(&unpinned.display().to_string(), "interp", &input);
+    assert_ne!(
+        got.data, x.data,
+        "bf16 positions should have lost precision above 256"
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
