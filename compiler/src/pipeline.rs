@@ -7,8 +7,16 @@ use ppc_dialect::ir::Item;
 use ppc_dialect::{check_model, parse, print, verify, Diagnostic, Diagnostics, Module, Overrides};
 use std::path::Path;
 
-/// Parses and checks a model file's text.
+/// Parses and checks a model file's text, and inlines the functions `@layer` calls
+/// (`ppc_dialect::inline`), so that every later step sees one `@layer`.
 pub fn frontend(text: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
+    let mut m = checked(text, overrides)?;
+    ppc_dialect::inline::inline_calls(&mut m).map_err(|d| vec![d])?;
+    Ok(m)
+}
+
+/// Parses and checks a model file's text, keeping it as written (`ppc fmt`).
+pub fn checked(text: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
     let m = parse(text, overrides)?;
     check_train_settings(&m)?;
     check_model(&m)?;

@@ -114,9 +114,14 @@ impl Expr {
         }
     }
 
-    /// Whether it is a number as written, with no name in it.
-    pub fn is_number(&self) -> bool {
-        matches!(self.kind, ExprKind::Number(_))
+    /// Whether it names a dimension anywhere (so its value depends on `--dim`).
+    pub fn names_a_dim(&self) -> bool {
+        match &self.kind {
+            ExprKind::Number(_) => false,
+            ExprKind::Name(_) => true,
+            ExprKind::Neg(x) | ExprKind::Apply(_, x) => x.names_a_dim(),
+            ExprKind::Binary(_, a, b) => a.names_a_dim() || b.names_a_dim(),
+        }
     }
 
     /// Its value as a whole number: every division exact, no decimals, no functions.

@@ -55,6 +55,8 @@ pub enum Item {
     /// The name and the value of `train` setting `i`.
     TrainKey(usize),
     TrainValue(usize),
+    /// The name of a function where the model file defines it.
+    Func(FuncId),
 }
 
 impl Item {
@@ -67,6 +69,7 @@ impl Item {
             Item::Target => "target",
             Item::Loss => "loss",
             Item::Train | Item::TrainKey(_) | Item::TrainValue(_) => "train",
+            Item::Func(_) => "func",
         }
     }
 }
@@ -215,6 +218,8 @@ pub struct Func {
     pub ops: Arena<Op>,
     pub value_spans: SpanTable<ValueId>,
     pub op_spans: SpanTable<OpId>,
+    /// What the model file wrote as expressions or `f32!` (`as_written.rs`).
+    pub written: crate::as_written::AsWritten,
 }
 
 impl Func {
@@ -227,6 +232,7 @@ impl Func {
             ops: Arena::default(),
             value_spans: SpanTable::default(),
             op_spans: SpanTable::default(),
+            written: Default::default(),
         }
     }
 
@@ -447,10 +453,24 @@ impl Module {
             .map(|(id, _)| id)
     }
 
-    /// The type of one microbatch of targets: as declared, or the input's (what `loss mse`,
-    /// the default loss, compares outputs with).
+    /// The loss as declared, or `mse`, the default.
+    pub fn loss_or_default(&self) -> Loss {
+        self.loss.unwrap_or(Loss::Mse)
+    }
+
+    /// The type of one microbatch of targets: as declared, or what the loss compares outputs
+    /// with: the input's type for `mse`, one class index per row of outputs for
+    /// `softmax_cross_entropy`.
     pub fn target_type(&self) -> Type {
-        self.target.clone().unwrap_or_else(|| self.input.clone())
+        self.target
+            .clone()
+            .unwrap_or_else(|| match self.loss_or_default() {
+                Loss::Mse => self.input.clone(),
+                Loss::SoftmaxCrossEntropy => {
+                    let rows = self.input.remove(self.input.rank() - 1);
+                    rows.with_dtype(crate::DType::I32)
+                }
+            })
     }
 
     /// The size of a named dimension: a `dims` entry or a pipeline setting.

@@ -8,14 +8,17 @@
 #![forbid(unsafe_code)]
 
 pub mod arena;
+pub mod as_written;
 pub mod build;
 pub mod diag;
 pub mod expr;
 pub mod grad;
 pub mod infer;
+pub mod inline;
 pub mod interp;
 pub mod ir;
 pub mod kernels;
+pub mod model_rules;
 pub mod op;
 pub mod parse;
 pub mod print;

@@ -222,6 +222,22 @@ impl UnaryOp {
             UnaryOp::Rsqrt => "rsqrt",
         }
     }
+
+    /// What it computes, for the language reference.
+    pub fn summary(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "−x",
+            UnaryOp::Abs => "|x|",
+            UnaryOp::Exp => "eˣ",
+            UnaryOp::Log => "natural logarithm",
+            UnaryOp::Tanh => "hyperbolic tangent",
+            UnaryOp::Sigmoid => "1 / (1 + e⁻ˣ)",
+            UnaryOp::Relu => "max(x, 0)",
+            UnaryOp::Gelu => "GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))",
+            UnaryOp::Sqrt => "√x",
+            UnaryOp::Rsqrt => "1 / √x",
+        }
+    }
 }
 
 impl BinaryOp {
@@ -241,6 +257,18 @@ impl BinaryOp {
             BinaryOp::Div => "div",
             BinaryOp::Max => "max",
             BinaryOp::Min => "min",
+        }
+    }
+
+    /// What it computes, for the language reference.
+    pub fn summary(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "x + y",
+            BinaryOp::Sub => "x − y",
+            BinaryOp::Mul => "x · y",
+            BinaryOp::Div => "x / y; on i32 rounded toward −∞ (floor division)",
+            BinaryOp::Max => "the larger; NaN if either is NaN",
+            BinaryOp::Min => "the smaller; NaN if either is NaN",
         }
     }
 }
@@ -264,6 +292,18 @@ impl CmpPred {
             CmpPred::Ne => "ne",
         }
     }
+
+    /// What it computes, for the language reference.
+    pub fn summary(self) -> &'static str {
+        match self {
+            CmpPred::Lt => "x < y",
+            CmpPred::Le => "x ≤ y",
+            CmpPred::Eq => "x = y",
+            CmpPred::Gt => "x > y",
+            CmpPred::Ge => "x ≥ y",
+            CmpPred::Ne => "x ≠ y",
+        }
+    }
 }
 
 impl ReduceOp {
@@ -273,6 +313,15 @@ impl ReduceOp {
             ReduceOp::Sum => "reduce_sum",
             ReduceOp::Mean => "reduce_mean",
             ReduceOp::Max => "reduce_max",
+        }
+    }
+
+    /// What it computes, for the language reference.
+    pub fn summary(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "the sum over `axes`, which are removed",
+            ReduceOp::Mean => "the mean over `axes`, which are removed",
+            ReduceOp::Max => "the largest element over `axes`, which are removed",
         }
     }
 }

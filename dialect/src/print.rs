@@ -69,13 +69,24 @@ fn list<T: ToString>(xs: &[T]) -> String {
     )
 }
 
+/// The type of `v` as written: `f32!` where the model file pinned it (`as_written.rs`).
+fn ty_of(f: &Func, v: crate::ir::ValueId) -> String {
+    let t = f.ty(v);
+    let text = t.to_string();
+    if f.written.pinned.contains(&v) {
+        text.replacen(t.dtype.name(), &format!("{}!", t.dtype.name()), 1)
+    } else {
+        text
+    }
+}
+
 fn print_func(out: &mut String, m: &Module, f: &Func) {
     let name = |v| format!("%{}", f.values[v].name);
     let args: Vec<String> = f
         .body
         .args
         .iter()
-        .map(|&a| format!("{}: {}", name(a), f.ty(a)))
+        .map(|&a| format!("{}: {}", name(a), ty_of(f, a)))
         .collect();
     let results: Vec<String> = f.result_types().iter().map(|t| t.to_string()).collect();
     let _ = writeln!(
@@ -86,11 +97,12 @@ fn print_func(out: &mut String, m: &Module, f: &Func) {
         results.join(", ")
     );
     for p in &f.params {
-        let init = match p.init {
-            Init::Zeros => "zeros".to_string(),
-            Init::Ones => "ones".to_string(),
-            Init::Normal(s) => format!("normal({})", number(s)),
-            Init::Uniform(a, b) => format!("uniform({}, {})", number(a), number(b)),
+        let init = match (p.init, f.written.inits.get(&p.value)) {
+            (_, Some(written)) => written.clone(),
+            (Init::Zeros, _) => "zeros".to_string(),
+            (Init::Ones, _) => "ones".to_string(),
+            (Init::Normal(s), _) => format!("normal({})", number(s)),
+            (Init::Uniform(a, b), _) => format!("uniform({}, {})", number(a), number(b)),
         };
         let axes = if p.layer_axes > 0 {
             format!(", layer_axes = {}", p.layer_axes)
@@ -101,7 +113,7 @@ fn print_func(out: &mut String, m: &Module, f: &Func) {
             out,
             "  param {}: {} = {init}{axes}",
             name(p.value),
-            f.ty(p.value)
+            ty_of(f, p.value)
         );
     }
     print_ops(out, m, f, &f.body, 1);
@@ -117,7 +129,11 @@ fn print_ops(out: &mut String, m: &Module, f: &Func, block: &Block, depth: usize
         let op = &f.ops[id];
         let results: Vec<String> = op.results.iter().map(|&v| name(v)).collect();
         let mut args: Vec<String> = Vec::new();
+        let written = |key: &str| f.written.exprs.get(&(id, key.to_string()));
         match &op.kind {
+            OpKind::Constant { .. } if written("").is_some() => {
+                args.extend(written("").cloned());
+            }
             OpKind::Constant { value }
                 if !f.ty(op.results[0]).dtype.is_float() && value.0.fract() == 0.0 =>
             {
@@ -128,8 +144,11 @@ fn print_ops(out: &mut String, m: &Module, f: &Func, block: &Block, depth: usize
             _ => {}
         }
         args.extend(op.kind.operands().into_iter().map(name));
-        args.extend(attrs(&op.kind));
-        let types: Vec<String> = op.results.iter().map(|&v| f.ty(v).to_string()).collect();
+        args.extend(attrs(&op.kind).into_iter().map(|(key, value)| {
+            let value = written(key).cloned().unwrap_or(value);
+            format!("{key} = {value}")
+        }));
+        let types: Vec<String> = op.results.iter().map(|&v| ty_of(f, v)).collect();
         let _ = write!(out, "{pad}{} = {}", results.join(", "), op.kind.name());
         if !args.is_empty() {
             let _ = write!(out, " {}", args.join(", "));
@@ -147,22 +166,19 @@ fn print_ops(out: &mut String, m: &Module, f: &Func, block: &Block, depth: usize
     }
 }
 
-/// The keyword attributes of an op, as `key = value` strings in canonical order.
-fn attrs(kind: &OpKind) -> Vec<String> {
+/// The keyword attributes of an op, as `(key, value)` in canonical order.
+fn attrs(kind: &OpKind) -> Vec<(&'static str, String)> {
     match kind {
-        OpKind::Transpose { perm, .. } => vec![format!("perm = {}", list(perm))],
-        OpKind::Slice { start, end, .. } => vec![
-            format!("start = {}", list(start)),
-            format!("end = {}", list(end)),
-        ],
+        OpKind::Transpose { perm, .. } => vec![("perm", list(perm))],
+        OpKind::Slice { start, end, .. } => vec![("start", list(start)), ("end", list(end))],
         OpKind::Concat { axis, .. }
         | OpKind::Softmax { axis, .. }
         | OpKind::Iota { axis }
         | OpKind::Index { axis, .. }
-        | OpKind::Update { axis, .. } => vec![format!("axis = {axis}")],
-        OpKind::Reduce { axes, .. } => vec![format!("axes = {}", list(axes))],
+        | OpKind::Update { axis, .. } => vec![("axis", axis.to_string())],
+        OpKind::Reduce { axes, .. } => vec![("axes", list(axes))],
         OpKind::LayerNorm { axis, eps, .. } => {
-            vec![format!("axis = {axis}"), format!("eps = {}", number(eps.0))]
+            vec![("axis", axis.to_string()), ("eps", number(eps.0))]
         }
         OpKind::Pad {
             axis,
@@ -171,16 +187,15 @@ fn attrs(kind: &OpKind) -> Vec<String> {
             fill,
             ..
         } => vec![
-            format!("axis = {axis}"),
-            format!("low = {low}"),
-            format!("high = {high}"),
-            format!("fill = {}", number(fill.0)),
+            ("axis", axis.to_string()),
+            ("low", low.to_string()),
+            ("high", high.to_string()),
+            ("fill", number(fill.0)),
         ],
-        OpKind::Shift { axis, fill, .. } => vec![
-            format!("axis = {axis}"),
-            format!("fill = {}", number(fill.0)),
-        ],
-        OpKind::Loop { trips, .. } => vec![format!("trips = {trips}")],
+        OpKind::Shift { axis, fill, .. } => {
+            vec![("axis", axis.to_string()), ("fill", number(fill.0))]
+        }
+        OpKind::Loop { trips, .. } => vec![("trips", trips.to_string())],
         OpKind::Unary { .. }
         | OpKind::Binary { .. }
         | OpKind::Compare { .. }
@@ -193,6 +208,6 @@ fn attrs(kind: &OpKind) -> Vec<String> {
         | OpKind::Rank
         | OpKind::Exchange { reverse: false, .. }
         | OpKind::Call { .. } => vec![],
-        OpKind::Exchange { reverse: true, .. } => vec!["from = next".to_string()],
+        OpKind::Exchange { reverse: true, .. } => vec![("from", "next".to_string())],
     }
 }

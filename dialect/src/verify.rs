@@ -160,6 +160,7 @@ fn verify_block(
 /// The model-file rules on top of [`verify`]: a `@layer` from the input type to itself.
 pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
     verify(m)?;
+    crate::model_rules::check_user_code(m)?;
     let input_span = m.spans.get(&Item::Input);
     let Some(layer) = m.func(names::LAYER) else {
         return Err(vec![Diagnostic::error("the model has no `func @layer`", input_span, "the layer's input is declared here")
@@ -200,7 +201,7 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
             "here",
         )]);
     }
-    if let (Some(t), Some(crate::ir::Loss::SoftmaxCrossEntropy)) = (&m.target, m.loss) {
+    if let (Some(t), crate::ir::Loss::SoftmaxCrossEntropy) = (&m.target, m.loss_or_default()) {
         let want = Type::of(crate::DType::I32, &m.input.shape()[..m.input.rank() - 1]);
         if !t.same_as(&want) {
             return Err(vec![Diagnostic::error(
@@ -216,10 +217,14 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
         }
     }
     if let Some(t) = &m.target {
-        if !t.same_as(&m.input) && m.loss == Some(crate::ir::Loss::Mse) {
+        if !t.same_as(&m.input) && m.loss_or_default() == crate::ir::Loss::Mse {
+            let what = match m.loss {
+                Some(_) => "`loss mse`",
+                None => "`loss mse` (the default: the model has no `loss` line)",
+            };
             return Err(vec![Diagnostic::error(
                 format!(
-                    "`loss mse` compares outputs {} with targets {}, which differ",
+                    "{what} compares outputs {} with targets {}, which differ",
                     sizes(&m.input),
                     sizes(t)
                 ),

@@ -99,6 +99,10 @@ const UNREACHABLE_FROM_A_MODEL: &[(&str, &str)] = &[
         "lowering errors are compiler bugs; cpu::mlir_locations_point_into_the_model_file",
     ),
     (
+        "cannot be vectorized over stages",
+        "`ppc check` rejects the compiler's ops and masked matmuls first (loop_in_layer, rank_in_layer, masked_matmul_in_layer); `vmap-stages` guards pass dumps",
+    ),
+    (
         "the model file is not UTF-8",
         "the corpus is text; cli::a_model_file_that_is_not_utf8_*",
     ),

@@ -104,8 +104,11 @@ fn pass_cases() {
                 case.clone(),
             ),
         };
-        let mut m = frontend(&text, &run.overrides)
-            .unwrap_or_else(|d| panic!("{}", render(&name, &text, &d)));
+        // A model the command line's settings make invalid: `ppc check`'s diagnostic.
+        let mut m = match frontend(&text, &run.overrides) {
+            Ok(m) => m,
+            Err(d) => return insta::assert_snapshot!(render(&name, &text, &d)),
+        };
         let before = m.clone();
         match compile(&mut m, &run.opts, Some(&run.pass), None) {
             Ok(()) => {

@@ -3,7 +3,7 @@
 use crate::backend::{self, Source};
 use crate::cli::{CodegenArgs, ModelArgs};
 use crate::passes::Options;
-use crate::pipeline::{compile, frontend, PipelineError};
+use crate::pipeline::{checked, compile, frontend, PipelineError};
 use ppc_dialect::diag::render;
 use ppc_dialect::span::Span;
 use ppc_dialect::{Diagnostic, Module};
@@ -33,11 +33,23 @@ pub(super) struct Loaded {
 }
 
 pub(super) fn load(args: &ModelArgs) -> Result<Loaded, Failure> {
+    load_with(args, frontend)
+}
+
+/// A model file, checked and kept as written: calls not inlined (`ppc fmt`).
+pub(super) fn load_as_written(args: &ModelArgs) -> Result<Loaded, Failure> {
+    load_with(args, checked)
+}
+
+fn load_with(
+    args: &ModelArgs,
+    read: fn(&str, &ppc_dialect::Overrides) -> Result<Module, ppc_dialect::Diagnostics>,
+) -> Result<Loaded, Failure> {
     let path = args.file.display().to_string();
     let bytes = std::fs::read(&args.file)
         .map_err(|e| Failure(format!("error: cannot read {path}: {e}\n")))?;
     let text = String::from_utf8(bytes).map_err(|e| not_utf8(&path, &e))?;
-    match frontend(&text, &args.overrides()) {
+    match read(&text, &args.overrides()) {
         Ok(module) => Ok(Loaded { path, text, module }),
         Err(d) => Err(Failure(render(&path, &text, &d))),
     }

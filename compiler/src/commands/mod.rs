@@ -11,7 +11,7 @@ use crate::passes::Options;
 use crate::schedule::Schedule;
 use compile::compile_command;
 pub use loaded::Failure;
-use loaded::{io, load};
+use loaded::{io, load, load_as_written};
 use ppc_dialect::print;
 use ppc_runtime::files::write_atomic;
 use run::run_command;
@@ -31,7 +31,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             .map_err(io)?;
         }
         Command::Fmt { model, write } => {
-            let l = load(&model)?;
+            let l = load_as_written(&model)?;
             let text = print(&l.module);
             if write {
                 write_atomic(&model.file, text.as_bytes())

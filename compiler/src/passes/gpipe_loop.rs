@@ -50,45 +50,12 @@ use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
 use ppc_dialect::{Axis, DType, Dim, Type};
 
 pub fn gpipe_loop(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
-    let p = m.pipeline;
     if m.func(names::PIPELINE).is_some() {
         return Err(vec![Diagnostic::plain(
             "the module already has a `@pipeline`: `gpipe-loop` has run",
         )]);
     }
-    if p.repeats > 1 && p.microbatches < p.stages {
-        // Point at the numbers where the file gives them; name those the command line gave.
-        let at = |s| m.spans.lookup(&Item::Setting(s));
-        let (span, label) = match at(Setting::Microbatches) {
-            Some(s) => (s, format!("{} microbatches", p.microbatches)),
-            None => (m.spans.get(&Item::Pipeline), "in this pipeline".to_string()),
-        };
-        let mut d = Diagnostic::error(
-            format!(
-                "a circular pipeline ({} repeats) needs at least as many microbatches as stages, got {} microbatches for {} stages",
-                p.repeats, p.microbatches, p.stages
-            ),
-            span,
-            label,
-        );
-        let mut given = Vec::new();
-        for s in [Setting::Stages, Setting::Microbatches, Setting::Repeats] {
-            let v = p.get(s);
-            match at(s) {
-                Some(span) if s != Setting::Microbatches => {
-                    d = d.with_label(span, format!("{v} {}", s.name()))
-                }
-                Some(_) => {}
-                None => given.push(format!("{} {v}", s.flag())),
-            }
-        }
-        if !given.is_empty() {
-            d = d.with_note(format!("from the command line: {}", given.join(", ")));
-        }
-        return Err(vec![d
-        .with_note("microbatch m comes back to stage 0 for repeat r+1 at iteration (r+1)·M + m, but leaves the last stage only at iteration r·M + m + S - 1")
-        .with_note(format!("use --microbatches {} or more, or --repeats 1", p.stages))]);
-    }
+    ppc_dialect::model_rules::circular_fits(m).map_err(|d| vec![d])?;
     let stage = m.func_id(names::STAGE).ok_or_else(|| {
         vec![Diagnostic::plain(
             "`gpipe-loop` needs `@stage`: run `vmap-stages` first",

@@ -47,7 +47,7 @@ fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::F
     // Inlined, so that the gradient's forward loop runs once and keeps its tapes.
     let out = b.inline(m, &m.funcs[pipeline], &[x])?[0];
     let y = to_f32(&mut b, out)?;
-    let loss = match m.loss.unwrap_or(Loss::Mse) {
+    let loss = match m.loss_or_default() {
         Loss::Mse => {
             let t = to_f32(&mut b, target)?;
             let diff = bin(&mut b, "diff", BinaryOp::Sub, y, t)?;

@@ -5,7 +5,8 @@
 //! `--ranks`) divides `stages`. With one rank the pass changes nothing.
 //!
 //! Postconditions: every `#stages` axis of `@stage` (state, masks, stacked weights) becomes the
-//! `#stages_per_rank` axis, this rank's slice of the full stage axis; ordinary dimensions keep
+//! `#stages_per_rank` axis, this rank's slice of the full stage axis (and a slice's bounds along
+//! it, this rank's stages); ordinary dimensions keep
 //! their size, whatever they are called (a layer's `f32[d, stages]` stays `S` wide); rank `r` holds
 //! global stages `r*S/R ..`. A parameter's `#stages_per_rank` axis tells the runtime which global
 //! layers its values belong to, so every rank draws the same numbers the one-process program
@@ -21,6 +22,7 @@
 use super::options::Options;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Module};
+use ppc_dialect::op::OpKind;
 use ppc_dialect::{Axis, Dim};
 
 pub fn shard_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
@@ -64,6 +66,15 @@ pub fn shard_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> 
         return Err(vec![Diagnostic::plain(
             "`@stage` has no `#stages` axis to shard",
         )]);
+    }
+    // A slice keeps the whole stage axis (vmap-stages never slices across stages): this rank's.
+    let values = stage.values.clone();
+    for op in stage.ops.values_mut() {
+        if let OpKind::Slice { x, end, .. } = &mut op.kind {
+            if let Some(a) = values[*x].ty.axis(Axis::RankStages) {
+                end[a] = p.stages_per_rank();
+            }
+        }
     }
     Ok(())
 }

@@ -41,24 +41,9 @@ pub fn vmap_stages(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
     let layer = m
         .func(names::LAYER)
         .ok_or_else(|| vec![Diagnostic::plain("`vmap-stages` needs a `@layer`")])?;
-    // The stage axis this pass adds must be the only one: one written in `@layer` would be
-    // taken for it by every later pass.
-    if let Some((v, a)) = layer
-        .values
-        .iter()
-        .find_map(|(v, val)| val.ty.stage_axis().map(|(_, a)| (v, a)))
-    {
-        return Err(vec![Diagnostic::error(
-            format!(
-                "`@layer` has the pipeline axis `#{}`, which only passes add",
-                a.name()
-            ),
-            layer.value_spans.get(&v),
-            "this value",
-        )
-        .with_note(
-            "for a dimension as long as the pipeline setting, write it without `#`",
-        )]);
+    // The stage axis this pass adds must be the only one.
+    if let Some(d) = ppc_dialect::model_rules::pipeline_axis(layer) {
+        return Err(vec![d]);
     }
     let stage = build_stage(m, layer).map_err(|d| vec![d])?;
     m.funcs.push(stage);

@@ -16,6 +16,20 @@ pub(super) enum Attr {
     List(Vec<Expr>),
 }
 
+impl Attr {
+    /// Its canonical text if it names a dimension (`as_written.rs`), else `None`.
+    pub(super) fn written(&self) -> Option<String> {
+        match self {
+            Attr::One(e) => e.names_a_dim().then(|| e.to_string()),
+            Attr::List(es) if es.iter().any(Expr::names_a_dim) => {
+                let items: Vec<String> = es.iter().map(Expr::to_string).collect();
+                Some(format!("[{}]", items.join(", ")))
+            }
+            Attr::List(_) => None,
+        }
+    }
+}
+
 /// The dimensions and pipeline settings an expression may name, with their values.
 pub(super) type Dims = Rc<[(String, u64)]>;
 
@@ -162,14 +176,21 @@ fn parse_index(text: &str, span: Span) -> PResult<usize> {
     }
 }
 
-/// An initializer, its arguments evaluated over `dims`: `normal(1 / sqrt(d))`.
-pub(super) fn parse_init(p: Pair<Rule>, dims: &Dims) -> PResult<Init> {
+/// An initializer, its arguments evaluated over `dims` (`normal(1 / sqrt(d))`), and its
+/// canonical text if an argument names a dimension (`as_written.rs`).
+pub(super) fn parse_init(p: Pair<Rule>, dims: &Dims) -> PResult<(Init, Option<String>)> {
     let span = span_of(&p);
     let mut it = p.into_inner();
     let name = it.next().expect("init name");
-    let args = it
-        .map(|n| super::expr::expr(n)?.float(&lookup(dims)))
+    let exprs = it.map(super::expr::expr).collect::<PResult<Vec<_>>>()?;
+    let args = exprs
+        .iter()
+        .map(|e| e.float(&lookup(dims)))
         .collect::<PResult<Vec<_>>>()?;
+    let written = exprs.iter().any(Expr::names_a_dim).then(|| {
+        let items: Vec<String> = exprs.iter().map(Expr::to_string).collect();
+        format!("{}({})", name.as_str(), items.join(", "))
+    });
     let bad = |msg: &str| Diagnostic::error(msg.to_string(), span, "bad initializer");
     let init = match (name.as_str(), args.as_slice()) {
         ("zeros", []) => Init::Zeros,
@@ -196,5 +217,5 @@ pub(super) fn parse_init(p: Pair<Rule>, dims: &Dims) -> PResult<Init> {
             .with_note("initializers are zeros, ones, normal(std) and uniform(low, high)"))
         }
     };
-    Ok(init)
+    Ok((init, written))
 }

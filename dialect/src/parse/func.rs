@@ -3,7 +3,7 @@
 
 use super::attrs::{parse_init, Args, Attr, Dims};
 use super::signature::{self, Extra, FuncScope, Signature, Stmt};
-use super::syntax::{parse_u64, span_of, PResult, Rule};
+use super::syntax::{is_pinned, parse_u64, span_of, PResult, Rule};
 use crate::arena::Arena;
 use crate::diag::Diagnostic;
 use crate::infer::{checked_elements, infer};
@@ -22,6 +22,8 @@ pub(super) trait ModuleScope {
     fn funcs(&self) -> &Arena<Func>;
     /// The dimensions and pipeline settings expressions may name, with their values.
     fn dims(&self) -> Dims;
+    /// `--dtype`: the float type that written `f32` types mean.
+    fn float_dtype(&self) -> Option<DType>;
 }
 
 pub(super) struct FuncBuilder<'m> {
@@ -49,8 +51,12 @@ impl<'m> FuncBuilder<'m> {
                 Rule::arg_def => {
                     let mut a = part.into_inner();
                     let (v, t) = (a.next().expect("arg name"), a.next().expect("arg type"));
+                    let pinned = is_pinned(&t);
                     let ty = module.ty(t)?;
                     let id = fb.define(&v, ty)?;
+                    if pinned {
+                        fb.func.written.pinned.insert(id);
+                    }
                     fb.func.body.args.push(id);
                 }
                 Rule::tys => {
@@ -150,9 +156,11 @@ impl<'m> FuncBuilder<'m> {
     fn param(&mut self, p: Pair<Rule>) -> PResult<()> {
         let mut it = p.into_inner();
         let v = it.next().expect("param name");
-        let ty = self.module.ty(it.next().expect("param type"))?;
+        let t = it.next().expect("param type");
+        let pinned = is_pinned(&t);
+        let ty = self.module.ty(t)?;
         let init_pair = it.next().expect("param init");
-        let init = parse_init(init_pair, &self.dims)?;
+        let (init, init_text) = parse_init(init_pair, &self.dims)?;
         let layer_axes = match it.next() {
             Some(n) => {
                 let k = parse_u64(&n, "layer_axes")? as usize;
@@ -179,6 +187,12 @@ impl<'m> FuncBuilder<'m> {
             ));
         }
         let value = self.define(&v, ty)?;
+        if pinned {
+            self.func.written.pinned.insert(value);
+        }
+        if let Some(text) = init_text {
+            self.func.written.inits.insert(value, text);
+        }
         self.func.params.push(Param {
             value,
             init,
@@ -199,11 +213,24 @@ impl<'m> FuncBuilder<'m> {
             .zip(types)
             .map(|(r, t)| self.define(r, t))
             .collect::<PResult<Vec<_>>>()?;
+        let written = &mut self.func.written;
+        for (&r, _) in result_ids.iter().zip(&stmt.pinned).filter(|(_, &p)| p) {
+            written.pinned.insert(r);
+        }
         let id = self.func.ops.push(Op {
             kind,
             results: result_ids,
         });
         self.func.op_spans.set(id, stmt.span);
+        let written = &mut self.func.written;
+        for (key, attr, _) in &stmt.attrs.attrs {
+            if let Some(text) = attr.written() {
+                written.exprs.insert((id, key.clone()), text);
+            }
+        }
+        if let Some((e, _)) = stmt.number.as_ref().filter(|(e, _)| e.names_a_dim()) {
+            written.exprs.insert((id, String::new()), e.to_string());
+        }
         Ok(id)
     }
 
@@ -217,6 +244,7 @@ impl<'m> FuncBuilder<'m> {
         let mut number: Option<(crate::expr::Expr, Span)> = None;
         let mut symbol: Option<(String, Span)> = None;
         let mut declared: Vec<(Type, Span)> = Vec::new();
+        let mut pinned = Vec::new();
         let mut region = None;
         for part in s.into_inner() {
             match part.as_rule() {
@@ -246,6 +274,7 @@ impl<'m> FuncBuilder<'m> {
                 Rule::tys => {
                     for t in part.into_inner() {
                         let tspan = span_of(&t);
+                        pinned.push(is_pinned(&t));
                         declared.push((self.module.ty(t)?, tspan));
                     }
                 }
@@ -271,6 +300,7 @@ impl<'m> FuncBuilder<'m> {
             number,
             symbol,
             declared,
+            pinned,
             region,
         })
     }
@@ -302,9 +332,8 @@ impl<'m> FuncBuilder<'m> {
             ));
         }
         sig.ok_or_else(|| {
-            let names: Vec<&str> = signature::signatures().iter().map(|s| s.name).collect();
             Diagnostic::error(format!("unknown op `{op}`"), s.name_span, "not an op")
-                .with_note(format!("ops: {}", names.join(" ")))
+                .with_note(crate::model_rules::user_ops_note())
         })
     }
 
@@ -377,8 +406,17 @@ impl<'m> FuncBuilder<'m> {
                     "wrong number of types",
                 ));
             }
-            for ((d, dspan), inf) in s.declared.iter().zip(&inferred) {
-                if !d.same_as(inf) {
+            let mut written = written;
+            for (i, ((d, dspan), inf)) in s.declared.iter().zip(&inferred).enumerate() {
+                // A written `f32` that `--dtype` turned into the model's float type, on a
+                // value computed from `f32!` values: the check holds, and the value is f32.
+                let from_pinned = inf.dtype == DType::F32
+                    && !s.pinned[i]
+                    && Some(d.dtype) == self.module.float_dtype()
+                    && d.shape() == inf.shape();
+                if from_pinned {
+                    written[i] = d.with_dtype(DType::F32);
+                } else if !d.same_as(inf) {
                     return Err(Diagnostic::error(
                         format!(
                             "`{op}` produces {} but the written type is {}",

@@ -150,6 +150,11 @@ impl ModuleBuilder<'_> {
                         "too early",
                     ));
                 }
+                let name_span = item
+                    .clone()
+                    .into_inner()
+                    .next()
+                    .map_or(span, |n| span_of(&n));
                 let f = FuncBuilder::build(self, item)?;
                 if self.funcs.values().any(|g| g.name == f.name) {
                     return Err(Diagnostic::error(
@@ -158,7 +163,8 @@ impl ModuleBuilder<'_> {
                         "second definition",
                     ));
                 }
-                self.funcs.push(f);
+                let id = self.funcs.push(f);
+                self.spans.set(Item::Func(id), name_span);
                 Ok(())
             }
             other => unreachable!("invariant: grammar yields only items here, got {other:?}"),
@@ -471,7 +477,7 @@ impl ModuleBuilder<'_> {
 
     pub(super) fn ty(&self, t: Pair<Rule>) -> PResult<Type> {
         let span = span_of(&t);
-        let text = t.as_str();
+        let pinned = super::syntax::is_pinned(&t);
         let mut it = t.into_inner();
         let dt = it.next().expect("dtype");
         let dtype = DType::from_name(dt.as_str()).ok_or_else(|| {
@@ -482,7 +488,6 @@ impl ModuleBuilder<'_> {
             )
             .with_note("dtypes are f32, bf16, f16, i32 and i1")
         })?;
-        let pinned = text[dt.as_str().len()..].trim_start().starts_with('!');
         let mut dims = Vec::new();
         for d in it {
             let d = d.into_inner().next().expect("dim");
@@ -541,6 +546,10 @@ impl ModuleScope for ModuleBuilder<'_> {
 
     fn funcs(&self) -> &Arena<Func> {
         &self.funcs
+    }
+
+    fn float_dtype(&self) -> Option<DType> {
+        self.overrides.float_dtype
     }
 
     fn dims(&self) -> Dims {

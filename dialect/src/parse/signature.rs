@@ -37,7 +37,18 @@ pub enum Extra {
     Body,
 }
 
+/// Who writes an op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// Model files may use it.
+    User,
+    /// Only passes write it (`rank`, `exchange`, `loop`): it depends on how the pipeline is
+    /// laid out, which a model file does not know; `ppc check` rejects it in a model.
+    Compiler,
+}
+
 /// One op as the text format writes it.
+#[derive(Clone, Copy)]
 pub struct Signature {
     pub name: &'static str,
     pub operands: Arity,
@@ -45,7 +56,12 @@ pub struct Signature {
     /// The attributes it takes, in the order a reference lists them (`from` of `exchange` is
     /// optional; the others are required).
     pub attributes: &'static [&'static str],
-    build: fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>,
+    /// What it computes, one line of the language reference (`docs/language.md`).
+    pub summary: &'static str,
+    /// One statement using it, over the reference's example values (`docs/language.md`).
+    pub example: &'static str,
+    pub writer: Writer,
+    build: Build,
 }
 
 /// What building an op needs of the function being parsed: `call`'s callee and `loop`'s body.
@@ -67,6 +83,8 @@ pub(super) struct Stmt<'i> {
     pub number: Option<(Expr, Span)>,
     pub symbol: Option<(String, Span)>,
     pub declared: Vec<(Type, Span)>,
+    /// Which of the declared types are written `f32!`.
+    pub pinned: Vec<bool>,
     pub region: Option<Pair<'i, Rule>>,
 }
 
@@ -124,25 +142,47 @@ impl Signature {
     }
 }
 
-/// Every op, in the order the "unknown op" note lists them.
+/// Every op, in the order the reference and the "unknown op" note list them.
 pub fn signatures() -> &'static [Signature] {
     static TABLE: OnceLock<Vec<Signature>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let family = |name, operands, attributes: &'static [&'static str], build| Signature {
+        let family = |name, operands, summary, example: String, attributes, build| Signature {
             name,
             operands: Arity::Exactly(operands),
             extra: None,
             attributes,
+            summary,
+            example: example.leak(),
+            writer: Writer::User,
             build,
         };
         let mut t: Vec<Signature> = Vec::new();
-        t.extend(BinaryOp::ALL.map(|o| family(o.name(), 2, &[], binary)));
-        t.extend(UnaryOp::ALL.map(|o| family(o.name(), 1, &[], unary)));
-        t.extend(CmpPred::ALL.map(|o| family(o.name(), 2, &[], compare)));
+        t.extend(BinaryOp::ALL.map(|o| {
+            let example = format!("%z = {} %x, %y", o.name());
+            family(o.name(), 2, o.summary(), example, &[], binary as Build)
+        }));
+        t.extend(UnaryOp::ALL.map(|o| {
+            let example = format!("%z = {} %x", o.name());
+            family(o.name(), 1, o.summary(), example, &[], unary as Build)
+        }));
+        t.extend(CmpPred::ALL.map(|o| {
+            let example = format!("%z = {} %x, %y", o.name());
+            family(o.name(), 2, o.summary(), example, &[], compare as Build)
+        }));
         let (shaping, rest) = OTHERS.split_at(8);
-        t.extend(shaping.iter().map(Signature::of));
-        t.extend(ReduceOp::ALL.map(|o| family(o.name(), 1, &["axes"], reduce)));
-        t.extend(rest.iter().map(Signature::of));
+        t.extend(shaping.iter().copied());
+        t.extend(ReduceOp::ALL.map(|o| {
+            let example = format!("%z = {} %s, axes = [1] : f32[b, d]", o.name());
+            family(
+                o.name(),
+                1,
+                o.summary(),
+                example,
+                &["axes"],
+                reduce as Build,
+            )
+        }));
+        t.extend(rest.iter().copied());
         t
     })
 }
@@ -152,90 +192,120 @@ pub fn find(name: &str) -> Option<&'static Signature> {
     signatures().iter().find(|s| s.name == name)
 }
 
-type Build = fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>;
+/// The ops a model file may use, in the reference's order.
+pub fn user_ops() -> impl Iterator<Item = &'static Signature> {
+    signatures().iter().filter(|s| s.writer == Writer::User)
+}
 
-/// One op of [`OTHERS`]: name, operands, extra, attributes, builder.
-type Row = (
-    &'static str,
-    Arity,
-    Option<Extra>,
-    &'static [&'static str],
-    Build,
-);
+type Build = fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>;
 
 /// The ops that are not of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]).
 #[rustfmt::skip]
-const OTHERS: [Row; 20] = [
-    ("select", Arity::Exactly(3), None, &[], |_, s| {
+const OTHERS: [Signature; 20] = [
+    Signature { name: "select", operands: Arity::Exactly(3), extra: None, attributes: &[],
+        summary: "elementwise `cond ? x : y`, with broadcasting", example: "%z = select %c, %x, %y",
+        writer: Writer::User, build: |_, s| {
         let x = s.ids();
         Ok(OpKind::Select { cond: x[0], on_true: x[1], on_false: x[2] })
-    }),
-    ("matmul", Arity::TwoOrThree, None, &[], |_, s| {
+    }},
+    Signature { name: "matmul", operands: Arity::TwoOrThree, extra: None, attributes: &[],
+        summary: "matrix product over the last two axes; leading axes broadcast (a third operand, an i1 stage mask, is the compiler's)",
+        example: "%z = matmul %x, %w", writer: Writer::User, build: |_, s| {
         let x = s.ids();
         Ok(OpKind::MatMul { lhs: x[0], rhs: x[1], mask: x.get(2).copied() })
-    }),
-    ("transpose", Arity::Exactly(1), None, &["perm"], |_, s| {
+    }},
+    Signature { name: "transpose", operands: Arity::Exactly(1), extra: None, attributes: &["perm"],
+        summary: "axis `i` of the result is axis `perm[i]` of the operand",
+        example: "%z = transpose %x, perm = [1, 0] : f32[d, b]", writer: Writer::User, build: |_, s| {
         Ok(OpKind::Transpose { x: s.ids()[0], perm: s.attrs.ints("perm")? })
-    }),
-    ("reshape", Arity::Exactly(1), None, &[], |_, s| Ok(OpKind::Reshape { x: s.ids()[0] })),
-    ("broadcast", Arity::Exactly(1), None, &[], |_, s| Ok(OpKind::Broadcast { x: s.ids()[0] })),
-    ("convert", Arity::Exactly(1), None, &[], |_, s| Ok(OpKind::Convert { x: s.ids()[0] })),
-    ("slice", Arity::Exactly(1), None, &["start", "end"], |_, s| {
+    }},
+    Signature { name: "reshape", operands: Arity::Exactly(1), extra: None, attributes: &[],
+        summary: "the same elements in row-major order, in the written type (same element count)",
+        example: "%z = reshape %x : f32[b, 2, d / 2]", writer: Writer::User,
+        build: |_, s| Ok(OpKind::Reshape { x: s.ids()[0] }) },
+    Signature { name: "broadcast", operands: Arity::Exactly(1), extra: None, attributes: &[],
+        summary: "repeats the operand to the written type, aligning trailing axes (NumPy rules)",
+        example: "%z = broadcast %x : f32[t, b, d]", writer: Writer::User,
+        build: |_, s| Ok(OpKind::Broadcast { x: s.ids()[0] }) },
+    Signature { name: "convert", operands: Arity::Exactly(1), extra: None, attributes: &[],
+        summary: "to the written dtype: floats round to nearest even, to i32 toward zero, to i1 `x ≠ 0`",
+        example: "%z = convert %x : bf16[b, d]", writer: Writer::User,
+        build: |_, s| Ok(OpKind::Convert { x: s.ids()[0] }) },
+    Signature { name: "slice", operands: Arity::Exactly(1), extra: None, attributes: &["start", "end"],
+        summary: "elements `start[i] ≤ j < end[i]` along every axis",
+        example: "%z = slice %x, start = [0, 0], end = [b, d / 2] : f32[b, d / 2]", writer: Writer::User,
+        build: |_, s| {
         let start = s.attrs.ints("start")?.into_iter().map(|v| v as u64).collect();
         let end = s.attrs.ints("end")?.into_iter().map(|v| v as u64).collect();
         Ok(OpKind::Slice { x: s.ids()[0], start, end })
-    }),
-    ("concat", Arity::AtLeastOne, None, &["axis"], |_, s| {
+    }},
+    Signature { name: "concat", operands: Arity::AtLeastOne, extra: None, attributes: &["axis"],
+        summary: "the operands one after another along `axis`",
+        example: "%z = concat %x, %y, axis = 1 : f32[b, 2 * d]", writer: Writer::User, build: |_, s| {
         Ok(OpKind::Concat { xs: s.ids(), axis: s.attrs.int("axis")? })
-    }),
-    ("softmax", Arity::Exactly(1), None, &["axis"], |_, s| {
+    }},
+    Signature { name: "softmax", operands: Arity::Exactly(1), extra: None, attributes: &["axis"],
+        summary: "eˣ / Σ eˣ along `axis`, computed after subtracting the maximum",
+        example: "%z = softmax %x, axis = 1", writer: Writer::User, build: |_, s| {
         Ok(OpKind::Softmax { x: s.ids()[0], axis: s.attrs.int("axis")? })
-    }),
-    ("layernorm", Arity::Exactly(1), None, &["axis", "eps"], |_, s| {
+    }},
+    Signature { name: "layernorm", operands: Arity::Exactly(1), extra: None, attributes: &["axis", "eps"],
+        summary: "(x − mean) / √(variance + eps) along `axis` (no scale or shift: multiply and add them)",
+        example: "%z = layernorm %x, axis = 1, eps = 1e-5", writer: Writer::User, build: |_, s| {
         let axis = s.attrs.int("axis")?;
         Ok(OpKind::LayerNorm { x: s.ids()[0], axis, eps: Float(s.attrs.float("eps")?) })
-    }),
-    ("iota", Arity::Exactly(0), None, &["axis"], |_, s| Ok(OpKind::Iota { axis: s.attrs.int("axis")? })),
-    ("constant", Arity::Exactly(0), Some(Extra::Number), &[], |_, s| {
+    }},
+    Signature { name: "iota", operands: Arity::Exactly(0), extra: None, attributes: &["axis"],
+        summary: "each element's position along `axis`, in the written type",
+        example: "%z = iota axis = 1 : i32[b, d]", writer: Writer::User,
+        build: |_, s| Ok(OpKind::Iota { axis: s.attrs.int("axis")? }) },
+    Signature { name: "constant", operands: Arity::Exactly(0), extra: Some(Extra::Number), attributes: &[],
+        summary: "every element the number (an expression over dimensions), rounded to the written dtype",
+        example: "%z = constant 1 / sqrt(d) : f32[]", writer: Writer::User, build: |_, s| {
         let (e, _) = s.number.clone().ok_or_else(|| {
             Diagnostic::error("`constant` needs a value, as in `constant 0.5 : f32[d]`", s.span, "no value")
         })?;
         Ok(OpKind::Constant { value: Float(e.float(&lookup(&s.attrs.dims))?) })
-    }),
-    ("pad", Arity::Exactly(1), None, &["axis", "low", "high", "fill"], |_, s| {
+    }},
+    Signature { name: "pad", operands: Arity::Exactly(1), extra: None, attributes: &["axis", "low", "high", "fill"],
+        summary: "`low` elements of `fill` before and `high` after, along `axis`",
+        example: "%z = pad %x, axis = 1, low = 1, high = 0, fill = 0 : f32[b, d + 1]", writer: Writer::User,
+        build: |_, s| {
         let a = &mut s.attrs;
         let (axis, low, high) = (a.int("axis")?, a.int("low")? as u64, a.int("high")? as u64);
         Ok(OpKind::Pad { x: s.ids()[0], axis, low, high, fill: Float(s.attrs.float("fill")?) })
-    }),
-    ("shift", Arity::Exactly(1), None, &["axis", "fill"], |_, s| {
+    }},
+    Signature { name: "shift", operands: Arity::Exactly(1), extra: None, attributes: &["axis", "fill"],
+        summary: "moves every element one place up `axis` (element i to i + 1); the first becomes `fill`, the last is dropped",
+        example: "%z = shift %s, axis = 1, fill = 0", writer: Writer::User, build: |_, s| {
         let axis = s.attrs.int("axis")?;
         Ok(OpKind::Shift { x: s.ids()[0], axis, fill: Float(s.attrs.float("fill")?) })
-    }),
-    ("index", Arity::Exactly(2), None, &["axis"], |_, s| {
+    }},
+    Signature { name: "index", operands: Arity::Exactly(2), extra: None, attributes: &["axis"],
+        summary: "the slice at position `k` along `axis`, one i32 `k` per entry of the axes before it; positions out of range are clamped into the axis (as XLA does)",
+        example: "%z = index %s, %k, axis = 1 : f32[b, d]", writer: Writer::User, build: |_, s| {
         let x = s.ids();
         Ok(OpKind::Index { x: x[0], index: x[1], axis: s.attrs.int("axis")? })
-    }),
-    ("update", Arity::Exactly(3), None, &["axis"], |_, s| {
+    }},
+    Signature { name: "update", operands: Arity::Exactly(3), extra: None, attributes: &["axis"],
+        summary: "the operand with the slice at position `k` along `axis` replaced, positions as `index` reads them",
+        example: "%z = update %s, %x, %k, axis = 1", writer: Writer::User, build: |_, s| {
         let x = s.ids();
         Ok(OpKind::Update { x: x[0], update: x[1], index: x[2], axis: s.attrs.int("axis")? })
-    }),
-    ("rank", Arity::Exactly(0), None, &[], |_, _| Ok(OpKind::Rank)),
-    ("exchange", Arity::Exactly(1), None, &["from"], exchange),
-    ("call", Arity::Any, Some(Extra::Function), &[], call),
-    ("loop", Arity::Any, Some(Extra::Body), &["trips"], loop_),
+    }},
+    Signature { name: "rank", operands: Arity::Exactly(0), extra: None, attributes: &[],
+        summary: "this process's rank under `mpirun`, as i32",
+        example: "%r = rank : i32[]", writer: Writer::Compiler, build: |_, _| Ok(OpKind::Rank) },
+    Signature { name: "exchange", operands: Arity::Exactly(1), extra: None, attributes: &["from"],
+        summary: "sends the operand to the next rank and returns the previous rank's (`from = next`: the other way)",
+        example: "%z = exchange %x", writer: Writer::Compiler, build: exchange },
+    Signature { name: "call", operands: Arity::Any, extra: Some(Extra::Function), attributes: &[],
+        summary: "the results of a function defined earlier in the file, on these operands; its parameters are its own (shared by every call)",
+        example: "%z = call @block, %x", writer: Writer::User, build: call },
+    Signature { name: "loop", operands: Arity::Any, extra: Some(Extra::Body), attributes: &["trips"],
+        summary: "runs the body `trips` times on carried values",
+        example: "%z = loop %x, trips = 2 { ^body(%i, %v): ... yield %v }", writer: Writer::Compiler, build: loop_ },
 ];
-
-impl Signature {
-    fn of(&(name, operands, extra, attributes, build): &Row) -> Signature {
-        Signature {
-            name,
-            operands,
-            extra,
-            attributes,
-            build,
-        }
-    }
-}
 
 fn unary(_: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
     let op = UnaryOp::ALL.into_iter().find(|o| o.name() == s.op());

@@ -30,6 +30,15 @@ pub(super) fn span_of(p: &Pair<Rule>) -> Span {
     Span::new(start, start + end)
 }
 
+/// Whether a type node is written `f32!` (kept f32 under `--dtype`).
+pub(super) fn is_pinned(t: &Pair<Rule>) -> bool {
+    let text = t.as_str();
+    let dtype_end = text
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(text.len());
+    text[dtype_end..].trim_start().starts_with('!')
+}
+
 pub(super) fn parse_u64(p: &Pair<Rule>, what: &str) -> PResult<u64> {
     p.as_str().parse::<u64>().map_err(|_| {
         Diagnostic::error(
