@@ -4,6 +4,7 @@
 
 mod cli;
 mod common;
+mod completeness;
 mod conformance;
 mod cpu;
 mod cuda;
