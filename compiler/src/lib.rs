@@ -13,6 +13,7 @@ pub mod compare;
 pub mod lower;
 pub mod passes;
 pub mod pipeline;
+pub mod reference;
 pub mod report;
 pub mod schedule;
 pub mod target;

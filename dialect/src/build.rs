@@ -65,6 +65,14 @@ impl Builder {
         self.func.ty(v)
     }
 
+    /// Gives `v` the dimension names of `like`, a type of the same dtype and sizes: a slice
+    /// that cuts a padded value back to its operand reads `f32[microbatches, b, d]` again, not
+    /// `f32[8, b, d]`.
+    pub fn relabel(&mut self, v: ValueId, like: &Type) {
+        debug_assert!(self.func.ty(v).same_as(like), "relabel keeps sizes");
+        self.func.values[v].ty = like.clone();
+    }
+
     /// Appends an op with one result; `declared` is the result type of ops that need one.
     pub fn op(
         &mut self,

@@ -3,6 +3,7 @@
 
 use crate::common::{json_last_line, path, ppc};
 use ppc_dialect::op::OpKind;
+use ppc_dialect::DType;
 
 const DIM_EXPRESSIONS: &str = "tests/models/dim_expressions.ppc";
 
@@ -94,4 +95,115 @@ fn a_pinned_f32_value_stays_exact_in_a_bf16_model_on_every_backend() {
         "bf16 positions should have lost precision above 256"
     );
     std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+const REFERENCE: &str = "docs/language.md";
+
+/// The reference page, its generated op tables brought up to date first when `UPDATE_DOCS=1`.
+fn reference_page() -> String {
+    use ppc::reference::{ops_markdown, BEGIN, END};
+    let file = crate::common::root().join(REFERENCE);
+    let page = std::fs::read_to_string(&file).expect("docs/language.md");
+    let (head, rest) = page
+        .split_once(BEGIN)
+        .expect("the page marks its generated op tables");
+    let (_, tail) = rest.split_once(END).expect("the generated op tables end");
+    let fresh = format!("{head}{BEGIN}\n{}{END}{tail}", ops_markdown());
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&file, &fresh).expect("rewrite docs/language.md");
+    }
+    assert!(
+        page == fresh,
+        "docs/language.md's op tables are stale: run `UPDATE_DOCS=1 cargo test -p ppc-tests --test suite -- language` and review the diff"
+    );
+    page
+}
+
+#[test]
+fn the_reference_names_every_op_attribute_setting_init_loss_and_dtype() {
+    use ppc_dialect::parse::signature::signatures;
+    let page = reference_page();
+    let mut names: Vec<String> = Vec::new();
+    for s in signatures() {
+        names.push(format!("`{}`", s.name));
+        names.extend(s.attributes.iter().map(|a| format!("`{a}`")));
+    }
+    names.extend(ppc_dialect::ir::Setting::ALL.map(|s| format!("`{}`", s.name())));
+    names.extend(ppc_runtime::optim::SETTINGS.map(|s| format!("`{s}`")));
+    names.extend(["mse", "softmax_cross_entropy"].map(|l| format!("`{l}`")));
+    names.extend(["zeros", "ones", "normal(std)", "uniform(low, high)"].map(|i| format!("`{i}`")));
+    names.extend(ppc_dialect::expr::Function::ALL.map(|f| format!("`{}`", f.name())));
+    for d in [DType::F32, DType::BF16, DType::F16, DType::I32, DType::I1] {
+        names.push(format!("`{}`", d.name()));
+    }
+    names.push("`f32!`".into());
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !page.contains(n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/language.md does not mention {missing:?}"
+    );
+}
+
+/// A model holding the reference's example values and then `stmt`.
+fn with_example_values(stmt: &str) -> String {
+    format!(
+        "dims {{ b = 2, t = 4, d = 8 }}\npipeline {{ stages = 1, microbatches = 1 }}\ninput f32[b, d]\n\n\
+         func @block(%x: f32[b, d]) -> f32[b, d] {{\n  %y = tanh %x\n  return %y\n}}\n\n\
+         func @layer(%x: f32[b, d]) -> f32[b, d] {{\n  param %w: f32[d, d] = normal(0.1)\n\
+         \x20 %y = tanh %x\n  %c = gt %x, %y\n  %k = iota axis = 0 : i32[b]\n\
+         \x20 %x3 = reshape %x : f32[b, 1, d]\n  %s = broadcast %x3 : f32[b, t, d]\n\
+         \x20 %unused = call @block, %x\n  {stmt}\n  return %x\n}}\n"
+    )
+}
+
+#[test]
+fn every_example_in_the_reference_checks_and_the_compilers_ops_are_rejected() {
+    use ppc_dialect::parse::signature::{signatures, Writer};
+    let page = reference_page();
+    let dir = std::env::temp_dir().join(format!("ppc-reference-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let check = |name: &str, text: &str| {
+        let file = dir.join(format!("{name}.ppc"));
+        std::fs::write(&file, text).expect("write");
+        ppc(&["check", &file.display().to_string()])
+    };
+    // Whole models in ```ppc blocks.
+    let blocks: Vec<&str> = page
+        .split("```ppc\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap_or_default())
+        .collect();
+    assert!(!blocks.is_empty(), "the page shows a whole model");
+    for (i, block) in blocks.iter().enumerate() {
+        let (code, _, err) = check(&format!("block{i}"), block);
+        assert_eq!(code, 0, "model {i} of docs/language.md:\n{block}\n{err}");
+    }
+    // Every op's example line, among the example values.
+    for s in signatures() {
+        let (code, _, err) = check(s.name, &with_example_values(s.example));
+        match s.writer {
+            Writer::User => assert_eq!(code, 0, "`{}`: {}\n{err}", s.name, s.example),
+            Writer::Compiler => assert!(
+                code == 1 && err.contains("an op the compiler writes"),
+                "`{}` must be rejected in a model: {err}",
+                s.name
+            ),
+        }
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn a_setting_from_the_command_line_is_labelled_as_such() {
+    let file = std::env::temp_dir().join(format!("ppc-stages-{}.ppc", std::process::id()));
+    let text = "dims { b = 2, d = 4 }\npipeline { stages = 4, layers = 8, microbatches = 4 }\ninput f32[b, d]\n\nfunc @layer(%x: f32[b, d]) -> f32[b, d] {\n  %y = tanh %x\n  return %y\n}\n";
+    std::fs::write(&file, text).expect("write");
+    let (code, _, err) = ppc(&["check", &file.display().to_string(), "--stages", "3"]);
+    std::fs::remove_file(&file).expect("cleanup");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("`--stages 3` from the command line"), "{err}");
+    assert!(!err.contains("stages set here"), "{err}");
 }

@@ -448,7 +448,7 @@ impl Walker<'_, '_> {
                 st.fresh
                     .iter()
                     .copied()
-                    .find(|w| s.plan.sole_readers.get(w) == Some(&id) && env[w].ty == ty)
+                    .find(|w| s.plan.sole_readers.get(w) == Some(&id) && env[w].ty.same_as(&ty))
             })
             .flatten();
         let out = match dying {

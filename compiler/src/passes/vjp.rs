@@ -283,7 +283,9 @@ pub fn rule(
         OpKind::Pad { x, axis, low, .. } => {
             let shape = f.ty(r).shape();
             let n = f.ty(*x).shape()[*axis];
-            vec![(*x, slice_axis(b, d, &shape, *axis, *low, low + n)?)]
+            let dx = slice_axis(b, d, &shape, *axis, *low, low + n)?;
+            b.relabel(dx, f.ty(*x));
+            vec![(*x, dx)]
         }
         // The transpose of a shift is the opposite shift, filled with zeros.
         OpKind::Shift { x, axis, .. } => {

@@ -338,13 +338,25 @@ impl ModuleBuilder<'_> {
                 )));
             }
         }
+        // Where a setting in effect comes from: its place in the file, or the command line.
+        let set_here = |s: Setting, v: u64| match ov.setting(s) {
+            Some(_) => format!("`{} {v}` from the command line", s.flag()),
+            None => format!("{} set here", s.name()),
+        };
         if stages.0 % ranks.0 != 0 {
+            let label = match ov.setting(Setting::Ranks) {
+                Some(_) => format!(
+                    "`--ranks {}` from the command line does not divide `stages`",
+                    ranks.0
+                ),
+                None => "not a divisor of `stages`".to_string(),
+            };
             return Err(Diagnostic::error(
                 format!("{} ranks do not divide {} stages", ranks.0, stages.0),
                 ranks.1,
-                "not a divisor of `stages`",
+                label,
             )
-            .with_label(stages.1, "stages set here")
+            .with_label(stages.1, set_here(Setting::Stages, stages.0))
             .with_note("each rank holds the same number of consecutive stages"));
         }
         let groups = stages.0 * repeats.0;
@@ -382,7 +394,7 @@ impl ModuleBuilder<'_> {
                         span,
                         label,
                     )
-                    .with_label(stages.1, "stages set here")
+                    .with_label(stages.1, set_here(Setting::Stages, stages.0))
                     .with_note("each stage must hold the same number of layers in every repeat"));
                 }
                 l

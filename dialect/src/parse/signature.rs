@@ -304,7 +304,7 @@ const OTHERS: [Signature; 20] = [
         example: "%z = call @block, %x", writer: Writer::User, build: call },
     Signature { name: "loop", operands: Arity::Any, extra: Some(Extra::Body), attributes: &["trips"],
         summary: "runs the body `trips` times on carried values",
-        example: "%z = loop %x, trips = 2 { ^body(%i, %v): ... yield %v }", writer: Writer::Compiler, build: loop_ },
+        example: "%z = loop %x, trips = 2 { ^body(%i, %v): yield %v }", writer: Writer::Compiler, build: loop_ },
 ];
 
 fn unary(_: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
