@@ -37,6 +37,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Parse and verify a model file; print diagnostics.
+    #[command(after_help = check_help())]
     Check(ModelArgs),
     /// Print a model file in canonical form (ppc fmt of its own output is unchanged; comments
     /// are not kept).
@@ -338,6 +339,14 @@ fn float_dtype(s: &str) -> Result<DType, String> {
             "`{s}` is not a floating-point dtype (f32, bf16, f16)"
         )),
     }
+}
+
+/// `ppc check --help`'s closing text: where the language is described, and its ops.
+fn check_help() -> String {
+    format!(
+        "The model language (file parts, types, expressions, every op, losses, optimizers) is described in docs/language.md.\n\n{}",
+        ppc_dialect::model_rules::user_ops_note()
+    )
 }
 
 /// Runs `ppc` with `args` (the first is the program name); returns the exit status: 0 on

@@ -110,7 +110,10 @@ fn reference_page() -> String {
     let (_, tail) = rest.split_once(END).expect("the generated op tables end");
     let fresh = format!("{head}{BEGIN}\n{}{END}{tail}", ops_markdown());
     if std::env::var_os("UPDATE_DOCS").is_some() {
-        std::fs::write(&file, &fresh).expect("rewrite docs/language.md");
+        if page != fresh {
+            std::fs::write(&file, &fresh).expect("rewrite docs/language.md");
+        }
+        return fresh;
     }
     assert!(
         page == fresh,
@@ -206,4 +209,17 @@ fn a_setting_from_the_command_line_is_labelled_as_such() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("`--stages 3` from the command line"), "{err}");
     assert!(!err.contains("stages set here"), "{err}");
+}
+
+#[test]
+fn check_help_points_to_the_reference_and_lists_only_the_ops_a_model_may_use() {
+    use ppc_dialect::parse::signature::{signatures, Writer};
+    let (code, out, _) = ppc(&["check", "--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(REFERENCE), "{out}");
+    let listed = out.lines().last().unwrap_or_default();
+    for s in signatures() {
+        let shown = listed.split_whitespace().any(|w| w == s.name);
+        assert_eq!(shown, s.writer == Writer::User, "`{}` in: {listed}", s.name);
+    }
 }
