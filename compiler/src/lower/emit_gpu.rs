@@ -3,8 +3,8 @@
 
 use super::buf::Buf;
 use super::emit::Emitter;
-use super::gpu_map;
 use super::emit::Line;
+use super::gpu_map;
 use super::residency::{GpuCode, Residency};
 use ppc_runtime::abi;
 
