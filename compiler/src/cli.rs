@@ -1,6 +1,8 @@
 //! The `ppc` command line: arguments and help text. [`run`] takes the arguments and two writers
 //! and returns the exit status, so tests drive the real command in-process and read what a
-//! user would read. The commands themselves are in `commands.rs`.
+//! user would read. The commands themselves are in `commands/`; a command that fails prints
+//! [`commands::shown`]'s text for its error. Values that do not parse are [`ArgError`]s, which
+//! clap shows after `invalid value ... for ...: `.
 
 use crate::commands;
 use crate::lower::Numerics;
@@ -290,54 +292,67 @@ pub enum ReportFormat {
     Json,
 }
 
-fn dim_override(s: &str) -> Result<(String, u64), String> {
-    let (name, value) = s
-        .split_once('=')
-        .ok_or("expected NAME=VALUE, as in --dim d=512")?;
+/// A command-line value that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgError {
+    #[error("expected NAME=VALUE, as in --dim d=512")]
+    NotNameValue,
+    #[error("`{0}` is not a non-negative integer")]
+    NotCount(String),
+    #[error("unknown pass `{name}`; passes: {}, then mlir, llvm, asm and ptx", .passes.join(", "))]
+    UnknownPass {
+        name: String,
+        passes: Vec<&'static str>,
+    },
+    #[error(
+        "`{0}` is not a GPU architecture: expected sm_NN, as in sm_90 (H100, H200) or sm_80 (A100)"
+    )]
+    NotGpuArch(String),
+    #[error("`{0}` is not a floating-point dtype (f32, bf16, f16)")]
+    NotFloat(String),
+}
+
+fn dim_override(s: &str) -> Result<(String, u64), ArgError> {
+    let (name, value) = s.split_once('=').ok_or(ArgError::NotNameValue)?;
     let v = value
         .trim()
         .parse::<u64>()
-        .map_err(|_| format!("`{value}` is not a non-negative integer"))?;
+        .map_err(|_| ArgError::NotCount(value.to_string()))?;
     Ok((name.trim().to_string(), v))
 }
 
-fn emit_name(s: &str) -> Result<String, String> {
+fn emit_name(s: &str) -> Result<String, ArgError> {
     if matches!(s, "mlir" | "llvm" | "asm" | "ptx") {
         return Ok(s.to_string());
     }
-    passes::find(s).map(|p| p.name.to_string()).ok_or_else(|| {
-        let names: Vec<&str> = passes::PASSES.iter().map(|p| p.name).collect();
-        format!(
-            "unknown pass `{s}`; passes: {}, then mlir, llvm, asm and ptx",
-            names.join(", ")
-        )
-    })
+    passes::find(s)
+        .map(|p| p.name.to_string())
+        .ok_or_else(|| ArgError::UnknownPass {
+            name: s.to_string(),
+            passes: passes::PASSES.iter().map(|p| p.name).collect(),
+        })
 }
 
 /// `sm_NN` or `sm_NNa`, as NVIDIA names architectures (and LLVM's NVPTX backend takes them).
-fn gpu_arch(s: &str) -> Result<String, String> {
+fn gpu_arch(s: &str) -> Result<String, ArgError> {
     let digits = s
         .strip_prefix("sm_")
         .map(|d| d.trim_end_matches('a'))
         .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
     match digits {
         Some(_) => Ok(s.to_string()),
-        None => Err(format!(
-            "`{s}` is not a GPU architecture: expected sm_NN, as in sm_90 (H100, H200) or sm_80 (A100)"
-        )),
+        None => Err(ArgError::NotGpuArch(s.to_string())),
     }
 }
 
-fn target_cpu(s: &str) -> Result<Target, String> {
+fn target_cpu(s: &str) -> Result<Target, crate::target::UnknownCpu> {
     crate::target::resolve(s)
 }
 
-fn float_dtype(s: &str) -> Result<DType, String> {
+fn float_dtype(s: &str) -> Result<DType, ArgError> {
     match DType::from_name(s) {
         Some(d) if d.is_float() => Ok(d),
-        _ => Err(format!(
-            "`{s}` is not a floating-point dtype (f32, bf16, f16)"
-        )),
+        _ => Err(ArgError::NotFloat(s.to_string())),
     }
 }
 
@@ -370,8 +385,8 @@ where
     };
     match commands::dispatch(cli.command, out, err) {
         Ok(code) => code,
-        Err(commands::Failure(msg)) => {
-            let _ = err.write_all(msg.as_bytes());
+        Err(e) => {
+            let _ = err.write_all(commands::shown(&e).as_bytes());
             1
         }
     }

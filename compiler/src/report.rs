@@ -2,7 +2,7 @@
 //! counted from the generated loop, and the memory each buffer takes (with `--train`, also what
 //! the training step keeps for its backward loop).
 
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, ScheduleError};
 use ppc_dialect::ir::{names, Block, Func, Module, Pipeline, Setting};
 use ppc_dialect::op::OpKind;
 use serde_json::{json, Value};
@@ -26,11 +26,11 @@ fn result_bytes(f: &Func, block: &Block) -> u64 {
 
 /// How many stages `@stage` holds: the size of its stage axis (`#stages`, or `#stages_per_rank`
 /// in a program split over ranks).
-pub fn stages_held(stage: &Func) -> Result<u64, String> {
+pub fn stages_held(stage: &Func) -> Result<u64, ScheduleError> {
     let state = &stage.arg_types()[0];
     let (axis, _) = state
         .stage_axis()
-        .ok_or_else(|| format!("`@stage` takes {state}, which has no stage axis"))?;
+        .ok_or_else(|| ScheduleError::NoStageAxis(state.clone()))?;
     Ok(state.dims[axis].size)
 }
 
@@ -82,10 +82,11 @@ fn training(m: &Module, local: u64) -> Option<Value> {
 }
 
 /// The report of a module that went through `gpipe-loop` (and, for training, `autodiff`).
-pub fn report(m: &Module) -> Result<Value, String> {
+/// Its errors are [`Schedule::of`]'s, which checks what the report reads.
+pub fn report(m: &Module) -> Result<Value, ScheduleError> {
     let sched = Schedule::of(m)?;
     let p = m.pipeline;
-    let stage = m.func(names::STAGE).ok_or("no `@stage`")?;
+    let stage = m.func(names::STAGE).ok_or(ScheduleError::NoStage)?;
     let s = p.stages;
     let local = stages_held(stage)?;
     let param_bytes: u64 = stage.params.iter().map(|q| stage.ty(q.value).bytes()).sum();

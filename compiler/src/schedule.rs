@@ -9,7 +9,21 @@
 
 use ppc_dialect::ir::{names, Module};
 use ppc_dialect::op::OpKind;
+use ppc_dialect::Type;
 use std::fmt::Write;
+
+/// A module without the generated GPipe loop the schedule is read from.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("the module has no `@pipeline`: run `gpipe-loop` first")]
+    NoPipeline,
+    #[error("`@pipeline` has no loop")]
+    NoLoop,
+    #[error("the module has no `@stage`")]
+    NoStage,
+    #[error("`@stage` takes {0}, which has no stage axis")]
+    NoStageAxis(Type),
+}
 
 /// What one stage works on in one iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,10 +46,8 @@ pub struct Schedule {
 
 impl Schedule {
     /// The schedule of a module that went through `gpipe-loop`.
-    pub fn of(m: &Module) -> Result<Schedule, String> {
-        let p = m
-            .func(names::PIPELINE)
-            .ok_or("the module has no `@pipeline`: run `gpipe-loop` first")?;
+    pub fn of(m: &Module) -> Result<Schedule, ScheduleError> {
+        let p = m.func(names::PIPELINE).ok_or(ScheduleError::NoPipeline)?;
         let trips = p
             .body
             .ops
@@ -44,8 +56,8 @@ impl Schedule {
                 OpKind::Loop { trips, .. } => Some(*trips),
                 _ => None,
             })
-            .ok_or("`@pipeline` has no loop")?;
-        let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
+            .ok_or(ScheduleError::NoLoop)?;
+        let stage = m.func(names::STAGE).ok_or(ScheduleError::NoStage)?;
         // A sharded `@stage` holds one rank's stages; every rank runs the same loop.
         let ranks = m.pipeline.ranks;
         let stages = crate::report::stages_held(stage)? * ranks;

@@ -12,17 +12,25 @@ use ppc_runtime::manifest::Target;
 /// What `--target-cpu` defaults to.
 pub const DEFAULT_CPU: &str = "x86-64-v3";
 
+/// A `--target-cpu` that ppc does not know; `known` are the names it does.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "unknown CPU `{name}`: ppc compiles for {} (the x86-64 levels, whose features executables check at start) or native (this machine)",
+    .known.join(", ")
+)]
+pub struct UnknownCpu {
+    pub name: String,
+    pub known: Vec<&'static str>,
+}
+
 /// `name` as LLVM's `-mcpu` takes it, with the features the executable will require.
-pub fn resolve(name: &str) -> Result<Target, String> {
+pub fn resolve(name: &str) -> Result<Target, UnknownCpu> {
     let features = if name == "native" {
         cpu::host_features()
     } else {
-        cpu::features_of(name).ok_or_else(|| {
-            let known: Vec<&str> = cpu::levels().collect();
-            format!(
-                "unknown CPU `{name}`: ppc compiles for {} (the x86-64 levels, whose features executables check at start) or native (this machine)",
-                known.join(", ")
-            )
+        cpu::features_of(name).ok_or_else(|| UnknownCpu {
+            name: name.to_string(),
+            known: cpu::levels().collect(),
         })?
     };
     Ok(Target {

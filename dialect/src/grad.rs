@@ -4,8 +4,11 @@
 //!
 //! Parameter gradients add up over microbatches `M-1, ..., 0`, starting from `-0.0`: the order
 //! in which the pipeline's reverse loop meets them, so the two agree bit for bit.
+//!
+//! Errors are the interpreter's ([`InterpError`]): a function `autodiff` makes is missing, or a
+//! run over ranks failed.
 
-use crate::interp::{microbatch, on_ranks, shard, stack, Interp};
+use crate::interp::{microbatch, on_ranks, shard, stack, Interp, InterpError};
 use crate::ir::names;
 use crate::kernels;
 use crate::op::BinaryOp;
@@ -33,12 +36,16 @@ pub struct Grads {
 
 impl Interp<'_> {
     /// The model as written: each microbatch through layers `0..L`, then back.
-    pub fn sequential_vjp(&mut self, inputs: &Tensor, d_outputs: &Tensor) -> Result<Grads, String> {
+    pub fn sequential_vjp(
+        &mut self,
+        inputs: &Tensor,
+        d_outputs: &Tensor,
+    ) -> Result<Grads, InterpError> {
         let m = self.module();
-        let layer = m.func(names::LAYER).ok_or("the module has no `@layer`")?;
+        let layer = m.func(names::LAYER).ok_or_else(|| no_func(names::LAYER))?;
         let vjp = m
             .func(&names::vjp(names::LAYER))
-            .ok_or("the module has no `@layer_vjp`: run `autodiff` first")?;
+            .ok_or_else(|| not_transformed(names::LAYER, "run `autodiff` first"))?;
         let layers = m.pipeline.layers;
         let mut params: Vec<(String, Vec<Tensor>)> = layer
             .params
@@ -82,17 +89,25 @@ impl Interp<'_> {
     }
 
     /// The pipelined program's gradients (one process).
-    pub fn pipeline_vjp(&mut self, inputs: &Tensor, d_outputs: &Tensor) -> Result<Grads, String> {
+    pub fn pipeline_vjp(
+        &mut self,
+        inputs: &Tensor,
+        d_outputs: &Tensor,
+    ) -> Result<Grads, InterpError> {
         one_process(self.module())?;
         merge(vec![self.pipeline_vjp_part(inputs, d_outputs)?])
     }
 
     /// This rank's part of the pipelined program's gradients.
-    fn pipeline_vjp_part(&mut self, inputs: &Tensor, d_outputs: &Tensor) -> Result<Part, String> {
+    fn pipeline_vjp_part(
+        &mut self,
+        inputs: &Tensor,
+        d_outputs: &Tensor,
+    ) -> Result<Part, InterpError> {
         let m = self.module();
-        let vjp = m
-            .func(&names::vjp(names::PIPELINE))
-            .ok_or("the module has no `@pipeline_vjp`: run `gpipe-loop` and `autodiff` first")?;
+        let vjp = m.func(&names::vjp(names::PIPELINE)).ok_or_else(|| {
+            not_transformed(names::PIPELINE, "run `gpipe-loop` and `autodiff` first")
+        })?;
         // The outputs are the last rank's: the cotangent enters there alone (elsewhere it would
         // flow back through the exchanges into the neighbours' stages).
         let d = if self.rank() + 1 == m.pipeline.ranks {
@@ -113,7 +128,7 @@ impl Interp<'_> {
 
     /// One training step's loss and gradients (`@train_vjp`: the pipelined program, then the
     /// model's loss on `targets`), in one process.
-    pub fn train_step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<Step, String> {
+    pub fn train_step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<Step, InterpError> {
         one_process(self.module())?;
         let part = self.train_step_part(inputs, targets)?;
         let loss = part.loss;
@@ -123,17 +138,17 @@ impl Interp<'_> {
         })
     }
 
-    fn train_step_part(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<Part, String> {
+    fn train_step_part(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<Part, InterpError> {
         let m = self.module();
         let vjp = m
             .func(&names::vjp(names::TRAIN))
-            .ok_or("the module has no `@train_vjp`: compile it for training")?;
+            .ok_or_else(|| not_transformed(names::TRAIN, "compile it for training"))?;
         let one = Tensor::scalar(DType::F32, 1.0);
         let d_y = Tensor::splat(inputs.dtype, inputs.shape.clone(), -0.0);
         let args = vec![inputs.clone(), targets.clone(), one, d_y];
         let mut r = self.call(vjp, args, 0)?;
         // loss, outputs, d_inputs, d_targets (if float), then the parameters' gradients.
-        let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
+        let stage = m.func(names::STAGE).ok_or_else(|| no_func(names::STAGE))?;
         let grads = r.split_off(r.len() - stage.params.len());
         let d_inputs = r.remove(2);
         let outputs = r.remove(1);
@@ -147,9 +162,9 @@ impl Interp<'_> {
 
     /// Gradients of `@stage`'s parameters (stacked `[R?, S, k?, ...]`, this rank's stages) as
     /// `(model layer, gradient)`.
-    fn per_layer(&self, grads: Vec<Tensor>) -> Result<LayerGrads, String> {
+    fn per_layer(&self, grads: Vec<Tensor>) -> Result<LayerGrads, InterpError> {
         let m = self.module();
-        let stage = m.func(names::STAGE).ok_or("the module has no `@stage`")?;
+        let stage = m.func(names::STAGE).ok_or_else(|| no_func(names::STAGE))?;
         Ok(stage
             .params
             .iter()
@@ -193,19 +208,31 @@ struct Part {
     params: LayerGrads,
 }
 
-fn one_process(m: &crate::Module) -> Result<(), String> {
+fn one_process(m: &crate::Module) -> Result<(), InterpError> {
     if m.pipeline.ranks > 1 {
-        return Err(format!(
-            "the program is split over {} ranks: use the `_on_ranks` functions",
-            m.pipeline.ranks
-        ));
+        return Err(InterpError::SplitOverRanks {
+            ranks: m.pipeline.ranks,
+            instead: "use the `_on_ranks` functions",
+        });
     }
     Ok(())
 }
 
+fn no_func(func: &str) -> InterpError {
+    InterpError::NoFunc { func: func.into() }
+}
+
+/// `@{func}_vjp` is missing; `needs` says what makes it.
+fn not_transformed(func: &str, needs: &'static str) -> InterpError {
+    InterpError::NotTransformed {
+        func: names::vjp(func),
+        needs,
+    }
+}
+
 /// The ranks' parts as one: outputs from the last rank (which holds the last stage), input
 /// gradients from rank 0 (the first), every layer's parameters from the rank that holds it.
-fn merge(parts: Vec<Part>) -> Result<Grads, String> {
+fn merge(parts: Vec<Part>) -> Result<Grads, InterpError> {
     let mut params: Vec<(String, Vec<Option<Tensor>>)> = Vec::new();
     for part in &parts {
         for (i, (name, layers)) in part.params.iter().enumerate() {
@@ -227,13 +254,18 @@ fn merge(parts: Vec<Part>) -> Result<Grads, String> {
             let layers = slots
                 .into_iter()
                 .enumerate()
-                .map(|(l, t)| t.ok_or_else(|| format!("no rank holds layer {l} of `{name}`")))
+                .map(|(l, t)| {
+                    t.ok_or_else(|| InterpError::LayerNotHeld {
+                        layer: l,
+                        param: name.clone(),
+                    })
+                })
                 .collect::<Result<_, _>>()?;
             Ok((name, layers))
         })
-        .collect::<Result<_, String>>()?;
-    let first = parts.first().ok_or("no ranks")?;
-    let last = parts.last().ok_or("no ranks")?;
+        .collect::<Result<_, InterpError>>()?;
+    let first = parts.first().ok_or(InterpError::NoRanks)?;
+    let last = parts.last().ok_or(InterpError::NoRanks)?;
     Ok(Grads {
         outputs: last.outputs.clone(),
         inputs: first.inputs.clone(),
@@ -248,7 +280,7 @@ pub fn pipeline_vjp_on_ranks(
     source: &Source,
     inputs: &Tensor,
     d_outputs: &Tensor,
-) -> Result<Grads, String> {
+) -> Result<Grads, InterpError> {
     merge(on_ranks(m, seed, source, |i| {
         i.pipeline_vjp_part(inputs, d_outputs)
     })?)
@@ -262,9 +294,9 @@ pub fn train_step_on_ranks(
     source: &Source,
     inputs: &Tensor,
     targets: &Tensor,
-) -> Result<Step, String> {
+) -> Result<Step, InterpError> {
     let parts = on_ranks(m, seed, source, |i| i.train_step_part(inputs, targets))?;
-    let loss = parts.last().ok_or("no ranks")?.loss;
+    let loss = parts.last().ok_or(InterpError::NoRanks)?.loss;
     Ok(Step {
         loss,
         grads: merge(parts)?,

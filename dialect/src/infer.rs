@@ -29,19 +29,35 @@ fn err<T>(message: impl Into<String>, operand: Option<usize>) -> Result<T, TypeE
     })
 }
 
+/// Why a shape cannot be a tensor's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error("shape {shape:?} overflows a 64-bit element count")]
+    Overflow { shape: Vec<u64> },
+    #[error("shape {shape:?} has {elements} elements, more than the limit of {MAX_ELEMENTS}")]
+    TooLarge { shape: Vec<u64>, elements: u64 },
+    #[error("shape {shape:?} has a zero-sized dimension")]
+    ZeroSized { shape: Vec<u64> },
+}
+
 /// Element count of `shape`, or an error if it overflows or exceeds [`MAX_ELEMENTS`].
-pub fn checked_elements(shape: &[u64]) -> Result<u64, String> {
+pub fn checked_elements(shape: &[u64]) -> Result<u64, ShapeError> {
     let n = shape
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| format!("shape {shape:?} overflows a 64-bit element count"))?;
+        .ok_or_else(|| ShapeError::Overflow {
+            shape: shape.to_vec(),
+        })?;
     if n > MAX_ELEMENTS {
-        return Err(format!(
-            "shape {shape:?} has {n} elements, more than the limit of {MAX_ELEMENTS}"
-        ));
+        return Err(ShapeError::TooLarge {
+            shape: shape.to_vec(),
+            elements: n,
+        });
     }
     if shape.contains(&0) {
-        return Err(format!("shape {shape:?} has a zero-sized dimension"));
+        return Err(ShapeError::ZeroSized {
+            shape: shape.to_vec(),
+        });
     }
     Ok(n)
 }

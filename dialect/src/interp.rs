@@ -6,22 +6,64 @@
 //! backend. Two entry points matter to users: [`Interp::sequential`] (each microbatch through
 //! layers `0..L` in order: the meaning of a model file) and [`Interp::forward`] (the pipelined
 //! program if there is one).
+//!
+//! A run that cannot go on is an [`InterpError`]: a function missing from the module, arguments
+//! that do not fit, parameters that cannot be read, or a rank of a sharded run that stopped.
 
 use crate::ir::{names, Block, Func, Module, Param, ValueId};
 use crate::kernels as k;
 use crate::op::OpKind;
 use crate::types::{Axis, DType, Type};
 use ppc_tensor::init::{Layers, Shard, Source};
+use ppc_tensor::params::ParamError;
 use ppc_tensor::Tensor;
 use std::collections::HashMap;
 
 /// The fill used for poisoned bubbles, as a number the text format can hold.
 pub const POISON: f64 = f64::NAN;
 
+/// Why the interpreter could not run (part of) a module.
+#[derive(Debug, thiserror::Error)]
+pub enum InterpError {
+    #[error("the module has no `@{func}`")]
+    NoFunc { func: String },
+    /// A function that a pass makes is missing: `needs` says which.
+    #[error("the module has no `@{func}`: {needs}")]
+    NotTransformed { func: String, needs: &'static str },
+    /// A sharded program run as one process: `instead` says what runs it.
+    #[error("the program is split over {ranks} ranks: {instead}")]
+    SplitOverRanks { ranks: u64, instead: &'static str },
+    #[error("`@{func}` takes {want} arguments, got {got}")]
+    Arity {
+        func: String,
+        want: usize,
+        got: usize,
+    },
+    #[error("argument `%{arg}` of `@{func}` must be {want}, got {dtype}{shape:?}")]
+    Argument {
+        func: String,
+        arg: String,
+        want: Type,
+        dtype: DType,
+        shape: Vec<usize>,
+    },
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    /// What a rank's exchange meets when a neighbour ended first (its own error is the cause).
+    #[error("rank {rank}: a neighbouring rank stopped")]
+    NeighbourStopped { rank: usize },
+    #[error("rank {rank} panicked")]
+    Panicked { rank: usize },
+    #[error("no rank holds layer {layer} of `{param}`")]
+    LayerNotHeld { layer: usize, param: String },
+    #[error("no ranks")]
+    NoRanks,
+}
+
 /// How one rank of a sharded program reaches the others: `exchange(x, false)` sends to the next
 /// rank and returns what the previous one sent; `exchange(x, true)` the other way round; an
 /// error if a neighbour is gone.
-pub type Exchange<'m> = Box<dyn FnMut(Tensor, bool) -> Result<Tensor, String> + 'm>;
+pub type Exchange<'m> = Box<dyn FnMut(Tensor, bool) -> Result<Tensor, InterpError> + 'm>;
 
 /// An interpreter for one module and one seed (and one rank of a sharded module); caches
 /// materialized parameters.
@@ -84,11 +126,13 @@ impl<'m> Interp<'m> {
     }
 
     /// The model as written: each microbatch through layers `0..L` in order.
-    pub fn sequential(&mut self, inputs: &Tensor) -> Result<Tensor, String> {
+    pub fn sequential(&mut self, inputs: &Tensor) -> Result<Tensor, InterpError> {
         let layer = self
             .module
             .func(names::LAYER)
-            .ok_or("the module has no `@layer`")?;
+            .ok_or_else(|| InterpError::NoFunc {
+                func: names::LAYER.into(),
+            })?;
         let m = self.module.pipeline.microbatches as usize;
         let mut outs = Vec::with_capacity(m);
         for mb in 0..m {
@@ -102,12 +146,13 @@ impl<'m> Interp<'m> {
     }
 
     /// The pipelined program `@pipeline` if the module has one, else [`Interp::sequential`].
-    pub fn forward(&mut self, inputs: &Tensor) -> Result<Tensor, String> {
+    pub fn forward(&mut self, inputs: &Tensor) -> Result<Tensor, InterpError> {
         let ranks = self.module.pipeline.ranks;
         if ranks > 1 && self.exchange.is_none() {
-            return Err(format!(
-                "the program is split over {ranks} ranks: run it with `forward_on_ranks`"
-            ));
+            return Err(InterpError::SplitOverRanks {
+                ranks,
+                instead: "run it with `forward_on_ranks`",
+            });
         }
         match self.module.func(names::PIPELINE) {
             Some(p) => Ok(self.call(p, vec![inputs.clone()], 0)?.remove(0)),
@@ -122,23 +167,30 @@ impl<'m> Interp<'m> {
     }
 
     /// Runs `f` on `args`; unstacked parameters take the weights of layer `layer`.
-    pub fn call(&mut self, f: &Func, args: Vec<Tensor>, layer: u64) -> Result<Vec<Tensor>, String> {
+    pub fn call(
+        &mut self,
+        f: &Func,
+        args: Vec<Tensor>,
+        layer: u64,
+    ) -> Result<Vec<Tensor>, InterpError> {
         if args.len() != f.body.args.len() {
-            return Err(format!(
-                "`@{}` takes {} arguments, got {}",
-                f.name,
-                f.body.args.len(),
-                args.len()
-            ));
+            return Err(InterpError::Arity {
+                func: f.name.clone(),
+                want: f.body.args.len(),
+                got: args.len(),
+            });
         }
         let mut env: Vec<Option<Tensor>> = vec![None; f.values.len()];
         for (&a, t) in f.body.args.iter().zip(args) {
             let ty = f.ty(a);
             if t.dtype != ty.dtype || t.shape != ty.shape_usize() {
-                return Err(format!(
-                    "argument `%{}` of `@{}` must be {}, got {}{:?}",
-                    f.values[a].name, f.name, ty, t.dtype, t.shape
-                ));
+                return Err(InterpError::Argument {
+                    func: f.name.clone(),
+                    arg: f.values[a].name.clone(),
+                    want: ty.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape,
+                });
             }
             env[a.index()] = Some(t);
         }
@@ -154,7 +206,7 @@ impl<'m> Interp<'m> {
             .collect())
     }
 
-    fn param(&mut self, f: &Func, i: usize, p: &Param, layer: u64) -> Result<Tensor, String> {
+    fn param(&mut self, f: &Func, i: usize, p: &Param, layer: u64) -> Result<Tensor, ParamError> {
         let key = (f.name.clone(), i, if p.layer_axes == 0 { layer } else { 0 });
         if let Some(t) = self.params.get(&key) {
             return Ok(t.clone());
@@ -177,7 +229,7 @@ impl<'m> Interp<'m> {
         block: &Block,
         env: &mut [Option<Tensor>],
         layer: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), InterpError> {
         for &id in &block.ops {
             let op = &f.ops[id];
             let ty = f.ty(op.results[0]);
@@ -283,7 +335,7 @@ pub fn materialize(
     p: &Param,
     layer: u64,
     shard: Option<Shard>,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, ParamError> {
     let layers = match p.layer_axes {
         0 => Layers::One(layer),
         axes => Layers::Stacked { axes, shard },
@@ -311,7 +363,7 @@ pub fn forward_on_ranks(
     seed: u64,
     source: &Source,
     inputs: &Tensor,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, InterpError> {
     let mut all = on_ranks(m, seed, source, |interp| interp.forward(inputs))?;
     Ok(all.pop().expect("invariant: at least one rank"))
 }
@@ -323,17 +375,16 @@ pub fn on_ranks<T: Send>(
     m: &Module,
     seed: u64,
     source: &Source,
-    run: impl Fn(&mut Interp) -> Result<T, String> + Sync,
-) -> Result<Vec<T>, String> {
+    run: impl Fn(&mut Interp) -> Result<T, InterpError> + Sync,
+) -> Result<Vec<T>, InterpError> {
     use std::sync::mpsc::channel;
     let ranks = m.pipeline.ranks as usize;
     // Channel `r` of a ring carries what rank `r` receives in that direction.
     let ring = || -> (Vec<_>, Vec<_>) { (0..ranks).map(|_| channel::<Tensor>()).unzip() };
     let ((forward_tx, forward_rx), (back_tx, back_rx)) = (ring(), ring());
-    const GONE: &str = "a neighbouring rank stopped";
-    let gone = |rank: usize| format!("rank {rank}: {GONE}");
+    let gone = |rank: usize| InterpError::NeighbourStopped { rank };
     let run = &run;
-    let results: Vec<Result<T, String>> = std::thread::scope(|scope| {
+    let results: Vec<Result<T, InterpError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = forward_rx
             .into_iter()
             .zip(back_rx)
@@ -362,25 +413,23 @@ pub fn on_ranks<T: Send>(
         handles
             .into_iter()
             .enumerate()
-            .map(|(rank, h)| {
-                h.join()
-                    .unwrap_or_else(|_| Err(format!("rank {rank} panicked")))
-            })
+            .map(|(rank, h)| h.join().unwrap_or(Err(InterpError::Panicked { rank })))
             .collect()
     });
     // A rank's own error comes before the neighbours' reports of it having stopped.
-    let first_cause = results.iter().find_map(|r| {
+    let is_cause = |r: &Result<T, InterpError>| {
         r.as_ref()
-            .err()
-            .filter(|e| !e.contains("a neighbouring rank stopped"))
-    });
-    if let Some(e) = first_cause.or_else(|| results.iter().find_map(|r| r.as_ref().err())) {
-        return Err(e.clone());
+            .is_err_and(|e| !matches!(e, InterpError::NeighbourStopped { .. }))
+    };
+    let first = results
+        .iter()
+        .position(is_cause)
+        .or_else(|| results.iter().position(Result::is_err));
+    let mut results = results;
+    if let Some(Err(e)) = first.map(|i| results.swap_remove(i)) {
+        return Err(e);
     }
-    Ok(results
-        .into_iter()
-        .map(|r| r.expect("checked above"))
-        .collect())
+    results.into_iter().collect()
 }
 
 /// The model's parameters as files hold them: each of `@layer`'s, for every layer.
@@ -406,7 +455,7 @@ pub fn param_source(
     m: &Module,
     seed: u64,
     params: Option<&std::path::Path>,
-) -> Result<Source, String> {
+) -> Result<Source, ParamError> {
     match params {
         None => Ok(Source::Seeded(seed)),
         Some(path) => {

@@ -67,19 +67,28 @@ pub fn host_features() -> Vec<&'static str> {
     KNOWN.iter().copied().filter(|f| detected(f)).collect()
 }
 
+/// Code compiled for a CPU with features this one lacks.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this executable was compiled for the CPU `{cpu}` (ppc compile --target-cpu {cpu}) and needs {}, which this CPU lacks; \
+     rebuild it for the oldest CPU of the nodes it runs on, e.g. --target-cpu x86-64-v3 (AVX2) or x86-64-v2",
+    .lacking.join(", ")
+)]
+pub struct MissingFeatures {
+    pub cpu: String,
+    pub lacking: Vec<String>,
+}
+
 /// Whether code compiled for `target` can run here; the error names what this CPU lacks.
-pub fn check(target: &crate::manifest::Target) -> Result<(), String> {
+pub fn check(target: &crate::manifest::Target) -> Result<(), MissingFeatures> {
     let lacking = missing(&target.features);
     if lacking.is_empty() {
         return Ok(());
     }
-    Err(format!(
-        "this executable was compiled for the CPU `{}` (ppc compile --target-cpu {}) and needs {}, which this CPU lacks; \
-         rebuild it for the oldest CPU of the nodes it runs on, e.g. --target-cpu x86-64-v3 (AVX2) or x86-64-v2",
-        target.cpu,
-        target.cpu,
-        lacking.join(", ")
-    ))
+    Err(MissingFeatures {
+        cpu: target.cpu.clone(),
+        lacking: lacking.into_iter().map(str::to_string).collect(),
+    })
 }
 
 fn disabled() -> Vec<String> {
@@ -229,7 +238,7 @@ mod tests {
             cpu: "imaginary".into(),
             features: vec!["sse2".into(), "no-such-feature".into()],
         };
-        let e = check(&t).unwrap_err();
+        let e = check(&t).expect_err("lacks a feature").to_string();
         assert!(
             e.contains("`imaginary`") && e.contains("needs no-such-feature,"),
             "{e}"

@@ -6,19 +6,70 @@
 //! the inputs (the others pass zeros, which their stages never select), each rank draws the
 //! weights of its own stages, and the last rank, which holds the last stage, prints the summary
 //! and writes `--output`. With `--bench`, rank 0 prints one JSON line for the whole job.
+//!
+//! A run that stops says why with a [`RunError`], which wraps the errors of the parts it uses
+//! (parameter files, safetensors files, the call's arguments, the trace file).
 
 use crate::comm;
+use crate::files::WriteError;
 use crate::init::{self, Layers, Shard, Source};
 use crate::manifest::{Manifest, Role};
 use crate::memref::HostBuffer;
-use crate::params::{ParamFile, Spec};
+use crate::params::{ParamError, ParamFile, Spec};
 use crate::run_options::RunOptions;
-use crate::safetensors;
-use crate::tensor::Tensor;
+use crate::safetensors::{self, FileError};
+use crate::tensor::{DType, Tensor};
 use std::ffi::c_void;
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Buffers that do not fit the generated code's arguments.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("the program takes {want} arguments, got {got}")]
+    Arity { want: usize, got: usize },
+    #[error("argument `{name}` must be {dtype}{shape:?}, got {got_dtype}{got_shape:?}")]
+    Argument {
+        name: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        got_dtype: DType,
+        got_shape: Vec<usize>,
+    },
+    #[error("missing buffer for argument `{name}`")]
+    MissingBuffer { name: String },
+}
+
+/// Why a forward run ([`drive`]) stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// `--input`'s tensor is not what the model takes (`want`: `[microbatches, ...input]`).
+    #[error(
+        "{}: tensor `{}` is {dtype}{shape:?}, but this model takes {want_dtype}{want_shape:?} ([microbatches, ...input])",
+        .path.display(),
+        INPUT_TENSOR
+    )]
+    InputShape {
+        path: PathBuf,
+        dtype: DType,
+        shape: Vec<usize>,
+        want_dtype: DType,
+        want_shape: Vec<usize>,
+    },
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error(transparent)]
+    Trace(#[from] WriteError),
+    /// Writing the summary or the progress failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
 
 /// MLIR's packed calling convention: one array of pointers to the arguments.
 pub type PackedFn = unsafe extern "C" fn(*mut *mut c_void);
@@ -44,7 +95,7 @@ impl Program {
     }
 
     /// This rank's parameters from `source`, in manifest order.
-    pub fn params(&self, source: &Source) -> Result<Vec<HostBuffer>, String> {
+    pub fn params(&self, source: &Source) -> Result<Vec<HostBuffer>, ParamError> {
         let rank = comm::rank();
         self.manifest
             .args
@@ -88,7 +139,7 @@ impl Program {
 
     /// Where this run's parameters come from: `--params FILE`, checked against the model, or
     /// the seeded generator.
-    pub fn param_source(&self, opts: &RunOptions) -> Result<Source, String> {
+    pub fn param_source(&self, opts: &RunOptions) -> Result<Source, ParamError> {
         match &opts.params.file {
             None => Ok(Source::Seeded(opts.seed)),
             Some(path) => Ok(Source::File(Arc::new(ParamFile::open(
@@ -126,7 +177,7 @@ impl Program {
         input: &mut HostBuffer,
         params: &mut [HostBuffer],
         output: &mut HostBuffer,
-    ) -> Result<(), String> {
+    ) -> Result<(), CallError> {
         let mut bufs: Vec<&mut HostBuffer> = Vec::with_capacity(self.manifest.args.len());
         let mut params = params.iter_mut();
         let (mut input, mut output) = (Some(input), Some(output));
@@ -137,27 +188,31 @@ impl Program {
                 Role::Output => output.take(),
                 Role::Target | Role::Loss | Role::Grad => None,
             }
-            .ok_or_else(|| format!("missing buffer for argument `{}`", a.name))?;
+            .ok_or_else(|| CallError::MissingBuffer {
+                name: a.name.clone(),
+            })?;
             bufs.push(b);
         }
         self.call(bufs)
     }
 
     /// Calls the generated code on `bufs`, one per manifest argument, in order (checked).
-    pub fn call(&self, mut bufs: Vec<&mut HostBuffer>) -> Result<(), String> {
+    pub fn call(&self, mut bufs: Vec<&mut HostBuffer>) -> Result<(), CallError> {
         if bufs.len() != self.manifest.args.len() {
-            return Err(format!(
-                "the program takes {} arguments, got {}",
-                self.manifest.args.len(),
-                bufs.len()
-            ));
+            return Err(CallError::Arity {
+                want: self.manifest.args.len(),
+                got: bufs.len(),
+            });
         }
         for (a, b) in self.manifest.args.iter().zip(&bufs) {
             if b.dtype != a.dtype || b.shape != a.shape {
-                return Err(format!(
-                    "argument `{}` must be {}{:?}, got {}{:?}",
-                    a.name, a.dtype, a.shape, b.dtype, b.shape
-                ));
+                return Err(CallError::Argument {
+                    name: a.name.clone(),
+                    dtype: a.dtype,
+                    shape: a.shape.clone(),
+                    got_dtype: b.dtype,
+                    got_shape: b.shape.clone(),
+                });
             }
         }
         // A CUDA program's kernels address only GPU memory: its arguments are kept there.
@@ -224,17 +279,18 @@ pub fn write_summary(
 /// (`[microbatches, ...input]`).
 pub fn read_input(
     path: &std::path::Path,
-    dtype: crate::tensor::DType,
+    dtype: DType,
     shape: &[usize],
-) -> Result<HostBuffer, String> {
+) -> Result<HostBuffer, RunError> {
     let b = safetensors::read_tensor(path, INPUT_TENSOR)?;
     if b.dtype != dtype || b.shape != shape {
-        return Err(format!(
-            "{}: tensor `{INPUT_TENSOR}` is {}{:?}, but this model takes {dtype}{shape:?} ([microbatches, ...input])",
-            path.display(),
-            b.dtype,
-            b.shape,
-        ));
+        return Err(RunError::InputShape {
+            path: path.to_path_buf(),
+            dtype: b.dtype,
+            shape: b.shape,
+            want_dtype: dtype,
+            want_shape: shape.to_vec(),
+        });
     }
     Ok(b)
 }
@@ -245,9 +301,8 @@ pub fn drive(
     opts: &RunOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<HostBuffer, String> {
+) -> Result<HostBuffer, RunError> {
     let m = &program.manifest;
-    let io = |e: std::io::Error| e.to_string();
     let (rank, speaks) = (comm::rank(), comm::rank() == program.output_rank());
     let mut input = match &opts.input {
         _ if rank != 0 => HostBuffer::zeros(m.input().dtype, &m.input().shape),
@@ -257,7 +312,7 @@ pub fn drive(
     let source = program.param_source(opts)?;
     if let Some(path) = opts.dump_params.as_ref().filter(|_| rank == 0) {
         crate::params::dump(&source, &program.specs(), path)?;
-        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+        writeln!(err, "wrote {}", path.display())?;
     }
     let mut params = program.params(&source)?;
     let mut output = program.output_buffer();
@@ -277,14 +332,13 @@ pub fn drive(
                 "step {}/{steps}: {:.4} s",
                 step + 1,
                 times[times.len() - 1]
-            )
-            .map_err(io)?;
+            )?;
         }
     }
     if let Some(path) = &opts.trace {
         crate::trace::write(path)?;
         if rank == 0 {
-            writeln!(err, "wrote {}", path.display()).map_err(io)?;
+            writeln!(err, "wrote {}", path.display())?;
         }
     }
     // The first step pages in weights and buffers; the others show the steady state, and
@@ -313,37 +367,33 @@ pub fn drive(
             &input_shape,
             &y,
             &step,
-        )
-        .map_err(io)?;
+        )?;
         if !warm.is_empty() {
             writeln!(
                 out,
                 "first step  {cold:.6} s (cold: pages in weights and buffers)"
-            )
-            .map_err(io)?;
+            )?;
         }
         writeln!(
             out,
             "throughput  {:.1} microbatches/s, {:.2} GFLOP/s useful",
             m.microbatches as f64 / step_s,
             m.flops as f64 / step_s / 1e9
-        )
-        .map_err(io)?;
+        )?;
         writeln!(
             out,
             "bubble      {:.1}% of stage-iterations idle",
             100.0 * bubble
-        )
-        .map_err(io)?;
+        )?;
     }
     if let Some(n) = opts.bench {
         bench(m, m.flops, n, out, &mut || {
-            program.run(&mut input, &mut params, &mut output)
+            Ok::<(), RunError>(program.run(&mut input, &mut params, &mut output)?)
         })?;
     }
     if let (true, Some(path)) = (speaks, &opts.output) {
         safetensors::write(path, &[(OUTPUT_TENSOR, &output)])?;
-        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+        writeln!(err, "wrote {}", path.display())?;
     }
     Ok(output)
 }
@@ -351,14 +401,14 @@ pub fn drive(
 /// Warms up (pages in weights, fills caches), times `n` calls of `step` on every rank, and
 /// prints on rank 0 one JSON line: the job's median step (the slowest rank's), throughput
 /// (`flops` per step), and per rank the time computing, the time waiting in exchanges and the
-/// bubble the masked GEMMs met.
-pub fn bench(
+/// bubble the masked GEMMs met. Errors are `step`'s, or writing the line's.
+pub fn bench<E: From<std::io::Error>>(
     m: &Manifest,
     flops: u64,
     n: u32,
     out: &mut dyn Write,
-    step: &mut dyn FnMut() -> Result<(), String>,
-) -> Result<(), String> {
+    step: &mut dyn FnMut() -> Result<(), E>,
+) -> Result<(), E> {
     for _ in 0..2 {
         step()?;
     }
@@ -416,8 +466,8 @@ pub fn bench(
         ranks.len(),
         crate::gemm::kernels(),
         per_rank.join(",")
-    )
-    .map_err(|e| e.to_string())
+    )?;
+    Ok(())
 }
 
 /// The median of step times (the upper one of an even count).

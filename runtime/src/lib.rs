@@ -8,9 +8,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod checkpoint;
 pub mod comm;
 pub mod cpu;
 pub mod cuda;
+pub mod error;
 pub mod exec;
 pub mod gemm;
 pub mod heap;

@@ -23,6 +23,19 @@ use serde::{Deserialize, Serialize};
 /// The format's version, the first key of the text.
 const VERSION: u32 = 1;
 
+/// Why a manifest's text cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("not a ppc manifest (version {VERSION})")]
+    NotJson(#[source] serde_json::Error),
+    #[error("manifest version {found} (this runtime reads version {VERSION})")]
+    Version { found: u32 },
+    #[error("a program needs at least one rank and one replica")]
+    NoRanks,
+    #[error("a manifest needs exactly one input and one output")]
+    InputOutput,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -125,22 +138,20 @@ impl Manifest {
     }
 
     /// Reads [`Manifest::to_text`]'s text back, checking what the runtime relies on.
-    pub fn parse(text: &str) -> Result<Manifest, String> {
-        let v: Versioned = serde_json::from_str(text)
-            .map_err(|e| format!("not a ppc manifest (version {VERSION}): {e}"))?;
+    pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        let v: Versioned = serde_json::from_str(text).map_err(ManifestError::NotJson)?;
         if v.ppc_manifest != VERSION {
-            return Err(format!(
-                "manifest version {} (this runtime reads version {VERSION})",
-                v.ppc_manifest
-            ));
+            return Err(ManifestError::Version {
+                found: v.ppc_manifest,
+            });
         }
         let m = v.manifest;
         if m.ranks == 0 || m.replicas == 0 {
-            return Err("a program needs at least one rank and one replica".into());
+            return Err(ManifestError::NoRanks);
         }
         let count = |role| m.args.iter().filter(|a| a.role == role).count();
         if count(Role::Input) != 1 || count(Role::Output) != 1 {
-            return Err("a manifest needs exactly one input and one output".into());
+            return Err(ManifestError::InputOutput);
         }
         Ok(m)
     }
@@ -227,16 +238,25 @@ mod tests {
                 ("lr".into(), "1e-3".into()),
             ],
         };
-        assert_eq!(Manifest::parse(&m.to_text()), Ok(m.clone()));
-        assert!(Manifest::parse("nonsense").is_err());
+        assert_eq!(Manifest::parse(&m.to_text()).expect("parses"), m);
+        assert!(matches!(
+            Manifest::parse("nonsense"),
+            Err(ManifestError::NotJson(_))
+        ));
         let later = m
             .to_text()
             .replacen("\"ppc_manifest\":1", "\"ppc_manifest\":2", 1);
-        assert!(Manifest::parse(&later).unwrap_err().contains("version 2"));
+        assert!(matches!(
+            Manifest::parse(&later),
+            Err(ManifestError::Version { found: 2 })
+        ));
         let no_output = Manifest {
             args: m.args[..1].to_vec(),
             ..m
         };
-        assert!(Manifest::parse(&no_output.to_text()).is_err());
+        assert!(matches!(
+            Manifest::parse(&no_output.to_text()),
+            Err(ManifestError::InputOutput)
+        ));
     }
 }

@@ -201,7 +201,7 @@ fn take_rows() -> Vec<f64> {
 }
 
 /// Gathers every rank's spans; rank 0 writes them to `path` (atomically). Every rank calls it.
-pub fn write(path: &std::path::Path) -> Result<(), String> {
+pub fn write(path: &std::path::Path) -> Result<(), crate::files::WriteError> {
     let rows = take_rows();
     // Ranks hold different numbers of spans: pad every rank's to the longest with NaN rows.
     let mut rows = rows;
@@ -266,8 +266,7 @@ pub fn write(path: &std::path::Path) -> Result<(), String> {
         "{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n{}\n]}}\n",
         events.join(",\n")
     );
-    crate::files::write_atomic(path, json.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    crate::files::write_file(path, json.as_bytes())
 }
 
 /// `s` inside a JSON string literal.

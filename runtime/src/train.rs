@@ -11,28 +11,73 @@
 //! `step·D + j`; after the microbatch loop their gradients are summed once, in replica order
 //! (the same bits on every run), and averaged, so every replica applies the same update.
 //!
-//! A checkpoint (`--save`, written atomically; `--resume`) is a safetensors file: the f32 master
-//! weights as `layers.L.NAME` (the naming of `--params` files), the optimizer's moments as
-//! `optim.m.layers.L.NAME` (and `optim.v.` for AdamW), and `optim.step`. Per-layer names do
-//! not depend on how the stages are laid out, so a checkpoint resumes on any rank count.
+//! Checkpoints (`--save`, `--resume`) are [`crate::checkpoint`]'s. A run that stops says why
+//! with a [`TrainError`], which wraps the errors of the parts it uses.
 
-use crate::exec::{bench, Program};
-use crate::init::{self, global_layer, Shard, Source};
-use crate::manifest::{Arg, Manifest, Role};
+use crate::checkpoint::{resume, save, CheckpointError};
+use crate::exec::{bench, CallError, Program};
+use crate::files::WriteError;
+use crate::init::{self, Source};
+use crate::manifest::{Arg, Role};
 use crate::memref::HostBuffer;
-use crate::optim::{Config, Kind, Optimizer};
-use crate::params::tensor_name;
+use crate::optim::Optimizer;
+use crate::params::ParamError;
 use crate::run_options::TrainOptions;
-use crate::safetensors;
+use crate::safetensors::{self, FileError};
 use crate::tensor::{DType, Tensor};
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// The teacher of the synthetic task is the model drawn with `seed + TEACHER_SEED_OFFSET`.
 pub const TEACHER_SEED_OFFSET: u64 = 1_000_003;
 /// Input batches the synthetic task cycles through.
 pub const SYNTHETIC_BATCHES: u64 = 8;
+
+/// Why training stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("this program is a forward pass: compile it with `ppc compile --train`")]
+    ForwardProgram,
+    #[error("the program has no gradient for parameter `{param}`")]
+    NoGradient { param: String },
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// A `--data` tensor is not `[N, ...]` of the model's per-microbatch shape `want`.
+    #[error(
+        "{}: tensor `{tensor}` is {dtype}{shape:?}, but this model trains on [N, {}] ({want_dtype} per microbatch)",
+        .path.display(),
+        .want.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    DataShape {
+        path: PathBuf,
+        tensor: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        want: Vec<usize>,
+        want_dtype: DType,
+    },
+    #[error("{}: {inputs} inputs but {targets} targets", .path.display())]
+    DataRows {
+        path: PathBuf,
+        inputs: usize,
+        targets: usize,
+    },
+    /// `step` counts from 1.
+    #[error("step {step}: the loss is {loss}: lower the learning rate (--lr)")]
+    Diverged { step: u64, loss: f32 },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Trace(#[from] WriteError),
+    /// Writing the progress or the losses failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
 
 /// What a run did: the losses of its steps, in order, and the optimizer's final state.
 pub struct Trained {
@@ -47,9 +92,8 @@ pub fn train(
     opts: &TrainOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<Trained, String> {
+) -> Result<Trained, TrainError> {
     let m = &program.manifest;
-    let io = |e: std::io::Error| e.to_string();
     let params_args: Vec<&Arg> = m.args.iter().filter(|a| a.role == Role::Param).collect();
     let mut params = program.params(&Source::Seeded(opts.seed))?;
     let mut optimizer = Optimizer::new(opts.optimizer, &params);
@@ -61,8 +105,7 @@ pub fn train(
                 "resumed from {} at step {}",
                 path.display(),
                 optimizer.step
-            )
-            .map_err(io)?;
+            )?;
         }
     }
     let data = Data::new(program, opts)?;
@@ -76,7 +119,7 @@ pub fn train(
     let mut step_once = |params: &mut Vec<HostBuffer>,
                          optimizer: &mut Optimizer,
                          step: u64|
-     -> Result<f32, String> {
+     -> Result<f32, TrainError> {
         // Replica `j` of `D` trains on batch `step·D + j`; the step's gradient is their mean.
         let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
         let (input, target) = data.batch(m, step * replicas + replica);
@@ -110,10 +153,10 @@ pub fn train(
         let loss = step_once(&mut params, &mut optimizer, step)?;
         crate::trace::record(crate::trace::Kind::Step, step as i64, Some(t));
         if !loss.is_finite() {
-            return Err(format!(
-                "step {}: the loss is {loss}: lower the learning rate (--lr)",
-                step + 1
-            ));
+            return Err(TrainError::Diverged {
+                step: step + 1,
+                loss,
+            });
         }
         losses.push(loss);
         let took = t.elapsed().as_secs_f64();
@@ -124,8 +167,7 @@ pub fn train(
                 out,
                 "{{\"step\":{},\"loss\":{loss:e},\"step_s\":{took:e}}}",
                 step + 1
-            )
-            .map_err(io)?;
+            )?;
         } else {
             let eta = started.elapsed().as_secs_f64() / done as f64
                 * (u64::from(opts.steps) - done) as f64;
@@ -136,24 +178,24 @@ pub fn train(
                 bar(done, u64::from(opts.steps)),
             );
             if terminal {
-                write!(err, "\r{line}").map_err(io)?;
+                write!(err, "\r{line}")?;
             } else {
-                writeln!(err, "{line}").map_err(io)?;
+                writeln!(err, "{line}")?;
             }
         }
     }
     if terminal {
-        writeln!(err).map_err(io)?;
+        writeln!(err)?;
     }
     if let Some(path) = &opts.trace {
         crate::trace::write(path)?;
         if crate::comm::rank() == 0 {
-            writeln!(err, "wrote {}", path.display()).map_err(io)?;
+            writeln!(err, "wrote {}", path.display())?;
         }
     }
     if let Some(path) = &opts.save {
         if save(path, m, &params_args, &params, &optimizer)? {
-            writeln!(err, "wrote {}", path.display()).map_err(io)?;
+            writeln!(err, "wrote {}", path.display())?;
         }
     }
     if let Some(n) = opts.bench {
@@ -194,7 +236,7 @@ pub fn step(
     input: HostBuffer,
     target: HostBuffer,
     params: &mut [HostBuffer],
-) -> Result<StepOutput, String> {
+) -> Result<StepOutput, TrainError> {
     let mut bufs = Buffers::new(program)?;
     let loss = bufs.run(program, input, target, params)?;
     Ok(StepOutput {
@@ -214,21 +256,22 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(program: &Program) -> Result<Buffers, String> {
+    fn new(program: &Program) -> Result<Buffers, TrainError> {
         let m = &program.manifest;
         if !m.trains() {
-            return Err(
-                "this program is a forward pass: compile it with `ppc compile --train`".into(),
-            );
+            return Err(TrainError::ForwardProgram);
         }
         let zeros = |a: &Arg| HostBuffer::zeros(a.dtype, &a.shape);
         let of = |role| m.args.iter().filter(move |a: &&Arg| a.role == role);
         let grad_names: Vec<&str> = of(Role::Grad).map(|a| a.name.as_str()).collect();
         let grad_of = of(Role::Param)
             .map(|p| {
-                grad_names.iter().position(|g| *g == p.name).ok_or_else(|| {
-                    format!("the program has no gradient for parameter `{}`", p.name)
-                })
+                grad_names
+                    .iter()
+                    .position(|g| *g == p.name)
+                    .ok_or_else(|| TrainError::NoGradient {
+                        param: p.name.clone(),
+                    })
             })
             .collect::<Result<_, _>>()?;
         Ok(Buffers {
@@ -250,7 +293,7 @@ impl Buffers {
         mut input: HostBuffer,
         mut target: HostBuffer,
         params: &mut [HostBuffer],
-    ) -> Result<f32, String> {
+    ) -> Result<f32, CallError> {
         let mut bufs = Vec::new();
         let (mut params, mut grads) = (params.iter_mut(), self.grads.iter_mut());
         let (mut i, mut t, mut o, mut l) = (
@@ -268,7 +311,9 @@ impl Buffers {
                 Role::Loss => l.take(),
                 Role::Grad => grads.next(),
             }
-            .ok_or_else(|| format!("missing buffer for argument `{}`", a.name))?;
+            .ok_or_else(|| CallError::MissingBuffer {
+                name: a.name.clone(),
+            })?;
             bufs.push(b);
         }
         program.call(bufs)?;
@@ -285,37 +330,36 @@ enum Data {
 }
 
 impl Data {
-    fn new(program: &Program, opts: &TrainOptions) -> Result<Data, String> {
+    fn new(program: &Program, opts: &TrainOptions) -> Result<Data, TrainError> {
         let m = &program.manifest;
         let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
         let mb = input.shape[0];
         match &opts.data {
             Some(path) => {
-                let read = |name: &str, a: &Arg| -> Result<Tensor, String> {
+                let read = |name: &str, a: &Arg| -> Result<Tensor, TrainError> {
                     let b = safetensors::read_tensor(path, name)?;
                     if b.shape.len() != a.shape.len()
                         || b.shape[1..] != a.shape[1..]
                         || b.shape[0] == 0
                     {
-                        return Err(format!(
-                            "{}: tensor `{name}` is {}{:?}, but this model trains on [N, {}] ({} per microbatch)",
-                            path.display(),
-                            b.dtype,
-                            b.shape,
-                            a.shape[1..].iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
-                            a.dtype
-                        ));
+                        return Err(TrainError::DataShape {
+                            path: path.clone(),
+                            tensor: name.to_string(),
+                            dtype: b.dtype,
+                            shape: b.shape,
+                            want: a.shape[1..].to_vec(),
+                            want_dtype: a.dtype,
+                        });
                     }
                     Ok(b.to_tensor())
                 };
                 let (x, y) = (read("input", input)?, read("target", target)?);
                 if x.shape[0] != y.shape[0] {
-                    return Err(format!(
-                        "{}: {} inputs but {} targets",
-                        path.display(),
-                        x.shape[0],
-                        y.shape[0]
-                    ));
+                    return Err(TrainError::DataRows {
+                        path: path.clone(),
+                        inputs: x.shape[0],
+                        targets: y.shape[0],
+                    });
                 }
                 Ok(Data::File {
                     input: x,
@@ -384,113 +428,4 @@ fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
         })
         .collect();
     Tensor::new(DType::I32, target.shape.clone(), data)
-}
-
-/// The model layer of each of the `[layer axes...]` slices of parameter `a` on rank `rank`.
-fn layer_ids(m: &Manifest, a: &Arg, rank: usize) -> Vec<u64> {
-    let lead = &a.shape[..a.layer_axes];
-    let shard = a.shard_axis.map(|axis| Shard {
-        axis,
-        full: m.stages as usize,
-        offset: rank * a.shape[axis],
-    });
-    let count: usize = lead.iter().product();
-    (0..count)
-        .map(|l| global_layer(l, lead, shard) as u64)
-        .collect()
-}
-
-/// Writes the checkpoint (on rank 0, which gathers every rank's stages); true where written.
-fn save(
-    path: &Path,
-    m: &Manifest,
-    params: &[&Arg],
-    bufs: &[HostBuffer],
-    opt: &Optimizer,
-) -> Result<bool, String> {
-    // Every replica holds the same weights: the first one writes them.
-    if crate::comm::replica() != 0 {
-        return Ok(false);
-    }
-    let mut named: Vec<(String, HostBuffer)> = Vec::new();
-    for (i, a) in params.iter().enumerate() {
-        let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
-        let n: usize = inner.iter().product();
-        let mut add = |prefix: &str, data: &[f32]| {
-            let local: Vec<f64> = data.iter().map(|&v| f64::from(v)).collect();
-            // Every rank holds slices of the same shape, so rank `r`'s are chunk `r`.
-            let Some(all) = crate::comm::gather(&local) else {
-                return;
-            };
-            for (r, chunk) in all.chunks(local.len()).enumerate() {
-                for (l, values) in layer_ids(m, a, r).into_iter().zip(chunk.chunks(n)) {
-                    let values = values.iter().map(|&v| v as f32).collect();
-                    let t = Tensor::new(DType::F32, inner.clone(), values);
-                    let name = format!("{prefix}{}", tensor_name(l, &a.name));
-                    named.push((name, HostBuffer::from_tensor(&t)));
-                }
-            }
-        };
-        add("", opt.weights(i, bufs));
-        add("optim.m.", &opt.m[i]);
-        if opt.config.kind == Kind::AdamW {
-            add("optim.v.", &opt.v[i]);
-        }
-    }
-    if crate::comm::rank() != 0 {
-        return Ok(false);
-    }
-    // In one order whatever the rank count, so that the bytes are too.
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    let step = Tensor::new(DType::I32, vec![], vec![opt.step as f32]);
-    named.push(("optim.step".into(), HostBuffer::from_tensor(&step)));
-    let refs: Vec<(&str, &HostBuffer)> = named.iter().map(|(n, b)| (n.as_str(), b)).collect();
-    safetensors::write(path, &refs)?;
-    Ok(true)
-}
-
-/// This rank's parameters and optimizer state from a checkpoint of [`save`], of any rank count.
-fn resume(
-    path: &Path,
-    m: &Manifest,
-    params: &[&Arg],
-    config: Config,
-    bufs: &mut [HostBuffer],
-) -> Result<Optimizer, String> {
-    let rank = crate::comm::rank();
-    let read = |prefix: &str, a: &Arg| -> Result<Vec<f32>, String> {
-        let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
-        let mut data = Vec::new();
-        for l in layer_ids(m, a, rank) {
-            let key = format!("{prefix}{}", tensor_name(l, &a.name));
-            let t = safetensors::read_tensor(path, &key)?;
-            if t.shape != inner {
-                return Err(format!(
-                    "{}: tensor `{key}` is {:?}, the model's is {inner:?}",
-                    path.display(),
-                    t.shape
-                ));
-            }
-            data.extend(t.to_tensor().data);
-        }
-        Ok(data)
-    };
-    let mut opt = Optimizer::new(config, bufs);
-    for (i, a) in params.iter().enumerate() {
-        let weights = read("", a)?;
-        opt.m[i] = read("optim.m.", a)?;
-        if config.kind == Kind::AdamW {
-            opt.v[i] = read("optim.v.", a)
-                .map_err(|e| format!("{e} (a checkpoint of SGD cannot resume with AdamW)"))?;
-        }
-        let w = Tensor::new(a.dtype, a.shape.clone(), weights);
-        bufs[i] = HostBuffer::from_tensor(&w);
-        if a.dtype != DType::F32 {
-            opt.master[i] = w.data;
-        }
-    }
-    opt.step = safetensors::read_tensor(path, "optim.step")?
-        .to_tensor()
-        .data[0] as u64;
-    Ok(opt)
 }

@@ -5,6 +5,7 @@ use crate::backend::{self};
 use crate::cli::{CompileArgs, Device, ModelArgs, PassArgs, ReportFormat};
 use crate::passes::{Options, Remat};
 use crate::report::report;
+use anyhow::bail;
 use ppc_dialect::{print, Module};
 use std::io::Write;
 use std::time::Instant;
@@ -14,7 +15,7 @@ pub fn compile_command(
     a: CompileArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<(), Failure> {
+) -> anyhow::Result<()> {
     let CompileArgs {
         model,
         emit,
@@ -36,21 +37,14 @@ pub fn compile_command(
     if gpu.is_some() {
         cuda_codegen(&codegen)?;
         if emit.as_deref() == Some("asm") {
-            return Err(Failure(
-                "error: --emit=asm shows the CPU program; with --target cuda, --emit=mlir shows the program, --emit=llvm the host's LLVM dialect and --emit=ptx its kernels\n".into(),
-            ));
+            bail!("--emit=asm shows the CPU program; with --target cuda, --emit=mlir shows the program, --emit=llvm the host's LLVM dialect and --emit=ptx its kernels");
         }
     }
     if gpu.is_none() && emit.as_deref() == Some("ptx") {
-        return Err(Failure(
-            "error: --emit=ptx prints the GPU kernels: add --target cuda\n".into(),
-        ));
+        bail!("--emit=ptx prints the GPU kernels: add --target cuda");
     }
     if pass.remat != Remat::Stage && !train {
-        return Err(Failure(
-            "error: --remat chooses what the training step's backward recomputes: add --train\n"
-                .into(),
-        ));
+        bail!("--remat chooses what the training step's backward recomputes: add --train");
     }
     let timer = time_passes.then(crate::timing::start);
     let mut l = crate::timing::phase("parse and check", || load(&model))?;
@@ -68,9 +62,7 @@ pub fn compile_command(
         let t = Instant::now();
         let opt = codegen.opt_level.into();
         if replicas > 1 && !train {
-            return Err(Failure(
-                "error: --replicas runs pipelines side by side for training: add --train\n".into(),
-            ));
+            bail!("--replicas runs pipelines side by side for training: add --train");
         }
         let src = l.source();
         let how = backend::Codegen {
@@ -85,8 +77,7 @@ pub fn compile_command(
             "wrote {} in {:.2} s",
             path.display(),
             t.elapsed().as_secs_f64()
-        )
-        .map_err(io)?;
+        )?;
     }
     let text = match (fmt, emit.as_deref()) {
         (Some(ReportFormat::Json), _) => {
@@ -113,10 +104,9 @@ pub fn compile_command(
         (None, _) if output.is_none() => print(&l.module),
         (None, _) => String::new(),
     };
-    out.write_all(text.as_bytes()).map_err(io)?;
+    out.write_all(text.as_bytes())?;
     if let Some(t) = timer {
-        err.write_all(crate::timing::table(&t.finish()).as_bytes())
-            .map_err(io)?;
+        err.write_all(crate::timing::table(&t.finish()).as_bytes())?;
     }
     Ok(())
 }
@@ -127,7 +117,7 @@ fn kept_by_remat(
     model: &ModelArgs,
     pass: &PassArgs,
     compiled: &Module,
-) -> Result<serde_json::Value, Failure> {
+) -> anyhow::Result<serde_json::Value> {
     let mut by = serde_json::Map::new();
     for remat in [Remat::Stage, Remat::None] {
         let bytes = if remat == pass.remat {

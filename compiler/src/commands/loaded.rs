@@ -1,9 +1,15 @@
 //! A model file loaded and checked, and how a command fails: what every command shares.
+//!
+//! Commands return `anyhow::Result`: a library's typed error (with `.context(...)` where the
+//! command knows more, such as which file), or a message of the command's own (`bail!`).
+//! Diagnostics come already rendered with file:line:col ([`Rendered`]), and a pass that breaks
+//! the IR is an [`InvalidIr`]. [`shown`] is the text a failed command prints.
 
 use crate::backend::{self, Source};
 use crate::cli::{CodegenArgs, ModelArgs};
 use crate::passes::Options;
 use crate::pipeline::{checked, compile, frontend, PipelineError};
+use anyhow::{bail, Context};
 use ppc_dialect::diag::render;
 use ppc_dialect::span::Span;
 use ppc_dialect::{Diagnostic, Module};
@@ -12,17 +18,32 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-/// A failed command: the text to show the user.
-pub struct Failure(pub String);
+/// Diagnostics rendered with file, line and column (by [`render`]): shown as they are.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Rendered(pub String);
 
-impl From<String> for Failure {
-    fn from(s: String) -> Failure {
-        Failure(format!("error: {s}\n"))
-    }
+/// A pass produced IR the verifier rejects: a compiler bug, shown after the verifier's
+/// diagnostics.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "internal compiler error: `{pass}` produced invalid IR; please report this with the model file"
+)]
+pub struct InvalidIr {
+    pub pass: &'static str,
+    pub diagnostics: Rendered,
 }
 
-pub(super) fn io(e: std::io::Error) -> Failure {
-    Failure(format!("error: {e}\n"))
+/// The text a failed command prints: rendered diagnostics as they are, anything else as
+/// `error: ` and the error with its causes, on one line of its own.
+pub fn shown(e: &anyhow::Error) -> String {
+    if let Some(r) = e.downcast_ref::<Rendered>() {
+        return r.0.clone();
+    }
+    if let Some(ice) = e.downcast_ref::<InvalidIr>() {
+        return format!("{}error: {ice}\n", ice.diagnostics);
+    }
+    format!("error: {e:#}\n")
 }
 
 /// A model file, loaded and checked.
@@ -32,31 +53,30 @@ pub(super) struct Loaded {
     pub(super) module: Module,
 }
 
-pub(super) fn load(args: &ModelArgs) -> Result<Loaded, Failure> {
+pub(super) fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     load_with(args, frontend)
 }
 
 /// A model file, checked and kept as written: calls not inlined (`ppc fmt`).
-pub(super) fn load_as_written(args: &ModelArgs) -> Result<Loaded, Failure> {
+pub(super) fn load_as_written(args: &ModelArgs) -> anyhow::Result<Loaded> {
     load_with(args, checked)
 }
 
 fn load_with(
     args: &ModelArgs,
     read: fn(&str, &ppc_dialect::Overrides) -> Result<Module, ppc_dialect::Diagnostics>,
-) -> Result<Loaded, Failure> {
+) -> anyhow::Result<Loaded> {
     let path = args.file.display().to_string();
-    let bytes = std::fs::read(&args.file)
-        .map_err(|e| Failure(format!("error: cannot read {path}: {e}\n")))?;
+    let bytes = std::fs::read(&args.file).with_context(|| format!("cannot read {path}"))?;
     let text = String::from_utf8(bytes).map_err(|e| not_utf8(&path, &e))?;
     match read(&text, &args.overrides()) {
         Ok(module) => Ok(Loaded { path, text, module }),
-        Err(d) => Err(Failure(render(&path, &text, &d))),
+        Err(d) => Err(Rendered(render(&path, &text, &d)).into()),
     }
 }
 
 /// A model file that is not UTF-8: the line and column of the first bad byte.
-pub(super) fn not_utf8(path: &str, e: &std::string::FromUtf8Error) -> Failure {
+pub(super) fn not_utf8(path: &str, e: &std::string::FromUtf8Error) -> Rendered {
     let at = e.utf8_error().valid_up_to();
     let bytes = e.as_bytes();
     // Up to `at` the lossy text is the file itself; the bad byte becomes U+FFFD there.
@@ -70,12 +90,12 @@ pub(super) fn not_utf8(path: &str, e: &std::string::FromUtf8Error) -> Failure {
         "first invalid byte",
     )
     .with_note("model files are UTF-8 text; re-save the file in that encoding");
-    Failure(render(path, &text, &[d]))
+    Rendered(render(path, &text, &[d]))
 }
 
 impl Loaded {
-    pub(super) fn fail(&self, d: &[Diagnostic]) -> Failure {
-        Failure(render(&self.path, &self.text, d))
+    pub(super) fn fail(&self, d: &[Diagnostic]) -> Rendered {
+        Rendered(render(&self.path, &self.text, d))
     }
 
     pub(super) fn source(&self) -> Source<'_> {
@@ -90,15 +110,17 @@ impl Loaded {
         opts: &Options,
         until: Option<&str>,
         dump: Option<&Path>,
-    ) -> Result<(), Failure> {
+    ) -> anyhow::Result<()> {
         compile(&mut self.module, opts, until, dump).map_err(|e| match e {
-            PipelineError::Pass(_, d) => self.fail(&d),
-            PipelineError::Invalid(pass, d) => {
-                let mut f = self.fail(&d);
-                f.0.push_str(&format!("error: internal compiler error: `{pass}` produced invalid IR; please report this with the model file\n"));
-                f
+            PipelineError::Pass(_, d) => self.fail(&d).into(),
+            PipelineError::Invalid(pass, d) => InvalidIr {
+                pass,
+                diagnostics: self.fail(&d),
             }
-            PipelineError::Io(path, e) => Failure(format!("error: cannot write {path}: {e}\n")),
+            .into(),
+            PipelineError::Io(path, e) => {
+                anyhow::Error::new(e).context(format!("cannot write {path}"))
+            }
         })
     }
 
@@ -108,13 +130,12 @@ impl Loaded {
         &self,
         codegen: &CodegenArgs,
         err: &mut dyn Write,
-    ) -> Result<(backend::TempDir, std::path::PathBuf), Failure> {
+    ) -> anyhow::Result<(backend::TempDir, std::path::PathBuf)> {
         cuda_codegen(codegen)?;
         let t = Instant::now();
         let dir = backend::TempDir::new().map_err(|d| self.fail(&d))?;
         let exe = dir.path().join("model");
-        let target =
-            crate::target::resolve("native").map_err(|e| Failure(format!("error: {e}\n")))?;
+        let target = crate::target::resolve("native")?;
         let gpu = backend::Gpu {
             arch: "sm_90".into(),
         };
@@ -131,12 +152,11 @@ impl Loaded {
             "compiled {} for cuda in {:.2} s",
             self.path,
             t.elapsed().as_secs_f64()
-        )
-        .map_err(io)?;
+        )?;
         Ok((dir, exe))
     }
 
-    pub(super) fn jit(&self, codegen: &CodegenArgs) -> Result<crate::lower::mlir::Jit, Failure> {
+    pub(super) fn jit(&self, codegen: &CodegenArgs) -> Result<crate::lower::mlir::Jit, Rendered> {
         backend::jit(
             &self.module,
             &self.source(),
@@ -148,25 +168,23 @@ impl Loaded {
 }
 
 /// The JIT runs the program in this one process; a program split over ranks needs MPI.
-pub(super) fn one_process(l: &Loaded, what: &str) -> Result<(), Failure> {
+pub(super) fn one_process(l: &Loaded, what: &str) -> anyhow::Result<()> {
     let r = l.module.pipeline.ranks;
     if r == 1 {
         return Ok(());
     }
-    Err(Failure(format!(
-        "error: `{what}` runs the program in one process, but it is split over {r} ranks\n  \
+    bail!(
+        "`{what}` runs the program in one process, but it is split over {r} ranks\n  \
          = build an executable and launch it with MPI: \
-         `ppc compile {} --ranks {r} -o model && mpirun.mpich -n {r} ./model`\n",
+         `ppc compile {} --ranks {r} -o model && mpirun.mpich -n {r} ./model`",
         l.path
-    )))
+    )
 }
 
 /// Refuses what the CUDA backend does not do.
-pub(super) fn cuda_codegen(codegen: &CodegenArgs) -> Result<(), Failure> {
+pub(super) fn cuda_codegen(codegen: &CodegenArgs) -> anyhow::Result<()> {
     if codegen.exact {
-        return Err(Failure(
-            "error: --exact is the CPU's bit-exact mode; --target cuda computes with CUDA's own math (within the dtype's tolerance)\n".into(),
-        ));
+        bail!("--exact is the CPU's bit-exact mode; --target cuda computes with CUDA's own math (within the dtype's tolerance)");
     }
     Ok(())
 }
@@ -177,13 +195,13 @@ pub(super) fn run_executable(
     flags: &[std::ffi::OsString],
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<i32, Failure> {
+) -> anyhow::Result<i32> {
     let o = std::process::Command::new(exe)
         .args(flags)
         .output()
-        .map_err(|e| Failure(format!("error: cannot run {}: {e}\n", exe.display())))?;
-    out.write_all(&o.stdout).map_err(io)?;
-    err.write_all(&o.stderr).map_err(io)?;
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    out.write_all(&o.stdout)?;
+    err.write_all(&o.stderr)?;
     Ok(o.status.code().unwrap_or(1))
 }
 

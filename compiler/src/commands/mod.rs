@@ -1,5 +1,5 @@
-//! What each `ppc` command does. Errors come back as a [`Failure`] holding the text to print:
-//! rendered diagnostics with file:line:col, or a one-line `error:` message.
+//! What each `ppc` command does. Errors come back as an `anyhow::Error`; [`shown`] gives the
+//! text to print: rendered diagnostics with file:line:col as they are, or an `error:` line.
 
 mod compile;
 mod loaded;
@@ -10,15 +10,15 @@ use crate::cli::Command;
 use crate::passes::Options;
 use crate::schedule::Schedule;
 use compile::compile_command;
-pub use loaded::Failure;
-use loaded::{io, load, load_as_written};
+use loaded::{load, load_as_written};
+pub use loaded::{shown, InvalidIr, Rendered};
 use ppc_dialect::print;
-use ppc_runtime::files::write_atomic;
+use ppc_runtime::files::write_file;
 use run::run_command;
 use std::io::Write;
 use verify::verify_command;
 
-pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32, Failure> {
+pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<i32> {
     match cmd {
         Command::Check(model) => {
             let l = load(&model)?;
@@ -27,17 +27,15 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
                 out,
                 "ok: {} ({} stages, {} layers, {} microbatches, {} repeats)",
                 l.path, p.stages, p.layers, p.microbatches, p.repeats
-            )
-            .map_err(io)?;
+            )?;
         }
         Command::Fmt { model, write } => {
             let l = load_as_written(&model)?;
             let text = print(&l.module);
             if write {
-                write_atomic(&model.file, text.as_bytes())
-                    .map_err(|e| Failure(format!("error: cannot write {}: {e}\n", l.path)))?;
+                write_file(&model.file, text.as_bytes())?;
             } else {
-                out.write_all(text.as_bytes()).map_err(io)?;
+                out.write_all(text.as_bytes())?;
             }
         }
         Command::Run {
@@ -52,12 +50,10 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             let mut l = load(&model)?;
             l.compile(&Options::default(), None, None)?;
             let s = Schedule::of(&l.module)?;
-            out.write_all(s.text().as_bytes()).map_err(io)?;
+            out.write_all(s.text().as_bytes())?;
             if let Some(path) = svg {
-                write_atomic(&path, s.svg().as_bytes()).map_err(|e| {
-                    Failure(format!("error: cannot write {}: {e}\n", path.display()))
-                })?;
-                writeln!(err, "wrote {}", path.display()).map_err(io)?;
+                write_file(&path, s.svg().as_bytes())?;
+                writeln!(err, "wrote {}", path.display())?;
             }
         }
     }

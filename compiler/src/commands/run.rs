@@ -3,6 +3,7 @@
 use super::loaded::*;
 use crate::cli::{Backend, CodegenArgs, ModelArgs};
 use crate::passes::Options;
+use anyhow::bail;
 use ppc_dialect::interp::{param_source, param_specs, Interp};
 use ppc_runtime::exec::{drive, write_summary, OUTPUT_TENSOR};
 use ppc_runtime::memref::HostBuffer;
@@ -18,7 +19,7 @@ pub fn run_command(
     codegen: CodegenArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<i32, Failure> {
+) -> anyhow::Result<i32> {
     match backend {
         Backend::Interp => run_interp(&load(&model)?, &args, out, err)?,
         Backend::Cuda => {
@@ -39,8 +40,7 @@ pub fn run_command(
                 "compiled {} in {:.2} s",
                 l.path,
                 t.elapsed().as_secs_f64()
-            )
-            .map_err(io)?;
+            )?;
             let opts = RunOptions {
                 backend: "cpu JIT".into(),
                 ..args
@@ -57,17 +57,15 @@ fn run_interp(
     args: &RunOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<(), Failure> {
+) -> anyhow::Result<()> {
     if args.bench.is_some() || args.trace.is_some() {
-        return Err(Failure(
-            "error: --bench and --trace need the cpu backend\n".into(),
-        ));
+        bail!("--bench and --trace need the cpu backend");
     }
     let p = l.module.pipeline;
     let source = param_source(&l.module, args.seed, args.params.file.as_deref())?;
     if let Some(path) = &args.dump_params {
         ppc_runtime::params::dump(&source, &param_specs(&l.module), path)?;
-        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+        writeln!(err, "wrote {}", path.display())?;
     }
     let mut interp = Interp::with_params(&l.module, args.seed, source);
     let inputs = match &args.input {
@@ -82,7 +80,7 @@ fn run_interp(
     let steps = args.steps.max(1);
     for step in 0..steps {
         if steps > 1 {
-            writeln!(err, "step {}/{steps}", step + 1).map_err(io)?;
+            writeln!(err, "step {}/{steps}", step + 1)?;
         }
         result = Some(interp.sequential(&inputs)?);
     }
@@ -96,11 +94,10 @@ fn run_interp(
         &shape_of(&inputs),
         &y,
         &step,
-    )
-    .map_err(io)?;
+    )?;
     if let Some(path) = &args.output {
         ppc_runtime::safetensors::write(path, &[(OUTPUT_TENSOR, &HostBuffer::from_tensor(&y))])?;
-        writeln!(err, "wrote {}", path.display()).map_err(io)?;
+        writeln!(err, "wrote {}", path.display())?;
     }
     Ok(())
 }

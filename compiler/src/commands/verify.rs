@@ -7,6 +7,7 @@ use crate::cli::{Backend, CodegenArgs, ModelArgs, PassArgs, VerifyArgs};
 use crate::compare::{compare, tolerance};
 use crate::passes::Remat;
 use crate::report::{self};
+use anyhow::{anyhow, bail, Context};
 use ppc_dialect::interp::{forward_on_ranks, param_source, Interp};
 use ppc_dialect::ir::{Pipeline, Setting};
 use ppc_runtime::memref::HostBuffer;
@@ -20,7 +21,7 @@ pub fn verify_command(
     a: VerifyArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<i32, Failure> {
+) -> anyhow::Result<i32> {
     let VerifyArgs {
         model,
         backend,
@@ -41,9 +42,7 @@ pub fn verify_command(
         return verify_grad(&model, &check, &pass, &codegen, out, err);
     }
     if pass.remat != Remat::Stage {
-        return Err(Failure(
-            "error: --remat chooses what the backward recomputes: add --grad\n".into(),
-        ));
+        bail!("--remat chooses what the backward recomputes: add --grad");
     }
     verify(&model, &check, &pass, &codegen, out, err)
 }
@@ -64,7 +63,7 @@ fn verify(
     codegen: &CodegenArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<i32, Failure> {
+) -> anyhow::Result<i32> {
     let Check {
         backend,
         seed,
@@ -87,8 +86,7 @@ fn verify(
         err,
         "verify: {} stages, {} microbatches, {} repeats, {} layers, {dtype} (seed {seed}{poison})",
         p.stages, p.microbatches, p.repeats, p.layers
-    )
-    .map_err(io)?;
+    )?;
     let source = param_source(&l.module, seed, params.as_deref())?;
     let mut interp = Interp::with_params(&l.module, seed, source.clone());
     let inputs = interp.synthetic_inputs();
@@ -98,8 +96,7 @@ fn verify(
         err,
         "sequential model (interp): {:.3} s",
         t.elapsed().as_secs_f64()
-    )
-    .map_err(io)?;
+    )?;
     let t = Instant::now();
     // A program split over ranks runs with one interpreter thread per rank.
     let piped = match p.ranks {
@@ -112,8 +109,7 @@ fn verify(
         p.ranks,
         if p.ranks == 1 { "" } else { "s" },
         t.elapsed().as_secs_f64()
-    )
-    .map_err(io)?;
+    )?;
     let (mut got, tol) = match backend {
         Backend::Interp => (piped.clone(), 0.0),
         Backend::Cpu => {
@@ -127,8 +123,7 @@ fn verify(
                 err,
                 "pipelined program (cpu, compile and run): {:.3} s",
                 t.elapsed().as_secs_f64()
-            )
-            .map_err(io)?;
+            )?;
             let exact = codegen.exact;
             (y.to_tensor(), if exact { 0.0 } else { tolerance(dtype) })
         }
@@ -151,7 +146,7 @@ fn verify(
                 return Ok(code);
             }
             let y = ppc_runtime::safetensors::read_tensor(&file, ppc_runtime::exec::OUTPUT_TENSOR)
-                .map_err(|e| Failure(format!("error: reading the GPU's result: {e}\n")))?;
+                .context("reading the GPU's result")?;
             (y.to_tensor(), tolerance(dtype))
         }
     };
@@ -192,21 +187,20 @@ fn verdict(
     p: &Pipeline,
     settings: &[Setting],
     ok: bool,
-) -> Result<i32, Failure> {
+) -> anyhow::Result<i32> {
     report::with_settings(&mut json, p, settings);
-    writeln!(out, "{json}").map_err(io)?;
+    writeln!(out, "{json}")?;
     Ok(if ok { 0 } else { 1 })
 }
 
 /// `--perturb N` (testing verify itself): element `N` of the result under test plus one.
-fn perturbed(got: &mut Tensor, at: Option<usize>) -> Result<(), Failure> {
+fn perturbed(got: &mut Tensor, at: Option<usize>) -> anyhow::Result<()> {
     let Some(i) = at else { return Ok(()) };
     let n = got.data.len();
-    let v = got.data.get_mut(i).ok_or_else(|| {
-        Failure(format!(
-            "error: --perturb {i}: the result has {n} elements\n"
-        ))
-    })?;
+    let v = got
+        .data
+        .get_mut(i)
+        .ok_or_else(|| anyhow!("--perturb {i}: the result has {n} elements"))?;
     *v += 1.0;
     Ok(())
 }
@@ -220,7 +214,7 @@ fn verify_grad(
     codegen: &CodegenArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> Result<i32, Failure> {
+) -> anyhow::Result<i32> {
     let mut l = load(model)?;
     if check.backend == Backend::Cpu {
         one_process(&l, "ppc verify --grad --backend cpu")?;
@@ -232,7 +226,7 @@ fn verify_grad(
     let inputs = ppc_dialect::interp::synthetic_inputs(m, seed);
     // Each check gives (what, reference, result) triples, the reference first.
     let (mut pairs, tol): (Vec<(String, Tensor, Tensor)>, f64) = match check.backend {
-        Backend::Cuda => return Err(Failure("error: `ppc verify --grad --backend cuda` is not built yet: training executables compiled with --target cuda run the step on the GPU, and scripts/gpu-check.sh compares their losses with the CPU's\n".into())),
+        Backend::Cuda => bail!("`ppc verify --grad --backend cuda` is not built yet: training executables compiled with --target cuda run the step on the GPU, and scripts/gpu-check.sh compares their losses with the CPU's"),
         Backend::Interp => {
             let d = ppc_dialect::grad::synthetic_cotangent(m, seed);
             let mut interp = Interp::with_params(m, seed, source.clone());
@@ -266,7 +260,7 @@ fn verify_grad(
                     .params
                     .iter()
                     .find(|(n, _)| *n == name)
-                    .ok_or_else(|| Failure(format!("error: no gradient of `{name}`\n")))?;
+                    .ok_or_else(|| anyhow!("no gradient of `{name}`"))?;
                 let w: Vec<f32> = layers.iter().flat_map(|t| t.data.iter().copied()).collect();
                 pairs.push((
                     format!("gradient of {name}"),
@@ -298,7 +292,7 @@ fn verify_grad(
             worst = Some((what.clone(), c.max_rel));
         }
         if !good {
-            writeln!(err, "{what}: differs (normwise {:e})", c.max_rel).map_err(io)?;
+            writeln!(err, "{what}: differs (normwise {:e})", c.max_rel)?;
         }
     }
     let p = m.pipeline;

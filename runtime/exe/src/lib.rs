@@ -5,7 +5,7 @@
 //! Every executable is an MPI program: `./model` is one rank, `mpirun.mpich -n R ./model` is R.
 //! A program compiled with `--ranks R` must be launched on exactly R ranks; any error on any rank
 //! ends the whole job (`MPI_Abort`) with a message and a non-zero exit, so nothing waits forever
-//! for a rank that is gone.
+//! for a rank that is gone. Errors are shown with their causes ([`Chain`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod mpi_transport;
@@ -13,6 +13,7 @@ mod mpi_transport;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use mpi::traits::Communicator;
 use ppc_runtime::comm;
+use ppc_runtime::error::Chain;
 use ppc_runtime::exec::{drive, PackedFn, Program};
 use ppc_runtime::manifest::Manifest;
 use ppc_runtime::optim::Config;
@@ -114,7 +115,10 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
     let manifest = match Manifest::parse(&text) {
         Ok(m) => m,
         Err(e) => {
-            say(&format!("{prog}: error: corrupt embedded manifest: {e}"));
+            say(&format!(
+                "{prog}: error: corrupt embedded manifest: {}",
+                Chain(&e)
+            ));
             return 1;
         }
     };
@@ -229,20 +233,24 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
     // SAFETY: the object that defines the entry was compiled together with this manifest.
     let program = unsafe { Program::new(manifest, entry) };
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-    let done = match job {
+    let done: Result<(), Box<dyn std::error::Error>> = match job {
         Job::Forward(opts) => {
             let mut opts = opts.clone();
             if program.manifest.gpu.is_some() {
                 opts.backend = "cuda executable".into();
             }
-            drive(&program, &opts, &mut out, &mut err).map(|_| ())
+            drive(&program, &opts, &mut out, &mut err)
+                .map(|_| ())
+                .map_err(Into::into)
         }
-        Job::Train(opts) => train(&program, opts, &mut out, &mut err).map(|_| ()),
+        Job::Train(opts) => train(&program, opts, &mut out, &mut err)
+            .map(|_| ())
+            .map_err(Into::into),
     };
     match done {
         Ok(()) => 0,
         Err(e) => {
-            say(&format!("{who}: error: {e}"));
+            say(&format!("{who}: error: {}", Chain(e.as_ref())));
             if size > 1 {
                 abort_job(t);
             }

@@ -40,6 +40,30 @@ static DEVICE: OnceLock<Device> = OnceLock::new();
 /// Work was queued since the host last waited.
 static QUEUED: AtomicBool = AtomicBool::new(false);
 
+/// Why the GPU cannot be used: a library or device missing, or a driver or cuBLAS call that
+/// failed, with its status and what it was for.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver (libcuda.so.1) on this machine: this executable was compiled with --target cuda and runs on an NVIDIA GPU; recompile without --target cuda to run on the CPU")]
+    NoDriver,
+    #[error("the CUDA driver sees no GPU")]
+    NoGpu,
+    #[error("cuBLAS (libcublas.so.12) not found: the GEMMs of --target cuda run in cuBLAS; install CUDA 12's cuBLAS or put it on LD_LIBRARY_PATH")]
+    NoCublas,
+    /// `why` is the driver's description of `status`.
+    #[error("CUDA: {doing} failed: {why}")]
+    Driver {
+        doing: &'static str,
+        status: cu::CUresult,
+        why: String,
+    },
+    #[error("cuBLAS: {doing} failed: {status:?}")]
+    Blas {
+        doing: &'static str,
+        status: blas::cublasStatus_t,
+    },
+}
+
 /// Whether this machine has a CUDA driver to load.
 pub fn driver_present() -> bool {
     // SAFETY: only tries to open the library; no driver call.
@@ -68,18 +92,18 @@ pub fn local_rank(lookup: impl Fn(&str) -> Option<String>, rank: usize) -> usize
 
 /// Opens GPU `local_rank % count` of this node (one rank per GPU under mpirun); returns its
 /// name. Fails with a message, never a panic, where no driver, GPU or cuBLAS is found.
-pub fn init(local_rank: usize) -> Result<String, String> {
+pub fn init(local_rank: usize) -> Result<String, CudaError> {
     // SAFETY: each call is a plain driver or cuBLAS call with out-pointers to locals; the
     // libraries are probed before the first call into them (cudarc panics on a missing one).
     unsafe {
         if !driver_present() {
-            return Err("no CUDA driver (libcuda.so.1) on this machine: this executable was compiled with --target cuda and runs on an NVIDIA GPU; recompile without --target cuda to run on the CPU".into());
+            return Err(CudaError::NoDriver);
         }
         check(cu::cuInit(0), "cuInit")?;
         let mut count = 0;
         check(cu::cuDeviceGetCount(&mut count), "cuDeviceGetCount")?;
         if count <= 0 {
-            return Err("the CUDA driver sees no GPU".into());
+            return Err(CudaError::NoGpu);
         }
         let ordinal = (local_rank % count as usize) as i32;
         let mut dev = 0;
@@ -104,7 +128,7 @@ pub fn init(local_rank: usize) -> Result<String, String> {
             "cuStreamCreate",
         )?;
         if !blas::is_culib_present() {
-            return Err("cuBLAS (libcublas.so.12) not found: the GEMMs of --target cuda run in cuBLAS; install CUDA 12's cuBLAS or put it on LD_LIBRARY_PATH".into());
+            return Err(CudaError::NoCublas);
         }
         let mut handle = std::ptr::null_mut();
         blas_check(blas::cublasCreate_v2(&mut handle), "cublasCreate")?;
@@ -207,7 +231,8 @@ pub fn free(ptr: *mut c_void) {
     }
 }
 
-fn check(r: cu::CUresult, what: &str) -> Result<(), String> {
+/// `r` as a result: an error says what the call was `doing`.
+fn check(r: cu::CUresult, doing: &'static str) -> Result<(), CudaError> {
     if r == cu::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
@@ -221,21 +246,25 @@ fn check(r: cu::CUresult, what: &str) -> Result<(), String> {
             std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned()
         }
     };
-    Err(format!("CUDA: {what} failed: {why}"))
+    Err(CudaError::Driver {
+        doing,
+        status: r,
+        why,
+    })
 }
 
-fn blas_check(r: blas::cublasStatus_t, what: &str) -> Result<(), String> {
+fn blas_check(r: blas::cublasStatus_t, doing: &'static str) -> Result<(), CudaError> {
     if r == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(format!("cuBLAS: {what} failed: {r:?}"))
+        Err(CudaError::Blas { doing, status: r })
     }
 }
 
 /// Errors inside calls from generated code cannot be returned: say what failed and exit.
-fn or_fail(r: Result<(), String>) {
+fn or_fail(r: Result<(), CudaError>) {
     if let Err(e) = r {
-        fail(&e);
+        fail(&e.to_string());
     }
 }
 

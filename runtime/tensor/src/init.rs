@@ -3,7 +3,7 @@
 //! The interpreter, the JIT and generated executables all call these two functions, so they
 //! see identical numbers for one seed, whatever the backend and however the stages are laid out.
 
-use crate::params::ParamFile;
+use crate::params::{ParamError, ParamFile};
 use crate::rng::{Init, Rng};
 use crate::tensor::{DType, Tensor};
 use std::sync::Arc;
@@ -39,7 +39,13 @@ pub enum Source {
 impl Source {
     /// The `n` values of parameter `name` (drawn with `init`) of model layer `layer`, before
     /// rounding to the storage dtype.
-    pub fn layer(&self, name: &str, layer: u64, init: Init, n: usize) -> Result<Vec<f32>, String> {
+    pub fn layer(
+        &self,
+        name: &str,
+        layer: u64,
+        init: Init,
+        n: usize,
+    ) -> Result<Vec<f32>, ParamError> {
         match self {
             Source::Seeded(seed) => Ok(Rng::stream(*seed, name, layer).fill(init, n)),
             Source::File(f) => f.layer(name, layer),
@@ -57,7 +63,7 @@ pub fn param_from(
     shape: &[usize],
     layers: Layers,
     init: Init,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, ParamError> {
     let axes = match layers {
         Layers::One(_) => 0,
         Layers::Stacked { axes, shard } => {

@@ -9,11 +9,14 @@
 //! wrong-shape or wrong-dtype tensors) is reported at once, before anything runs.
 //!
 //! A file is opened by its header; each rank then reads only the bytes of the layers it holds.
+//!
+//! What goes wrong is a [`ParamError`]: the file unreadable or not safetensors, or a
+//! [`Misfit`] list of everything in it that does not fit the model.
 
 use crate::init::Source;
 use crate::memref::HostBuffer;
 use crate::rng::Init;
-use crate::safetensors::{self, Entry};
+use crate::safetensors::{self, Entry, FileError, FormatError};
 use crate::tensor::{DType, Tensor};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -35,9 +38,62 @@ pub struct Spec {
     pub init: Init,
 }
 
+/// Parameters that could not be read from (or written to) a file.
+#[derive(Debug, thiserror::Error)]
+pub enum ParamError {
+    /// The file cannot be read or written, or is not safetensors.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// Everything in the file that does not fit the model, sorted as shown.
+    #[error(
+        "{} does not fit this model:\n  {}\n(expected `layers.L.NAME` for L in 0..{layers} or a stacked `NAME` [layers, ...] for each of: {})",
+        .path.display(),
+        lines(.problems),
+        .params.iter().map(|(name, shape)| format!("{name} {shape:?}")).collect::<Vec<_>>().join(", ")
+    )]
+    Misfit {
+        path: PathBuf,
+        problems: Vec<Misfit>,
+        layers: u64,
+        /// The model's parameters, named, with their per-layer shapes.
+        params: Vec<(String, Vec<usize>)>,
+    },
+    #[error("no parameter `{name}` for layer {layer}")]
+    NoParameter { name: String, layer: u64 },
+    #[error("cannot read `{tensor}` from {}", .path.display())]
+    ReadTensor {
+        tensor: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// One thing in a parameter file that does not fit the model.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Misfit {
+    #[error("missing `{tensor}` ({shape:?})")]
+    Missing { tensor: String, shape: Vec<usize> },
+    #[error("`{tensor}` is {dtype}, not a floating-point dtype")]
+    NotFloat { tensor: String, dtype: DType },
+    #[error("`{tensor}` has shape {shape:?}, the model needs {want:?}")]
+    Shape {
+        tensor: String,
+        shape: Vec<usize>,
+        want: Vec<usize>,
+    },
+    #[error("`{tensor}` is not a parameter of this model")]
+    Extra { tensor: String },
+}
+
+/// One problem a line, indented under the first.
+fn lines(problems: &[Misfit]) -> String {
+    let shown: Vec<String> = problems.iter().map(Misfit::to_string).collect();
+    shown.join("\n  ")
+}
+
 /// Writes every layer's parameters from `source` to `path` (atomically), named as
 /// [`ParamFile`] reads them, in the model's storage dtype.
-pub fn dump(source: &Source, specs: &[Spec], path: &Path) -> Result<(), String> {
+pub fn dump(source: &Source, specs: &[Spec], path: &Path) -> Result<(), ParamError> {
     let mut tensors = Vec::new();
     for spec in specs {
         let n: usize = spec.shape.iter().product();
@@ -48,7 +104,7 @@ pub fn dump(source: &Source, specs: &[Spec], path: &Path) -> Result<(), String> 
         }
     }
     let refs: Vec<(&str, &HostBuffer)> = tensors.iter().map(|(n, b)| (n.as_str(), b)).collect();
-    safetensors::write(path, &refs)
+    Ok(safetensors::write(path, &refs)?)
 }
 
 /// A parameter file, checked against the model and ready to read layer by layer.
@@ -63,11 +119,16 @@ pub struct ParamFile {
 
 impl ParamFile {
     /// Opens `path` and checks that it holds exactly the parameters `specs` describe.
-    pub fn open(path: &Path, specs: &[Spec]) -> Result<ParamFile, String> {
-        let shown = path.display();
-        let mut f = std::fs::File::open(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
-        let (entries, data_start) = safetensors::read_header(&mut f)
-            .map_err(|e| format!("{shown} is not a valid safetensors file: {e}"))?;
+    pub fn open(path: &Path, specs: &[Spec]) -> Result<ParamFile, ParamError> {
+        let mut f = std::fs::File::open(path).map_err(|source| FileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (entries, data_start) =
+            safetensors::read_header(&mut f).map_err(|source: FormatError| FileError::Invalid {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let mut index = BTreeMap::new();
         let mut problems = Vec::new();
         let mut used = vec![false; entries.len()];
@@ -85,43 +146,49 @@ impl ParamFile {
                         (i, l as usize * inner, want)
                     }
                     (None, None) => {
-                        problems.push(format!("missing `{per_layer}` ({:?})", spec.shape));
+                        problems.push(Misfit::Missing {
+                            tensor: per_layer,
+                            shape: spec.shape.clone(),
+                        });
                         continue;
                     }
                 };
                 used[i] = true;
                 let e = &entries[i];
                 if !e.dtype.is_float() {
-                    problems.push(format!(
-                        "`{}` is {}, not a floating-point dtype",
-                        e.name, e.dtype
-                    ));
+                    problems.push(Misfit::NotFloat {
+                        tensor: e.name.clone(),
+                        dtype: e.dtype,
+                    });
                 } else if e.shape != want {
-                    problems.push(format!(
-                        "`{}` has shape {:?}, the model needs {want:?}",
-                        e.name, e.shape
-                    ));
+                    problems.push(Misfit::Shape {
+                        tensor: e.name.clone(),
+                        shape: e.shape.clone(),
+                        want,
+                    });
                 } else {
                     index.insert((spec.name.clone(), l), (e.clone(), offset..offset + inner));
                 }
             }
         }
         for (e, _) in entries.iter().zip(&used).filter(|(_, u)| !**u) {
-            problems.push(format!("`{}` is not a parameter of this model", e.name));
+            problems.push(Misfit::Extra {
+                tensor: e.name.clone(),
+            });
         }
         if !problems.is_empty() {
-            problems.sort();
+            // In the order of their text: what users have always been shown.
+            problems.sort_by_cached_key(Misfit::to_string);
             problems.dedup();
-            let names: Vec<String> = specs
-                .iter()
-                .map(|s| format!("{} {:?}", s.name, s.shape))
-                .collect();
-            return Err(format!(
-                "{shown} does not fit this model:\n  {}\n(expected `layers.L.NAME` for L in 0..{} or a stacked `NAME` [layers, ...] for each of: {})",
-                problems.join("\n  "),
-                specs.first().map_or(0, |s| s.layers),
-                names.join(", ")
-            ));
+            return Err(ParamError::Misfit {
+                path: path.to_path_buf(),
+                problems,
+                layers: specs.first().map_or(0, |s| s.layers),
+                params: specs
+                    .iter()
+                    .map(|s| (s.name.clone(), s.shape.clone()))
+                    .collect(),
+            });
         }
         Ok(ParamFile {
             path: path.to_path_buf(),
@@ -132,25 +199,28 @@ impl ParamFile {
 
     /// The values of parameter `name` of layer `layer`, as f32 (rounding to the model's dtype
     /// is the caller's, as for drawn values).
-    pub fn layer(&self, name: &str, layer: u64) -> Result<Vec<f32>, String> {
-        let (e, elements) = self
-            .index
-            .get(&(name.to_string(), layer))
-            .ok_or_else(|| format!("no parameter `{name}` for layer {layer}"))?;
+    pub fn layer(&self, name: &str, layer: u64) -> Result<Vec<f32>, ParamError> {
+        let (e, elements) =
+            self.index
+                .get(&(name.to_string(), layer))
+                .ok_or_else(|| ParamError::NoParameter {
+                    name: name.to_string(),
+                    layer,
+                })?;
         let size = e.dtype.size_bytes() as usize;
         let mut b = HostBuffer::zeros(e.dtype, &[elements.len()]);
-        let mut f = std::fs::File::open(&self.path)
-            .map_err(|err| format!("cannot read {}: {err}", self.path.display()))?;
+        let mut f = std::fs::File::open(&self.path).map_err(|source| FileError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
         f.seek(SeekFrom::Start(
             self.data_start + (e.begin + elements.start * size) as u64,
         ))
         .and_then(|_| f.read_exact(b.bytes_mut()))
-        .map_err(|err| {
-            format!(
-                "cannot read `{}` from {}: {err}",
-                e.name,
-                self.path.display()
-            )
+        .map_err(|source| ParamError::ReadTensor {
+            tensor: e.name.clone(),
+            path: self.path.clone(),
+            source,
         })?;
         Ok(b.to_tensor().data)
     }

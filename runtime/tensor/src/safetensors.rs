@@ -1,11 +1,15 @@
 //! Reading and writing safetensors files, the tensor format ML users already use: an 8-byte
 //! little-endian header length, a JSON header mapping names to dtype, shape and byte range,
 //! then the raw little-endian data.
+//!
+//! Errors are typed: [`FormatError`] says what is wrong with the bytes, [`FileError`] which file
+//! could not be read or written, or which tensor it lacks (with the bytes' error as its source).
 
+use crate::files::{write_file, WriteError};
 use crate::memref::HostBuffer;
 use crate::tensor::DType;
 use serde_json::{json, Map, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn dtype_name(d: DType) -> &'static str {
     match d {
@@ -52,43 +56,111 @@ pub struct Entry {
     pub end: usize,
 }
 
+/// What is wrong with the bytes of a safetensors file.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("the file is shorter than a safetensors header")]
+    TooShort,
+    #[error("the header length points past the end of the file")]
+    HeaderPastEnd,
+    #[error("the header is not JSON")]
+    HeaderNotJson(#[source] serde_json::Error),
+    /// `dtype` is the header's JSON value.
+    #[error("tensor `{name}`: unsupported dtype {dtype}")]
+    UnsupportedDType { name: String, dtype: String },
+    #[error("tensor `{name}`: no shape")]
+    NoShape { name: String },
+    #[error("tensor `{name}`: bad shape")]
+    BadShape { name: String },
+    #[error("tensor `{name}`: no data_offsets")]
+    NoDataOffsets { name: String },
+    #[error("tensor `{name}`: shape overflows")]
+    ShapeOverflows { name: String },
+    #[error("tensor `{name}`: size overflows")]
+    SizeOverflows { name: String },
+    #[error(
+        "tensor `{name}`: data_offsets {begin}..{end} do not fit a {} tensor of shape {shape:?} in {data_len} data bytes",
+        dtype_name(*.dtype)
+    )]
+    OffsetsOutOfRange {
+        name: String,
+        begin: usize,
+        end: usize,
+        dtype: DType,
+        shape: Vec<usize>,
+        data_len: usize,
+    },
+    /// Reading the header from an open file failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// A safetensors file that could not be read or written, or lacks a tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot read {}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not a valid safetensors file", .path.display())]
+    Invalid { path: PathBuf, source: FormatError },
+    #[error("{} has no tensor `{name}` (it has: {})", .path.display(), .names.join(", "))]
+    NoTensor {
+        path: PathBuf,
+        name: String,
+        /// The tensors the file has, in header order.
+        names: Vec<String>,
+    },
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
 /// The entries of a JSON header, checked against a data section of `data_len` bytes.
-fn entries(header: &[u8], data_len: usize) -> Result<Vec<Entry>, String> {
+fn entries(header: &[u8], data_len: usize) -> Result<Vec<Entry>, FormatError> {
     let header: Map<String, Value> =
-        serde_json::from_slice(header).map_err(|e| format!("the header is not JSON: {e}"))?;
+        serde_json::from_slice(header).map_err(FormatError::HeaderNotJson)?;
     let mut out = Vec::new();
     for (name, v) in header {
         if name == "__metadata__" {
             continue;
         }
-        let dtype = v["dtype"]
-            .as_str()
-            .and_then(dtype_of)
-            .ok_or_else(|| format!("tensor `{name}`: unsupported dtype {}", v["dtype"]))?;
-        let shape: Vec<usize> = v["shape"]
-            .as_array()
-            .ok_or_else(|| format!("tensor `{name}`: no shape"))?
+        let Some(dtype) = v["dtype"].as_str().and_then(dtype_of) else {
+            let dtype = v["dtype"].to_string();
+            return Err(FormatError::UnsupportedDType { name, dtype });
+        };
+        let Some(dims) = v["shape"].as_array() else {
+            return Err(FormatError::NoShape { name });
+        };
+        let Some(shape) = dims
             .iter()
             .map(|d| d.as_u64().map(|d| d as usize))
-            .collect::<Option<_>>()
-            .ok_or_else(|| format!("tensor `{name}`: bad shape"))?;
-        let offs = v["data_offsets"]
-            .as_array()
-            .filter(|o| o.len() == 2)
-            .ok_or_else(|| format!("tensor `{name}`: no data_offsets"))?;
+            .collect::<Option<Vec<usize>>>()
+        else {
+            return Err(FormatError::BadShape { name });
+        };
+        let Some(offs) = v["data_offsets"].as_array().filter(|o| o.len() == 2) else {
+            return Err(FormatError::NoDataOffsets { name });
+        };
         let (a, b) = (
             offs[0].as_u64().unwrap_or(u64::MAX) as usize,
             offs[1].as_u64().unwrap_or(u64::MAX) as usize,
         );
-        let elements = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| format!("tensor `{name}`: shape overflows"))?;
-        let want = elements
-            .checked_mul(dtype.size_bytes() as usize)
-            .ok_or_else(|| format!("tensor `{name}`: size overflows"))?;
+        let Some(elements) = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) else {
+            return Err(FormatError::ShapeOverflows { name });
+        };
+        let Some(want) = elements.checked_mul(dtype.size_bytes() as usize) else {
+            return Err(FormatError::SizeOverflows { name });
+        };
         if b < a || b - a != want || b > data_len {
-            return Err(format!("tensor `{name}`: data_offsets {a}..{b} do not fit a {} tensor of shape {shape:?} in {data_len} data bytes", dtype_name(dtype)));
+            return Err(FormatError::OffsetsOutOfRange {
+                name,
+                begin: a,
+                end: b,
+                dtype,
+                shape,
+                data_len,
+            });
         }
         out.push(Entry {
             name,
@@ -101,20 +173,18 @@ fn entries(header: &[u8], data_len: usize) -> Result<Vec<Entry>, String> {
     Ok(out)
 }
 
-/// The header length and the header of the bytes `head` starts with.
-fn header_len(head: &[u8]) -> Result<usize, String> {
-    let len = head
-        .get(..8)
-        .ok_or("the file is shorter than a safetensors header")?;
-    Ok(u64::from_le_bytes(len.try_into().map_err(|_| "bad header length")?) as usize)
+/// The header length the bytes `head` start with.
+fn header_len(head: &[u8]) -> Result<usize, FormatError> {
+    let len = head.first_chunk::<8>().ok_or(FormatError::TooShort)?;
+    Ok(u64::from_le_bytes(*len) as usize)
 }
 
 /// The tensors of a safetensors file, in header order, or what is wrong with it.
-pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
+pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, FormatError> {
     let len = header_len(bytes)?;
     let header = bytes
         .get(8..8usize.saturating_add(len))
-        .ok_or("the header length points past the end of the file")?;
+        .ok_or(FormatError::HeaderPastEnd)?;
     let data = &bytes[8 + len..];
     Ok(entries(header, data.len())?
         .into_iter()
@@ -127,45 +197,46 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, String> {
 }
 
 /// The entries of an open file and where its data section starts, reading only the header.
-pub fn read_header(f: &mut std::fs::File) -> Result<(Vec<Entry>, u64), String> {
+pub fn read_header(f: &mut std::fs::File) -> Result<(Vec<Entry>, u64), FormatError> {
     use std::io::Read;
-    let file_len = f.metadata().map_err(|e| e.to_string())?.len();
+    let file_len = f.metadata()?.len();
     let mut head = [0u8; 8];
-    f.read_exact(&mut head)
-        .map_err(|_| "the file is shorter than a safetensors header")?;
+    f.read_exact(&mut head).map_err(|_| FormatError::TooShort)?;
     let len = header_len(&head)?;
     if 8 + len as u64 > file_len {
-        return Err("the header length points past the end of the file".into());
+        return Err(FormatError::HeaderPastEnd);
     }
     let mut header = vec![0u8; len];
-    f.read_exact(&mut header).map_err(|e| e.to_string())?;
+    f.read_exact(&mut header)?;
     let data_len = (file_len - 8 - len as u64) as usize;
     Ok((entries(&header, data_len)?, 8 + len as u64))
 }
 
 /// Reads one tensor by name from a file.
-pub fn read_tensor(path: &Path, name: &str) -> Result<HostBuffer, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let tensors = decode(&bytes)
-        .map_err(|e| format!("{} is not a valid safetensors file: {e}", path.display()))?;
-    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
-    let names = names.join(", ");
+pub fn read_tensor(path: &Path, name: &str) -> Result<HostBuffer, FileError> {
+    let bytes = std::fs::read(path).map_err(|source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let tensors = decode(&bytes).map_err(|source| FileError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let names: Vec<String> = tensors.iter().map(|(n, _)| n.clone()).collect();
     tensors
         .into_iter()
         .find(|(n, _)| n == name)
         .map(|(_, b)| b)
-        .ok_or_else(|| {
-            format!(
-                "{} has no tensor `{name}` (it has: {names})",
-                path.display()
-            )
+        .ok_or_else(|| FileError::NoTensor {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            names,
         })
 }
 
 /// Writes a file atomically (see [`crate::files::write_atomic`]).
-pub fn write(path: &Path, tensors: &[(&str, &HostBuffer)]) -> Result<(), String> {
-    crate::files::write_atomic(path, &encode(tensors))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+pub fn write(path: &Path, tensors: &[(&str, &HostBuffer)]) -> Result<(), FileError> {
+    Ok(write_file(path, &encode(tensors))?)
 }
 
 #[cfg(test)]

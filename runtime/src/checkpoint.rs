@@ -1,0 +1,143 @@
+//! Checkpoints of a training run (`--save`, written atomically; `--resume`): a safetensors file
+//! holding the f32 master weights as `layers.L.NAME` (the naming of `--params` files), the
+//! optimizer's moments as `optim.m.layers.L.NAME` (and `optim.v.` for AdamW), and
+//! `optim.step`. Per-layer names do not depend on how the stages are laid out, so a checkpoint
+//! resumes on any rank count. What goes wrong is a [`CheckpointError`].
+
+use crate::error::Chain;
+use crate::init::{global_layer, Shard};
+use crate::manifest::{Arg, Manifest};
+use crate::memref::HostBuffer;
+use crate::optim::{Config, Kind, Optimizer};
+use crate::params::tensor_name;
+use crate::safetensors::{self, FileError};
+use crate::tensor::{DType, Tensor};
+use std::path::{Path, PathBuf};
+
+/// A checkpoint that cannot be written, read, or resumed from.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("{}: tensor `{tensor}` is {shape:?}, the model's is {want:?}", .path.display())]
+    Shape {
+        path: PathBuf,
+        tensor: String,
+        shape: Vec<usize>,
+        want: Vec<usize>,
+    },
+    /// AdamW's second moments cannot be read: shown with the cause first, then the likely
+    /// reason (the cause is part of this message, not its `source`).
+    #[error("{} (a checkpoint of SGD cannot resume with AdamW)", Chain(.0.as_ref()))]
+    NoSecondMoments(Box<CheckpointError>),
+}
+
+/// The model layer of each of the `[layer axes...]` slices of parameter `a` on rank `rank`.
+fn layer_ids(m: &Manifest, a: &Arg, rank: usize) -> Vec<u64> {
+    let lead = &a.shape[..a.layer_axes];
+    let shard = a.shard_axis.map(|axis| Shard {
+        axis,
+        full: m.stages as usize,
+        offset: rank * a.shape[axis],
+    });
+    let count: usize = lead.iter().product();
+    (0..count)
+        .map(|l| global_layer(l, lead, shard) as u64)
+        .collect()
+}
+
+/// Writes the checkpoint (on rank 0, which gathers every rank's stages); true where written.
+pub fn save(
+    path: &Path,
+    m: &Manifest,
+    params: &[&Arg],
+    bufs: &[HostBuffer],
+    opt: &Optimizer,
+) -> Result<bool, CheckpointError> {
+    // Every replica holds the same weights: the first one writes them.
+    if crate::comm::replica() != 0 {
+        return Ok(false);
+    }
+    let mut named: Vec<(String, HostBuffer)> = Vec::new();
+    for (i, a) in params.iter().enumerate() {
+        let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
+        let n: usize = inner.iter().product();
+        let mut add = |prefix: &str, data: &[f32]| {
+            let local: Vec<f64> = data.iter().map(|&v| f64::from(v)).collect();
+            // Every rank holds slices of the same shape, so rank `r`'s are chunk `r`.
+            let Some(all) = crate::comm::gather(&local) else {
+                return;
+            };
+            for (r, chunk) in all.chunks(local.len()).enumerate() {
+                for (l, values) in layer_ids(m, a, r).into_iter().zip(chunk.chunks(n)) {
+                    let values = values.iter().map(|&v| v as f32).collect();
+                    let t = Tensor::new(DType::F32, inner.clone(), values);
+                    let name = format!("{prefix}{}", tensor_name(l, &a.name));
+                    named.push((name, HostBuffer::from_tensor(&t)));
+                }
+            }
+        };
+        add("", opt.weights(i, bufs));
+        add("optim.m.", &opt.m[i]);
+        if opt.config.kind == Kind::AdamW {
+            add("optim.v.", &opt.v[i]);
+        }
+    }
+    if crate::comm::rank() != 0 {
+        return Ok(false);
+    }
+    // In one order whatever the rank count, so that the bytes are too.
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let step = Tensor::new(DType::I32, vec![], vec![opt.step as f32]);
+    named.push(("optim.step".into(), HostBuffer::from_tensor(&step)));
+    let refs: Vec<(&str, &HostBuffer)> = named.iter().map(|(n, b)| (n.as_str(), b)).collect();
+    safetensors::write(path, &refs)?;
+    Ok(true)
+}
+
+/// This rank's parameters and optimizer state from a checkpoint of [`save`], of any rank count.
+pub fn resume(
+    path: &Path,
+    m: &Manifest,
+    params: &[&Arg],
+    config: Config,
+    bufs: &mut [HostBuffer],
+) -> Result<Optimizer, CheckpointError> {
+    let rank = crate::comm::rank();
+    let read = |prefix: &str, a: &Arg| -> Result<Vec<f32>, CheckpointError> {
+        let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
+        let mut data = Vec::new();
+        for l in layer_ids(m, a, rank) {
+            let key = format!("{prefix}{}", tensor_name(l, &a.name));
+            let t = safetensors::read_tensor(path, &key)?;
+            if t.shape != inner {
+                return Err(CheckpointError::Shape {
+                    path: path.to_path_buf(),
+                    tensor: key,
+                    shape: t.shape,
+                    want: inner,
+                });
+            }
+            data.extend(t.to_tensor().data);
+        }
+        Ok(data)
+    };
+    let mut opt = Optimizer::new(config, bufs);
+    for (i, a) in params.iter().enumerate() {
+        let weights = read("", a)?;
+        opt.m[i] = read("optim.m.", a)?;
+        if config.kind == Kind::AdamW {
+            opt.v[i] =
+                read("optim.v.", a).map_err(|e| CheckpointError::NoSecondMoments(Box::new(e)))?;
+        }
+        let w = Tensor::new(a.dtype, a.shape.clone(), weights);
+        bufs[i] = HostBuffer::from_tensor(&w);
+        if a.dtype != DType::F32 {
+            opt.master[i] = w.data;
+        }
+    }
+    opt.step = safetensors::read_tensor(path, "optim.step")?
+        .to_tensor()
+        .data[0] as u64;
+    Ok(opt)
+}
