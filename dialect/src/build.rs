@@ -237,17 +237,26 @@ impl Builder {
                     let args = args.iter().map(|v| env[v]).collect();
                     self.call_n(&hint, m, *callee, args)?
                 }
-                kind => {
-                    let kind = kind.map_operands(|v| env[&v]);
-                    let declared = kind
-                        .has_declared_type()
-                        .then(|| f.ty(op.results[0]).clone());
-                    vec![self.op(&hint, kind, declared)?]
-                }
+                _ => vec![self.copy_op(f, op, env)?],
             };
             env.extend(op.results.iter().copied().zip(outs));
         }
         Ok(())
+    }
+
+    /// Appends a copy of `f`'s op `op` (one result; not a loop or a call), its operands
+    /// renamed by `env`, under its result's name.
+    pub fn copy_op(
+        &mut self,
+        f: &Func,
+        op: &crate::ir::Op,
+        env: &HashMap<ValueId, ValueId>,
+    ) -> Result<ValueId, Diagnostic> {
+        let kind = op.kind.map_operands(|v| env[&v]);
+        let declared = kind
+            .has_declared_type()
+            .then(|| f.ty(op.results[0]).clone());
+        self.op(&f.values[op.results[0]].name, kind, declared)
     }
 
     /// The finished function, returning `results`.

@@ -91,14 +91,7 @@ impl Inliner<'_> {
                     let args: Vec<ValueId> = args.iter().map(|v| env[v]).collect();
                     self.call(*callee, &args)?
                 }
-                kind => {
-                    let hint = &f.values[op.results[0]].name;
-                    let kind = kind.map_operands(|v| env[&v]);
-                    let declared = kind
-                        .has_declared_type()
-                        .then(|| f.ty(op.results[0]).clone());
-                    vec![self.b.op(hint, kind, declared)?]
-                }
+                _ => vec![self.b.copy_op(f, op, env)?],
             };
             env.extend(op.results.iter().copied().zip(outs));
         }

@@ -220,7 +220,11 @@ fn emit_and_print_after_all() {
     for (i, pass) in forward.enumerate() {
         let dump = dir.join(format!("{:02}-{}.ppc", i + 1, pass.name));
         let text = std::fs::read_to_string(&dump).expect("dump written");
-        crate::common::load(&text, &ppc_dialect::Overrides::default());
+        // A dump parses back and verifies; as a model, `ppc check` would refuse the
+        // compiler's own functions and ops in it.
+        let m = ppc_dialect::parse(&text, &ppc_dialect::Overrides::default())
+            .unwrap_or_else(|d| panic!("{}", ppc_dialect::diag::render(pass.name, &text, &d)));
+        ppc_dialect::verify::verify(&m).expect("the dump verifies");
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
     let (code, _, err) = ppc(&["compile", &tiny, "--emit=no-such-pass"]);

@@ -223,3 +223,78 @@ fn check_help_points_to_the_reference_and_lists_only_the_ops_a_model_may_use() {
         assert_eq!(shown, s.writer == Writer::User, "`{}` in: {listed}", s.name);
     }
 }
+
+#[test]
+fn a_function_called_from_layer_runs_everywhere_and_its_parameters_go_in_and_out() {
+    use ppc_runtime::safetensors;
+    let model = path("tests/models/called_block.ppc");
+    for args in [
+        vec!["verify"],
+        vec!["verify", "--backend", "cpu"],
+        vec!["verify", "--grad"],
+        vec!["verify", "--ranks", "2"],
+    ] {
+        let mut argv = vec![args[0], model.as_str()];
+        argv.extend(&args[1..]);
+        let (code, out, err) = ppc(&argv);
+        assert_eq!(code, 0, "{argv:?}\n{out}\n{err}");
+    }
+    // Its parameters are @layer's `mlp.w1`, one per layer, shared by both calls.
+    let dir = std::env::temp_dir().join(format!("ppc-called-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let file = |n: &str| dir.join(n).display().to_string();
+    let run = |extra: &[&str]| {
+        let mut argv = vec!["run", model.as_str(), "--steps", "1"];
+        argv.extend(extra);
+        let (code, out, err) = ppc(&argv);
+        assert_eq!(code, 0, "{argv:?}\n{out}\n{err}");
+    };
+    run(&[
+        "--dump-params",
+        &file("p.safetensors"),
+        "--output",
+        &file("want.safetensors"),
+    ]);
+    let bytes = std::fs::read(file("p.safetensors")).expect("dumped");
+    let mut tensors = safetensors::decode(&bytes).expect("safetensors");
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    for layer in 0..2 {
+        assert!(
+            names.contains(&format!("layers.{layer}.mlp.w1").as_str()),
+            "{names:?}"
+        );
+    }
+    // Read back, they give the same result; changed, another.
+    let read = |n: &str| {
+        let p = std::path::PathBuf::from(file(n));
+        safetensors::read_tensor(&p, "output")
+            .expect("output")
+            .to_tensor()
+    };
+    run(&[
+        "--params",
+        &file("p.safetensors"),
+        "--output",
+        &file("same.safetensors"),
+    ]);
+    assert_eq!(read("same.safetensors").data, read("want.safetensors").data);
+    for (name, t) in tensors.iter_mut().filter(|(n, _)| n.ends_with("mlp.w1")) {
+        let zeros = ppc_runtime::Tensor::splat(t.dtype, t.to_tensor().shape, 0.0);
+        *t = ppc_runtime::memref::HostBuffer::from_tensor(&zeros);
+        assert!(name.starts_with("layers."));
+    }
+    let refs: Vec<(&str, &ppc_runtime::memref::HostBuffer)> =
+        tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    safetensors::write(std::path::Path::new(&file("zeroed.safetensors")), &refs).expect("write");
+    run(&[
+        "--params",
+        &file("zeroed.safetensors"),
+        "--output",
+        &file("other.safetensors"),
+    ]);
+    assert_ne!(
+        read("other.safetensors").data,
+        read("want.safetensors").data
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
