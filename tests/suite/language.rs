@@ -85,6 +85,9 @@ fn a_pinned_f32_value_stays_exact_in_a_bf16_model_on_every_backend() {
         let got = run_bf16(&pinned, backend, &input);
         assert_eq!(got.data, x.data, "{backend}: positions lost precision");
     }
+    // Its f32 parameter trains in a bf16 model: the gradients match the sequential model's.
+    let (code, out, err) = ppc(&["verify", &pinned, "--dtype", "bf16", "--grad"]);
+    assert_eq!(code, 0, "{out}\n{err}");
     // The same model without `!`: its positions round to bf16 and the gaps are 0 or 2.
     let text = std::fs::read_to_string(&pinned).expect("model");
     let unpinned = dir.join("unpinned.ppc");
