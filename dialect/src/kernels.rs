@@ -90,6 +90,8 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
         UnaryOp::Gelu => gelu,
         UnaryOp::Sqrt => f32::sqrt,
         UnaryOp::Rsqrt => |v| 1.0 / v.sqrt(),
+        UnaryOp::Sin => f32::sin,
+        UnaryOp::Cos => f32::cos,
     };
     Tensor::new(
         x.dtype,

@@ -30,6 +30,9 @@ pub enum UnaryOp {
     Gelu,
     Sqrt,
     Rsqrt,
+    /// Radians; rotary position embeddings.
+    Sin,
+    Cos,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,7 +199,7 @@ pub enum OpKind {
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 10] = [
+    pub const ALL: [UnaryOp; 12] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -207,6 +210,8 @@ impl UnaryOp {
         UnaryOp::Gelu,
         UnaryOp::Sqrt,
         UnaryOp::Rsqrt,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -220,6 +225,8 @@ impl UnaryOp {
             UnaryOp::Gelu => "gelu",
             UnaryOp::Sqrt => "sqrt",
             UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
         }
     }
 
@@ -236,6 +243,8 @@ impl UnaryOp {
             UnaryOp::Gelu => "GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))",
             UnaryOp::Sqrt => "√x",
             UnaryOp::Rsqrt => "1 / √x",
+            UnaryOp::Sin => "sine of x radians (the C library's `sinf` on the CPU)",
+            UnaryOp::Cos => "cosine of x radians (the C library's `cosf` on the CPU)",
         }
     }
 }

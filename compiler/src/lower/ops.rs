@@ -41,6 +41,8 @@ fn unary_value(e: &mut Emitter, num: Numerics, op: UnaryOp, x: &str) -> String {
         UnaryOp::Log => e.let_(&format!("math.log {x} : f32")),
         UnaryOp::Tanh => tanh_value(e, num, x),
         UnaryOp::Sqrt => e.let_(&format!("math.sqrt {x} : f32")),
+        UnaryOp::Sin => e.let_(&format!("math.sin {x} : f32")),
+        UnaryOp::Cos => e.let_(&format!("math.cos {x} : f32")),
         UnaryOp::Rsqrt => {
             let s = e.let_(&format!("math.sqrt {x} : f32"));
             let one = e.constant(1.0, DType::F32);

@@ -33,7 +33,12 @@ pub fn reads(f: &Func, op: &Op) -> Vec<ValueId> {
     match &op.kind {
         OpKind::Unary { op: u, x } => match u {
             UnaryOp::Neg => vec![],
-            UnaryOp::Abs | UnaryOp::Log | UnaryOp::Relu | UnaryOp::Gelu => vec![*x],
+            UnaryOp::Abs
+            | UnaryOp::Log
+            | UnaryOp::Relu
+            | UnaryOp::Gelu
+            | UnaryOp::Sin
+            | UnaryOp::Cos => vec![*x],
             UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Sqrt | UnaryOp::Rsqrt => {
                 vec![r]
             }
@@ -105,6 +110,15 @@ pub fn rule(
                     let half = scalar(b, dt, 0.5)?;
                     let h = bin(b, BinaryOp::Mul, d, half)?;
                     bin(b, BinaryOp::Div, h, p(r))?
+                }
+                UnaryOp::Sin => {
+                    let c = unary(b, "cos", UnaryOp::Cos, p(*x))?;
+                    bin(b, BinaryOp::Mul, d, c)?
+                }
+                UnaryOp::Cos => {
+                    let s = unary(b, "sin", UnaryOp::Sin, p(*x))?;
+                    let ns = neg(b, s)?;
+                    bin(b, BinaryOp::Mul, d, ns)?
                 }
                 UnaryOp::Rsqrt => {
                     // d/dx x^(-1/2) = -1/2 r^3.
