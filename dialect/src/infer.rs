@@ -423,6 +423,28 @@ pub fn infer(
         }
         OpKind::Rank => one(Type::of(DType::I32, &[])),
         OpKind::Exchange { .. } => one(x().clone()),
+        OpKind::Gather { axis, .. } => {
+            let (table, ids) = (x(), operands[1]);
+            axis_in(name, table, *axis, 0)?;
+            let shared = &table.shape()[..*axis];
+            if ids.dtype != DType::I32 || ids.rank() < *axis || ids.shape()[..*axis] != *shared {
+                let leading = match axis {
+                    0 => String::new(),
+                    n => format!(" whose first {n} axes are the table's {shared:?}"),
+                };
+                return err(
+                    format!(
+                        "`gather` from {} on axis {axis} needs i32 ids{leading}, got {}",
+                        sizes(table),
+                        sizes(ids)
+                    ),
+                    Some(1),
+                );
+            }
+            let mut dims = ids.dims.clone();
+            dims.extend(table.dims[*axis + 1..].iter().cloned());
+            one(Type::new(table.dtype, dims))
+        }
         OpKind::Index { axis, .. } | OpKind::Update { axis, .. } => {
             let idx = *operands
                 .last()

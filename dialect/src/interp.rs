@@ -280,6 +280,9 @@ impl<'m> Interp<'m> {
                 )],
                 OpKind::Shift { x, axis, fill } => vec![k::shift(get(*x), *axis, fill.0 as f32)],
                 OpKind::Index { x, index, axis } => vec![k::index(get(*x), get(*index), *axis)],
+                OpKind::Gather { table, ids, axis } => {
+                    vec![k::gather(get(*table), get(*ids), *axis)]
+                }
                 OpKind::Update {
                     x,
                     update,

@@ -372,6 +372,23 @@ pub fn shift(x: &Tensor, axis: usize, fill: f32) -> Tensor {
     Tensor::new(x.dtype, x.shape.clone(), data)
 }
 
+/// `gather`: for each id (the `axis` leading axes shared with `table`), the table's row at that
+/// id, clamped into range.
+pub fn gather(table: &Tensor, ids: &Tensor, axis: usize) -> Tensor {
+    let (outer, n, row) = around(&table.shape, axis);
+    let per_outer = ids.len() / outer.max(1);
+    let mut data = Vec::with_capacity(ids.len() * row);
+    for (i, _) in ids.data.iter().enumerate() {
+        let o = i / per_outer.max(1);
+        let k = position(ids, i, n);
+        let at = (o * n + k) * row;
+        data.extend_from_slice(&table.data[at..at + row]);
+    }
+    let mut shape = ids.shape.clone();
+    shape.extend_from_slice(&table.shape[axis + 1..]);
+    Tensor::new(table.dtype, shape, data)
+}
+
 /// The position along `axis` that `index` selects for outer position `o`, clamped into range
 /// (as XLA's dynamic slice does) so that no index is ever out of bounds.
 fn position(index: &Tensor, o: usize, n: usize) -> usize {

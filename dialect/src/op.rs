@@ -168,6 +168,15 @@ pub enum OpKind {
         index: ValueId,
         axis: usize,
     },
+    /// Rows of a table by integer ids (an embedding lookup):
+    /// `out[p.., q.., r..] = table[p.., ids[p.., q..], r..]`, where `p` are the `axis` axes that
+    /// `table` and `ids` (i32) share, `q` the rest of `ids`' axes and `r` those of a row. Ids
+    /// out of range are clamped into it, as XLA does.
+    Gather {
+        table: ValueId,
+        ids: ValueId,
+        axis: usize,
+    },
     /// `x` with the slice that [`OpKind::Index`] would read replaced by `update`.
     Update {
         x: ValueId,
@@ -358,6 +367,7 @@ impl OpKind {
             OpKind::Pad { .. } => "pad",
             OpKind::Shift { .. } => "shift",
             OpKind::Index { .. } => "index",
+            OpKind::Gather { .. } => "gather",
             OpKind::Update { .. } => "update",
             OpKind::Rank => "rank",
             OpKind::Exchange { .. } => "exchange",
@@ -399,6 +409,7 @@ impl OpKind {
                 on_false,
             } => vec![*cond, *on_true, *on_false],
             OpKind::Index { x, index, .. } => vec![*x, *index],
+            OpKind::Gather { table, ids, .. } => vec![*table, *ids],
             OpKind::Update {
                 x, update, index, ..
             } => vec![*x, *update, *index],
@@ -447,6 +458,10 @@ impl OpKind {
             OpKind::Index { x, index, .. } => {
                 *x = f(*x);
                 *index = f(*index);
+            }
+            OpKind::Gather { table, ids, .. } => {
+                *table = f(*table);
+                *ids = f(*ids);
             }
             OpKind::Update {
                 x, update, index, ..

@@ -175,6 +175,7 @@ fn attrs(kind: &OpKind) -> Vec<(&'static str, String)> {
         | OpKind::Softmax { axis, .. }
         | OpKind::Iota { axis }
         | OpKind::Index { axis, .. }
+        | OpKind::Gather { axis, .. }
         | OpKind::Update { axis, .. } => vec![("axis", axis.to_string())],
         OpKind::Reduce { axes, .. } => vec![("axes", list(axes))],
         OpKind::LayerNorm { axis, eps, .. } => {

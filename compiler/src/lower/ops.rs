@@ -385,6 +385,28 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                 },
             );
         }
+        OpKind::Gather { axis, .. } => {
+            let (table, ids, axis) = (&ins[0], &ins[1], *axis);
+            let n = table.ty.dims[axis].size;
+            let q = ids.ty.rank();
+            let (tname, tty) = (table.name.clone(), table.mty());
+            e.also_reads(table);
+            e.generic(
+                r,
+                &[(ids, identity(q))],
+                (out, identity(r)),
+                &par,
+                |e, a| {
+                    let k = clamp_index(e, &a[0], n);
+                    let mut at: Vec<String> = (0..axis)
+                        .chain(q..r)
+                        .map(|i| e.let_(&format!("linalg.index {i} : index")))
+                        .collect();
+                    at.insert(axis, k);
+                    e.let_(&format!("memref.load {tname}[{}] : {tty}", at.join(", ")))
+                },
+            );
+        }
         OpKind::Update { axis, .. } => {
             let (x, upd, idx, axis) = (&ins[0], &ins[1], &ins[2], *axis);
             let n = x.ty.dims[axis].size;

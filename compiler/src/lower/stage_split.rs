@@ -187,6 +187,7 @@ impl Check<'_> {
             | OpKind::Pad { axis, .. }
             | OpKind::Shift { axis, .. }
             | OpKind::Index { axis, .. }
+            | OpKind::Gather { axis, .. }
             | OpKind::Update { axis, .. } => not_along(*axis),
             OpKind::Iota { axis } => out_at != Some(*axis),
             OpKind::Constant { .. } | OpKind::Rank => true,

@@ -231,6 +231,18 @@ pub fn batch(
                 axis: axis + usize::from(any),
             }
         }
+        OpKind::Gather { axis, .. } => {
+            let (table, ids) = if any {
+                (cx.ensure(ins[0])?, cx.ensure(ins[1])?)
+            } else {
+                (v(0), v(1))
+            };
+            OpKind::Gather {
+                table,
+                ids,
+                axis: axis + usize::from(any),
+            }
+        }
         OpKind::Update { axis, .. } => {
             let (x, update, index) = if any {
                 (cx.ensure(ins[0])?, cx.ensure(ins[1])?, cx.ensure(ins[2])?)

@@ -11,6 +11,7 @@ mod gpipe_loop;
 mod loss;
 mod options;
 mod remat;
+mod scatter_add;
 mod shard_stages;
 mod vjp;
 mod vmap_stages;

@@ -58,6 +58,7 @@ pub fn reads(f: &Func, op: &Op) -> Vec<ValueId> {
         OpKind::Softmax { .. } => vec![r],
         OpKind::LayerNorm { x, .. } => vec![*x, r],
         OpKind::Index { index, .. } | OpKind::Update { index, .. } => vec![*index],
+        OpKind::Gather { ids, .. } => vec![*ids],
         _ => vec![],
     }
 }
@@ -342,6 +343,10 @@ pub fn rule(
                 None,
             )?;
             vec![(*x, dx), (*update, du)]
+        }
+        OpKind::Gather { table, ids, axis } => {
+            let dt = super::scatter_add::scatter_add(b, f.ty(*table), p(*ids), d, *axis)?;
+            vec![(*table, dt)]
         }
         // The transpose of the ring exchange is the exchange the other way round.
         OpKind::Exchange { x, reverse } => {

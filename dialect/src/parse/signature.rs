@@ -201,7 +201,7 @@ type Build = fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>;
 
 /// The ops that are not of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]).
 #[rustfmt::skip]
-const OTHERS: [Signature; 20] = [
+const OTHERS: [Signature; 21] = [
     Signature { name: "select", operands: Arity::Exactly(3), extra: None, attributes: &[],
         summary: "elementwise `cond ? x : y`, with broadcasting", example: "%z = select %c, %x, %y",
         writer: Writer::User, build: |_, s| {
@@ -286,6 +286,12 @@ const OTHERS: [Signature; 20] = [
         example: "%z = index %s, %k, axis = 1 : f32[b, d]", writer: Writer::User, build: |_, s| {
         let x = s.ids();
         Ok(OpKind::Index { x: x[0], index: x[1], axis: s.attrs.int("axis")? })
+    }},
+    Signature { name: "gather", operands: Arity::Exactly(2), extra: None, attributes: &["axis"],
+        summary: "rows of a table by i32 ids (an embedding lookup): `table[ids[q..], r..]`; with `axis = n`, table and ids share their first n axes; ids out of range are clamped into it",
+        example: "%z = gather %w, %ids, axis = 0 : f32[b, t, d]", writer: Writer::User, build: |_, s| {
+        let x = s.ids();
+        Ok(OpKind::Gather { table: x[0], ids: x[1], axis: s.attrs.int("axis")? })
     }},
     Signature { name: "update", operands: Arity::Exactly(3), extra: None, attributes: &["axis"],
         summary: "the operand with the slice at position `k` along `axis` replaced, positions as `index` reads them",
