@@ -16,6 +16,7 @@ pub mod error;
 pub mod exec;
 pub mod gemm;
 pub mod heap;
+pub mod lr_schedule;
 pub mod manifest;
 pub mod optim;
 pub mod pool;

@@ -5,6 +5,7 @@
 //! stored in f32 are their own masters, updated in place (the update is bound by memory: a
 //! master copy to read and write back cost a quarter of its traffic).
 
+use crate::lr_schedule::LrSchedule;
 use crate::memref::{encode, HostBuffer};
 use crate::tensor::DType;
 use std::sync::Mutex;
@@ -41,10 +42,12 @@ pub struct Config {
     pub eps: f32,
     /// Decoupled weight decay (AdamW); L2 added to the gradient (SGD).
     pub weight_decay: f32,
+    /// Warmup and decay of `lr` over the steps (`lr_schedule.rs`).
+    pub schedule: LrSchedule,
 }
 
 /// The settings a model file's `train { ... }` block and an executable's command line may give.
-pub const SETTINGS: [&str; 7] = [
+pub const SETTINGS: [&str; 10] = [
     "optimizer",
     "lr",
     "momentum",
@@ -52,6 +55,9 @@ pub const SETTINGS: [&str; 7] = [
     "beta1",
     "beta2",
     "eps",
+    "warmup_steps",
+    "decay_steps",
+    "min_lr",
 ];
 
 /// A training setting that is not valid, as the model file or the command line wrote it.
@@ -63,6 +69,8 @@ pub enum SettingError {
     BadNumber { key: String, value: String },
     #[error("`optimizer` is `sgd` or `adamw`, not `{0}`")]
     UnknownOptimizer(String),
+    #[error("`{key}` needs a whole number of steps, got `{value}`")]
+    NotSteps { key: String, value: String },
 }
 
 impl SettingError {
@@ -100,8 +108,23 @@ impl Config {
                 key: key.to_string(),
                 value: value.to_string(),
             })?;
+        if let Some(slot) = match key {
+            "warmup_steps" => Some(&mut self.schedule.warmup_steps),
+            "decay_steps" => Some(&mut self.schedule.decay_steps),
+            _ => None,
+        } {
+            if x.fract() != 0.0 {
+                return Err(SettingError::NotSteps {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                });
+            }
+            *slot = x as u64;
+            return Ok(());
+        }
         let slot = match key {
             "lr" => &mut self.lr,
+            "min_lr" => &mut self.schedule.min_lr,
             "momentum" => &mut self.momentum,
             "weight_decay" => &mut self.weight_decay,
             "beta1" => &mut self.beta1,
@@ -123,6 +146,7 @@ impl Config {
                 beta2: 0.0,
                 eps: 0.0,
                 weight_decay: 0.0,
+                schedule: LrSchedule::default(),
             },
             Kind::AdamW => Config {
                 kind,
@@ -132,6 +156,7 @@ impl Config {
                 beta2: 0.999,
                 eps: 1e-8,
                 weight_decay: 0.01,
+                schedule: LrSchedule::default(),
             },
         }
     }
@@ -189,7 +214,10 @@ impl Optimizer {
     pub fn update(&mut self, params: &mut [HostBuffer], grads: &[&[f32]]) {
         const CHUNK: usize = 1 << 14;
         self.step += 1;
-        let c = self.config;
+        let c = Config {
+            lr: self.config.schedule.lr_at(self.config.lr, self.step),
+            ..self.config
+        };
         let t = self.step as i32;
         let bias = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
         let mut v = self.v.iter_mut();
@@ -326,6 +354,33 @@ mod tests {
                 "{dtype:?}: stored weights"
             );
         }
+    }
+
+    /// The update uses the step's scheduled rate: with a warmup of 2 steps, SGD's first step
+    /// moves half as far as without.
+    #[test]
+    fn updates_follow_the_learning_rate_schedule() {
+        let step_of = |warmup: &str| {
+            let settings = [
+                ("optimizer", "sgd"),
+                ("momentum", "0"),
+                ("lr", "0.5"),
+                ("warmup_steps", warmup),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()));
+            let config = Config::from_settings(&settings).expect("valid");
+            let w0 = Tensor::new(DType::F32, vec![1], vec![0.0]);
+            let mut params = vec![HostBuffer::from_tensor(&w0)];
+            Optimizer::new(config, &params).update(&mut params, &[&[1.0]]);
+            params[0].to_tensor().data[0]
+        };
+        assert_eq!(step_of("0"), -0.5);
+        assert_eq!(step_of("2"), -0.25);
+        let bad = [("warmup_steps", "1.5")].map(|(k, v)| (k.to_string(), v.to_string()));
+        assert!(matches!(
+            Config::from_settings(&bad),
+            Err(SettingError::NotSteps { .. })
+        ));
     }
 
     /// Minimizes `sum((w - 3)^2)` with each optimizer from w = 0.
