@@ -3,6 +3,7 @@
 //! (pipelined == sequential, bit for bit) and the command line.
 
 mod cli;
+mod cli_runs;
 mod common;
 mod completeness;
 mod conformance;

@@ -195,7 +195,7 @@ fn traces_cover_every_rank() {
         &[],
     );
     assert_eq!(l.code, 0, "{}", l.stderr);
-    crate::cli::assert_trace(&trace, 2, 2, 4 + 8 - 1);
+    crate::cli_runs::assert_trace(&trace, 2, 2, 4 + 8 - 1);
     let _ = std::fs::remove_dir_all(dir);
 }
 
