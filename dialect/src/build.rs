@@ -197,13 +197,7 @@ impl Builder {
                 callee.name
             )));
         }
-        let mut env: HashMap<ValueId, ValueId> = callee
-            .body
-            .args
-            .iter()
-            .copied()
-            .zip(args.iter().copied())
-            .collect();
+        let mut env = bind(&callee.body.args, args);
         self.copy_block(m, callee, &callee.body, &mut env)?;
         Ok(callee.body.results.iter().map(|v| env[v]).collect())
     }
@@ -265,4 +259,9 @@ impl Builder {
         self.func.body.results = results;
         self.func
     }
+}
+
+/// The renaming that binds `params` (a function's arguments) to `args`.
+pub fn bind(params: &[ValueId], args: &[ValueId]) -> HashMap<ValueId, ValueId> {
+    params.iter().copied().zip(args.iter().copied()).collect()
 }

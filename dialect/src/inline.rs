@@ -101,13 +101,7 @@ impl Inliner<'_> {
     /// The body of function `callee` on `args`: its results.
     fn call(&mut self, callee: FuncId, args: &[ValueId]) -> Result<Vec<ValueId>, Diagnostic> {
         let g = &self.m.funcs[callee];
-        let mut env: HashMap<ValueId, ValueId> = g
-            .body
-            .args
-            .iter()
-            .copied()
-            .zip(args.iter().copied())
-            .collect();
+        let mut env = crate::build::bind(&g.body.args, args);
         if !self.params.contains_key(&callee) {
             let span = self.b.span;
             let mut vs = Vec::new();
