@@ -175,6 +175,14 @@ pub struct Optimizer {
     pub m: Vec<Vec<f32>>,
     /// AdamW: the second moment (empty for SGD).
     pub v: Vec<Vec<f32>>,
+    /// Whether weight decay applies to each parameter ([`decays`]).
+    pub decays: Vec<bool>,
+}
+
+/// Whether weight decay applies to a parameter: to a layer's matrices, not to its vectors
+/// (norm gains, biases), as GPT-2 and Llama are trained (nanoGPT's `configure_optimizers`).
+pub fn decays(a: &crate::manifest::Arg) -> bool {
+    a.shape.len() - a.layer_axes >= 2
 }
 
 impl Optimizer {
@@ -199,6 +207,7 @@ impl Optimizer {
             master,
             m,
             v,
+            decays: vec![true; params.len()],
         }
     }
 
@@ -222,13 +231,21 @@ impl Optimizer {
         let bias = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
         let mut v = self.v.iter_mut();
         let mut chunks = Vec::new();
-        for (((w, m), g), p) in self
+        for ((((w, m), g), p), &decays) in self
             .master
             .iter_mut()
             .zip(&mut self.m)
             .zip(grads)
             .zip(params)
+            .zip(&self.decays)
         {
+            let config = match decays {
+                true => c,
+                false => Config {
+                    weight_decay: 0.0,
+                    ..c
+                },
+            };
             let (dtype, size) = (p.dtype, p.dtype.size_bytes() as usize);
             // SGD has no second moment: empty slices stand in for its chunks.
             let vs: Box<dyn Iterator<Item = &mut [f32]>> = match v.next() {
@@ -256,12 +273,13 @@ impl Optimizer {
                     g,
                     out,
                     dtype,
+                    config,
                 }));
             }
         }
         crate::pool::parallel_for(chunks.len(), &|k| {
             let mut chunk = chunks[k].lock().expect("invariant: one task per chunk");
-            chunk.update(&c, bias);
+            chunk.update(bias);
         });
     }
 }
@@ -278,12 +296,14 @@ struct Chunk<'a> {
     g: &'a [f32],
     out: Option<&'a mut [u8]>,
     dtype: DType,
+    /// The step's settings for this parameter (its weight decay, [`decays`]).
+    config: Config,
 }
 
 impl Chunk<'_> {
     /// `(b1t, b2t)`: AdamW's bias corrections for this step.
-    fn update(&mut self, c: &Config, (b1t, b2t): (f32, f32)) {
-        let (w, m, g) = (&mut *self.w, &mut *self.m, self.g);
+    fn update(&mut self, (b1t, b2t): (f32, f32)) {
+        let (w, m, g, c) = (&mut *self.w, &mut *self.m, self.g, self.config);
         match c.kind {
             Kind::Sgd => {
                 for ((w, m), &g) in w.iter_mut().zip(m.iter_mut()).zip(g) {
@@ -381,6 +401,30 @@ mod tests {
             Config::from_settings(&bad),
             Err(SettingError::NotSteps { .. })
         ));
+    }
+
+    /// A layer's matrices decay, its vectors (norm gains, biases) do not.
+    #[test]
+    fn weight_decay_skips_vectors() {
+        use crate::manifest::{Arg, Role};
+        let arg = |shape: Vec<usize>, layer_axes| Arg {
+            role: Role::Param,
+            name: "w".into(),
+            dtype: DType::F32,
+            shape,
+            init: crate::Init::Zeros,
+            layer_axes,
+            shard_axis: None,
+        };
+        assert!(decays(&arg(vec![4, 8, 8], 1)));
+        assert!(!decays(&arg(vec![4, 8], 1)));
+        let one = Tensor::new(DType::F32, vec![2], vec![1.0; 2]);
+        let mut params = vec![HostBuffer::from_tensor(&one), HostBuffer::from_tensor(&one)];
+        let mut opt = Optimizer::new(Config::new(Kind::AdamW), &params);
+        opt.decays = vec![true, false];
+        opt.update(&mut params, &[&[0.0; 2], &[0.0; 2]]);
+        assert!(params[0].to_tensor().data[0] < 1.0, "decayed");
+        assert_eq!(params[1].to_tensor().data[0], 1.0, "not decayed");
     }
 
     /// Minimizes `sum((w - 3)^2)` with each optimizer from w = 0.

@@ -108,6 +108,11 @@ pub fn train(
             )?;
         }
     }
+    // Norm gains and biases are not decayed.
+    optimizer.decays = params_args
+        .iter()
+        .map(|a| crate::optim::decays(a))
+        .collect();
     let data = Data::new(program, opts)?;
     let mut bufs = Buffers::new(program)?;
     let first = optimizer.step;
