@@ -118,8 +118,9 @@ pub fn train(
     let first = optimizer.step;
     let mut losses = Vec::new();
     let started = Instant::now();
-    // The last rank holds the model's outputs, and so the loss.
-    let speaks = crate::comm::rank() == program.output_rank() && crate::comm::replica() == 0;
+    // The last rank holds the model's outputs, and so the loss; every rank learns it each
+    // step (`shared_loss`), and rank 0 reports it, as users read rank 0's log.
+    let speaks = crate::comm::rank() == 0;
     let terminal = speaks && !opts.json && std::io::stderr().is_terminal();
     let mut step_once = |params: &mut Vec<HostBuffer>,
                          optimizer: &mut Optimizer,
@@ -140,6 +141,7 @@ pub fn train(
             crate::comm::sum_across_replicas(&mut l);
             loss = l[0] / d;
         }
+        let loss = shared_loss(loss);
         let grads: Vec<&[f32]> = bufs
             .grads_by_param()
             .map(|g| g.f32s().expect("invariant: gradients are f32"))
@@ -433,4 +435,20 @@ fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
         })
         .collect();
     Tensor::new(DType::I32, target.shape.clone(), data)
+}
+
+/// The step's loss on every rank: the last rank's (the others hold 0; losses are never
+/// negative), a loss that is not finite as infinity, so that every rank stops together when
+/// training diverges.
+fn shared_loss(loss: f32) -> f32 {
+    let sent = if loss.is_finite() {
+        f64::from(loss)
+    } else {
+        f64::INFINITY
+    };
+    match crate::comm::max(sent) {
+        v if v.is_finite() => v as f32,
+        _ if !loss.is_finite() => loss,
+        _ => f32::INFINITY,
+    }
 }
