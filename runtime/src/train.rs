@@ -119,8 +119,9 @@ pub fn train(
     let mut losses = Vec::new();
     let started = Instant::now();
     // The last rank holds the model's outputs, and so the loss; every rank learns it each
-    // step (`shared_loss`), and rank 0 reports it, as users read rank 0's log.
-    let speaks = crate::comm::rank() == 0;
+    // step (`shared_loss`), and rank 0 (of the first replica) reports it, as users read rank
+    // 0's log.
+    let speaks = crate::comm::rank() == 0 && crate::comm::replica() == 0;
     let terminal = speaks && !opts.json && std::io::stderr().is_terminal();
     let mut step_once = |params: &mut Vec<HostBuffer>,
                          optimizer: &mut Optimizer,
