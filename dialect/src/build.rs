@@ -183,21 +183,30 @@ impl Builder {
         Ok(ids)
     }
 
-    /// Appends the body of `callee` (of `m`), which declares no parameters, reading `args`;
-    /// returns the values of its results.
+    /// Appends the body of `callee` (of `m`) reading `args`; returns the values of its results.
+    /// The callee's parameters become this function's, of the same names.
     pub fn inline(
         &mut self,
         m: &Module,
         callee: &Func,
         args: &[ValueId],
     ) -> Result<Vec<ValueId>, Diagnostic> {
-        if !callee.params.is_empty() {
-            return Err(Diagnostic::plain(format!(
-                "cannot inline `@{}`: it declares parameters",
-                callee.name
-            )));
-        }
         let mut env = bind(&callee.body.args, args);
+        for p in &callee.params {
+            let name = &callee.values[p.value].name;
+            let v = self.param(name, callee.ty(p.value).clone(), p.init, p.layer_axes);
+            if self.func.values[v].name != *name {
+                return Err(Diagnostic::error(
+                    format!(
+                        "parameter `%{name}` has the name of a value of `@{}`; rename it",
+                        self.func.name
+                    ),
+                    callee.value_spans.get(&p.value),
+                    "this parameter",
+                ));
+            }
+            env.insert(p.value, v);
+        }
         self.copy_block(m, callee, &callee.body, &mut env)?;
         Ok(callee.body.results.iter().map(|v| env[v]).collect())
     }

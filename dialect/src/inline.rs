@@ -1,7 +1,7 @@
-//! Calls from `@layer` to the model's own functions, inlined as the model is loaded, so that
-//! every pass, the interpreter and every backend see one `@layer` of plain ops.
+//! Calls from `@layer` (and `@embed`, `@head`) to the model's own functions, inlined as the
+//! model is loaded, so that every pass, the interpreter and every backend see plain ops.
 //!
-//! A function's parameters are its own: they become parameters of `@layer` named
+//! A function's parameters are its own: they become parameters of the caller (`@layer`) named
 //! `function.parameter` (`%block.w1`), one set however often the function is called, as a
 //! module's weights are shared by each of its uses in PyTorch and Flax. Two blocks with their
 //! own weights are two functions.
@@ -25,47 +25,57 @@ use crate::ir::{names, Block, Func, FuncId, Module, ValueId};
 use crate::op::OpKind;
 use std::collections::HashMap;
 
-/// Inlines every call in `@layer`; the functions it called are then dropped from the module.
+/// Inlines every call in the model's functions (`@embed`, `@layer`, `@head`); the functions
+/// they called are then dropped from the module.
 pub fn inline_calls(m: &mut Module) -> Result<(), Diagnostic> {
-    let Some(layer_id) = m.func_id(names::LAYER) else {
-        return Ok(());
+    let has_calls = |f: &Func| {
+        f.ops
+            .values()
+            .any(|op| matches!(op.kind, OpKind::Call { .. }))
     };
-    let layer = &m.funcs[layer_id];
-    if !layer
-        .ops
-        .values()
-        .any(|op| matches!(op.kind, OpKind::Call { .. }))
-    {
+    let roots: Vec<FuncId> = m
+        .funcs
+        .iter()
+        .filter(|(_, f)| names::ROOTS.contains(&f.name.as_str()))
+        .map(|(id, _)| id)
+        .collect();
+    if !roots.iter().any(|&r| has_calls(&m.funcs[r])) {
         return Ok(());
     }
+    let mut funcs = crate::arena::Arena::default();
+    for r in roots {
+        funcs.push(inline_root(m, &m.funcs[r])?);
+    }
+    m.funcs = funcs;
+    Ok(())
+}
+
+/// `root` with every call inlined.
+fn inline_root(m: &Module, root: &Func) -> Result<Func, Diagnostic> {
     let mut inliner = Inliner {
         m,
-        b: Builder::new(names::LAYER),
+        b: Builder::new(&root.name),
         params: HashMap::new(),
     };
     let b = &mut inliner.b;
     let mut env = HashMap::new();
-    for &a in &layer.body.args {
-        b.span = layer.value_spans.get(&a);
-        env.insert(a, b.arg(&layer.values[a].name, layer.ty(a).clone()));
+    for &a in &root.body.args {
+        b.span = root.value_spans.get(&a);
+        env.insert(a, b.arg(&root.values[a].name, root.ty(a).clone()));
     }
-    for p in &layer.params {
-        b.span = layer.value_spans.get(&p.value);
+    for p in &root.params {
+        b.span = root.value_spans.get(&p.value);
         let v = b.param(
-            &layer.values[p.value].name,
-            layer.ty(p.value).clone(),
+            &root.values[p.value].name,
+            root.ty(p.value).clone(),
             p.init,
             p.layer_axes,
         );
         env.insert(p.value, v);
     }
-    inliner.block(layer, &layer.body, &mut env)?;
-    let results = layer.body.results.iter().map(|v| env[v]).collect();
-    let inlined = inliner.b.finish(results);
-    let mut funcs = crate::arena::Arena::default();
-    funcs.push(inlined);
-    m.funcs = funcs;
-    Ok(())
+    inliner.block(root, &root.body, &mut env)?;
+    let results = root.body.results.iter().map(|v| env[v]).collect();
+    Ok(inliner.b.finish(results))
 }
 
 struct Inliner<'m> {

@@ -125,27 +125,35 @@ impl<'m> Interp<'m> {
         synthetic_inputs(self.module, self.seed)
     }
 
-    /// The model as written: each microbatch through layers `0..L` in order.
+    /// The model as written: each microbatch through `@embed`, layers `0..L` in order, and
+    /// `@head` (those the model has).
     pub fn sequential(&mut self, inputs: &Tensor) -> Result<Tensor, InterpError> {
-        let layer = self
-            .module
+        let module = self.module;
+        let layer = module
             .func(names::LAYER)
             .ok_or_else(|| InterpError::NoFunc {
                 func: names::LAYER.into(),
             })?;
-        let m = self.module.pipeline.microbatches as usize;
+        let m = module.pipeline.microbatches as usize;
         let mut outs = Vec::with_capacity(m);
         for mb in 0..m {
             let mut x = microbatch(inputs, mb);
-            for l in 0..self.module.pipeline.layers {
+            if let Some(embed) = module.func(names::EMBED) {
+                x = self.call(embed, vec![x], 0)?.remove(0);
+            }
+            for l in 0..module.pipeline.layers {
                 x = self.call(layer, vec![x], l)?.remove(0);
+            }
+            if let Some(head) = module.func(names::HEAD) {
+                x = self.call(head, vec![x], 0)?.remove(0);
             }
             outs.push(x);
         }
         Ok(stack(&outs))
     }
 
-    /// The pipelined program `@pipeline` if the module has one, else [`Interp::sequential`].
+    /// The pipelined program (`@model`, else `@pipeline`) if the module has one, else
+    /// [`Interp::sequential`].
     pub fn forward(&mut self, inputs: &Tensor) -> Result<Tensor, InterpError> {
         let ranks = self.module.pipeline.ranks;
         if ranks > 1 && self.exchange.is_none() {
@@ -154,7 +162,11 @@ impl<'m> Interp<'m> {
                 instead: "run it with `forward_on_ranks`",
             });
         }
-        match self.module.func(names::PIPELINE) {
+        let pipelined = self
+            .module
+            .func(names::MODEL)
+            .or_else(|| self.module.func(names::PIPELINE));
+        match pipelined {
             Some(p) => Ok(self.call(p, vec![inputs.clone()], 0)?.remove(0)),
             None => self.sequential(inputs),
         }
@@ -435,21 +447,31 @@ pub fn on_ranks<T: Send>(
     results.into_iter().collect()
 }
 
-/// The model's parameters as files hold them: each of `@layer`'s, for every layer.
+/// The model's parameters as files hold them: each of `@layer`'s, for every layer, then each
+/// of `@embed`'s and `@head`'s, once (a name both declare is one parameter).
 pub fn param_specs(m: &Module) -> Vec<ppc_tensor::params::Spec> {
-    m.func(names::LAYER).map_or_else(Vec::new, |layer| {
-        layer
-            .params
-            .iter()
-            .map(|p| ppc_tensor::params::Spec {
-                name: layer.values[p.value].name.clone(),
-                shape: layer.ty(p.value).shape_usize(),
-                layers: m.pipeline.layers,
-                dtype: layer.ty(p.value).dtype,
+    let mut specs = Vec::new();
+    for root in names::ROOTS {
+        let Some(f) = m.func(root) else { continue };
+        let layers = (root == names::LAYER).then_some(m.pipeline.layers);
+        for p in &f.params {
+            let name = &f.values[p.value].name;
+            if specs
+                .iter()
+                .any(|s: &ppc_tensor::params::Spec| &s.name == name)
+            {
+                continue;
+            }
+            specs.push(ppc_tensor::params::Spec {
+                name: name.clone(),
+                shape: f.ty(p.value).shape_usize(),
+                layers,
+                dtype: f.ty(p.value).dtype,
                 init: p.init,
-            })
-            .collect()
-    })
+            });
+        }
+    }
+    specs
 }
 
 /// Where the parameters of a run of `m` come from: the file `params`, checked against the
@@ -473,6 +495,7 @@ pub fn synthetic_inputs(m: &Module, seed: u64) -> Tensor {
     ppc_tensor::init::synthetic_inputs(
         seed,
         m.input.dtype,
+        m.input_init(),
         &m.input.shape_usize(),
         m.pipeline.microbatches as usize,
     )
@@ -487,7 +510,7 @@ pub fn synthetic_targets(m: &Module, seed: u64) -> Tensor {
     let n = shape.iter().product();
     let mut rng = ppc_tensor::Rng::stream(seed, "target", 0);
     let data = if t.dtype == DType::I32 {
-        let classes = m.input.shape_usize().last().copied().unwrap_or(1) as u64;
+        let classes = m.output_type().shape_usize().last().copied().unwrap_or(1) as u64;
         (0..n).map(|_| (rng.next_u64() % classes) as f32).collect()
     } else {
         rng.fill(ppc_tensor::Init::Normal(1.0), n)

@@ -23,8 +23,11 @@ pub type FuncId = Id<Func>;
 pub struct Module {
     pub dims: Vec<DimDef>,
     pub pipeline: Pipeline,
-    /// The type of one microbatch of input.
+    /// The type of one microbatch of input: `@embed`'s argument if the model has one, else
+    /// `@layer`'s.
     pub input: Type,
+    /// How synthetic inputs are drawn (`input i32[b, t] = uniform(0, vocab)`), if the file says.
+    pub input_init: Option<WrittenInit>,
     /// The type of one microbatch of targets, for training.
     pub target: Option<Type>,
     pub loss: Option<Loss>,
@@ -34,6 +37,14 @@ pub struct Module {
     pub funcs: Arena<Func>,
     /// Spans of module-level items.
     pub spans: SpanTable<Item>,
+}
+
+/// An initializer and, when an argument names a dimension, its text as written
+/// (`uniform(0, vocab)`), which `ppc fmt` keeps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WrittenInit {
+    pub init: Init,
+    pub written: Option<String>,
 }
 
 /// A module-level item of the text format, as a key of [`Module::spans`].
@@ -367,6 +378,17 @@ pub mod names {
     pub const PIPELINE: &str = "pipeline";
     /// The pipeline followed by the model's loss (`loss`, training only).
     pub const TRAIN: &str = "train";
+    /// Written by the user, optional: runs on each microbatch before the pipelined layers
+    /// (token ids to activations).
+    pub const EMBED: &str = "embed";
+    /// Written by the user, optional: runs on each microbatch after the pipelined layers
+    /// (final norm, logits).
+    pub const HEAD: &str = "head";
+    /// `@embed`, the GPipe loop and `@head` over all microbatches (`embed-head`).
+    pub const MODEL: &str = "model";
+    /// The functions a model file writes, in the order a microbatch runs them; `@layer` runs
+    /// once per layer.
+    pub const ROOTS: [&str; 3] = [EMBED, LAYER, HEAD];
 
     /// The reverse-mode gradient of function `f` (`autodiff`): `@f_vjp`.
     pub fn vjp(f: &str) -> String {
@@ -459,18 +481,42 @@ impl Module {
     }
 
     /// The type of one microbatch of targets: as declared, or what the loss compares outputs
-    /// with: the input's type for `mse`, one class index per row of outputs for
+    /// with: the output's type for `mse`, one class index per row of outputs for
     /// `softmax_cross_entropy`.
     pub fn target_type(&self) -> Type {
+        let out = self.output_type();
         self.target
             .clone()
             .unwrap_or_else(|| match self.loss_or_default() {
-                Loss::Mse => self.input.clone(),
+                Loss::Mse => out,
                 Loss::SoftmaxCrossEntropy => {
-                    let rows = self.input.remove(self.input.rank() - 1);
+                    let rows = out.remove(out.rank() - 1);
                     rows.with_dtype(crate::DType::I32)
                 }
             })
+    }
+
+    /// How synthetic inputs are drawn: as the `input` line says, else normal(1).
+    pub fn input_init(&self) -> Init {
+        self.input_init
+            .as_ref()
+            .map_or(ppc_tensor::init::INPUT_INIT, |i| i.init)
+    }
+
+    /// The type one microbatch has between stages: `@embed`'s result if the model has an
+    /// `@embed`, else the input's.
+    pub fn stage_type(&self) -> Type {
+        self.func(names::EMBED)
+            .and_then(|f| f.result_types().first().cloned())
+            .unwrap_or_else(|| self.input.clone())
+    }
+
+    /// The type of one microbatch of the model's outputs: `@head`'s result if the model has a
+    /// `@head`, else what the stages chain.
+    pub fn output_type(&self) -> Type {
+        self.func(names::HEAD)
+            .and_then(|f| f.result_types().first().cloned())
+            .unwrap_or_else(|| self.stage_type())
     }
 
     /// The size of a named dimension: a `dims` entry or a pipeline setting.

@@ -9,6 +9,9 @@
 //!   `inline.rs`). A function nothing calls would be silently ignored.
 //! - No pipeline axis (`#stages`) and no masked `matmul`: passes add them.
 //! - A circular pipeline has as many microbatches as stages ([`circular_fits`]).
+//! - `@embed` takes the input and `@head` what the stages chain; their parameters are the
+//!   model's, named apart from `@layer`'s, one parameter where both declare a name (a tied
+//!   embedding) ([`check_ends`]).
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::ir::{names, Func, FuncId, Item, Module, Setting};
@@ -47,10 +50,11 @@ pub fn check_user_code(m: &Module) -> Result<(), Diagnostics> {
             }
         }
     }
-    let Some(layer) = m.func_id(names::LAYER) else {
+    let roots: Vec<FuncId> = names::ROOTS.iter().filter_map(|r| m.func_id(r)).collect();
+    if m.func_id(names::LAYER).is_none() {
         return if diags.is_empty() { Ok(()) } else { Err(diags) };
-    };
-    let called = reachable(m, layer);
+    }
+    let called: BTreeSet<FuncId> = roots.iter().flat_map(|&r| reachable(m, r)).collect();
     for (id, f) in m.funcs.iter().filter(|(id, _)| !called.contains(id)) {
         diags.push(
             Diagnostic::error(
@@ -58,7 +62,7 @@ pub fn check_user_code(m: &Module) -> Result<(), Diagnostics> {
                 m.spans.get(&Item::Func(id)),
                 "defined here",
             )
-            .with_note("a model runs `@layer`, once per layer, and the functions it calls (`call @name, ...`); nothing else runs"),
+            .with_note("a model runs `@embed` (if any), `@layer` once per layer, `@head` (if any), and the functions they call (`call @name, ...`); nothing else runs"),
         );
     }
     if diags.is_empty() {
@@ -152,4 +156,99 @@ pub fn user_ops_note() -> String {
         "ops a model may use (docs/language.md describes each): {}",
         names.join(" ")
     )
+}
+
+/// The rules of the functions around the pipelined layers: `@embed` maps the input to one
+/// value (what the stages chain, checked with `@layer`), `@head` takes that value; parameters of
+/// all three take no `layer_axes`. `@embed`'s and `@head`'s parameters are one set, held once
+/// (not per layer): a name both declare is one parameter (a tied embedding), so both must
+/// declare it alike, and no name may also be `@layer`'s.
+pub fn check_ends(m: &Module) -> Result<(), Diagnostics> {
+    let mut diags = Vec::new();
+    let stage_ty = m.stage_type();
+    let signatures = [
+        (names::EMBED, &m.input, "`input`"),
+        (names::HEAD, &stage_ty, "what the stages chain"),
+    ];
+    for (name, want, what) in signatures {
+        let Some(id) = m.func_id(name) else { continue };
+        let f = &m.funcs[id];
+        let (args, results) = (f.arg_types(), f.result_types());
+        if args.len() != 1 || results.len() != 1 || !args[0].same_as(want) {
+            diags.push(
+                Diagnostic::error(
+                    format!(
+                        "`@{name}` must take one value, {what} {}, and return one; it takes ({}) and returns {} value(s)",
+                        crate::types::sizes(want),
+                        args.iter().map(crate::types::sizes).collect::<Vec<_>>().join(", "),
+                        results.len()
+                    ),
+                    m.spans.get(&Item::Func(id)),
+                    "signature",
+                )
+                .with_note("a model runs `@embed` on the input, `@layer` once per layer, then `@head`"),
+            );
+        }
+    }
+    for root in names::ROOTS {
+        let Some(f) = m.func(root) else { continue };
+        if let Some(p) = f.params.iter().find(|p| p.layer_axes != 0) {
+            diags.push(Diagnostic::error(
+                format!(
+                    "`@{root}`'s parameters are declared as one layer's and take no `layer_axes`"
+                ),
+                f.value_spans.get(&p.value),
+                "here",
+            ));
+        }
+    }
+    let layer_names: BTreeSet<&str> = m
+        .func(names::LAYER)
+        .map(|l| {
+            l.params
+                .iter()
+                .map(|p| l.values[p.value].name.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut seen: Vec<(&Func, &crate::ir::Param)> = Vec::new();
+    for f in [names::EMBED, names::HEAD].iter().filter_map(|n| m.func(n)) {
+        for p in &f.params {
+            let name = f.values[p.value].name.as_str();
+            let span = f.value_spans.get(&p.value);
+            if layer_names.contains(name) {
+                diags.push(
+                    Diagnostic::error(
+                        format!("`@{}`'s parameter `%{name}` has the name of a `@layer` parameter", f.name),
+                        span,
+                        "rename it",
+                    )
+                    .with_note("the model's parameters and their gradients are known by name; `@layer`'s are per layer, `@embed`'s and `@head`'s once"),
+                );
+            }
+            let twin = seen.iter().find(|(g, q)| g.values[q.value].name == name);
+            match twin {
+                Some((g, q)) if !(g.ty(q.value).same_as(f.ty(p.value)) && q.init == p.init) => {
+                    diags.push(
+                        Diagnostic::error(
+                            format!(
+                                "`%{name}` is declared in `@{}` and `@{}` differently: {} = {:?} and {} = {:?}",
+                                g.name, f.name, g.ty(q.value), q.init, f.ty(p.value), p.init
+                            ),
+                            span,
+                            "here",
+                        )
+                        .with_label(g.value_spans.get(&q.value), "and here")
+                        .with_note("a name that `@embed` and `@head` both declare is one parameter (a tied embedding): declare it alike in both"),
+                    );
+                }
+                _ => seen.push((f, p)),
+            }
+        }
+    }
+    if diags.is_empty() {
+        Ok(())
+    } else {
+        Err(diags)
+    }
 }

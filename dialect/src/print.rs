@@ -26,7 +26,15 @@ pub fn print(m: &Module) -> String {
         .map(|(s, v)| format!("{} = {v}", s.name()))
         .collect();
     let _ = writeln!(out, "pipeline {{ {} }}", settings.join(", "));
-    let _ = writeln!(out, "input {}", m.input);
+    match &m.input_init {
+        Some(i) => {
+            let init = init_text(i.init, i.written.as_ref());
+            let _ = writeln!(out, "input {} = {init}", m.input);
+        }
+        None => {
+            let _ = writeln!(out, "input {}", m.input);
+        }
+    }
     if let Some(t) = &m.target {
         let _ = writeln!(out, "target {t}");
     }
@@ -42,6 +50,17 @@ pub fn print(m: &Module) -> String {
         print_func(&mut out, m, f);
     }
     out
+}
+
+/// An initializer as written (when an argument names a dimension), else canonical.
+fn init_text(init: Init, written: Option<&String>) -> String {
+    match (init, written) {
+        (_, Some(written)) => written.clone(),
+        (Init::Zeros, _) => "zeros".to_string(),
+        (Init::Ones, _) => "ones".to_string(),
+        (Init::Normal(s), _) => format!("normal({})", number(s)),
+        (Init::Uniform(a, b), _) => format!("uniform({}, {})", number(a), number(b)),
+    }
 }
 
 /// A number as the grammar reads it back exactly.
@@ -97,13 +116,7 @@ fn print_func(out: &mut String, m: &Module, f: &Func) {
         results.join(", ")
     );
     for p in &f.params {
-        let init = match (p.init, f.written.inits.get(&p.value)) {
-            (_, Some(written)) => written.clone(),
-            (Init::Zeros, _) => "zeros".to_string(),
-            (Init::Ones, _) => "ones".to_string(),
-            (Init::Normal(s), _) => format!("normal({})", number(s)),
-            (Init::Uniform(a, b), _) => format!("uniform({}, {})", number(a), number(b)),
-        };
+        let init = init_text(p.init, f.written.inits.get(&p.value));
         let axes = if p.layer_axes > 0 {
             format!(", layer_axes = {}", p.layer_axes)
         } else {

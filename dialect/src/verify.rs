@@ -166,11 +166,12 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
         return Err(vec![Diagnostic::error("the model has no `func @layer`", input_span, "the layer's input is declared here")
             .with_note("`@layer` is the one-stage compute: it maps one microbatch (the `input` type) to the next stage's input")]);
     };
+    let stage_ty = m.stage_type();
     let (args, results) = (layer.arg_types(), layer.result_types());
     let fits = args.len() == 1
         && results.len() == 1
-        && args[0].same_as(&m.input)
-        && results[0].same_as(&m.input);
+        && args[0].same_as(&stage_ty)
+        && results[0].same_as(&stage_ty);
     if !fits {
         let show = |ts: &[crate::types::Type]| ts.iter().map(sizes).collect::<Vec<_>>().join(", ");
         let span = layer
@@ -179,35 +180,34 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
             .first()
             .map(|&a| layer.value_spans.get(&a))
             .unwrap_or(input_span);
+        let (what, declared) = match m.func_id(names::EMBED) {
+            Some(e) => ("`@embed`'s result", m.spans.get(&Item::Func(e))),
+            None => ("`input`", input_span),
+        };
         return Err(vec![Diagnostic::error(
             format!(
-                "`@layer` maps ({}) to ({}), but stages chain `input` {} to itself",
+                "`@layer` maps ({}) to ({}), but stages chain {what} {} to itself",
                 show(&args),
                 show(&results),
-                sizes(&m.input)
+                sizes(&stage_ty)
             ),
             span,
             "layer signature",
         )
-        .with_label(input_span, "input type declared here")
+        .with_label(declared, "declared here")
         .with_note(
-            "stage s feeds stage s+1, so the layer must take and return exactly the input type",
+            "stage s feeds stage s+1, so the layer must take and return exactly the type between stages",
         )]);
     }
-    if let Some(p) = layer.params.iter().find(|p| p.layer_axes != 0) {
-        return Err(vec![Diagnostic::error(
-            "`@layer` parameters belong to one layer and take no `layer_axes`",
-            layer.value_spans.get(&p.value),
-            "here",
-        )]);
-    }
+    crate::model_rules::check_ends(m)?;
+    let out = m.output_type();
     if let (Some(t), crate::ir::Loss::SoftmaxCrossEntropy) = (&m.target, m.loss_or_default()) {
-        let want = Type::of(crate::DType::I32, &m.input.shape()[..m.input.rank() - 1]);
+        let want = Type::of(crate::DType::I32, &out.shape()[..out.rank() - 1]);
         if !t.same_as(&want) {
             return Err(vec![Diagnostic::error(
                 format!(
                     "`loss softmax_cross_entropy` takes one class index per row of outputs {}: targets must be {want}, got {}",
-                    sizes(&m.input),
+                    sizes(&out),
                     sizes(t)
                 ),
                 m.spans.get(&Item::Target),
@@ -217,7 +217,7 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
         }
     }
     if let Some(t) = &m.target {
-        if !t.same_as(&m.input) && m.loss_or_default() == crate::ir::Loss::Mse {
+        if !t.same_as(&out) && m.loss_or_default() == crate::ir::Loss::Mse {
             let what = match m.loss {
                 Some(_) => "`loss mse`",
                 None => "`loss mse` (the default: the model has no `loss` line)",
@@ -225,7 +225,7 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
             return Err(vec![Diagnostic::error(
                 format!(
                     "{what} compares outputs {} with targets {}, which differ",
-                    sizes(&m.input),
+                    sizes(&out),
                     sizes(t)
                 ),
                 m.spans.get(&Item::Target),

@@ -1,8 +1,9 @@
 //! Checkpoints of a training run (`--save`, written atomically; `--resume`): a safetensors file
 //! holding the f32 master weights as `layers.L.NAME` (the naming of `--params` files), the
 //! optimizer's moments as `optim.m.layers.L.NAME` (and `optim.v.` for AdamW), and
-//! `optim.step`. Per-layer names do not depend on how the stages are laid out, so a checkpoint
-//! resumes on any rank count. What goes wrong is a [`CheckpointError`].
+//! `optim.step`; the parameters of `@embed` and `@head`, which every rank holds, once as
+//! `NAME`. Names do not depend on how the stages are laid out, so a checkpoint resumes on any
+//! rank count. What goes wrong is a [`CheckpointError`].
 
 use crate::error::Chain;
 use crate::init::{global_layer, Shard};
@@ -30,6 +31,9 @@ pub enum CheckpointError {
     /// reason (the cause is part of this message, not its `source`).
     #[error("{} (a checkpoint of SGD cannot resume with AdamW)", Chain(.0.as_ref()))]
     NoSecondMoments(Box<CheckpointError>),
+    /// The copies of a parameter every rank holds (`@embed`'s, `@head`'s) differ: a bug.
+    #[error("the ranks' copies of `{tensor}` differ (rank {rank} from rank 0); not written")]
+    CopiesDiffer { tensor: String, rank: usize },
 }
 
 /// The model layer of each of the `[layer axes...]` slices of parameter `a` on rank `rank`.
@@ -46,7 +50,20 @@ fn layer_ids(m: &Manifest, a: &Arg, rank: usize) -> Vec<u64> {
         .collect()
 }
 
+/// The tensor names of the `[layer axes...]` slices of parameter `a` on rank `rank`: one per
+/// model layer, or the parameter's own name for one held once (by every rank).
+fn tensor_names(m: &Manifest, a: &Arg, rank: usize) -> Vec<String> {
+    if a.layer_axes == 0 {
+        return vec![a.name.clone()];
+    }
+    layer_ids(m, a, rank)
+        .into_iter()
+        .map(|l| tensor_name(l, &a.name))
+        .collect()
+}
+
 /// Writes the checkpoint (on rank 0, which gathers every rank's stages); true where written.
+/// A parameter every rank holds is written once, after checking that every copy is the same.
 pub fn save(
     path: &Path,
     m: &Manifest,
@@ -62,25 +79,34 @@ pub fn save(
     for (i, a) in params.iter().enumerate() {
         let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
         let n: usize = inner.iter().product();
-        let mut add = |prefix: &str, data: &[f32]| {
+        let mut add = |prefix: &str, data: &[f32]| -> Result<(), CheckpointError> {
             let local: Vec<f64> = data.iter().map(|&v| f64::from(v)).collect();
             // Every rank holds slices of the same shape, so rank `r`'s are chunk `r`.
             let Some(all) = crate::comm::gather(&local) else {
-                return;
+                return Ok(());
             };
-            for (r, chunk) in all.chunks(local.len()).enumerate() {
-                for (l, values) in layer_ids(m, a, r).into_iter().zip(chunk.chunks(n)) {
+            let mut chunks = all.chunks(local.len().max(1)).enumerate();
+            if a.layer_axes == 0 {
+                let tensor = format!("{prefix}{}", a.name);
+                let first = chunks.next().map_or(&[][..], |(_, c)| c);
+                if let Some((rank, _)) = chunks.find(|(_, c)| *c != first) {
+                    return Err(CheckpointError::CopiesDiffer { tensor, rank });
+                }
+                chunks = all[..first.len()].chunks(first.len().max(1)).enumerate();
+            }
+            for (r, chunk) in chunks {
+                for (name, values) in tensor_names(m, a, r).into_iter().zip(chunk.chunks(n)) {
                     let values = values.iter().map(|&v| v as f32).collect();
                     let t = Tensor::new(DType::F32, inner.clone(), values);
-                    let name = format!("{prefix}{}", tensor_name(l, &a.name));
-                    named.push((name, HostBuffer::from_tensor(&t)));
+                    named.push((format!("{prefix}{name}"), HostBuffer::from_tensor(&t)));
                 }
             }
+            Ok(())
         };
-        add("", opt.weights(i, bufs));
-        add("optim.m.", &opt.m[i]);
+        add("", opt.weights(i, bufs))?;
+        add("optim.m.", &opt.m[i])?;
         if opt.config.kind == Kind::AdamW {
-            add("optim.v.", &opt.v[i]);
+            add("optim.v.", &opt.v[i])?;
         }
     }
     if crate::comm::rank() != 0 {
@@ -107,8 +133,8 @@ pub fn resume(
     let read = |prefix: &str, a: &Arg| -> Result<Vec<f32>, CheckpointError> {
         let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
         let mut data = Vec::new();
-        for l in layer_ids(m, a, rank) {
-            let key = format!("{prefix}{}", tensor_name(l, &a.name));
+        for name in tensor_names(m, a, rank) {
+            let key = format!("{prefix}{name}");
             let t = safetensors::read_tensor(path, &key)?;
             if t.shape != inner {
                 return Err(CheckpointError::Shape {

@@ -32,6 +32,9 @@ pub trait Transport: Send + Sync {
     /// Sums `values` over the replicas' ranks that hold the same stages, in replica order (the
     /// same bits on every run), leaving the sum on each of them.
     fn sum_across_replicas(&self, _values: &mut [f32]) {}
+    /// Gathers `values` (the same count on every rank) from every rank of this pipeline, rank
+    /// by rank, onto every one of them.
+    fn all_gather_pipeline(&self, values: &[f32]) -> Vec<f32>;
     /// Ends the whole job now, with `code`.
     fn abort(&self, code: i32) -> !;
 }
@@ -65,6 +68,23 @@ pub fn replica() -> usize {
 pub fn sum_across_replicas(values: &mut [f32]) {
     if let Some(t) = transport() {
         t.sum_across_replicas(values)
+    }
+}
+
+/// Sums `values` over the ranks of this pipeline, as `((0 + v_0) + v_1) + ...` in rank order,
+/// leaving the sum on each: the gradient of a parameter every rank holds (`@embed`'s and
+/// `@head`'s), exact on the ranks that use it and zero elsewhere. The fold starts at `+0`
+/// in one process too, so the result has the same bits on any number of ranks.
+pub fn sum_across_pipeline(values: &mut [f32]) {
+    let parts = match transport() {
+        Some(t) if t.size() > 1 => t.all_gather_pipeline(values),
+        _ => values.to_vec(),
+    };
+    values.fill(0.0);
+    for part in parts.chunks(values.len().max(1)) {
+        for (v, p) in values.iter_mut().zip(part) {
+            *v += p;
+        }
     }
 }
 

@@ -126,11 +126,7 @@ impl Program {
             .map(|a| Spec {
                 name: a.name.clone(),
                 shape: a.shape[a.layer_axes..].to_vec(),
-                layers: if a.layer_axes == 0 {
-                    1
-                } else {
-                    self.manifest.layers
-                },
+                layers: (a.layer_axes > 0).then_some(self.manifest.layers),
                 dtype: a.dtype,
                 init: a.init,
             })
@@ -155,6 +151,7 @@ impl Program {
         HostBuffer::from_tensor(&init::synthetic_inputs(
             seed,
             a.dtype,
+            a.init,
             &a.shape[1..],
             a.shape[0],
         ))

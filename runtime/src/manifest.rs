@@ -63,7 +63,8 @@ pub struct Arg {
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<usize>,
-    /// Parameters only.
+    /// How values are drawn when no file gives them: parameters, and the input (synthetic
+    /// inputs; token ids are `uniform(0, vocab)`).
     pub init: Init,
     pub layer_axes: usize,
     /// Sharded parameters only: the axis that holds this rank's stages.

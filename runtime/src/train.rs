@@ -131,6 +131,7 @@ pub fn train(
         let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
         let (input, target) = data.batch(m, step * replicas + replica);
         let mut loss = bufs.run(program, input, target, params)?;
+        bufs.share_held_by_all();
         if replicas > 1 {
             let d = replicas as f32;
             for g in &mut bufs.grads {
@@ -247,6 +248,7 @@ pub fn step(
 ) -> Result<StepOutput, TrainError> {
     let mut bufs = Buffers::new(program)?;
     let loss = bufs.run(program, input, target, params)?;
+    bufs.share_held_by_all();
     Ok(StepOutput {
         loss,
         outputs: bufs.output.to_tensor(),
@@ -261,6 +263,9 @@ struct Buffers {
     grads: Vec<HostBuffer>,
     /// For each parameter, the index of its gradient (the one of the same name).
     grad_of: Vec<usize>,
+    /// For each gradient, whether every rank of the pipeline holds its parameter (one of
+    /// `@embed`'s or `@head`'s, which has no layer axes).
+    held_by_all: Vec<bool>,
 }
 
 impl Buffers {
@@ -282,12 +287,28 @@ impl Buffers {
                     })
             })
             .collect::<Result<_, _>>()?;
+        let held_by_all = of(Role::Grad)
+            .map(|g| of(Role::Param).any(|p| p.name == g.name && p.layer_axes == 0))
+            .collect();
         Ok(Buffers {
             output: zeros(m.output()),
             loss: zeros(m.arg(Role::Loss).expect("invariant: checked above")),
             grads: of(Role::Grad).map(zeros).collect(),
             grad_of,
+            held_by_all,
         })
+    }
+
+    /// Sums the gradients of the parameters every rank holds over the pipeline's ranks
+    /// ([`crate::comm::sum_across_pipeline`]), so every copy takes the same update.
+    fn share_held_by_all(&mut self) {
+        for (g, &all) in self.grads.iter_mut().zip(&self.held_by_all) {
+            if all {
+                crate::comm::sum_across_pipeline(
+                    g.f32s_mut().expect("invariant: gradients are f32"),
+                );
+            }
+        }
     }
 
     fn grads_by_param(&self) -> impl Iterator<Item = &HostBuffer> {
@@ -383,6 +404,7 @@ impl Data {
                     let x = HostBuffer::from_tensor(&init::synthetic_inputs(
                         opts.seed.wrapping_mul(SYNTHETIC_BATCHES) + b,
                         input.dtype,
+                        input.init,
                         &input.shape[1..],
                         mb,
                     ));

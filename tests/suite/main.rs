@@ -15,6 +15,7 @@ mod grad;
 mod interp_ops;
 mod language;
 mod lowering;
+mod model_ends;
 mod mpirun;
 mod oracle;
 mod passes;

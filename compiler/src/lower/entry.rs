@@ -6,7 +6,7 @@ use super::buf::Buf;
 use super::emit::Emitter;
 use super::ops;
 use super::walk::Walker;
-use ppc_dialect::ir::{names, Func, Item, Module, Param};
+use ppc_dialect::ir::{names, Func, Init, Item, Module, Param};
 use ppc_dialect::op::{Float, OpKind};
 use ppc_dialect::{Axis, Diagnostic, Type};
 use ppc_runtime::manifest::{Arg, Role};
@@ -41,6 +41,9 @@ pub struct Argument {
     pub buf: Buf,
     /// A parameter's declaration (initializer, layer axes).
     pub param: Option<Param>,
+    /// How the runtime draws it when no file gives it: a parameter's initializer, the model's
+    /// synthetic inputs.
+    pub init: Init,
 }
 
 impl Argument {
@@ -51,10 +54,7 @@ impl Argument {
             name: self.name.clone(),
             dtype: ty.dtype,
             shape: ty.shape_usize(),
-            init: self
-                .param
-                .as_ref()
-                .map_or(ppc_runtime::Init::Zeros, |p| p.init),
+            init: self.init,
             layer_axes: self.param.as_ref().map_or(0, |p| p.layer_axes),
             shard_axis: ty.axis(Axis::RankStages),
         }
@@ -80,6 +80,10 @@ pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Di
         name: name.to_string(),
         buf,
         param: None,
+        init: match role {
+            Role::Input => m.input_init(),
+            _ => Init::Zeros,
+        },
     };
     // The entry's own arguments; the rest of `f`'s are constants.
     let mut inputs = vec![argument(
@@ -109,14 +113,17 @@ pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Di
         Entry::Train => {
             outputs.push((Role::Loss, "loss".into(), 0));
             outputs.push((Role::Output, "output".into(), 1));
-            // Then the inputs' (and float targets') cotangents, then one per parameter of
-            // `@stage`, named as the parameter.
-            let stage = m
-                .func(names::STAGE)
-                .ok_or_else(|| Diagnostic::plain("no `@stage`"))?;
-            let first = results.len() - stage.params.len();
-            for (i, p) in stage.params.iter().enumerate() {
-                outputs.push((Role::Grad, stage.values[p.value].name.clone(), first + i));
+            // Then the inputs' (and float targets') cotangents, then one per trainable
+            // parameter (`@train`'s own, then `@stage`'s), named as the parameter.
+            let train = m
+                .func_id(names::TRAIN)
+                .ok_or_else(|| Diagnostic::plain("no `@train`"))?;
+            let slots = crate::passes::trainables(m, train);
+            let first = results.len() - slots.len();
+            for (i, (g, p)) in slots.into_iter().enumerate() {
+                let f = &m.funcs[g];
+                let name = f.values[f.params[p].value].name.clone();
+                outputs.push((Role::Grad, name, first + i));
             }
         }
     }
@@ -136,6 +143,7 @@ pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Di
         name: name.clone(),
         buf: buf.clone(),
         param: Some(p.clone()),
+        init: p.init,
     });
     Ok(inputs
         .into_iter()

@@ -91,6 +91,7 @@ pub struct Lowered {
 pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Lowered, Diagnostic> {
     let entry = Entry::of(m);
     let name = match entry {
+        Entry::Forward if m.func(names::MODEL).is_some() => names::MODEL.to_string(),
         Entry::Forward => names::PIPELINE.to_string(),
         Entry::Train => names::vjp(names::TRAIN),
     };

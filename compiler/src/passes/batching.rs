@@ -1,17 +1,19 @@
-//! The batching rules of `vmap-stages`: one arm per op, rewriting an op of the one-stage
-//! compute into the same op over a leading stage axis.
+//! The batching rules of `vmap-stages` and `embed-head`: one arm per op, rewriting an op of a
+//! function on one microbatch into the same op over a leading axis (the stages, or the
+//! microbatches).
 //!
-//! A value is *batched* when it carries the stage axis in front (activations and parameters)
-//! and *unbatched* when it is the same for every stage (constants, iotas and what is computed
-//! from them only). Unbatched operands broadcast against batched ones by NumPy's trailing-axis
+//! A value is *batched* when it carries that axis in front (activations, and a stage's
+//! parameters) and *unbatched* when it is the same for every entry (constants, iotas, the
+//! parameters of `@embed` and `@head`, and what is computed from them only). Unbatched operands broadcast against batched ones by NumPy's trailing-axis
 //! rule, so they stay as they are; a batched operand of lower rank than the result gets unit axes
 //! after the stage axis so that its own axes stay aligned with the result's trailing axes.
 
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
-use ppc_dialect::ir::ValueId;
+use ppc_dialect::ir::{Block, Func, ValueId};
 use ppc_dialect::op::OpKind;
-use ppc_dialect::{Dim, Type};
+use ppc_dialect::{DType, Dim, Type};
+use std::collections::HashMap;
 
 /// A value of the stage program and whether it carries the stage axis.
 #[derive(Clone, Copy, Debug)]
@@ -20,12 +22,24 @@ pub struct Batched {
     pub batched: bool,
 }
 
-/// The stage axis, the builder of the stage program, and the stage program's `%active` mask
-/// (false for stages in a bubble slot), which batched matmuls take so bubbles cost nothing.
+/// The axis ops are vectorized over, the builder of the vectorized function, and which
+/// matmuls are skipped.
 pub struct Ctx<'b> {
     pub b: &'b mut Builder,
     pub stage: Dim,
-    pub active: ValueId,
+    pub mask: Mask,
+}
+
+/// Which entries of the axis skip their matmuls.
+#[derive(Clone, Copy, Debug)]
+pub enum Mask {
+    /// `%active: i1[S]`, false for stages in a bubble slot, which batched matmuls take so
+    /// bubbles cost nothing.
+    PerEntry(ValueId),
+    /// One `i1[]` flag for the whole axis (whether this rank runs `@embed` or `@head`), or none.
+    /// A matmul of a batched operand by an unbatched matrix (a weight of `@head`) is then one
+    /// GEMM over every row of every entry, not one per entry.
+    Whole(Option<ValueId>),
 }
 
 impl Ctx<'_> {
@@ -62,6 +76,60 @@ impl Ctx<'_> {
             OpKind::Broadcast { x: v.value },
             Some(t),
         )
+    }
+
+    /// With [`Mask::Whole`], a batched `[A, ..., k]` times an unbatched matrix `[k, n]` as one
+    /// GEMM over all `A·...` rows (`[1, rows, k]` under the flag, which masks the one entry).
+    fn flat_matmul(
+        &mut self,
+        ins: &[Batched],
+        result: &Type,
+    ) -> Result<Option<Batched>, Diagnostic> {
+        let Mask::Whole(flag) = self.mask else {
+            return Ok(None);
+        };
+        let (lhs, rhs) = (ins[0], ins[1]);
+        if !lhs.batched || rhs.batched || self.b.ty(rhs.value).rank() != 2 {
+            return Ok(None);
+        }
+        let lt = self.b.ty(lhs.value).clone();
+        let k = lt.dims[lt.rank() - 1].clone();
+        let n = result.dims[result.rank() - 1].clone();
+        let rows: u64 = lt.dims[..lt.rank() - 1].iter().map(|d| d.size).product();
+        let lead: Vec<Dim> = flag.iter().map(|_| Dim::lit(1)).collect();
+        let flat = |last: Dim| {
+            let mut dims = lead.clone();
+            dims.extend([Dim::lit(rows), last]);
+            dims
+        };
+        let rows_ty = Type::new(lt.dtype, flat(k));
+        let x = self
+            .b
+            .op("rows", OpKind::Reshape { x: lhs.value }, Some(rows_ty))?;
+        let mask = match flag {
+            Some(f) => {
+                let t = Type::new(DType::I1, vec![Dim::lit(1)]);
+                Some(self.b.op("runs", OpKind::Reshape { x: f }, Some(t))?)
+            }
+            None => None,
+        };
+        let out_ty = Type::new(result.dtype, flat(n));
+        let y = self.b.op(
+            "rows_out",
+            OpKind::MatMul {
+                lhs: x,
+                rhs: rhs.value,
+                mask,
+            },
+            Some(out_ty),
+        )?;
+        let value = self
+            .b
+            .op("out", OpKind::Reshape { x: y }, Some(self.stacked(result)))?;
+        Ok(Some(Batched {
+            value,
+            batched: true,
+        }))
     }
 
     /// Operands of an elementwise op, batched ones aligned to `rank` (the result's rank).
@@ -134,11 +202,23 @@ pub fn batch(
             ))
         }
         OpKind::MatMul { mask: None, .. } => {
+            if let Some(v) = cx.flat_matmul(ins, result)? {
+                return Ok(v);
+            }
             let a = cx.elementwise(ins, rank)?;
+            let mask = match cx.mask {
+                _ if !any => None,
+                Mask::PerEntry(active) => Some(active),
+                Mask::Whole(None) => None,
+                Mask::Whole(Some(flag)) => {
+                    let t = Type::new(DType::I1, vec![cx.stage.clone()]);
+                    Some(cx.b.op("runs", OpKind::Broadcast { x: flag }, Some(t))?)
+                }
+            };
             OpKind::MatMul {
                 lhs: a[0],
                 rhs: a[1],
-                mask: if any { Some(cx.active) } else { None },
+                mask,
             }
         }
         OpKind::Transpose { perm, .. } => {
@@ -231,6 +311,13 @@ pub fn batch(
                 axis: axis + usize::from(any),
             }
         }
+        // Rows of a table every entry shares (an embedding) by batched ids: the ids' new
+        // leading axis is the result's, nothing is copied.
+        OpKind::Gather { axis: 0, .. } if !ins[0].batched => OpKind::Gather {
+            table: v(0),
+            ids: v(1),
+            axis: 0,
+        },
         OpKind::Gather { axis, .. } => {
             let (table, ids) = if any {
                 (cx.ensure(ins[0])?, cx.ensure(ins[1])?)
@@ -275,4 +362,24 @@ pub fn batch(
         value,
         batched: any,
     })
+}
+
+/// Rewrites the ops of `block` of `f` (straight-line: a model function after inlining) by
+/// [`batch`], `env` holding its arguments and parameters; returns its one result, batched.
+pub fn batch_block(
+    cx: &mut Ctx,
+    f: &Func,
+    block: &Block,
+    env: &mut HashMap<ValueId, Batched>,
+) -> Result<ValueId, Diagnostic> {
+    for &id in &block.ops {
+        let op = &f.ops[id];
+        cx.b.span = f.op_spans.get(&id);
+        let ins: Vec<Batched> = op.kind.operands().iter().map(|v| env[v]).collect();
+        let result = op.results[0];
+        let out = batch(cx, &f.values[result].name, &op.kind, &ins, f.ty(result))?;
+        env.insert(result, out);
+    }
+    let ret = env[&block.results[0]];
+    cx.ensure(ret)
 }

@@ -72,7 +72,7 @@ fn build(m: &Module, stage_id: FuncId, opts: &Options) -> Result<ppc_dialect::Fu
     let (s, mb, r) = (p.stages, p.microbatches, p.repeats);
     let trips = p.iterations();
     let fill = Float(if opts.poison_bubbles { POISON } else { 0.0 });
-    let x_ty = m.input.clone();
+    let x_ty = m.stage_type();
     let stacked = |lead: Dim| x_ty.insert(0, lead);
     let scalar_i32 = Type::scalar(DType::I32);
     // The state has `@stage`'s stage axis: all stages, or this rank's after `shard-stages`.

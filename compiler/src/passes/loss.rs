@@ -1,5 +1,6 @@
-//! `loss`: the scalar a training step differentiates, `@train`: the pipelined model on all
-//! microbatches, then the model file's loss, averaged over every microbatch at once.
+//! `loss`: the scalar a training step differentiates, `@train`: the pipelined model (`@model`,
+//! else `@pipeline`) on all microbatches, then the model file's loss, averaged over every
+//! microbatch at once.
 //!
 //! Preconditions: `gpipe-loop` has run. Postconditions: the module also holds
 //! `@train(%x: [M, ...input], %target: [M, ...target]) -> (f32[], [M, ...input])`, the loss and
@@ -28,11 +29,15 @@ pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
             "the module already has a `@train`: `loss` has run",
         )]);
     }
-    let pipeline = m.func_id(names::PIPELINE).ok_or_else(|| {
-        vec![Diagnostic::plain(
-            "`loss` needs `@pipeline`: run `gpipe-loop` first",
-        )]
-    })?;
+    // The whole model: `@model` where the model has `@embed` or `@head`.
+    let pipeline = m
+        .func_id(names::MODEL)
+        .or_else(|| m.func_id(names::PIPELINE))
+        .ok_or_else(|| {
+            vec![Diagnostic::plain(
+                "`loss` needs `@pipeline`: run `gpipe-loop` first",
+            )]
+        })?;
     let f = build(m, pipeline).map_err(|d| vec![d])?;
     m.funcs.push(f);
     Ok(())

@@ -7,6 +7,7 @@ mod autodiff_kept;
 mod autodiff_loop;
 mod batching;
 mod differ;
+mod embed_head;
 mod gpipe_loop;
 mod loss;
 mod options;
@@ -17,6 +18,7 @@ mod vjp;
 mod vmap_stages;
 
 pub use autodiff::{autodiff, trainables};
+pub use embed_head::embed_head;
 pub use gpipe_loop::gpipe_loop;
 pub use loss::loss;
 pub use options::Options;
@@ -56,6 +58,13 @@ pub const PASSES: &[PassInfo] = &[
             "wrap @stage in the GPipe loop @pipeline: shifting state, zero padding, stage-0 select",
         training: false,
         run: gpipe_loop,
+    },
+    PassInfo {
+        name: "embed-head",
+        summary:
+            "add @model: @embed, the GPipe loop, then @head, on all microbatches (models with them)",
+        training: false,
+        run: embed_head,
     },
     PassInfo {
         name: "loss",

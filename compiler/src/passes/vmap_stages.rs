@@ -23,11 +23,11 @@
 //! }                                                 }
 //! ```
 
-use super::batching::{batch, Batched, Ctx};
+use super::batching::{batch_block, Batched, Ctx, Mask};
 use super::options::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
-use ppc_dialect::ir::{names, Block, Func, Module, Setting, ValueId};
+use ppc_dialect::ir::{names, Func, Module, Setting, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Axis, DType, Dim, Type};
 use std::collections::HashMap;
@@ -185,41 +185,10 @@ fn layer_once(
             },
         );
     }
-    batch_block(b, layer, &layer.body, &mut env, s_dim, active)
-}
-
-fn batch_block(
-    b: &mut Builder,
-    layer: &Func,
-    block: &Block,
-    env: &mut HashMap<ValueId, Batched>,
-    s_dim: &Dim,
-    active: ValueId,
-) -> Result<ValueId, Diagnostic> {
     let mut cx = Ctx {
         b,
         stage: s_dim.clone(),
-        active,
+        mask: Mask::PerEntry(active),
     };
-    for &id in &block.ops {
-        let op = &layer.ops[id];
-        cx.b.span = layer.op_spans.get(&id);
-        let ins: Vec<Batched> = op.kind.operands().iter().map(|v| env[v]).collect();
-        let result = op.results[0];
-        let out = batch(
-            &mut cx,
-            &layer.values[result].name,
-            &op.kind,
-            &ins,
-            layer.ty(result),
-        )?;
-        env.insert(result, out);
-    }
-    let ret = env[&block.results[0]];
-    if ret.batched {
-        Ok(ret.value)
-    } else {
-        let t = layer.ty(block.results[0]).insert(0, s_dim.clone());
-        cx.b.op("out_stages", OpKind::Broadcast { x: ret.value }, Some(t))
-    }
+    batch_block(&mut cx, layer, &layer.body, &mut env)
 }

@@ -35,6 +35,7 @@ pub fn parse(src: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
         dims: Vec::new(),
         pipeline: Vec::new(),
         input: None,
+        input_init: None,
         target: None,
         loss: None,
         train: None,

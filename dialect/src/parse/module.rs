@@ -1,7 +1,7 @@
 //! Module-level items: named dimensions, the pipeline block, types, and the overrides from the
 //! command line that replace what the file says.
 
-use super::attrs::Dims;
+use super::attrs::{parse_init, Dims};
 use super::func::{FuncBuilder, ModuleScope};
 use super::overrides::Overrides;
 use super::syntax::{parse_u64, span_of, PResult, Rule, MAX_PIPELINE_SETTING};
@@ -9,7 +9,7 @@ use crate::arena::Arena;
 use crate::diag::Diagnostic;
 use crate::expr::{Expr, ExprKind};
 use crate::infer::checked_elements;
-use crate::ir::{Depth, DimDef, Func, Item, Loss, Module, Pipeline, Setting};
+use crate::ir::{Depth, DimDef, Func, Item, Loss, Module, Pipeline, Setting, WrittenInit};
 use crate::span::{Span, SpanTable};
 use crate::types::{Axis, DType, Dim, Type};
 use pest::iterators::Pair;
@@ -21,6 +21,7 @@ pub(super) struct ModuleBuilder<'a> {
     /// resolved.
     pub(super) pipeline: Vec<(String, u64, Span, Span)>,
     pub(super) input: Option<Type>,
+    pub(super) input_init: Option<WrittenInit>,
     pub(super) target: Option<Type>,
     pub(super) loss: Option<Loss>,
     pub(super) train: Option<Vec<(String, String)>>,
@@ -95,7 +96,12 @@ impl ModuleBuilder<'_> {
                     (Item::Target, self.target.is_some())
                 };
                 self.once(key, span, seen)?;
-                let t = Some(self.ty(item.into_inner().next().expect("type"))?);
+                let mut inner = item.into_inner();
+                let t = Some(self.ty(inner.next().expect("type"))?);
+                if let Some(init) = inner.next() {
+                    let (init, written) = parse_init(init, &ModuleScope::dims(self))?;
+                    self.input_init = Some(WrittenInit { init, written });
+                }
                 match key {
                     Item::Input => self.input = t,
                     _ => self.target = t,
@@ -537,6 +543,7 @@ impl ModuleBuilder<'_> {
             dims: self.dims,
             pipeline,
             input,
+            input_init: self.input_init,
             target: self.target,
             loss: self.loss,
             train: self.train.unwrap_or_default(),

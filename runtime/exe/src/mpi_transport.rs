@@ -120,6 +120,12 @@ impl Transport for Mpi {
         root.broadcast_into(values);
     }
 
+    fn all_gather_pipeline(&self, values: &[f32]) -> Vec<f32> {
+        let mut all = vec![0.0f32; values.len() * self.size];
+        self.pipe.all_gather_into(values, &mut all[..]);
+        all
+    }
+
     fn abort(&self, code: i32) -> ! {
         self.world.abort(code)
     }

@@ -106,12 +106,20 @@ pub fn global_layer(l: usize, local: &[usize], shard: Option<Shard>) -> usize {
 }
 
 /// `microbatches` synthetic microbatches of `shape`, stacked as `[microbatches, ...shape]`:
-/// microbatch `m` comes from the stream `("input", m)`.
-pub fn synthetic_inputs(seed: u64, dtype: DType, shape: &[usize], microbatches: usize) -> Tensor {
+/// microbatch `m` comes from the stream `("input", m)`, drawn with `init` ([`INPUT_INIT`]
+/// unless the model says otherwise) and rounded to `dtype` (integers toward zero: token ids
+/// `uniform(0, vocab)` are `0..vocab`).
+pub fn synthetic_inputs(
+    seed: u64,
+    dtype: DType,
+    init: Init,
+    shape: &[usize],
+    microbatches: usize,
+) -> Tensor {
     let n: usize = shape.iter().product();
     let mut data = Vec::with_capacity(n * microbatches);
     for m in 0..microbatches {
-        data.extend(Rng::stream(seed, "input", m as u64).fill(INPUT_INIT, n));
+        data.extend(Rng::stream(seed, "input", m as u64).fill(init, n));
     }
     let mut full = vec![microbatches];
     full.extend(shape);

@@ -8,6 +8,8 @@
 //! the storage dtype as the interpreter rounds. Every problem with a file (missing, extra,
 //! wrong-shape or wrong-dtype tensors) is reported at once, before anything runs.
 //!
+//! Parameters of `@embed` and `@head` are held once, as the tensor named as the parameter.
+//!
 //! A file is opened by its header; each rank then reads only the bytes of the layers it holds.
 //!
 //! What goes wrong is a [`ParamError`]: the file unreadable or not safetensors, or a
@@ -27,13 +29,27 @@ pub fn tensor_name(layer: u64, name: &str) -> String {
     format!("layers.{layer}.{name}")
 }
 
-/// One parameter of the model as files hold it: per layer, of `shape`, for `layers` layers;
-/// stored as `dtype` and drawn with `init` by the seeded generator.
+impl Spec {
+    /// Each tensor of the parameter with the layer it is read as: `(layers.{l}.name, l)` per
+    /// layer, or `(name, 0)` for a parameter held once.
+    fn tensors(&self) -> Vec<(String, u64)> {
+        match self.layers {
+            Some(layers) => (0..layers)
+                .map(|l| (tensor_name(l, &self.name), l))
+                .collect(),
+            None => vec![(self.name.clone(), 0)],
+        }
+    }
+}
+
+/// One parameter of the model as files hold it: per layer, of `shape`, for `layers` layers, or
+/// (`layers: None`, a parameter of `@embed` or `@head`) once, as the tensor `name`; stored as
+/// `dtype` and drawn with `init` by the seeded generator (stream `(name, 0)` when held once).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spec {
     pub name: String,
     pub shape: Vec<usize>,
-    pub layers: u64,
+    pub layers: Option<u64>,
     pub dtype: DType,
     pub init: Init,
 }
@@ -97,10 +113,10 @@ pub fn dump(source: &Source, specs: &[Spec], path: &Path) -> Result<(), ParamErr
     let mut tensors = Vec::new();
     for spec in specs {
         let n: usize = spec.shape.iter().product();
-        for l in 0..spec.layers {
+        for (tensor, l) in spec.tensors() {
             let v = source.layer(&spec.name, l, spec.init, n)?;
             let t = Tensor::new(spec.dtype, spec.shape.clone(), v);
-            tensors.push((tensor_name(l, &spec.name), HostBuffer::from_tensor(&t)));
+            tensors.push((tensor, HostBuffer::from_tensor(&t)));
         }
     }
     let refs: Vec<(&str, &HostBuffer)> = tensors.iter().map(|(n, b)| (n.as_str(), b)).collect();
@@ -134,14 +150,15 @@ impl ParamFile {
         let mut used = vec![false; entries.len()];
         for spec in specs {
             let inner: usize = spec.shape.iter().product();
-            let stacked = entries.iter().position(|e| e.name == spec.name);
-            for l in 0..spec.layers {
-                let per_layer = tensor_name(l, &spec.name);
+            let stacked = spec.layers.and_then(|layers| {
+                Some((layers, entries.iter().position(|e| e.name == spec.name)?))
+            });
+            for (per_layer, l) in spec.tensors() {
                 let found = entries.iter().position(|e| e.name == per_layer);
                 let (i, offset, want) = match (found, stacked) {
                     (Some(i), _) => (i, 0, spec.shape.clone()),
-                    (None, Some(i)) => {
-                        let mut want = vec![spec.layers as usize];
+                    (None, Some((layers, i))) => {
+                        let mut want = vec![layers as usize];
                         want.extend(&spec.shape);
                         (i, l as usize * inner, want)
                     }
@@ -183,7 +200,7 @@ impl ParamFile {
             return Err(ParamError::Misfit {
                 path: path.to_path_buf(),
                 problems,
-                layers: specs.first().map_or(0, |s| s.layers),
+                layers: specs.iter().find_map(|s| s.layers).unwrap_or(0),
                 params: specs
                     .iter()
                     .map(|s| (s.name.clone(), s.shape.clone()))
