@@ -183,29 +183,50 @@ impl Builder {
         Ok(ids)
     }
 
-    /// Appends the body of `callee` (of `m`) reading `args`; returns the values of its results.
-    /// The callee's parameters become this function's, of the same names.
-    pub fn inline(
-        &mut self,
-        m: &Module,
-        callee: &Func,
-        args: &[ValueId],
-    ) -> Result<Vec<ValueId>, Diagnostic> {
-        let mut env = bind(&callee.body.args, args);
+    /// Declares `callee`'s parameters as this function's, of the same names (those not
+    /// declared yet). Called before any other value is made, no name can be taken.
+    pub fn params_of(&mut self, callee: &Func) -> Result<(), Diagnostic> {
         for p in &callee.params {
             let name = &callee.values[p.value].name;
+            if self.param_named(name).is_some() {
+                continue;
+            }
             let v = self.param(name, callee.ty(p.value).clone(), p.init, p.layer_axes);
             if self.func.values[v].name != *name {
                 return Err(Diagnostic::error(
                     format!(
-                        "parameter `%{name}` has the name of a value of `@{}`; rename it",
+                        "parameter `%{name}` has the name of a value of `@{}`",
                         self.func.name
                     ),
                     callee.value_spans.get(&p.value),
                     "this parameter",
                 ));
             }
-            env.insert(p.value, v);
+        }
+        Ok(())
+    }
+
+    fn param_named(&self, name: &str) -> Option<ValueId> {
+        self.func
+            .params
+            .iter()
+            .map(|p| p.value)
+            .find(|&v| self.func.values[v].name == name)
+    }
+
+    /// Appends the body of `callee` (of `m`) reading `args`; returns the values of its results.
+    /// The callee's parameters become this function's ([`Builder::params_of`]).
+    pub fn inline(
+        &mut self,
+        m: &Module,
+        callee: &Func,
+        args: &[ValueId],
+    ) -> Result<Vec<ValueId>, Diagnostic> {
+        self.params_of(callee)?;
+        let mut env = bind(&callee.body.args, args);
+        for p in &callee.params {
+            let v = self.param_named(&callee.values[p.value].name);
+            env.insert(p.value, v.expect("invariant: declared by params_of"));
         }
         self.copy_block(m, callee, &callee.body, &mut env)?;
         Ok(callee.body.results.iter().map(|v| env[v]).collect())

@@ -194,9 +194,12 @@ pub fn check_ends(m: &Module) -> Result<(), Diagnostics> {
         let Some(f) = m.func(root) else { continue };
         if let Some(p) = f.params.iter().find(|p| p.layer_axes != 0) {
             diags.push(Diagnostic::error(
-                format!(
-                    "`@{root}`'s parameters are declared as one layer's and take no `layer_axes`"
-                ),
+                match root {
+                    names::LAYER => {
+                        "`@layer` parameters belong to one layer and take no `layer_axes`".into()
+                    }
+                    _ => format!("`@{root}` parameters are held once and take no `layer_axes`"),
+                },
                 f.value_spans.get(&p.value),
                 "here",
             ));
@@ -232,8 +235,13 @@ pub fn check_ends(m: &Module) -> Result<(), Diagnostics> {
                     diags.push(
                         Diagnostic::error(
                             format!(
-                                "`%{name}` is declared in `@{}` and `@{}` differently: {} = {:?} and {} = {:?}",
-                                g.name, f.name, g.ty(q.value), q.init, f.ty(p.value), p.init
+                                "`%{name}` is declared in `@{}` and `@{}` differently: {} = {} and {} = {}",
+                                g.name,
+                                f.name,
+                                g.ty(q.value),
+                                crate::print::init_text(q.init, None),
+                                f.ty(p.value),
+                                crate::print::init_text(p.init, None)
                             ),
                             span,
                             "here",

@@ -53,7 +53,7 @@ pub fn print(m: &Module) -> String {
 }
 
 /// An initializer as written (when an argument names a dimension), else canonical.
-fn init_text(init: Init, written: Option<&String>) -> String {
+pub(crate) fn init_text(init: Init, written: Option<&String>) -> String {
     match (init, written) {
         (_, Some(written)) => written.clone(),
         (Init::Zeros, _) => "zeros".to_string(),

@@ -180,9 +180,13 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
             .first()
             .map(|&a| layer.value_spans.get(&a))
             .unwrap_or(input_span);
-        let (what, declared) = match m.func_id(names::EMBED) {
-            Some(e) => ("`@embed`'s result", m.spans.get(&Item::Func(e))),
-            None => ("`input`", input_span),
+        let (what, declared, label) = match m.func_id(names::EMBED) {
+            Some(e) => (
+                "`@embed`'s result",
+                m.spans.get(&Item::Func(e)),
+                "`@embed` declared here",
+            ),
+            None => ("`input`", input_span, "input type declared here"),
         };
         return Err(vec![Diagnostic::error(
             format!(
@@ -194,7 +198,7 @@ pub fn check_model(m: &Module) -> Result<(), Diagnostics> {
             span,
             "layer signature",
         )
-        .with_label(declared, "declared here")
+        .with_label(declared, label)
         .with_note(
             "stage s feeds stage s+1, so the layer must take and return exactly the type between stages",
         )]);

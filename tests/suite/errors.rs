@@ -55,6 +55,10 @@ fn malformed_models_get_spanned_diagnostics() {
 /// Diagnostics no model file can cause, each with what guards it instead.
 const UNREACHABLE_FROM_A_MODEL: &[(&str, &str)] = &[
     (
+        "has the name of a value of",
+        "`@model` and `@train` declare the model's parameters before any other value",
+    ),
+    (
         "before its definition",
         "the parser resolves names in order; the verifier guards passes",
     ),

@@ -46,6 +46,8 @@ pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
 fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::TRAIN);
     b.span = m.spans.get(&Item::Loss);
+    // The model's parameters first, so that they keep their names.
+    b.params_of(&m.funcs[pipeline])?;
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let x = b.arg("x", m.input.insert(0, mbs.clone()));
     let target = b.arg("target", m.target_type().insert(0, mbs));
