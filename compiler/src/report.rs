@@ -1,6 +1,7 @@
 //! The compile-time report (`ppc compile --report=json`): the pipeline's shape, the bubble
-//! counted from the generated loop, and the memory each buffer takes (with `--train`, also what
-//! the training step keeps for its backward loop).
+//! counted from the generated loop, the memory each buffer takes (with `--train`, also what
+//! the training step keeps for its backward loop), and the work of a step, `@embed`'s and
+//! `@head`'s apart.
 
 use crate::schedule::{Schedule, ScheduleError};
 use ppc_dialect::ir::{names, Block, Func, Module, Pipeline, Setting};
@@ -90,7 +91,7 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
     let s = p.stages;
     let local = stages_held(stage)?;
     let param_bytes: u64 = stage.params.iter().map(|q| stage.ty(q.value).bytes()).sum();
-    let x = m.input.bytes();
+    let x = m.stage_type().bytes();
     let formula = (s - 1) as f64 / p.iterations() as f64;
     let mut r = json!({
         "iterations": sched.iterations(),
@@ -104,12 +105,29 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
         "input_buffer_bytes": sched.iterations() * x,
         "output_buffer_bytes": p.microbatches * x,
         "stage_activation_bytes_per_stage": result_bytes(stage, &stage.body) / local,
+        "flops_per_step": m.flops(),
     });
+    for (name, rank) in [(names::EMBED, "first"), (names::HEAD, "last")] {
+        if let Some(f) = m.func(name) {
+            r[name] = ends(f, p.microbatches, rank);
+        }
+    }
     with_settings(&mut r, &p, &Setting::ALL);
     if let Some(t) = training(m, local) {
         r["training"] = t;
     }
     Ok(r)
+}
+
+/// `@embed` or `@head`, which run once per microbatch outside the loop, on rank `rank`: their
+/// parameters, their work and every value they make, over all microbatches.
+fn ends(f: &Func, microbatches: u64, rank: &str) -> Value {
+    json!({
+        "runs_on_rank": rank,
+        "param_bytes": f.params.iter().map(|q| f.ty(q.value).bytes()).sum::<u64>(),
+        "flops_per_step": f.matmul_flops() * microbatches,
+        "value_bytes_per_step": result_bytes(f, &f.body) * microbatches,
+    })
 }
 
 /// Adds these pipeline settings in effect to a JSON object, keyed as the model file names them.

@@ -42,6 +42,10 @@ pub struct Schedule {
     pub repeats: u64,
     /// `slots[t][s]`: the work of stage `s` at iteration `t`; `None` is a bubble.
     pub slots: Vec<Vec<Option<Work>>>,
+    /// Whether `@embed` runs before the loop and `@head` after it (on all microbatches, on the
+    /// first and the last rank).
+    pub embed: bool,
+    pub head: bool,
 }
 
 impl Schedule {
@@ -83,6 +87,8 @@ impl Schedule {
             microbatches,
             repeats,
             slots,
+            embed: m.func(names::EMBED).is_some(),
+            head: m.func(names::HEAD).is_some(),
         })
     }
 
@@ -101,6 +107,24 @@ impl Schedule {
     /// Bubble slots over all slots: idle stage-iterations.
     pub fn bubble_fraction(&self) -> f64 {
         self.bubble_slots() as f64 / self.total_slots() as f64
+    }
+
+    /// What runs outside the loop: `@embed` before it, `@head` after it, one line each.
+    fn ends(&self) -> [Option<String>; 2] {
+        let all = format!("all {} microbatches at once", self.microbatches);
+        let on = |stage: u64| match self.ranks {
+            1 => String::new(),
+            _ => format!(
+                ", on rank {} (stage {stage}'s)",
+                stage / (self.stages / self.ranks)
+            ),
+        };
+        [
+            self.embed
+                .then(|| format!("before the loop: @embed on {all}{}", on(0))),
+            self.head
+                .then(|| format!("after the loop: @head on {all}{}", on(self.stages - 1))),
+        ]
     }
 
     fn label(&self, w: Option<Work>) -> String {
@@ -140,6 +164,10 @@ impl Schedule {
         } else {
             out.push_str("cells are microbatches, `.` is a bubble\n");
         }
+        let [before, after] = self.ends();
+        if let Some(line) = before {
+            let _ = writeln!(out, "{line}");
+        }
         let row = |s: u64| match self.ranks {
             1 => format!("stage {s}"),
             _ => format!("stage {s} (rank {})", s / (self.stages / self.ranks)),
@@ -157,6 +185,9 @@ impl Schedule {
             }
             out.push('\n');
         }
+        if let Some(line) = after {
+            let _ = writeln!(out, "{line}");
+        }
         out
     }
 
@@ -165,7 +196,7 @@ impl Schedule {
     pub fn svg(&self) -> String {
         let (cell, left, top) = (36u64, 72u64, 48u64);
         let w = left + cell * self.iterations() + 16;
-        let h = top + cell * self.stages + 40;
+        let h = top + cell * self.stages + 40 + 16 * self.ends().iter().flatten().count() as u64;
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -229,6 +260,13 @@ impl Schedule {
             r#"<text x="{left}" y="{}">time (loop iteration) →</text>"#,
             top + self.stages * cell + 24
         );
+        for (i, line) in self.ends().into_iter().flatten().enumerate() {
+            let _ = writeln!(
+                out,
+                r#"<text x="{left}" y="{}">{line}</text>"#,
+                top + self.stages * cell + 40 + 16 * i as u64
+            );
+        }
         out.push_str("</svg>\n");
         out
     }

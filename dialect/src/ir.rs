@@ -251,6 +251,22 @@ impl Func {
         &self.values[v].ty
     }
 
+    /// Floating-point operations of the matrix products of one call (2·m·n·k each), nested
+    /// loops counted once: the measure of work that FLOP rates report.
+    pub fn matmul_flops(&self) -> u64 {
+        self.ops
+            .values()
+            .filter_map(|op| match &op.kind {
+                OpKind::MatMul { lhs, .. } => {
+                    let out = self.ty(op.results[0]);
+                    let k = self.ty(*lhs).dims.last().map_or(0, |d| d.size);
+                    Some(2 * out.elements() * k)
+                }
+                _ => None,
+            })
+            .sum()
+    }
+
     pub fn arg_types(&self) -> Vec<Type> {
         self.body.args.iter().map(|&v| self.ty(v).clone()).collect()
     }
@@ -509,6 +525,14 @@ impl Module {
         self.func(names::EMBED)
             .and_then(|f| f.result_types().first().cloned())
             .unwrap_or_else(|| self.input.clone())
+    }
+
+    /// Floating-point operations of one forward step of the model as written (no bubbles):
+    /// every microbatch through `@embed`, every layer and `@head`.
+    pub fn flops(&self) -> u64 {
+        let p = self.pipeline;
+        let of = |name| self.func(name).map_or(0, Func::matmul_flops);
+        (of(names::EMBED) + of(names::LAYER) * p.layers + of(names::HEAD)) * p.microbatches
     }
 
     /// The type of one microbatch of the model's outputs: `@head`'s result if the model has a

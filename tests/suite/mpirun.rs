@@ -29,7 +29,7 @@ fn small_dims(model: &str) -> Vec<&'static str> {
 
 /// `ppc compile MODEL -o exe --ranks R` with small dimensions and `extra` flags. LLVM at O0
 /// except for the MLP: optimizing the transformer takes seconds, and the test is about meaning.
-fn build(model: &str, exe: &Path, ranks: u64, extra: &[&str]) {
+pub(crate) fn build(model: &str, exe: &Path, ranks: u64, extra: &[&str]) {
     let (file, exe_s, r) = (path(model), exe.display().to_string(), ranks.to_string());
     let mut args = vec!["compile", &file, "-o", &exe_s, "--ranks", &r];
     if model != "examples/mlp.ppc" {
@@ -90,7 +90,7 @@ fn bench_json(stdout: &str) -> serde_json::Value {
 
 /// For each configuration, the outputs of 1, 2 and 4 ranks (those dividing the stages) are
 /// the same bytes, and each rank reports the world size it was launched with.
-fn identical_across_ranks(model: &str, stages: u64) {
+pub(crate) fn identical_across_ranks(model: &str, stages: u64) {
     let dir = scratch(&model.replace(['/', '.'], "_"));
     for extra in [
         &[][..],

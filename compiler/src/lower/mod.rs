@@ -56,7 +56,6 @@ use emit::{Emitter, Written};
 pub use entry::Entry;
 pub use fast_math::Numerics;
 use ppc_dialect::ir::{names, Item, Module};
-use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic};
 use ppc_runtime::abi;
 use ppc_runtime::manifest::Manifest;
@@ -125,7 +124,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         layers: p.layers,
         ranks: p.ranks,
         replicas: opts.replicas,
-        flops: model_flops(m),
+        flops: m.flops(),
         target: opts.target.clone(),
         gpu: opts.gpu.clone(),
         args: args.iter().map(entry::Argument::manifest).collect(),
@@ -212,25 +211,4 @@ pub fn packed_entry(manifest: &Manifest) -> String {
     let _ = writeln!(s, "  call void @_mlir_ciface_{entry}({})", call.join(", "));
     s.push_str("  ret void\n}\n");
     s
-}
-
-/// Useful floating-point work of one forward step: the matmuls of every layer on every
-/// microbatch, as the sequential model does them (no bubbles).
-fn model_flops(m: &Module) -> u64 {
-    let Some(layer) = m.func(names::LAYER) else {
-        return 0;
-    };
-    let per_layer: u64 = layer
-        .ops
-        .iter()
-        .filter_map(|(_, op)| match &op.kind {
-            OpKind::MatMul { lhs, .. } => {
-                let out = layer.ty(op.results[0]);
-                let k = layer.ty(*lhs).dims.last().map_or(0, |d| d.size);
-                Some(2 * out.elements() * k)
-            }
-            _ => None,
-        })
-        .sum();
-    per_layer * m.pipeline.layers * m.pipeline.microbatches
 }
