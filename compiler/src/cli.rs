@@ -78,6 +78,58 @@ pub enum Command {
         #[arg(long, value_name = "OUT")]
         svg: Option<PathBuf>,
     },
+    /// Turn text files into token streams for training language models (`--data`,
+    /// `--val-data`): one token per byte (a vocabulary of 256 ids), the files concatenated;
+    /// the last --val-fraction of the tokens go to DIR/val.bin, the rest to DIR/train.bin.
+    Tokenize {
+        /// Text files, read as bytes.
+        #[arg(required = true)]
+        texts: Vec<PathBuf>,
+        /// The directory to write train.bin and val.bin into (made if missing).
+        #[arg(short, long, value_name = "DIR")]
+        out: PathBuf,
+        /// The share of the tokens held out for validation.
+        #[arg(long, default_value_t = 0.1, value_parser = fraction)]
+        val_fraction: f64,
+        /// How the files store ids: u16 (nanoGPT's) or u32.
+        #[arg(long, value_enum, value_name = "DTYPE", default_value = "u16")]
+        token_dtype: ppc_runtime::tokens::TokenDType,
+    },
+    /// Generate text with a trained byte-level language model (a --save checkpoint or a
+    /// --params file): its forward pass, JIT-compiled for one sequence, continues --prompt.
+    Sample(SampleArgs),
+}
+
+/// What `ppc sample` takes.
+#[derive(Args, Debug)]
+pub struct SampleArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The trained weights: a checkpoint (`--save`) or a parameter file (`--dump-params`).
+    #[arg(long, value_name = "FILE")]
+    pub params: PathBuf,
+    /// The text to continue.
+    #[arg(long)]
+    pub prompt: String,
+    /// How many bytes to generate.
+    #[arg(long, default_value_t = 200)]
+    pub tokens: u32,
+    /// 0 takes the most likely byte each time; above 0, draws from the softmax of the logits
+    /// divided by it (seeded by --seed).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub codegen: CodegenArgs,
+}
+
+/// A share in (0, 1).
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a fraction between 0 and 1")),
+    }
 }
 
 /// What `ppc compile` takes.

@@ -6,7 +6,6 @@
 //! rank count. What goes wrong is a [`CheckpointError`].
 
 use crate::error::Chain;
-use crate::init::{global_layer, Shard};
 use crate::manifest::{Arg, Manifest};
 use crate::memref::HostBuffer;
 use crate::optim::{Config, Kind, Optimizer};
@@ -36,27 +35,13 @@ pub enum CheckpointError {
     CopiesDiffer { tensor: String, rank: usize },
 }
 
-/// The model layer of each of the `[layer axes...]` slices of parameter `a` on rank `rank`.
-fn layer_ids(m: &Manifest, a: &Arg, rank: usize) -> Vec<u64> {
-    let lead = &a.shape[..a.layer_axes];
-    let shard = a.shard_axis.map(|axis| Shard {
-        axis,
-        full: m.stages as usize,
-        offset: rank * a.shape[axis],
-    });
-    let count: usize = lead.iter().product();
-    (0..count)
-        .map(|l| global_layer(l, lead, shard) as u64)
-        .collect()
-}
-
 /// The tensor names of the `[layer axes...]` slices of parameter `a` on rank `rank`: one per
 /// model layer, or the parameter's own name for one held once (by every rank).
 fn tensor_names(m: &Manifest, a: &Arg, rank: usize) -> Vec<String> {
     if a.layer_axes == 0 {
         return vec![a.name.clone()];
     }
-    layer_ids(m, a, rank)
+    m.layer_ids(a, rank)
         .into_iter()
         .map(|l| tensor_name(l, &a.name))
         .collect()

@@ -32,9 +32,9 @@ pub trait Transport: Send + Sync {
     /// Sums `values` over the replicas' ranks that hold the same stages, in replica order (the
     /// same bits on every run), leaving the sum on each of them.
     fn sum_across_replicas(&self, _values: &mut [f32]) {}
-    /// Gathers `values` (the same count on every rank) from every rank of this pipeline, rank
+    /// Gathers `bytes` (the same count on every rank) from every rank of this pipeline, rank
     /// by rank, onto every one of them.
-    fn all_gather_pipeline(&self, values: &[f32]) -> Vec<f32>;
+    fn all_gather_pipeline(&self, bytes: &[u8]) -> Vec<u8>;
     /// Ends the whole job now, with `code`.
     fn abort(&self, code: i32) -> !;
 }
@@ -76,15 +76,35 @@ pub fn sum_across_replicas(values: &mut [f32]) {
 /// `@head`'s), exact on the ranks that use it and zero elsewhere. The fold starts at `+0`
 /// in one process too, so the result has the same bits on any number of ranks.
 pub fn sum_across_pipeline(values: &mut [f32]) {
-    let parts = match transport() {
-        Some(t) if t.size() > 1 => t.all_gather_pipeline(values),
-        _ => values.to_vec(),
-    };
+    let parts = all_gather_pipeline(values, f32::to_le_bytes, f32::from_le_bytes);
     values.fill(0.0);
     for part in parts.chunks(values.len().max(1)) {
         for (v, p) in values.iter_mut().zip(part) {
             *v += p;
         }
+    }
+}
+
+/// Every rank's `values` of this pipeline, rank by rank (this rank's alone in one process).
+pub fn gather_pipeline_f64(values: &[f64]) -> Vec<f64> {
+    all_gather_pipeline(values, f64::to_le_bytes, f64::from_le_bytes)
+}
+
+/// [`Transport::all_gather_pipeline`] of numbers, through their little-endian bytes.
+fn all_gather_pipeline<T: Copy, const N: usize>(
+    values: &[T],
+    to: fn(T) -> [u8; N],
+    from: fn([u8; N]) -> T,
+) -> Vec<T> {
+    match transport() {
+        Some(t) if t.size() > 1 => {
+            let bytes: Vec<u8> = values.iter().flat_map(|&v| to(v)).collect();
+            t.all_gather_pipeline(&bytes)
+                .chunks(N)
+                .map(|c| from(c.try_into().expect("invariant: whole numbers")))
+                .collect()
+        }
+        _ => values.to_vec(),
     }
 }
 

@@ -9,9 +9,11 @@
 
 pub mod abi;
 pub mod checkpoint;
+pub mod clip;
 pub mod comm;
 pub mod cpu;
 pub mod cuda;
+pub mod data;
 pub mod error;
 pub mod exec;
 pub mod gemm;
@@ -23,6 +25,7 @@ pub mod pool;
 pub mod run_options;
 pub mod sgemm;
 pub mod small_m;
+pub mod tokens;
 pub mod trace;
 pub mod train;
 

@@ -16,6 +16,7 @@
 //! the order the entry function takes them. `groups` name the loop nests that generated code
 //! marks for `--trace`, numbered from 0 in order.
 
+use crate::init::{global_layer, Shard};
 use crate::rng::Init;
 use crate::tensor::DType;
 use serde::{Deserialize, Serialize};
@@ -104,6 +105,21 @@ pub struct Target {
 }
 
 impl Manifest {
+    /// The model layer of each of the `[layer axes...]` slices of parameter `a` on rank
+    /// `rank`, in order (one slice, layer 0, for a parameter of `@embed` or `@head`).
+    pub fn layer_ids(&self, a: &Arg, rank: usize) -> Vec<u64> {
+        let lead = &a.shape[..a.layer_axes];
+        let shard = a.shard_axis.map(|axis| Shard {
+            axis,
+            full: self.stages as usize,
+            offset: rank * a.shape[axis],
+        });
+        let count: usize = lead.iter().product();
+        (0..count)
+            .map(|l| global_layer(l, lead, shard) as u64)
+            .collect()
+    }
+
     pub fn input(&self) -> &Arg {
         self.args
             .iter()

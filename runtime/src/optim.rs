@@ -44,10 +44,12 @@ pub struct Config {
     pub weight_decay: f32,
     /// Warmup and decay of `lr` over the steps (`lr_schedule.rs`).
     pub schedule: LrSchedule,
+    /// The largest global gradient norm a step applies (`clip.rs`); 0: no clipping.
+    pub grad_clip: f32,
 }
 
 /// The settings a model file's `train { ... }` block and an executable's command line may give.
-pub const SETTINGS: [&str; 10] = [
+pub const SETTINGS: [&str; 11] = [
     "optimizer",
     "lr",
     "momentum",
@@ -58,6 +60,7 @@ pub const SETTINGS: [&str; 10] = [
     "warmup_steps",
     "decay_steps",
     "min_lr",
+    "grad_clip",
 ];
 
 /// A training setting that is not valid, as the model file or the command line wrote it.
@@ -130,6 +133,7 @@ impl Config {
             "beta1" => &mut self.beta1,
             "beta2" => &mut self.beta2,
             "eps" => &mut self.eps,
+            "grad_clip" => &mut self.grad_clip,
             _ => return Err(SettingError::UnknownKey(key.to_string())),
         };
         *slot = x;
@@ -147,6 +151,7 @@ impl Config {
                 eps: 0.0,
                 weight_decay: 0.0,
                 schedule: LrSchedule::default(),
+                grad_clip: 0.0,
             },
             Kind::AdamW => Config {
                 kind,
@@ -157,6 +162,7 @@ impl Config {
                 eps: 1e-8,
                 weight_decay: 0.01,
                 schedule: LrSchedule::default(),
+                grad_clip: 0.0,
             },
         }
     }

@@ -113,12 +113,24 @@ pub struct TrainOptions {
     /// Training steps.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub steps: u32,
-    /// Train on tensors `input` [N, ...input] and `target` [N, ...target] of a safetensors
-    /// file, M rows per step (M microbatches), cycling; default: a seeded synthetic task (the
-    /// same model with other weights labels 8 seeded batches of inputs; its argmax for
-    /// softmax_cross_entropy).
+    /// Train on FILE: a token stream if its name ends in `.bin` (token ids with no header,
+    /// nanoGPT's train.bin; each sequence a seeded window of t + 1 tokens, its targets the
+    /// next tokens; `ppc tokenize` makes one from text), else tensors `input` [N, ...input] and
+    /// `target` [N, ...target] of a safetensors file, M rows per step, cycling. Default: a
+    /// seeded synthetic task (the same model with other weights labels 8 seeded batches of
+    /// inputs; its argmax for softmax_cross_entropy).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// Report the validation loss on FILE (read as --data is): the mean over 4 fixed batches,
+    /// every --val-every steps and after the last.
+    #[arg(long, value_name = "FILE")]
+    pub val_data: Option<PathBuf>,
+    /// Steps between validations (with --val-data).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub val_every: u32,
+    /// How token streams store ids: u16 (nanoGPT's) or u32.
+    #[arg(long, value_enum, value_name = "DTYPE", default_value = "u16")]
+    pub token_dtype: crate::tokens::TokenDType,
     /// After the last step, write weights (`layers.L.NAME`, as --params files name them),
     /// optimizer state and step to a safetensors file, atomically.
     #[arg(long, value_name = "CKPT")]

@@ -1,11 +1,9 @@
 //! Training with a compiled training step (`ppc compile --train`): the data, the step loop and
 //! its progress, the optimizer, checkpoints.
 //!
-//! Data is the safetensors file of `--data` (tensors `input` `[N, ...input]` and `target`
-//! `[N, ...target]`; step `s` takes rows `s·M, s·M + 1, ...` modulo N), or by default a seeded
-//! task a model can learn: the same model with other weights (a *teacher*, drawn with seed
-//! `seed + TEACHER_SEED_OFFSET`) labels a pool of seeded input batches (for
-//! `softmax_cross_entropy`, the argmax of its logits).
+//! The batches are [`crate::data`]'s. With `--val-data`, every `--val-every` steps (and after
+//! the last) the run reports the mean loss of [`VAL_BATCHES`] fixed batches of it, the same
+//! batches each time, so that the numbers compare.
 //!
 //! With `--replicas D` (`ppc compile`), D pipelines train side by side, replica `j` on batch
 //! `step·D + j`; after the microbatch loop their gradients are summed once, in replica order
@@ -15,24 +13,20 @@
 //! with a [`TrainError`], which wraps the errors of the parts it uses.
 
 use crate::checkpoint::{resume, save, CheckpointError};
+use crate::data::Data;
 use crate::exec::{bench, CallError, Program};
 use crate::files::WriteError;
-use crate::init::{self, Source};
+use crate::init::Source;
 use crate::manifest::{Arg, Role};
 use crate::memref::HostBuffer;
 use crate::optim::Optimizer;
 use crate::params::ParamError;
 use crate::run_options::TrainOptions;
-use crate::safetensors::{self, FileError};
+use crate::safetensors::FileError;
 use crate::tensor::{DType, Tensor};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
-
-/// The teacher of the synthetic task is the model drawn with `seed + TEACHER_SEED_OFFSET`.
-pub const TEACHER_SEED_OFFSET: u64 = 1_000_003;
-/// Input batches the synthetic task cycles through.
-pub const SYNTHETIC_BATCHES: u64 = 8;
 
 /// Why training stopped.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +41,8 @@ pub enum TrainError {
     Param(#[from] ParamError),
     #[error(transparent)]
     File(#[from] FileError),
+    #[error(transparent)]
+    Tokens(#[from] crate::tokens::TokenError),
     /// A `--data` tensor is not `[N, ...]` of the model's per-microbatch shape `want`.
     #[error(
         "{}: tensor `{tensor}` is {dtype}{shape:?}, but this model trains on [N, {}] ({want_dtype} per microbatch)",
@@ -78,6 +74,9 @@ pub enum TrainError {
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
+
+/// Batches of `--val-data` a validation averages over.
+pub const VAL_BATCHES: u64 = 4;
 
 /// What a run did: the losses of its steps, in order, and the optimizer's final state.
 pub struct Trained {
@@ -113,7 +112,7 @@ pub fn train(
         .iter()
         .map(|a| crate::optim::decays(a))
         .collect();
-    let data = Data::new(program, opts)?;
+    let data = Data::training(program, opts)?;
     let mut bufs = Buffers::new(program)?;
     let first = optimizer.step;
     let mut losses = Vec::new();
@@ -123,9 +122,14 @@ pub fn train(
     // 0's log.
     let speaks = crate::comm::rank() == 0 && crate::comm::replica() == 0;
     let terminal = speaks && !opts.json && std::io::stderr().is_terminal();
-    let mut step_once = |params: &mut Vec<HostBuffer>,
-                         optimizer: &mut Optimizer,
-                         step: u64|
+    let val = match &opts.val_data {
+        Some(path) => Some(Data::file(program, path, opts, "val")?),
+        None => None,
+    };
+    let step_once = |bufs: &mut Buffers,
+                     params: &mut Vec<HostBuffer>,
+                     optimizer: &mut Optimizer,
+                     step: u64|
      -> Result<f32, TrainError> {
         // Replica `j` of `D` trains on batch `step·D + j`; the step's gradient is their mean.
         let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
@@ -144,6 +148,9 @@ pub fn train(
             loss = l[0] / d;
         }
         let loss = shared_loss(loss);
+        if optimizer.config.grad_clip > 0.0 {
+            bufs.clip(m, &params_args, f64::from(optimizer.config.grad_clip));
+        }
         let grads: Vec<&[f32]> = bufs
             .grads_by_param()
             .map(|g| g.f32s().expect("invariant: gradients are f32"))
@@ -159,7 +166,7 @@ pub fn train(
     for s in 0..u64::from(opts.steps) {
         let t = Instant::now();
         let step = first + s;
-        let loss = step_once(&mut params, &mut optimizer, step)?;
+        let loss = step_once(&mut bufs, &mut params, &mut optimizer, step)?;
         crate::trace::record(crate::trace::Kind::Step, step as i64, Some(t));
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
@@ -192,6 +199,17 @@ pub fn train(
                 writeln!(err, "{line}")?;
             }
         }
+        let due = done % u64::from(opts.val_every) == 0 || done == u64::from(opts.steps);
+        if let (Some(val), true) = (&val, due) {
+            let loss = validate(program, val, &mut bufs, &mut params)?;
+            if !speaks {
+            } else if opts.json {
+                writeln!(out, "{{\"step\":{},\"val_loss\":{loss:e}}}", step + 1)?;
+            } else {
+                let end = if terminal { "\n" } else { "" };
+                writeln!(err, "{end}step {}  validation loss {loss:.6}", step + 1)?;
+            }
+        }
     }
     if terminal {
         writeln!(err)?;
@@ -214,7 +232,7 @@ pub fn train(
         let mut bench_opt = optimizer.clone();
         bench(m, flops, n, out, &mut || {
             step += 1;
-            step_once(&mut params, &mut bench_opt, step).map(|_| ())
+            step_once(&mut bufs, &mut params, &mut bench_opt, step).map(|_| ())
         })?;
     }
     Ok(Trained { losses, optimizer })
@@ -257,8 +275,8 @@ pub fn step(
 }
 
 /// The buffers of one call of the training step besides the parameters.
-struct Buffers {
-    output: HostBuffer,
+pub(crate) struct Buffers {
+    pub(crate) output: HostBuffer,
     loss: HostBuffer,
     grads: Vec<HostBuffer>,
     /// For each parameter, the index of its gradient (the one of the same name).
@@ -269,7 +287,7 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(program: &Program) -> Result<Buffers, TrainError> {
+    pub(crate) fn new(program: &Program) -> Result<Buffers, TrainError> {
         let m = &program.manifest;
         if !m.trains() {
             return Err(TrainError::ForwardProgram);
@@ -299,6 +317,25 @@ impl Buffers {
         })
     }
 
+    /// Clips the gradients to the global norm `max` ([`crate::clip`]).
+    fn clip(&mut self, m: &crate::manifest::Manifest, params: &[&Arg], max: f64) {
+        let mut by_param: Vec<Option<&mut [f32]>> = self
+            .grads
+            .iter_mut()
+            .map(|g| Some(g.f32s_mut().expect("invariant: gradients are f32")))
+            .collect();
+        let mut grads: Vec<&mut [f32]> = self
+            .grad_of
+            .iter()
+            .map(|&g| {
+                by_param[g]
+                    .take()
+                    .expect("invariant: one gradient per parameter")
+            })
+            .collect();
+        crate::clip::clip(m, params, &mut grads, max);
+    }
+
     /// Sums the gradients of the parameters every rank holds over the pipeline's ranks
     /// ([`crate::comm::sum_across_pipeline`]), so every copy takes the same update.
     fn share_held_by_all(&mut self) {
@@ -316,7 +353,7 @@ impl Buffers {
     }
 
     /// Runs the step; returns the loss.
-    fn run(
+    pub(crate) fn run(
         &mut self,
         program: &Program,
         mut input: HostBuffer,
@@ -350,114 +387,20 @@ impl Buffers {
     }
 }
 
-/// Batches of inputs and targets, `[M, ...]` each.
-enum Data {
-    /// Step `s` uses batch `s mod len`.
-    Pool(Vec<(HostBuffer, HostBuffer)>),
-    /// `[N, ...]` rows; step `s` uses rows `s·M + i mod N`.
-    File { input: Tensor, target: Tensor },
-}
-
-impl Data {
-    fn new(program: &Program, opts: &TrainOptions) -> Result<Data, TrainError> {
-        let m = &program.manifest;
-        let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
-        let mb = input.shape[0];
-        match &opts.data {
-            Some(path) => {
-                let read = |name: &str, a: &Arg| -> Result<Tensor, TrainError> {
-                    let b = safetensors::read_tensor(path, name)?;
-                    if b.shape.len() != a.shape.len()
-                        || b.shape[1..] != a.shape[1..]
-                        || b.shape[0] == 0
-                    {
-                        return Err(TrainError::DataShape {
-                            path: path.clone(),
-                            tensor: name.to_string(),
-                            dtype: b.dtype,
-                            shape: b.shape,
-                            want: a.shape[1..].to_vec(),
-                            want_dtype: a.dtype,
-                        });
-                    }
-                    Ok(b.to_tensor())
-                };
-                let (x, y) = (read("input", input)?, read("target", target)?);
-                if x.shape[0] != y.shape[0] {
-                    return Err(TrainError::DataRows {
-                        path: path.clone(),
-                        inputs: x.shape[0],
-                        targets: y.shape[0],
-                    });
-                }
-                Ok(Data::File {
-                    input: x,
-                    target: y,
-                })
-            }
-            None => {
-                let teacher = program.params(&Source::Seeded(opts.seed + TEACHER_SEED_OFFSET))?;
-                let mut bufs = Buffers::new(program)?;
-                let mut teacher = teacher;
-                let mut pool = Vec::new();
-                for b in 0..SYNTHETIC_BATCHES {
-                    let x = HostBuffer::from_tensor(&init::synthetic_inputs(
-                        opts.seed.wrapping_mul(SYNTHETIC_BATCHES) + b,
-                        input.dtype,
-                        input.init,
-                        &input.shape[1..],
-                        mb,
-                    ));
-                    let zero = HostBuffer::zeros(target.dtype, &target.shape);
-                    bufs.run(program, x.clone(), zero, &mut teacher)?;
-                    let y = bufs.output.to_tensor();
-                    let t = match target.dtype {
-                        DType::I32 => argmax_last(&y, target),
-                        _ => Tensor::new(target.dtype, target.shape.clone(), y.data),
-                    };
-                    pool.push((x, HostBuffer::from_tensor(&t)));
-                }
-                Ok(Data::Pool(pool))
-            }
-        }
+/// The mean loss of the first [`VAL_BATCHES`] batches of `val` (the step without the update).
+fn validate(
+    program: &Program,
+    val: &Data,
+    bufs: &mut Buffers,
+    params: &mut [HostBuffer],
+) -> Result<f32, TrainError> {
+    let mut sum = 0.0f64;
+    for b in 0..VAL_BATCHES {
+        let (input, target) = val.batch(&program.manifest, b);
+        let loss = bufs.run(program, input, target, params)?;
+        sum += f64::from(shared_loss(loss));
     }
-
-    fn batch(&self, m: &crate::manifest::Manifest, step: u64) -> (HostBuffer, HostBuffer) {
-        match self {
-            Data::Pool(pool) => pool[(step % pool.len() as u64) as usize].clone(),
-            Data::File { input, target } => {
-                let target_arg = m.arg(Role::Target).expect("invariant: training");
-                (rows(input, m.input(), step), rows(target, target_arg, step))
-            }
-        }
-    }
-}
-
-/// The `M` rows of `t` that step `step` trains on, as argument `a` takes them.
-fn rows(t: &Tensor, a: &Arg, step: u64) -> HostBuffer {
-    let (mb, n) = (a.shape[0] as u64, t.shape[0] as u64);
-    let inner: usize = a.shape[1..].iter().product();
-    let data = (0..mb)
-        .flat_map(|i| {
-            let r = ((step * mb + i) % n) as usize;
-            t.data[r * inner..(r + 1) * inner].to_vec()
-        })
-        .collect();
-    HostBuffer::from_tensor(&Tensor::new(a.dtype, a.shape.clone(), data))
-}
-
-/// The index of the largest logit of each row (the last axis of `y`).
-fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
-    let classes = *y.shape.last().expect("invariant: logits have a class axis");
-    let data = y
-        .data
-        .chunks(classes)
-        .map(|row| {
-            let best = (0..classes).fold(0, |b, i| if row[i] > row[b] { i } else { b });
-            best as f32
-        })
-        .collect();
-    Tensor::new(DType::I32, target.shape.clone(), data)
+    Ok((sum / VAL_BATCHES as f64) as f32)
 }
 
 /// The step's loss on every rank: the last rank's (the others hold 0; losses are never

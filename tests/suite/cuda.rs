@@ -65,7 +65,8 @@ fn assemble(what: &str, modules: &[(String, String)], dir: &Path) {
 #[test]
 fn every_example_compiles_to_ptx_that_ptxas_accepts() {
     let mut configs: Vec<(String, Vec<&str>)> = Vec::new();
-    for model in examples() {
+    let models = examples();
+    for model in &models {
         for dtype in ["f32", "bf16", "f16"] {
             for repeats in ["1", "2"] {
                 for ranks in ["1", "2"] {
@@ -76,9 +77,13 @@ fn every_example_compiles_to_ptx_that_ptxas_accepts() {
             }
         }
     }
-    assert_eq!(configs.len(), 36, "three examples × 12");
+    assert_eq!(configs.len(), 12 * models.len(), "every example × 12");
     // The training step: backward kernels and the loss.
-    for model in ["examples/mlp.ppc", "examples/transformer.ppc"] {
+    for model in [
+        "examples/mlp.ppc",
+        "examples/transformer.ppc",
+        "examples/gpt2.ppc",
+    ] {
         let file = root().join(model).display().to_string();
         configs.push((file, vec!["--train", "--ranks", "2", "--dtype", "bf16"]));
     }

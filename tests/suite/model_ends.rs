@@ -3,7 +3,7 @@
 //! ranks, interpreted and compiled; the tied embedding's copies stay equal; checkpoints hold
 //! it once; the loss falls.
 
-use crate::common::{json_losses, load, root};
+use crate::common::{json_losses, load, path, ppc, root};
 use crate::grad::train_opts;
 use crate::mpirun::{build, identical_across_ranks, launch, scratch};
 use crate::passes::assert_bits_eq;
@@ -66,8 +66,8 @@ fn gpt2_forward_is_byte_identical_on_1_2_and_4_ranks() {
 
 /// Compiled training on 1, 2 and 4 ranks: the same losses and checkpoints, byte for byte (the
 /// tied embedding's gradient summed across the first and the last rank, so its copies stay
-/// equal: a checkpoint refuses copies that differ); parameters of `@embed` and `@head` held
-/// once in it; the loss falls on the synthetic task.
+/// equal: a checkpoint refuses copies that differ; the global gradient norm clipped alike);
+/// parameters of `@embed` and `@head` held once in it; the loss falls on the synthetic task.
 #[test]
 fn compiled_training_is_the_same_bytes_on_1_2_and_4_ranks_and_learns() {
     let dir = scratch("lm");
@@ -82,7 +82,17 @@ fn compiled_training_is_the_same_bytes_on_1_2_and_4_ranks_and_learns() {
             build(file, &exe, ranks, &["--train"]);
             let ckpt = dir.join(format!("{name}_{ranks}.safetensors"));
             let ckpt_s = ckpt.display().to_string();
-            let args = ["--steps", "30", "--json", "--lr", "3e-3", "--save", &ckpt_s];
+            let args = [
+                "--steps",
+                "30",
+                "--json",
+                "--lr",
+                "3e-3",
+                "--grad-clip",
+                "0.5",
+                "--save",
+                &ckpt_s,
+            ];
             let l = launch(&exe, Some(ranks), &args, &[]);
             assert_eq!(l.code, 0, "{what}\n{}", l.stderr);
             let losses = json_losses(&l.stdout);
@@ -109,5 +119,88 @@ fn compiled_training_is_the_same_bytes_on_1_2_and_4_ranks_and_learns() {
         let (first, last) = (mean(&losses[..5]), mean(&losses[25..]));
         assert!(last < 0.9 * first, "{file}: loss {first} -> {last}");
     }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// The tutorial's path on a real English text (the GPL, which every Debian system ships):
+/// `ppc tokenize`, training on the token stream with validation, `ppc sample` from the
+/// checkpoint (greedy and seeded draws are reproducible).
+#[test]
+fn a_language_model_trains_on_text_and_samples() {
+    let dir = scratch("text");
+    let d = |name: &str| dir.join(name).display().to_string();
+    let text = "/usr/share/common-licenses/GPL-3";
+    let (code, out, err) = ppc(&["tokenize", text, "-o", &d("data")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("train.bin") && out.contains("val.bin"),
+        "{out}"
+    );
+    let exe = dir.join("gpt2");
+    build("examples/gpt2.ppc", &exe, 2, &["--train"]);
+    let (train, val, ckpt) = (
+        d("data/train.bin"),
+        d("data/val.bin"),
+        d("gpt2.safetensors"),
+    );
+    let args = [
+        "--data",
+        &train,
+        "--val-data",
+        &val,
+        "--val-every",
+        "20",
+        "--steps",
+        "60",
+        "--json",
+        "--lr",
+        "3e-3",
+        "--save",
+        &ckpt,
+    ];
+    let l = launch(&exe, Some(2), &args, &[]);
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    let losses = json_losses(&l.stdout);
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    assert!(
+        mean(&losses[50..]) < 0.7 * mean(&losses[..5]),
+        "the loss on text falls: {losses:?}"
+    );
+    let vals: Vec<f64> = l
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["val_loss"].as_f64())
+        .collect();
+    assert_eq!(
+        vals.len(),
+        3,
+        "validations at steps 20, 40, 60:\n{}",
+        l.stdout
+    );
+    assert!(vals[2] < vals[0], "validation loss {vals:?}");
+    let model = path("examples/gpt2.ppc");
+    let sample = |extra: &[&str]| {
+        let mut args = vec![
+            "sample",
+            &model,
+            "--params",
+            &ckpt,
+            "--prompt",
+            "the ",
+            "--tokens",
+            "24",
+            "--opt-level",
+            "0",
+        ];
+        args.extend(extra);
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with("the "), "{out}");
+        out
+    };
+    assert_eq!(sample(&[]), sample(&[]), "greedy sampling is deterministic");
+    let warm = ["--temperature", "0.8", "--seed", "3"];
+    assert_eq!(sample(&warm), sample(&warm), "a seeded draw repeats");
     std::fs::remove_dir_all(dir).expect("cleanup");
 }

@@ -4,6 +4,8 @@
 mod compile;
 mod loaded;
 mod run;
+mod sample;
+mod tokenize;
 mod verify;
 
 use crate::cli::Command;
@@ -15,6 +17,7 @@ pub use loaded::{shown, InvalidIr, Rendered};
 use ppc_dialect::print;
 use ppc_runtime::files::write_file;
 use run::run_command;
+use sample::sample_command;
 use std::io::Write;
 use verify::verify_command;
 
@@ -56,6 +59,13 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyho
                 writeln!(err, "wrote {}", path.display())?;
             }
         }
+        Command::Tokenize {
+            texts,
+            out: dir,
+            val_fraction,
+            token_dtype,
+        } => tokenize::tokenize(&texts, &dir, val_fraction, token_dtype, out)?,
+        Command::Sample(a) => return sample_command(a, out, err),
     }
     Ok(0)
 }

@@ -120,9 +120,9 @@ impl Transport for Mpi {
         root.broadcast_into(values);
     }
 
-    fn all_gather_pipeline(&self, values: &[f32]) -> Vec<f32> {
-        let mut all = vec![0.0f32; values.len() * self.size];
-        self.pipe.all_gather_into(values, &mut all[..]);
+    fn all_gather_pipeline(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut all = vec![0u8; bytes.len() * self.size];
+        self.pipe.all_gather_into(bytes, &mut all[..]);
         all
     }
 

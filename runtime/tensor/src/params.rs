@@ -8,7 +8,8 @@
 //! the storage dtype as the interpreter rounds. Every problem with a file (missing, extra,
 //! wrong-shape or wrong-dtype tensors) is reported at once, before anything runs.
 //!
-//! Parameters of `@embed` and `@head` are held once, as the tensor named as the parameter.
+//! Parameters of `@embed` and `@head` are held once, as the tensor named as the parameter. A
+//! training checkpoint is a parameter file too: its optimizer state is skipped.
 //!
 //! A file is opened by its header; each rank then reads only the bytes of the layers it holds.
 //!
@@ -23,6 +24,10 @@ use crate::tensor::{DType, Tensor};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+
+/// The prefix of a checkpoint's optimizer state (`optim.m.layers.0.w`), which readers of
+/// parameters skip: a checkpoint is a parameter file too.
+pub const OPTIMIZER_STATE: &str = "optim.";
 
 /// The tensor name of parameter `name` of layer `layer`.
 pub fn tensor_name(layer: u64, name: &str) -> String {
@@ -188,7 +193,8 @@ impl ParamFile {
                 }
             }
         }
-        for (e, _) in entries.iter().zip(&used).filter(|(_, u)| !**u) {
+        let unused = entries.iter().zip(&used).filter(|(_, u)| !**u);
+        for (e, _) in unused.filter(|(e, _)| !e.name.starts_with(OPTIMIZER_STATE)) {
             problems.push(Misfit::Extra {
                 tensor: e.name.clone(),
             });

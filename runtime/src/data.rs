@@ -1,0 +1,167 @@
+//! Where a training run's batches come from: a token stream (`--data train.bin`,
+//! [`crate::tokens`]), a safetensors file of input and target rows (`--data FILE`), or by
+//! default a seeded synthetic task a model can learn: the same model with other weights (a
+//! *teacher*) labels a pool of seeded input batches (for `softmax_cross_entropy`, the argmax of
+//! its logits). `--val-data` is read the same way.
+
+use crate::exec::Program;
+use crate::init::{self, Source};
+use crate::manifest::{Arg, Manifest, Role};
+use crate::memref::HostBuffer;
+use crate::run_options::TrainOptions;
+use crate::safetensors;
+use crate::tensor::{DType, Tensor};
+use crate::tokens::TokenStream;
+use crate::train::{Buffers, TrainError};
+use std::path::Path;
+
+/// The teacher of the synthetic task is the model drawn with `seed + TEACHER_SEED_OFFSET`.
+pub const TEACHER_SEED_OFFSET: u64 = 1_000_003;
+/// Input batches the synthetic task cycles through.
+pub const SYNTHETIC_BATCHES: u64 = 8;
+
+/// Batches of inputs and targets, `[M, ...]` each.
+pub(crate) enum Data {
+    /// Batch `b` is `b mod len`.
+    Pool(Vec<(HostBuffer, HostBuffer)>),
+    /// `[N, ...]` rows; batch `b` is rows `b·M + i mod N`.
+    File { input: Tensor, target: Tensor },
+    /// Seeded windows of a token stream, drawn from the stream `(name, b)` of `seed`.
+    Tokens {
+        stream: TokenStream,
+        seed: u64,
+        name: &'static str,
+    },
+}
+
+impl Data {
+    /// The training data: `--data`, else the synthetic task.
+    pub(crate) fn training(program: &Program, opts: &TrainOptions) -> Result<Data, TrainError> {
+        match &opts.data {
+            Some(path) => Data::file(program, path, opts, "train"),
+            None => Data::synthetic(program, opts),
+        }
+    }
+
+    /// The data of `path` (`--data`, `--val-data`): a token stream when its name ends in
+    /// `.bin`, else a safetensors file of `input` and `target` rows.
+    pub(crate) fn file(
+        program: &Program,
+        path: &Path,
+        opts: &TrainOptions,
+        name: &'static str,
+    ) -> Result<Data, TrainError> {
+        let m = &program.manifest;
+        let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
+        if path.extension().is_some_and(|e| e == "bin") {
+            let stream = TokenStream::open(path, opts.token_dtype)?;
+            let vocab = *m
+                .output()
+                .shape
+                .last()
+                .expect("invariant: outputs have axes");
+            stream.check(input, target, vocab)?;
+            return Ok(Data::Tokens {
+                stream,
+                seed: opts.seed,
+                name,
+            });
+        }
+        let read = |name: &str, a: &Arg| -> Result<Tensor, TrainError> {
+            let b = safetensors::read_tensor(path, name)?;
+            if b.shape.len() != a.shape.len() || b.shape[1..] != a.shape[1..] || b.shape[0] == 0 {
+                return Err(TrainError::DataShape {
+                    path: path.to_path_buf(),
+                    tensor: name.to_string(),
+                    dtype: b.dtype,
+                    shape: b.shape,
+                    want: a.shape[1..].to_vec(),
+                    want_dtype: a.dtype,
+                });
+            }
+            Ok(b.to_tensor())
+        };
+        let (x, y) = (read("input", input)?, read("target", target)?);
+        if x.shape[0] != y.shape[0] {
+            return Err(TrainError::DataRows {
+                path: path.to_path_buf(),
+                inputs: x.shape[0],
+                targets: y.shape[0],
+            });
+        }
+        Ok(Data::File {
+            input: x,
+            target: y,
+        })
+    }
+
+    /// The synthetic task: the model with other weights (the teacher, seeded with
+    /// `seed + TEACHER_SEED_OFFSET`) labels [`SYNTHETIC_BATCHES`] seeded input batches.
+    fn synthetic(program: &Program, opts: &TrainOptions) -> Result<Data, TrainError> {
+        let m = &program.manifest;
+        let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
+        let mb = input.shape[0];
+
+        let teacher = program.params(&Source::Seeded(opts.seed + TEACHER_SEED_OFFSET))?;
+        let mut bufs = Buffers::new(program)?;
+        let mut teacher = teacher;
+        let mut pool = Vec::new();
+        for b in 0..SYNTHETIC_BATCHES {
+            let x = HostBuffer::from_tensor(&init::synthetic_inputs(
+                opts.seed.wrapping_mul(SYNTHETIC_BATCHES) + b,
+                input.dtype,
+                input.init,
+                &input.shape[1..],
+                mb,
+            ));
+            let zero = HostBuffer::zeros(target.dtype, &target.shape);
+            bufs.run(program, x.clone(), zero, &mut teacher)?;
+            let y = bufs.output.to_tensor();
+            let t = match target.dtype {
+                DType::I32 => argmax_last(&y, target),
+                _ => Tensor::new(target.dtype, target.shape.clone(), y.data),
+            };
+            pool.push((x, HostBuffer::from_tensor(&t)));
+        }
+        Ok(Data::Pool(pool))
+    }
+
+    /// Batch `b`.
+    pub(crate) fn batch(&self, m: &Manifest, step: u64) -> (HostBuffer, HostBuffer) {
+        match self {
+            Data::Pool(pool) => pool[(step % pool.len() as u64) as usize].clone(),
+            Data::Tokens { stream, seed, name } => stream.batch(m.input(), *seed, name, step),
+            Data::File { input, target } => {
+                let target_arg = m.arg(Role::Target).expect("invariant: training");
+                (rows(input, m.input(), step), rows(target, target_arg, step))
+            }
+        }
+    }
+}
+
+/// The `M` rows of `t` that step `step` trains on, as argument `a` takes them.
+fn rows(t: &Tensor, a: &Arg, step: u64) -> HostBuffer {
+    let (mb, n) = (a.shape[0] as u64, t.shape[0] as u64);
+    let inner: usize = a.shape[1..].iter().product();
+    let data = (0..mb)
+        .flat_map(|i| {
+            let r = ((step * mb + i) % n) as usize;
+            t.data[r * inner..(r + 1) * inner].to_vec()
+        })
+        .collect();
+    HostBuffer::from_tensor(&Tensor::new(a.dtype, a.shape.clone(), data))
+}
+
+/// The index of the largest logit of each row (the last axis of `y`).
+fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
+    let classes = *y.shape.last().expect("invariant: logits have a class axis");
+    let data = y
+        .data
+        .chunks(classes)
+        .map(|row| {
+            let best = (0..classes).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+            best as f32
+        })
+        .collect();
+    Tensor::new(DType::I32, target.shape.clone(), data)
+}

@@ -1,0 +1,236 @@
+//! Token streams, the training data of language models as users have it: a flat file of token
+//! ids with no header (nanoGPT's `train.bin` and `val.bin`), little-endian `uint16` or
+//! `uint32`. Each batch samples seeded windows of `t + 1` consecutive tokens, one per sequence:
+//! the first `t` are the sequence's input, the last `t` its targets (each token's next one).
+//! Window starts come from the stream `(name, batch)` of the run's seed, so every rank, every
+//! replica count and every rerun draws the same ones.
+//!
+//! [`write_bytes`] makes such a file from any text with a byte-level vocabulary (256 ids).
+
+use crate::manifest::Arg;
+use crate::memref::HostBuffer;
+use crate::rng::Rng;
+use crate::tensor::{DType, Tensor};
+use std::path::{Path, PathBuf};
+
+/// How a token stream stores an id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenDType {
+    /// 2 bytes, little-endian: vocabularies up to 65536 (nanoGPT's format).
+    #[default]
+    U16,
+    /// 4 bytes, little-endian.
+    U32,
+}
+
+impl TokenDType {
+    fn size(self) -> usize {
+        match self {
+            TokenDType::U16 => 2,
+            TokenDType::U32 => 4,
+        }
+    }
+}
+
+/// A token stream that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("cannot read {}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {bytes} bytes is not a whole number of {size}-byte token ids (--token-dtype)", .path.display())]
+    Partial {
+        path: PathBuf,
+        bytes: usize,
+        size: usize,
+    },
+    #[error("{}: {tokens} tokens, but a sequence needs {need} (t + 1)", .path.display())]
+    TooShort {
+        path: PathBuf,
+        tokens: usize,
+        need: usize,
+    },
+    #[error("{}: token {id} at position {at} is outside the model's vocabulary of {vocab}", .path.display())]
+    OutOfVocabulary {
+        path: PathBuf,
+        id: u32,
+        at: usize,
+        vocab: usize,
+    },
+    #[error("a token stream trains a model whose input is i32 token ids [..., t] and whose targets are the same shape; this one takes {input} and {target}")]
+    NotALanguageModel { input: String, target: String },
+}
+
+/// A token stream, read whole.
+#[derive(Debug)]
+pub struct TokenStream {
+    path: PathBuf,
+    tokens: Vec<u32>,
+}
+
+impl TokenStream {
+    /// Reads `path`, stored as `dtype`.
+    pub fn open(path: &Path, dtype: TokenDType) -> Result<TokenStream, TokenError> {
+        let bytes = std::fs::read(path).map_err(|source| TokenError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let size = dtype.size();
+        if bytes.len() % size != 0 {
+            return Err(TokenError::Partial {
+                path: path.to_path_buf(),
+                bytes: bytes.len(),
+                size,
+            });
+        }
+        let tokens = bytes
+            .chunks(size)
+            .map(|c| match dtype {
+                TokenDType::U16 => u32::from(u16::from_le_bytes([c[0], c[1]])),
+                TokenDType::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            })
+            .collect();
+        Ok(TokenStream {
+            path: path.to_path_buf(),
+            tokens,
+        })
+    }
+
+    /// Checks the stream against the model: inputs and targets i32 `[M, ..., t]` alike, at
+    /// least `t + 1` tokens, every id below `vocab` (the logits' last axis).
+    pub fn check(&self, input: &Arg, target: &Arg, vocab: usize) -> Result<(), TokenError> {
+        let fits = input.dtype == DType::I32
+            && target.dtype == DType::I32
+            && input.shape == target.shape
+            && input.shape.len() >= 2;
+        if !fits {
+            let show = |a: &Arg| format!("{}{:?}", a.dtype, a.shape);
+            return Err(TokenError::NotALanguageModel {
+                input: show(input),
+                target: show(target),
+            });
+        }
+        let need = input.shape[input.shape.len() - 1] + 1;
+        if self.tokens.len() < need {
+            return Err(TokenError::TooShort {
+                path: self.path.clone(),
+                tokens: self.tokens.len(),
+                need,
+            });
+        }
+        if let Some((at, &id)) = self
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            return Err(TokenError::OutOfVocabulary {
+                path: self.path.clone(),
+                id,
+                at,
+                vocab,
+            });
+        }
+        Ok(())
+    }
+
+    /// Batch `batch` of stream `name` (`train`, `val`): inputs and targets shaped as `input`
+    /// (`[M, ..., t]`), one seeded window per sequence.
+    pub fn batch(
+        &self,
+        input: &Arg,
+        seed: u64,
+        name: &str,
+        batch: u64,
+    ) -> (HostBuffer, HostBuffer) {
+        let t = input.shape[input.shape.len() - 1];
+        let sequences: usize = input.shape[..input.shape.len() - 1].iter().product();
+        let starts = self.tokens.len() - t;
+        let mut rng = Rng::stream(seed, name, batch);
+        let (mut x, mut y) = (
+            Vec::with_capacity(sequences * t),
+            Vec::with_capacity(sequences * t),
+        );
+        for _ in 0..sequences {
+            let at = (rng.next_u64() % starts as u64) as usize;
+            let window = &self.tokens[at..at + t + 1];
+            x.extend(window[..t].iter().map(|&v| v as f32));
+            y.extend(window[1..].iter().map(|&v| v as f32));
+        }
+        let buf =
+            |data| HostBuffer::from_tensor(&Tensor::new(DType::I32, input.shape.clone(), data));
+        (buf(x), buf(y))
+    }
+}
+
+/// Writes `text` as a token stream of `dtype` with a byte-level vocabulary: each byte is one
+/// id, `0..256` (atomically).
+pub fn write_bytes(text: &[u8], dtype: TokenDType, path: &Path) -> std::io::Result<()> {
+    let bytes: Vec<u8> = match dtype {
+        TokenDType::U16 => text
+            .iter()
+            .flat_map(|&b| u16::from(b).to_le_bytes())
+            .collect(),
+        TokenDType::U32 => text
+            .iter()
+            .flat_map(|&b| u32::from(b).to_le_bytes())
+            .collect(),
+    };
+    crate::files::write_atomic(path, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Init;
+
+    fn arg(shape: Vec<usize>) -> Arg {
+        Arg {
+            role: crate::manifest::Role::Input,
+            name: "input".into(),
+            dtype: DType::I32,
+            shape,
+            init: Init::Zeros,
+            layer_axes: 0,
+            shard_axis: None,
+        }
+    }
+
+    #[test]
+    fn windows_are_seeded_and_targets_are_the_next_tokens() {
+        let dir = std::env::temp_dir().join(format!("ppc-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("t.bin");
+        let text: Vec<u8> = (0..200u32).map(|i| (i * 7 % 251) as u8).collect();
+        write_bytes(&text, TokenDType::U16, &path).expect("write");
+        let s = TokenStream::open(&path, TokenDType::U16).expect("open");
+        assert_eq!(s.tokens.len(), 200);
+        let a = arg(vec![2, 3, 5]);
+        s.check(&a, &a, 256).expect("fits");
+        let (x, y) = s.batch(&a, 1, "train", 4);
+        let (x, y) = (x.to_tensor().data, y.to_tensor().data);
+        for (xs, ys) in x.chunks(5).zip(y.chunks(5)) {
+            // Each row is a window of the text; its targets are the same window one later.
+            let at = text
+                .windows(5)
+                .position(|w| w.iter().zip(xs).all(|(&b, &v)| f32::from(b) == v));
+            let at = at.expect("the inputs are a window of the text");
+            let next: Vec<f32> = text[at + 1..at + 6].iter().map(|&b| f32::from(b)).collect();
+            assert_eq!(ys, next.as_slice());
+        }
+        assert_eq!(s.batch(&a, 1, "train", 4).0.to_tensor().data, x);
+        assert_ne!(s.batch(&a, 1, "train", 5).0.to_tensor().data, x);
+        assert!(matches!(
+            s.check(&a, &a, 100),
+            Err(TokenError::OutOfVocabulary { .. })
+        ));
+        std::fs::write(&path, [1u8, 2, 3]).expect("write");
+        assert!(matches!(
+            TokenStream::open(&path, TokenDType::U16),
+            Err(TokenError::Partial { .. })
+        ));
+        std::fs::remove_dir_all(dir).expect("cleanup");
+    }
+}
