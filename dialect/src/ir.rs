@@ -31,6 +31,8 @@ pub struct Module {
     /// The type of one microbatch of targets, for training.
     pub target: Option<Type>,
     pub loss: Option<Loss>,
+    /// `softmax_cross_entropy` only: the target value (padding) whose rows the loss skips.
+    pub ignore_index: Option<i32>,
     /// The `train { ... }` block's settings as written (optimizer and its hyper-parameters).
     pub train: Vec<(String, String)>,
     /// In definition order: a function calls only functions before it.

@@ -39,7 +39,14 @@ pub fn print(m: &Module) -> String {
         let _ = writeln!(out, "target {t}");
     }
     if let Some(l) = m.loss {
-        let _ = writeln!(out, "loss {}", l.name());
+        match m.ignore_index {
+            Some(i) => {
+                let _ = writeln!(out, "loss {}, ignore_index = {i}", l.name());
+            }
+            None => {
+                let _ = writeln!(out, "loss {}", l.name());
+            }
+        }
     }
     if !m.train.is_empty() {
         let s: Vec<String> = m.train.iter().map(|(k, v)| format!("{k} = {v}")).collect();

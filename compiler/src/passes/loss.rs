@@ -9,7 +9,8 @@
 //!   over all elements of all microbatches;
 //! - `loss softmax_cross_entropy` (targets: one i32 class index per row of the outputs, whose
 //!   last axis holds the logits): the mean over rows of `logsumexp(y) - y[target]`, with the
-//!   maximum subtracted first so that no logit overflows.
+//!   maximum subtracted first so that no logit overflows; with `ignore_index = i`, the rows
+//!   whose target is `i` (padding) count in neither the sum nor the mean.
 //!
 //! `@pipeline`'s loop is inlined into `@train`, so that `autodiff` sees it and runs the forward
 //! loop once (a call would be recomputed inside its VJP). Computed in f32 whatever the model's
@@ -61,7 +62,7 @@ fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::F
             let sq = bin(&mut b, "squared", BinaryOp::Mul, diff, diff)?;
             mean_all(&mut b, sq)?
         }
-        Loss::SoftmaxCrossEntropy => cross_entropy(&mut b, y, target)?,
+        Loss::SoftmaxCrossEntropy => cross_entropy(&mut b, y, target, m.ignore_index)?,
     };
     // Split over ranks, every rank computes a loss from its output buffer, but only the last
     // rank's holds the model's outputs (gpipe-loop.rs): the loss, and so its gradient, is the
@@ -108,8 +109,14 @@ fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::F
     Ok(b.finish(vec![loss, out]))
 }
 
-/// Mean over rows of `logsumexp(y) - y[target]`, the classes on `y`'s last axis.
-fn cross_entropy(b: &mut Builder, y: ValueId, target: ValueId) -> Result<ValueId, Diagnostic> {
+/// Mean over rows of `logsumexp(y) - y[target]`, the classes on `y`'s last axis; with
+/// `ignore`, over the rows whose target is not `ignore` (their sum over their count, at least 1).
+fn cross_entropy(
+    b: &mut Builder,
+    y: ValueId,
+    target: ValueId,
+    ignore: Option<i32>,
+) -> Result<ValueId, Diagnostic> {
     let yt = b.ty(y).clone();
     let last = yt.rank() - 1;
     let keep = |b: &mut Builder, v: ValueId| {
@@ -179,7 +186,48 @@ fn cross_entropy(b: &mut Builder, y: ValueId, target: ValueId) -> Result<ValueId
     )?;
     let logit = reduce(b, "target_logit", ReduceOp::Sum, picked)?;
     let per_row = bin(b, "nll", BinaryOp::Sub, lse, logit)?;
-    mean_all(b, per_row)
+    let Some(ignore) = ignore else {
+        return mean_all(b, per_row);
+    };
+    let scalar = |b: &mut Builder, hint: &str, v: f64, dtype| {
+        let value = ppc_dialect::op::Float(v);
+        b.op(hint, OpKind::Constant { value }, Some(Type::scalar(dtype)))
+    };
+    let ignored = scalar(b, "ignore_index", f64::from(ignore), DType::I32)?;
+    let counted = b.op(
+        "counted",
+        OpKind::Compare {
+            pred: CmpPred::Ne,
+            lhs: target,
+            rhs: ignored,
+        },
+        None,
+    )?;
+    let zero = scalar(b, "zero", 0.0, DType::F32)?;
+    let kept = b.op(
+        "kept_nll",
+        OpKind::Select {
+            cond: counted,
+            on_true: per_row,
+            on_false: zero,
+        },
+        None,
+    )?;
+    let ones = b.op(
+        "count_each",
+        OpKind::Convert { x: counted },
+        Some(b.ty(counted).with_dtype(DType::F32)),
+    )?;
+    let all = |b: &mut Builder, hint: &str, x: ValueId| {
+        let axes = (0..b.ty(x).rank()).collect();
+        let op = ReduceOp::Sum;
+        b.op(hint, OpKind::Reduce { op, x, axes }, None)
+    };
+    let total = all(b, "total_nll", kept)?;
+    let count = all(b, "count", ones)?;
+    let one = scalar(b, "one", 1.0, DType::F32)?;
+    let count = bin(b, "count_or_one", BinaryOp::Max, count, one)?;
+    bin(b, "loss", BinaryOp::Div, total, count)
 }
 
 fn mean_all(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {

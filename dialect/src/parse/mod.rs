@@ -38,6 +38,7 @@ pub fn parse(src: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
         input_init: None,
         target: None,
         loss: None,
+        ignore_index: None,
         train: None,
         funcs: Default::default(),
         spans: SpanTable::default(),

@@ -24,6 +24,7 @@ pub(super) struct ModuleBuilder<'a> {
     pub(super) input_init: Option<WrittenInit>,
     pub(super) target: Option<Type>,
     pub(super) loss: Option<Loss>,
+    pub(super) ignore_index: Option<i32>,
     pub(super) train: Option<Vec<(String, String)>>,
     pub(super) funcs: Arena<Func>,
     pub(super) spans: SpanTable<Item>,
@@ -110,7 +111,8 @@ impl ModuleBuilder<'_> {
             }
             Rule::loss => {
                 self.once(Item::Loss, span, self.loss.is_some())?;
-                let name = item.into_inner().next().expect("loss name");
+                let mut inner = item.into_inner();
+                let name = inner.next().expect("loss name");
                 self.loss = Some(match name.as_str() {
                     "mse" => Loss::Mse,
                     "softmax_cross_entropy" => Loss::SoftmaxCrossEntropy,
@@ -123,6 +125,27 @@ impl ModuleBuilder<'_> {
                         .with_note("expected `mse` or `softmax_cross_entropy`"))
                     }
                 });
+                if let Some(v) = inner.next() {
+                    let at = span_of(&v);
+                    let index = v.as_str().parse::<i32>().map_err(|_| {
+                        Diagnostic::error(
+                            format!(
+                                "`ignore_index` is a whole i32 target value, not `{}`",
+                                v.as_str()
+                            ),
+                            at,
+                            "not an i32",
+                        )
+                    })?;
+                    if self.loss != Some(Loss::SoftmaxCrossEntropy) {
+                        return Err(Diagnostic::error(
+                            "`ignore_index` skips class-index targets: it needs `softmax_cross_entropy`",
+                            at,
+                            "ignored targets",
+                        ));
+                    }
+                    self.ignore_index = Some(index);
+                }
                 Ok(())
             }
             Rule::train => {
@@ -546,6 +569,7 @@ impl ModuleBuilder<'_> {
             input_init: self.input_init,
             target: self.target,
             loss: self.loss,
+            ignore_index: self.ignore_index,
             train: self.train.unwrap_or_default(),
             funcs: self.funcs,
             spans: self.spans,
