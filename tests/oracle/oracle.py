@@ -4,8 +4,9 @@ not from ppc's code, fed parameters and inputs through safetensors files.
     python oracle.py MODEL PARAMS INPUT OUTPUT [--jax]
     python oracle.py restack PARAMS OUT SEED
 
-MODEL is tiny, mlp or transformer; PARAMS holds `layers.L.NAME` tensors (ppc's naming), INPUT
-the tensor `input` [microbatches, ...]. The sequential model (every layer in order, on every
+MODEL is tiny, mlp, transformer, gpt2 or llama; PARAMS holds `layers.L.NAME` tensors (ppc's
+naming; a language model's embedding and head as `NAME`), INPUT the tensor `input`
+[microbatches, ...] (token ids for a language model, whose output is its logits). The sequential model (every layer in order, on every
 microbatch) is written to tensor `output` of OUTPUT, in f32. With --jax the same is computed by
 JAX (jax.nn.gelu, jax.nn.softmax), the MLP and the transformer through bench/jax_gpipe.py's SPMD
 GPipe loop, the very function `make bench` times.
@@ -37,6 +38,9 @@ def read_safetensors(path):
             x = np.frombuffer(buf, "<f2").astype(np.float32)
         elif v["dtype"] == "BF16":
             x = (np.frombuffer(buf, "<u2").astype(np.uint32) << 16).view(np.float32)
+        elif v["dtype"] == "I32":  # token ids
+            out[name] = np.frombuffer(buf, "<i4").reshape(v["shape"])
+            continue
         else:
             raise SystemExit(f"{path}: tensor {name}: dtype {v['dtype']} not handled")
         out[name] = x.reshape(v["shape"]).astype(np.float32)
@@ -122,6 +126,91 @@ def transformer(ops, x, p, heads):
     return x1 + ops.gelu(h2 @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
 
 
+# The language models: `@embed`, the layers, `@head` on each microbatch of token ids. Their
+# parameters outside the layers are the tensors not named `layers.L.NAME`.
+
+
+def causal_attention(ops, q, k, v):
+    """q, k, v [b, heads, t, dh]: scaled scores, query i sees keys j <= i, softmax, mix."""
+    xp = ops.np
+    t, dh = q.shape[2], q.shape[3]
+    scores = (q @ k.transpose(0, 1, 3, 2)) * xp.float32(1.0 / np.sqrt(dh))
+    scores = xp.where(xp.tril(xp.ones((t, t), dtype=bool)), scores, xp.float32(-1e9))
+    return ops.softmax(scores, axis=-1) @ v
+
+
+def merge_heads(o):
+    b, h, t, dh = o.shape
+    return o.transpose(0, 2, 1, 3).reshape(b, t, h * dh)
+
+
+def gpt2_block(ops, x, p, heads):
+    b, t, d = x.shape
+    split = lambda y: y.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3)
+    h = ops.layernorm(x, 1e-5) * p["ln1_g"] + p["ln1_b"]
+    qkv = h @ p["wqkv"] + p["bqkv"]
+    q, k, v = (split(qkv[..., i * d : (i + 1) * d]) for i in range(3))
+    x1 = x + merge_heads(causal_attention(ops, q, k, v)) @ p["wo"] + p["bo"]
+    h2 = ops.layernorm(x1, 1e-5) * p["ln2_g"] + p["ln2_b"]
+    return x1 + ops.gelu(h2 @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def gpt2(ops, ids, ends, layers, heads=2):
+    """examples/gpt2.ppc: token plus learned position embeddings, pre-LN blocks, final
+    LayerNorm, logits by the token embedding itself (tied)."""
+    x = ends["wte"][ids] + ends["wpe"]
+    for p in layers:
+        x = gpt2_block(ops, x, p, heads)
+    h = ops.layernorm(x, 1e-5) * ends["ln_f_g"] + ends["ln_f_b"]
+    return h @ ends["wte"].T
+
+
+def rms_norm(ops, x, g, eps=1e-5):
+    return x / ops.np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * g
+
+
+def rotary(ops, x):
+    """x [b, heads, t, dh]: the pair (x_i, x_{i + dh/2}) turned by pos / 10000^(2i/dh)
+    (Hugging Face's rotate-half layout)."""
+    xp = ops.np
+    t, dh = x.shape[2], x.shape[3]
+    half = dh // 2
+    inv_freq = np.exp(np.arange(half, dtype=np.float64) * (-2.0 * np.log(10000.0) / dh))
+    angle = (np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]).astype(np.float32)
+    cos, sin = xp.cos(angle), xp.sin(angle)
+    x1, x2 = x[..., :half], x[..., half:]
+    return xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def llama_block(ops, x, p, heads, kv_heads):
+    xp = ops.np
+    b, t, d = x.shape
+    dh = d // heads
+    split = lambda y, n: y.reshape(b, t, n, dh).transpose(0, 2, 1, 3)
+    h = rms_norm(ops, x, p["attention_norm"])
+    q = rotary(ops, split(h @ p["wq"], heads))
+    k = rotary(ops, split(h @ p["wk"], kv_heads))
+    v = split(h @ p["wv"], kv_heads)
+    # Query head i reads key/value head i // (heads / kv_heads).
+    k, v = (xp.repeat(y, heads // kv_heads, axis=1) for y in (k, v))
+    x1 = x + merge_heads(causal_attention(ops, q, k, v)) @ p["wo"]
+    h2 = rms_norm(ops, x1, p["ffn_norm"])
+    u = h2 @ p["w1"]
+    silu = u / (1.0 + xp.exp(-u))
+    return x1 + (silu * (h2 @ p["w3"])) @ p["w2"]
+
+
+def llama(ops, ids, ends, layers, heads=4, kv_heads=2):
+    """examples/llama.ppc: token embedding, RMSNorm blocks with rotary grouped-query attention
+    and a SwiGLU MLP, final RMSNorm, an output projection of its own."""
+    x = ends["tok_embeddings"][ids]
+    for p in layers:
+        x = llama_block(ops, x, p, heads, kv_heads)
+    return rms_norm(ops, x, ends["norm"]) @ ends["output"]
+
+
+LANGUAGE_MODELS = {"gpt2": gpt2, "llama": llama}
+
 def per_layer(tensors):
     """Layer l's parameters by name, from `layers.l.NAME` tensors or stacked `NAME` ones."""
     layers = {}
@@ -162,6 +251,15 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     use_jax = "--jax" in sys.argv
     model, params_path, input_path, output_path = args
+    if model in LANGUAGE_MODELS:
+        tensors = read_safetensors(params_path)
+        ends = {n: v for n, v in tensors.items() if not n.startswith("layers.")}
+        layers = per_layer({n: v for n, v in tensors.items() if n.startswith("layers.")})
+        ids = read_safetensors(input_path)["input"]
+        run = LANGUAGE_MODELS[model]
+        y = np.stack([run(NumPy, ids[m], ends, layers) for m in range(ids.shape[0])])
+        write_safetensors(output_path, "output", y)
+        return
     params = per_layer(read_safetensors(params_path))
     x = read_safetensors(input_path)["input"]
     ops = jax_ops() if use_jax else NumPy

@@ -182,6 +182,65 @@ fn every_example_matches_numpy_in_the_interpreter_the_jit_and_executables() {
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 
+/// The language models (token ids in, logits out; tied embedding, rotary grouped-query
+/// attention) against NumPy, in the interpreter and the JIT.
+#[test]
+fn language_models_match_numpy_in_the_interpreter_and_the_jit() {
+    let python = numpy_python();
+    let dir = std::env::temp_dir().join(format!("ppc-oracle-lm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let f = |name: &str| dir.join(name).display().to_string();
+    for model in ["gpt2", "llama"] {
+        let file = path(&format!("examples/{model}.ppc"));
+        write_inputs(model, DType::F32, &dir.join("in.safetensors"));
+        let (input, params) = (f("in.safetensors"), f("params.safetensors"));
+        let (jit_out, interp_out, want) = (
+            f("jit.safetensors"),
+            f("interp.safetensors"),
+            f("numpy.safetensors"),
+        );
+        let dump = [
+            "--input",
+            &input,
+            "--dump-params",
+            &params,
+            "--output",
+            &jit_out,
+        ];
+        let (code, err) = run_on(&file, "cpu", &dump, &dims(model));
+        assert_eq!(code, 0, "{model}: {err}");
+        let load = [
+            "--input",
+            &input,
+            "--params",
+            &params,
+            "--output",
+            &interp_out,
+            "--seed",
+            "9",
+        ];
+        let (code, err) = run_on(&file, "interp", &load, &dims(model));
+        assert_eq!(code, 0, "{model}: {err}");
+        oracle(&python, &[model, &params, &input, &want]);
+        let want = output(Path::new(&want));
+        assert_eq!(
+            want.shape.last(),
+            Some(&256),
+            "{model}: logits over the vocabulary"
+        );
+        for (label, got) in [("interpreter", &interp_out), ("jit", &jit_out)] {
+            let c = compare(&want, &output(Path::new(got)));
+            let tol = tolerance(DType::F32);
+            assert!(
+                c.max_rel <= tol,
+                "{model}, {label}: normwise {} > {tol} against NumPy",
+                c.max_rel
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
 #[test]
 fn dumped_parameters_load_back_byte_identical_on_every_backend() {
     let dir = std::env::temp_dir().join(format!("ppc-dump-{}", std::process::id()));
