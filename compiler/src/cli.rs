@@ -238,8 +238,12 @@ pub struct ModelArgs {
     pub repeats: Option<u64>,
     /// Override how many layers each stage runs per repeat (replaces `layers` or
     /// `layers_per_stage` of the pipeline block).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "layers")]
     pub layers_per_stage: Option<u64>,
+    /// Override the model's depth (replaces `layers` or `layers_per_stage`); any count: the
+    /// last stages run fewer layers when the stages do not divide it.
+    #[arg(long)]
+    pub layers: Option<u64>,
     /// Split the stage axis over this many MPI ranks (must divide the stages); executables
     /// built with it run under `mpirun -n RANKS`.
     #[arg(long)]
@@ -258,6 +262,7 @@ impl ModelArgs {
             repeats: self.repeats,
             ranks: self.ranks,
             layers_per_stage: self.layers_per_stage,
+            layers: self.layers,
             float_dtype: self.dtype,
         }
     }

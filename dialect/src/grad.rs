@@ -277,14 +277,14 @@ impl Interp<'_> {
                 let (lead, shape) = full.split_at(p.layer_axes);
                 let n: usize = shape.iter().product();
                 let shard = shard(m, ty, self.rank());
+                // Empty slots of uneven depth hold no layer.
                 let layers = g
                     .data
                     .chunks(n)
                     .enumerate()
-                    .map(|(l, c)| {
-                        let t = Tensor::new(DType::F32, shape.to_vec(), c.to_vec());
-                        (global_layer(l, lead, shard), t)
-                    })
+                    .map(|(l, c)| (global_layer(l, lead, shard), c))
+                    .filter(|&(l, _)| (l as u64) < m.pipeline.layers)
+                    .map(|(l, c)| (l, Tensor::new(DType::F32, shape.to_vec(), c.to_vec())))
                     .collect();
                 (stage.values[p.value].name.clone(), layers)
             })

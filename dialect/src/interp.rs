@@ -230,6 +230,7 @@ impl<'m> Interp<'m> {
             p,
             layer,
             shard(self.module, f.ty(p.value), self.rank),
+            self.module.pipeline.layers,
         )?;
         self.params.insert(key, t.clone());
         Ok(t)
@@ -350,10 +351,15 @@ pub fn materialize(
     p: &Param,
     layer: u64,
     shard: Option<Shard>,
+    model_layers: u64,
 ) -> Result<Tensor, ParamError> {
     let layers = match p.layer_axes {
         0 => Layers::One(layer),
-        axes => Layers::Stacked { axes, shard },
+        axes => Layers::Stacked {
+            axes,
+            shard,
+            model_layers,
+        },
     };
     ppc_tensor::init::param_from(source, name, ty.dtype, &ty.shape_usize(), layers, p.init)
 }

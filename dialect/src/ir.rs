@@ -100,7 +100,8 @@ pub struct DimDef {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pipeline {
     pub stages: u64,
-    /// Layers of the whole model; `stages * repeats` divides it.
+    /// Layers of the whole model, any number: the stages hold `layers_per_stage()` slots per
+    /// repeat, and slots `layers..` (the last ones, in layer order) are empty.
     pub layers: u64,
     pub microbatches: u64,
     /// Circular repeats: layer `(r*S + s)*k + j` runs on stage `s` in repeat `r`.
@@ -121,9 +122,14 @@ pub enum Depth {
 }
 
 impl Pipeline {
-    /// `k`: layers each stage runs, one after the other, per repeat.
+    /// `k`: layer slots each stage runs, one after the other, per repeat: ⌈L / (S·R)⌉.
     pub fn layers_per_stage(&self) -> u64 {
-        self.layers / (self.stages * self.repeats)
+        self.layers.div_ceil(self.stages * self.repeats)
+    }
+
+    /// Whether some slots are empty: the layers do not fill `stages × repeats × k` slots.
+    pub fn uneven(&self) -> bool {
+        self.layers != self.stages * self.repeats * self.layers_per_stage()
     }
 
     /// Iterations of the GPipe loop: `R*M + S - 1`.

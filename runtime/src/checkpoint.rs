@@ -36,14 +36,15 @@ pub enum CheckpointError {
 }
 
 /// The tensor names of the `[layer axes...]` slices of parameter `a` on rank `rank`: one per
-/// model layer, or the parameter's own name for one held once (by every rank).
-fn tensor_names(m: &Manifest, a: &Arg, rank: usize) -> Vec<String> {
+/// model layer (`None` for an empty slot of uneven depth, which checkpoints leave out), or the
+/// parameter's own name for one held once (by every rank).
+fn tensor_names(m: &Manifest, a: &Arg, rank: usize) -> Vec<Option<String>> {
     if a.layer_axes == 0 {
-        return vec![a.name.clone()];
+        return vec![Some(a.name.clone())];
     }
     m.layer_ids(a, rank)
         .into_iter()
-        .map(|l| tensor_name(l, &a.name))
+        .map(|l| (l < m.layers).then(|| tensor_name(l, &a.name)))
         .collect()
 }
 
@@ -80,7 +81,9 @@ pub fn save(
                 chunks = all[..first.len()].chunks(first.len().max(1)).enumerate();
             }
             for (r, chunk) in chunks {
-                for (name, values) in tensor_names(m, a, r).into_iter().zip(chunk.chunks(n)) {
+                let names = tensor_names(m, a, r).into_iter();
+                for (name, values) in names.zip(chunk.chunks(n)) {
+                    let Some(name) = name else { continue };
                     let values = values.iter().map(|&v| v as f32).collect();
                     let t = Tensor::new(DType::F32, inner.clone(), values);
                     named.push((format!("{prefix}{name}"), HostBuffer::from_tensor(&t)));
@@ -119,6 +122,10 @@ pub fn resume(
         let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();
         let mut data = Vec::new();
         for name in tensor_names(m, a, rank) {
+            let Some(name) = name else {
+                data.extend(std::iter::repeat_n(0.0, inner.iter().product()));
+                continue;
+            };
             let key = format!("{prefix}{name}");
             let t = safetensors::read_tensor(path, &key)?;
             if t.shape != inner {

@@ -21,8 +21,11 @@ pub fn global_norm(m: &Manifest, params: &[&Arg], grads: &[&[f32]]) -> f64 {
         let ids = m.layer_ids(a, rank);
         let n = g.len() / ids.len().max(1);
         for (l, slice) in ids.into_iter().zip(g.chunks(n.max(1))) {
-            sums[i * layers + l as usize] =
-                slice.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            // Empty slots of uneven depth (zero gradients) hold no layer.
+            if l < m.layers {
+                sums[i * layers + l as usize] =
+                    slice.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            }
         }
     }
     let all = crate::comm::gather_pipeline_f64(&sums);

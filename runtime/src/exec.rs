@@ -109,7 +109,11 @@ impl Program {
                 });
                 let layers = match a.layer_axes {
                     0 => Layers::One(0),
-                    axes => Layers::Stacked { axes, shard },
+                    axes => Layers::Stacked {
+                        axes,
+                        shard,
+                        model_layers: self.manifest.layers,
+                    },
                 };
                 init::param_from(source, &a.name, a.dtype, &a.shape, layers, a.init)
                     .map(|t| HostBuffer::from_tensor(&t))

@@ -236,6 +236,7 @@ fn gradients_match_finite_differences_on_every_op() {
                     &layer.params[i],
                     l as u64,
                     None,
+                    m.pipeline.layers,
                 )
                 .expect("weights");
                 let u = Rng::stream(seed, name, 1 + l as u64).fill(Init::Normal(1.0), w.len());
@@ -313,6 +314,7 @@ fn loss_gradients_match_finite_differences() {
                 p,
                 0,
                 None,
+                m.pipeline.layers,
             )
             .expect("weights");
             let g: Vec<f32> = per_layer.iter().flat_map(|t| t.data.clone()).collect();

@@ -254,3 +254,70 @@ fn ignored_targets_count_in_neither_the_sum_nor_the_mean() {
         assert!(g.data.iter().all(|v| *v == 0.0), "gradient of {name}");
     }
 }
+
+/// Uneven depth: 6 layers on 4 stages (the last stage runs none), 5 over 2 stages × 2 repeats:
+/// pipelined ≡ sequential bit for bit with poisoned bubbles on 1, 2 and 4 ranks, gradients
+/// too; compiled training is the same bytes on 1 and 2 ranks; the checkpoint holds the model's
+/// layers only and runs as a parameter file.
+#[test]
+fn layers_that_the_stages_do_not_divide_leave_empty_slots() {
+    let model = path("examples/gpt2.ppc");
+    for extra in [
+        &["--layers", "6"][..],
+        &["--layers", "6", "--ranks", "2"],
+        &["--layers", "6", "--ranks", "4"],
+        &["--layers", "5", "--stages", "2", "--repeats", "2"],
+        &["--layers", "3"],
+    ] {
+        let mut args = vec!["verify", &model, "--poison-bubbles"];
+        args.extend(extra);
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{args:?}\n{out}\n{err}");
+        assert_eq!(
+            crate::common::json_last_line(&out)["max_abs_diff"],
+            0.0,
+            "{args:?}"
+        );
+        let mut args = vec!["verify", &model, "--grad"];
+        args.extend(extra);
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{args:?}\n{out}\n{err}");
+    }
+    let dir = scratch("uneven");
+    let mut runs = Vec::new();
+    for ranks in [1u64, 2] {
+        let exe = dir.join(format!("gpt2_{ranks}"));
+        build(
+            "examples/gpt2.ppc",
+            &exe,
+            ranks,
+            &["--train", "--layers", "6"],
+        );
+        let ckpt = dir
+            .join(format!("{ranks}.safetensors"))
+            .display()
+            .to_string();
+        let l = launch(
+            &exe,
+            Some(ranks),
+            &["--steps", "6", "--json", "--save", &ckpt],
+            &[],
+        );
+        assert_eq!(l.code, 0, "{}", l.stderr);
+        runs.push((
+            json_losses(&l.stdout),
+            std::fs::read(&ckpt).expect("checkpoint"),
+        ));
+        let bytes = &runs[runs.len() - 1].1;
+        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+        let header = String::from_utf8_lossy(&bytes[8..8 + n]).into_owned();
+        assert!(
+            header.contains("layers.5.w1") && !header.contains("layers.6."),
+            "6 layers"
+        );
+        let (code, _, err) = ppc(&["run", &model, "--layers", "6", "--params", &ckpt]);
+        assert_eq!(code, 0, "the checkpoint as --params: {err}");
+    }
+    assert_eq!(runs[0], runs[1], "1 and 2 ranks");
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

@@ -192,6 +192,41 @@ fn build(m: &Module, stage_id: FuncId, opts: &Options) -> Result<ppc_dialect::Fu
     Ok(b.finish(vec![outs[1]]))
 }
 
+/// Uneven depth: how many of its `k` layer slots each stage runs in its current repeat, the
+/// rest being empty. Slot `j` of stage `s` in repeat `r` is layer `(r·S + s)·k + j`, so the
+/// stage holds `clamp(L − (r·S + s)·k, 0, k)` layers.
+fn layers_held(
+    b: &mut Builder,
+    m: &Module,
+    stage_ids: ValueId,
+    repeat: Option<ValueId>,
+    zero: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let p = m.pipeline;
+    let k = p.layers_per_stage();
+    let int = |b: &mut Builder, hint: &str, v: u64| {
+        let value = Float(v as f64);
+        b.op(
+            hint,
+            OpKind::Constant { value },
+            Some(Type::scalar(DType::I32)),
+        )
+    };
+    let virtual_stage = match repeat {
+        Some(r) => {
+            let stages = int(b, "num_stages", p.stages)?;
+            let before = binary(b, "stages_before", BinaryOp::Mul, r, stages)?;
+            binary(b, "virtual_stage", BinaryOp::Add, before, stage_ids)?
+        }
+        None => stage_ids,
+    };
+    let (per_stage, layers) = (int(b, "slots", k)?, int(b, "layers", p.layers)?);
+    let first = binary(b, "first_slot", BinaryOp::Mul, virtual_stage, per_stage)?;
+    let left = binary(b, "layers_left", BinaryOp::Sub, layers, first)?;
+    let some = binary(b, "layers_here", BinaryOp::Max, left, zero)?;
+    binary(b, "depth", BinaryOp::Min, some, per_stage)
+}
+
 /// What the GPipe loop's body reads from before the loop.
 struct Invariants {
     /// The input microbatches, padded to one per iteration.
@@ -284,10 +319,16 @@ fn iteration(
     let unfinished = cmp(b, "unfinished", CmpPred::Lt, item, all_items)?;
     let active = and(b, "active", started, unfinished)?;
     let mut args = vec![stage_in, active];
+    let mut repeat = None;
     if let Some([num_mb, _, last_item]) = circular {
         let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
         let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
-        args.push(bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?);
+        let r = bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?;
+        args.push(r);
+        repeat = Some(r);
+    }
+    if m.pipeline.uneven() {
+        args.push(layers_held(b, m, stage_ids, repeat, zero)?);
     }
     let out = b.call("out", m, stage_id, args)?;
     // 3. The last stage finishes item t - (S-1) once the pipe is full.

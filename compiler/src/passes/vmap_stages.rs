@@ -63,6 +63,9 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     let active = b.arg("active", Type::new(DType::I1, vec![s_dim.clone()]));
     let repeat =
         (p.repeats > 1).then(|| b.arg("repeat", Type::new(DType::I32, vec![s_dim.clone()])));
+    let depth = p
+        .uneven()
+        .then(|| b.arg("depth", Type::new(DType::I32, vec![s_dim.clone()])));
 
     // Stacked parameters: [R?, S, k?, ...].
     let mut lead = Vec::new();
@@ -120,14 +123,14 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     // The k layers of a stage: one copy of the layer, in a loop over the stacked weights when
     // k > 1, so that code size and compile time do not grow with k.
     if k == 1 {
-        let out = layer_once(&mut b, layer, x, &per_stage, None, &s_dim, active)?;
+        let out = layer_in_slot(&mut b, layer, x, &per_stage, None, &s_dim, active, depth)?;
         return Ok(b.finish(vec![out]));
     }
     let outs = b.loop_op(k, vec![x], &["act"], |b, j, carried| {
         b.span = layer.value_spans.get(&x_arg);
         let t = Type::new(DType::I32, vec![s_dim.clone()]);
         let index = b.op("layer", OpKind::Broadcast { x: j }, Some(t))?;
-        let out = layer_once(
+        let out = layer_in_slot(
             b,
             layer,
             carried[0],
@@ -135,10 +138,75 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
             Some(index),
             &s_dim,
             active,
+            depth,
         )?;
         Ok(vec![out])
     })?;
     Ok(b.finish(outs))
+}
+
+/// One layer slot of the stage on `x` ([`layer_once`]). With uneven depth (`depth` [S]: the
+/// layers each stage holds), only where slot `index` (0 without) holds a layer: elsewhere the
+/// slot's matmuls are masked and it passes `x` on unchanged.
+#[allow(clippy::too_many_arguments)]
+fn layer_in_slot(
+    b: &mut Builder,
+    layer: &Func,
+    x: ValueId,
+    per_stage: &[ValueId],
+    index: Option<ValueId>,
+    s_dim: &Dim,
+    active: ValueId,
+    depth: Option<ValueId>,
+) -> Result<ValueId, Diagnostic> {
+    let Some(depth) = depth else {
+        return layer_once(b, layer, x, per_stage, index, s_dim, active);
+    };
+    let j = match index {
+        Some(j) => j,
+        None => b.op(
+            "slot",
+            OpKind::Constant {
+                value: ppc_dialect::op::Float(0.0),
+            },
+            Some(Type::scalar(DType::I32)),
+        )?,
+    };
+    let holds = b.op(
+        "holds_layer",
+        OpKind::Compare {
+            pred: ppc_dialect::op::CmpPred::Lt,
+            lhs: j,
+            rhs: depth,
+        },
+        None,
+    )?;
+    let runs = b.op(
+        "runs",
+        OpKind::Select {
+            cond: holds,
+            on_true: active,
+            on_false: holds,
+        },
+        None,
+    )?;
+    let y = layer_once(b, layer, x, per_stage, index, s_dim, runs)?;
+    let mut dims = vec![s_dim.clone()];
+    dims.extend((1..b.ty(x).rank()).map(|_| Dim::lit(1)));
+    let holds = b.op(
+        "holds",
+        OpKind::Reshape { x: holds },
+        Some(Type::new(DType::I1, dims)),
+    )?;
+    b.op(
+        "slot_out",
+        OpKind::Select {
+            cond: holds,
+            on_true: y,
+            on_false: x,
+        },
+        None,
+    )
 }
 
 /// One layer of the stage on `x`: with `index` ([S], the layer within the stage), each stacked

@@ -326,10 +326,11 @@ impl ModuleBuilder<'_> {
         let micro = given(Setting::Microbatches)?;
         let repeats = given(Setting::Repeats)?.unwrap_or((1, block));
         let ranks = given(Setting::Ranks)?.unwrap_or((1, block));
-        // `--layers-per-stage` replaces either way the file gives the depth.
-        let (layers, per_stage) = match ov.layers_per_stage {
-            Some(k) => (None, Some((k, block))),
-            None => (get(Setting::Layers)?, get(Setting::LayersPerStage)?),
+        // `--layers` or `--layers-per-stage` replaces either way the file gives the depth.
+        let (layers, per_stage) = match (ov.layers, ov.layers_per_stage) {
+            (Some(l), _) => (Some((l, block)), None),
+            (None, Some(k)) => (None, Some((k, block))),
+            (None, None) => (get(Setting::Layers)?, get(Setting::LayersPerStage)?),
         };
         let (Some(stages), Some(micro)) = (stages, micro) else {
             return Err(Diagnostic::error(
@@ -406,28 +407,8 @@ impl ModuleBuilder<'_> {
             (None, Some((k, _))) => groups.checked_mul(k).ok_or_else(|| {
                 Diagnostic::error("layer count overflows", block, "too many layers")
             })?,
-            (Some((l, span)), None) => {
-                if l % groups != 0 {
-                    let (what, label) = match repeats.0 {
-                        1 => (
-                            format!("{} stages do", stages.0),
-                            "not a multiple of stages",
-                        ),
-                        r => (
-                            format!("{} stages × {r} repeats = {groups} do", stages.0),
-                            "not a multiple of stages × repeats",
-                        ),
-                    };
-                    return Err(Diagnostic::error(
-                        format!("{what} not divide {l} layers"),
-                        span,
-                        label,
-                    )
-                    .with_label(stages.1, set_here(Setting::Stages, stages.0))
-                    .with_note("each stage must hold the same number of layers in every repeat"));
-                }
-                l
-            }
+            // Any count: the stages hold ⌈L / (S·R)⌉ slots each, the last ones empty.
+            (Some((l, _)), None) => l,
         };
         if layers > MAX_PIPELINE_SETTING {
             return Err(Diagnostic::error(

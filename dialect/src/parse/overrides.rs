@@ -14,17 +14,19 @@ pub struct Overrides {
     pub ranks: Option<u64>,
     /// Layers per stage and repeat; replaces the file's `layers` or `layers_per_stage`.
     pub layers_per_stage: Option<u64>,
+    /// The model's depth; replaces the file's `layers` or `layers_per_stage`.
+    pub layers: Option<u64>,
     /// Every f32 type in the file becomes this dtype (bf16 or f16 storage).
     pub float_dtype: Option<DType>,
 }
 
 impl Overrides {
-    /// The command line's value for a setting (none overrides `layers`: `--layers-per-stage`
-    /// replaces the depth either way the file gives it).
+    /// The command line's value for a setting (`--layers` and `--layers-per-stage` each
+    /// replace the depth either way the file gives it).
     pub fn setting(&self, s: Setting) -> Option<u64> {
         match s {
             Setting::Stages => self.stages,
-            Setting::Layers => None,
+            Setting::Layers => self.layers,
             Setting::LayersPerStage => self.layers_per_stage,
             Setting::Microbatches => self.microbatches,
             Setting::Repeats => self.repeats,

@@ -25,8 +25,13 @@ pub struct Shard {
 pub enum Layers {
     /// The whole tensor is the parameter of this one layer.
     One(u64),
-    /// The first `axes` axes enumerate layers, row-major; a `shard` holds part of them.
-    Stacked { axes: usize, shard: Option<Shard> },
+    /// The first `axes` axes enumerate layer slots, row-major; a `shard` holds part of them.
+    /// Slots `model_layers..` are empty (uneven depth): zeros, from any source.
+    Stacked {
+        axes: usize,
+        shard: Option<Shard>,
+        model_layers: u64,
+    },
 }
 
 /// Where parameter values come from: the seeded generator, or a file (`--params`).
@@ -66,7 +71,7 @@ pub fn param_from(
 ) -> Result<Tensor, ParamError> {
     let axes = match layers {
         Layers::One(_) => 0,
-        Layers::Stacked { axes, shard } => {
+        Layers::Stacked { axes, shard, .. } => {
             assert!(
                 shard.is_none_or(|s| s.axis < axes),
                 "invariant: a parameter is sharded along one of its layer axes"
@@ -81,7 +86,17 @@ pub fn param_from(
     for l in 0..count {
         let index = match layers {
             Layers::One(layer) => layer,
-            Layers::Stacked { shard, .. } => global_layer(l, layer_shape, shard) as u64,
+            Layers::Stacked {
+                shard,
+                model_layers,
+                ..
+            } => match global_layer(l, layer_shape, shard) as u64 {
+                empty if empty >= model_layers => {
+                    data.extend(std::iter::repeat_n(0.0, inner));
+                    continue;
+                }
+                layer => layer,
+            },
         };
         data.extend(source.layer(name, index, init, inner)?);
     }
@@ -133,7 +148,11 @@ mod tests {
     #[test]
     fn shards_are_slices_of_the_full_parameter() {
         // [repeats 2, stages 4, k 3] layers, 5 values each; rank 1 of 2 holds stages 2..4.
-        let stacked = |shard| Layers::Stacked { axes: 3, shard };
+        let stacked = |shard| Layers::Stacked {
+            axes: 3,
+            shard,
+            model_layers: 24,
+        };
         let src = Source::Seeded(7);
         let param = |shape: &[usize], layers| {
             param_from(&src, "w", DType::F32, shape, layers, INPUT_INIT).expect("seeded")
