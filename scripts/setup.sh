@@ -24,23 +24,24 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-# NumPy for the independent oracle of the tests (tests/oracle/oracle.py), from PyPI into a
-# virtual environment of the project's own; skipped when it is there.
+# NumPy and JAX's CPU wheel for the independent oracle of the tests (tests/oracle/oracle.py:
+# outputs in NumPy, a training step's gradients in JAX), from PyPI into a virtual environment
+# of the project's own; skipped when it is there.
 oracle_venv() {
   local venv tests_dir
   tests_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/oracle"
   venv="$tests_dir/.venv"
-  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import numpy" 2>/dev/null; then
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import numpy, jax" 2>/dev/null; then
     return 0
   fi
-  echo "setup: installing numpy from PyPI into tests/oracle/.venv" >&2
+  echo "setup: installing numpy and jax[cpu] from PyPI into tests/oracle/.venv" >&2
   if ! python3 -m venv "$venv"; then
     # Debian's own python3 keeps venv in a package of its own.
     rm -rf "$venv"
     ${SUDO:-} apt-get update -qq && ${SUDO:-} apt-get install -y -qq --no-install-recommends python3-venv
     python3 -m venv "$venv"
   fi
-  "$venv/bin/pip" install -q numpy
+  "$venv/bin/pip" install -q numpy "jax[cpu]"
 }
 
 # CUDA's ptxas and libdevice from PyPI's nvidia-cuda-nvcc-cu12 wheel (no GPU or driver needed),

@@ -3,6 +3,7 @@ not from ppc's code, fed parameters and inputs through safetensors files.
 
     python oracle.py MODEL PARAMS INPUT OUTPUT [--jax]
     python oracle.py restack PARAMS OUT SEED
+    python oracle.py grads MODEL PARAMS INPUT TARGET OUT     (gpt2 or llama; needs JAX)
 
 MODEL is tiny, mlp, transformer, gpt2 or llama; PARAMS holds `layers.L.NAME` tensors (ppc's
 naming; a language model's embedding and head as `NAME`), INPUT the tensor `input`
@@ -211,6 +212,46 @@ def llama(ops, ids, ends, layers, heads=4, kv_heads=2):
 
 LANGUAGE_MODELS = {"gpt2": gpt2, "llama": llama}
 
+def write_tensors(path, tensors):
+    """`tensors` (name → array) as f32 safetensors."""
+    header, offset, blobs = {}, 0, []
+    for name, x in tensors.items():
+        x = np.ascontiguousarray(x, dtype="<f4")
+        header[name] = {"dtype": "F32", "shape": list(x.shape), "data_offsets": [offset, offset + x.nbytes]}
+        offset += x.nbytes
+        blobs.append(x.tobytes())
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def grads(model, params_path, input_path, target_path, out_path):
+    """One training step of a language model in JAX: the mean cross-entropy of its logits
+    against the targets over every token of every microbatch, and its gradient with respect
+    to every parameter (jax.value_and_grad), written as `loss` and `grad.NAME`."""
+    import jax
+    import jax.numpy as jnp
+
+    ops = jax_ops()
+    run = LANGUAGE_MODELS[model]
+    tensors = {n: jnp.asarray(v) for n, v in read_safetensors(params_path).items()}
+    ids = read_safetensors(input_path)["input"]
+    targets = jnp.asarray(read_safetensors(target_path)["target"])
+
+    def loss(tensors):
+        ends = {n: v for n, v in tensors.items() if not n.startswith("layers.")}
+        layers = per_layer({n: v for n, v in tensors.items() if n.startswith("layers.")})
+        logits = jnp.stack([run(ops, ids[m], ends, layers) for m in range(ids.shape[0])])
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        return (lse - picked).mean()
+
+    value, g = jax.value_and_grad(loss)(tensors)
+    out = {"loss": np.asarray(value)}
+    out.update({f"grad.{n}": np.asarray(v) for n, v in g.items()})
+    write_tensors(out_path, out)
+
+
 def per_layer(tensors):
     """Layer l's parameters by name, from `layers.l.NAME` tensors or stacked `NAME` ones."""
     layers = {}
@@ -247,6 +288,9 @@ def restack(params_path, out_path, seed):
 def main():
     if sys.argv[1] == "restack":
         restack(*sys.argv[2:5])
+        return
+    if sys.argv[1] == "grads":
+        grads(*sys.argv[2:7])
         return
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     use_jax = "--jax" in sys.argv

@@ -205,7 +205,7 @@ fn every_example_in_the_reference_checks_and_the_compilers_ops_are_rejected() {
 #[test]
 fn a_setting_from_the_command_line_is_labelled_as_such() {
     let file = std::env::temp_dir().join(format!("ppc-stages-{}.ppc", std::process::id()));
-    let text = "dims { b = 2, d = 4 }\npipeline { stages = 4, layers = 8, microbatches = 4 }\ninput f32[b, d]\n\nfunc @layer(%x: f32[b, d]) -> f32[b, d] {\n  %y = tanh %x\n  return %y\n}\n";
+    let text = "dims { b = 2, d = 4 }\npipeline { stages = 4, layers = 8, microbatches = 4, ranks = 2 }\ninput f32[b, d]\n\nfunc @layer(%x: f32[b, d]) -> f32[b, d] {\n  %y = tanh %x\n  return %y\n}\n";
     std::fs::write(&file, text).expect("write");
     let (code, _, err) = ppc(&["check", &file.display().to_string(), "--stages", "3"]);
     std::fs::remove_file(&file).expect("cleanup");

@@ -241,6 +241,86 @@ fn language_models_match_numpy_in_the_interpreter_and_the_jit() {
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 
+/// One training step of the language models against JAX: `jax.value_and_grad` of the
+/// oracle's own models (the NumPy functions on `jax.numpy`) and the mean cross-entropy. The
+/// interpreter's loss within 1e-5 and every parameter's gradient within 1e-4 (normwise).
+#[test]
+fn language_model_gradients_match_jax() {
+    let python = numpy_python();
+    let has_jax = Command::new(&python)
+        .args(["-c", "import jax"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_jax,
+        "{} has no JAX: run scripts/setup.sh (make test does)",
+        python.display()
+    );
+    let dir = std::env::temp_dir().join(format!("ppc-oracle-grad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let f = |name: &str| dir.join(name).display().to_string();
+    for model in ["gpt2", "llama"] {
+        let text = std::fs::read_to_string(path(&format!("examples/{model}.ppc"))).expect("model");
+        let mut m = load(&text, &Overrides::default());
+        let opts = crate::grad::train_opts(false, ppc::passes::Remat::Stage);
+        ppc::pipeline::compile(&mut m, &opts, None, None).expect("compiles for training");
+        let seed = 7;
+        let mut interp = Interp::new(&m, seed);
+        let inputs = interp.synthetic_inputs();
+        let targets = ppc_dialect::interp::synthetic_targets(&m, seed);
+        let step = interp
+            .train_step(&inputs, &targets)
+            .expect("a training step");
+        let (params, input, target, out) =
+            (f("params.st"), f("input.st"), f("target.st"), f("jax.st"));
+        let specs = ppc_dialect::interp::param_specs(&m);
+        let source = ppc_runtime::init::Source::Seeded(seed);
+        ppc_runtime::params::dump(&source, &specs, Path::new(&params)).expect("params");
+        for (p, name, t) in [(&input, "input", &inputs), (&target, "target", &targets)] {
+            safetensors::write(Path::new(p), &[(name, &HostBuffer::from_tensor(t))])
+                .expect("write");
+        }
+        oracle(&python, &["grads", model, &params, &input, &target, &out]);
+        let read = |name: &str| -> Tensor {
+            safetensors::read_tensor(Path::new(&out), name)
+                .unwrap_or_else(|e| panic!("{model}: {name}: {e}"))
+                .to_tensor()
+        };
+        let want = f64::from(read("loss").data[0]);
+        let rel = (f64::from(step.loss) - want).abs() / want.abs();
+        assert!(
+            rel <= 1e-5,
+            "{model}: loss {} against JAX's {want}",
+            step.loss
+        );
+        for spec in &specs {
+            let names: Vec<String> = match spec.layers {
+                Some(layers) => (0..layers)
+                    .map(|l| format!("grad.{}", ppc_runtime::params::tensor_name(l, &spec.name)))
+                    .collect(),
+                None => vec![format!("grad.{}", spec.name)],
+            };
+            let want: Vec<f32> = names.iter().flat_map(|n| read(n).data).collect();
+            let got = step
+                .grads
+                .of(&spec.name)
+                .expect("a gradient of every parameter");
+            let shape = vec![want.len()];
+            let c = compare(
+                &Tensor::new(DType::F32, shape.clone(), want),
+                &Tensor::new(DType::F32, shape, got),
+            );
+            assert!(
+                c.max_rel <= 1e-4,
+                "{model}: gradient of {}: normwise {} against JAX",
+                spec.name,
+                c.max_rel
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
 #[test]
 fn dumped_parameters_load_back_byte_identical_on_every_backend() {
     let dir = std::env::temp_dir().join(format!("ppc-dump-{}", std::process::id()));
