@@ -78,7 +78,13 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
     let out_s = out.display().to_string();
     let forward = ["--seed", "5", "--output", out_s.as_str()];
     let training = ["--seed", "5", "--steps", "10", "--save", out_s.as_str()];
-    for model in ["examples/mlp.ppc", "examples/transformer.ppc"] {
+    let models = [
+        "examples/mlp.ppc",
+        "examples/transformer.ppc",
+        "examples/gpt2.ppc",
+        "examples/llama.ppc",
+    ];
+    for model in models {
         for (mode, args) in [
             ("forward", &forward[..]),
             ("bf16", &forward[..]),
