@@ -191,7 +191,9 @@ impl Builder {
             if self.param_named(name).is_some() {
                 continue;
             }
+            let span = std::mem::replace(&mut self.span, callee.value_spans.get(&p.value));
             let v = self.param(name, callee.ty(p.value).clone(), p.init, p.layer_axes);
+            self.span = span;
             if self.func.values[v].name != *name {
                 return Err(Diagnostic::error(
                     format!(
@@ -206,7 +208,8 @@ impl Builder {
         Ok(())
     }
 
-    fn param_named(&self, name: &str) -> Option<ValueId> {
+    /// This function's parameter called `name`.
+    pub fn param_named(&self, name: &str) -> Option<ValueId> {
         self.func
             .params
             .iter()

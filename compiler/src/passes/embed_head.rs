@@ -62,22 +62,14 @@ fn build(m: &Module, pipeline: FuncId) -> Result<Func, Diagnostic> {
     let mut b = Builder::new(names::MODEL);
     b.span = m.spans.get(&Item::Pipeline);
     // One parameter per name, declared first so that it keeps its name.
-    let mut params: HashMap<String, ValueId> = HashMap::new();
     for f in embed.iter().chain(&head) {
-        for p in &f.params {
-            let name = &f.values[p.value].name;
-            if !params.contains_key(name) {
-                b.span = f.value_spans.get(&p.value);
-                let v = b.param(name, f.ty(p.value).clone(), p.init, 0);
-                params.insert(name.clone(), v);
-            }
-        }
+        b.params_of(f)?;
     }
     b.span = m.spans.get(&Item::Pipeline);
     let x = b.arg("x", m.input.insert(0, mbs.clone()));
     let ranks = ranks(&mut b, m.pipeline.ranks)?;
     let h = match embed {
-        Some(f) => vectorize(&mut b, f, x, &mbs, ranks.map(|r| r.first), &params)?,
+        Some(f) => vectorize(&mut b, f, x, &mbs, ranks.map(|r| r.first))?,
         None => x,
     };
     b.span = m.spans.get(&Item::Pipeline);
@@ -104,7 +96,7 @@ fn build(m: &Module, pipeline: FuncId) -> Result<Func, Diagnostic> {
                 }
                 None => y,
             };
-            vectorize(&mut b, f, y, &mbs, ranks.map(|r| r.last), &params)?
+            vectorize(&mut b, f, y, &mbs, ranks.map(|r| r.last))?
         }
         None => y,
     };
@@ -154,7 +146,6 @@ fn vectorize(
     x: ValueId,
     mbs: &Dim,
     runs: Option<ValueId>,
-    params: &HashMap<String, ValueId>,
 ) -> Result<ValueId, Diagnostic> {
     let mut env: HashMap<ValueId, Batched> = HashMap::new();
     env.insert(
@@ -165,7 +156,9 @@ fn vectorize(
         },
     );
     for p in &f.params {
-        let value = params[&f.values[p.value].name];
+        let value = b
+            .param_named(&f.values[p.value].name)
+            .expect("invariant: declared by params_of");
         env.insert(
             p.value,
             Batched {
