@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make bench`: ppc's compiled executable against JAX's SPMD GPipe (jax_gpipe.py), same models
 # (the MLP at two widths, the transformer at the example's and a larger shape; the training
-# step of the MLP and of the transformer example, with each rematerialization), in one run:
+# step of the MLP, of the transformer example and of GPT-2 at a size a user trains on a CPU
+# (d = 256, 4 heads, 8 layers, t = 256, byte vocabulary; embedding and head outside the loop),
+# with each rematerialization), in one run:
 # ROUNDS rounds of each, interleaved (the machine is noisy). Prints the median throughput of
 # each, their ratio, the ratio of every round, and compile times; training rows also the memory
 # each keeps for the backward (ppc: the activations its report counts in the generated program;
@@ -11,13 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-30}
 # Each measurement times at least STEPS steps and at least MIN_SECONDS of ppc's steps (a 2 ms
-# step timed 20 times is mostly noise); JAX runs the same number of steps.
+# step timed 20 times is mostly noise), but no more than MAX_SECONDS of them (and at least 3):
+# a row of second-long steps (GPT-2) runs fewer than STEPS. JAX runs the same number of steps.
 MIN_SECONDS=${MIN_SECONDS:-1}
+MAX_SECONDS=${MAX_SECONDS:-15}
 # ONLY=REGEX runs only the rows whose name matches (ONLY=train: the training rows).
 ONLY=${ONLY:-}
 ROUNDS=${ROUNDS:-3}
 PPC=target/release/ppc
-VENV=bench/.venv
+VENV=${VENV:-bench/.venv}  # any virtual environment with jax[cpu] (tests/oracle/.venv has one)
 if [ ! -x "$VENV/bin/python" ]; then
   echo "bench: installing jax[cpu] from PyPI into $VENV" >&2
   python3 -m venv "$VENV"
@@ -69,7 +73,7 @@ compare() {
   steps=$("${PPC_ENV[@]}" "$exe" $run_flags --bench 3 | tail -1 | python3 -c "
 import json, math, sys
 step = json.load(sys.stdin)['median_step_s']
-print(max($STEPS, math.ceil($MIN_SECONDS / step)))")
+print(min(max($STEPS, math.ceil($MIN_SECONDS / step)), max(3, math.floor($MAX_SECONDS / step))))")
   for _ in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
     ppc_json=$("${PPC_ENV[@]}" "$exe" $run_flags --bench "$steps" | tail -1)
@@ -107,6 +111,9 @@ for remat in stage none; do
   compare "train --remat=$remat: mlp d=256 h=1024" examples/mlp.ppc "" "" $remat
   compare "train --remat=$remat: transformer (example)" examples/transformer.ppc "" \
     "--model transformer --b 2 --t 16 --heads 4 --dh 16" $remat
+  compare "train --remat=$remat: gpt2 d=256 t=256 L=8" examples/gpt2.ppc \
+    "--dim t=256 --dim heads=4 --dim dh=64 --layers 8" \
+    "--model gpt2 --b 2 --t 256 --heads 4 --dh 64 --microbatches 4" $remat
 done
 echo
 echo "compile time of every example (ppc compile -o, release build):"
