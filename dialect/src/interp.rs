@@ -267,7 +267,9 @@ impl<'m> Interp<'m> {
                 OpKind::Transpose { x, perm } => vec![k::transpose(get(*x), perm)],
                 OpKind::Reshape { x } => vec![Tensor::new(ty.dtype, shape, get(*x).data.clone())],
                 OpKind::Broadcast { x } => vec![k::broadcast(get(*x), ty.dtype, &shape)],
-                OpKind::Convert { x } => vec![Tensor::new(ty.dtype, shape, get(*x).data.clone())],
+                OpKind::Convert { x } => {
+                    vec![Tensor::from_values(ty.dtype, shape, get(*x).values())]
+                }
                 OpKind::Slice { x, start, end } => vec![k::slice(get(*x), start, end)],
                 OpKind::Concat { xs, axis } => vec![k::concat(
                     &xs.iter().map(|&v| get(v)).collect::<Vec<_>>(),
@@ -277,7 +279,7 @@ impl<'m> Interp<'m> {
                 OpKind::Softmax { x, axis } => vec![k::softmax(get(*x), *axis)],
                 OpKind::LayerNorm { x, axis, eps } => vec![k::layernorm(get(*x), *axis, eps.0)],
                 OpKind::Iota { axis } => vec![k::iota(ty.dtype, &shape, *axis)],
-                OpKind::Constant { value } => vec![Tensor::splat(ty.dtype, shape, value.0 as f32)],
+                OpKind::Constant { value } => vec![Tensor::splat(ty.dtype, shape, value.0)],
                 OpKind::Pad {
                     x,
                     axis,
@@ -289,9 +291,9 @@ impl<'m> Interp<'m> {
                     *axis,
                     *low as usize,
                     *high as usize,
-                    fill.0 as f32,
+                    fill.0,
                 )],
-                OpKind::Shift { x, axis, fill } => vec![k::shift(get(*x), *axis, fill.0 as f32)],
+                OpKind::Shift { x, axis, fill } => vec![k::shift(get(*x), *axis, fill.0)],
                 OpKind::Index { x, index, axis } => vec![k::index(get(*x), get(*index), *axis)],
                 OpKind::Gather { table, ids, axis } => {
                     vec![k::gather(get(*table), get(*ids), *axis)]
@@ -302,7 +304,7 @@ impl<'m> Interp<'m> {
                     index,
                     axis,
                 } => vec![k::update(get(*x), get(*update), get(*index), *axis)],
-                OpKind::Rank => vec![Tensor::scalar(DType::I32, self.rank as f32)],
+                OpKind::Rank => vec![Tensor::scalar(DType::I32, self.rank as f64)],
                 OpKind::Exchange { x, reverse } => {
                     let x = get(*x).clone();
                     vec![match &mut self.exchange {
@@ -318,7 +320,7 @@ impl<'m> Interp<'m> {
                 OpKind::Loop { trips, inits, body } => {
                     let mut carried: Vec<Tensor> = inits.iter().map(|&v| get(v).clone()).collect();
                     for t in 0..*trips {
-                        env[body.args[0].index()] = Some(Tensor::scalar(DType::I32, t as f32));
+                        env[body.args[0].index()] = Some(Tensor::scalar(DType::I32, t as f64));
                         for (&a, c) in body.args[1..].iter().zip(carried) {
                             env[a.index()] = Some(c);
                         }
@@ -515,13 +517,12 @@ pub fn synthetic_targets(m: &Module, seed: u64) -> Tensor {
     shape.extend(t.shape_usize());
     let n = shape.iter().product();
     let mut rng = ppc_tensor::Rng::stream(seed, "target", 0);
-    let data = if t.dtype == DType::I32 {
+    if t.dtype == DType::I32 {
         let classes = m.output_type().shape_usize().last().copied().unwrap_or(1) as u64;
-        (0..n).map(|_| (rng.next_u64() % classes) as f32).collect()
+        Tensor::from_ints(shape, (0..n).map(|_| (rng.next_u64() % classes) as i32))
     } else {
-        rng.fill(ppc_tensor::Init::Normal(1.0), n)
-    };
-    Tensor::new(t.dtype, shape, data)
+        Tensor::new(t.dtype, shape, rng.fill(ppc_tensor::Init::Normal(1.0), n))
+    }
 }
 
 /// Slice `i` of the leading axis.

@@ -1,8 +1,9 @@
 //! The meaning of every op, as naive loops over host tensors.
 //!
 //! This is the definition that every pass and backend is checked against, so it favours the
-//! obvious loop over the fast one. Arithmetic is f32; each result is rounded to its dtype on
-//! store. Accumulations (matmul, reductions, softmax, layernorm) run in a fixed order, index by
+//! obvious loop over the fast one. Float arithmetic is f32, each result rounded to its dtype on
+//! store; i32 arithmetic is on the integers, wrapping as two's complement does (as compiled
+//! code's `arith` ops); ops that only move elements copy the stored words whatever the dtype. Accumulations (matmul, reductions, softmax, layernorm) run in a fixed order, index by
 //! index, so an op computes the same bits whether or not it is batched over extra leading axes.
 
 use crate::op::{BinaryOp, CmpPred, ReduceOp, UnaryOp};
@@ -101,19 +102,27 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
 }
 
 pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
-    let int = a.dtype == DType::I32;
+    if a.dtype == DType::I32 {
+        return zip2(a, b, a.dtype, shape, move |x, y| {
+            let (x, y) = (int(x), int(y));
+            word(match op {
+                BinaryOp::Add => x.wrapping_add(y),
+                BinaryOp::Sub => x.wrapping_sub(y),
+                BinaryOp::Mul => x.wrapping_mul(y),
+                // Rounds toward negative infinity; dividing by zero gives 0 (and i32::MIN / -1
+                // wraps, as `arith.floordivsi` does).
+                BinaryOp::Div if y == 0 => 0,
+                BinaryOp::Div if y == -1 => x.wrapping_neg(),
+                BinaryOp::Div => x.div_euclid(y) - i32::from(y < 0 && x.rem_euclid(y) != 0),
+                BinaryOp::Max => x.max(y),
+                BinaryOp::Min => x.min(y),
+            })
+        });
+    }
     let f = move |x: f32, y: f32| match op {
         BinaryOp::Add => x + y,
         BinaryOp::Sub => x - y,
         BinaryOp::Mul => x * y,
-        // Integer division rounds toward negative infinity; dividing by zero gives 0.
-        BinaryOp::Div if int => {
-            if y == 0.0 {
-                0.0
-            } else {
-                (f64::from(x) / f64::from(y)).floor() as f32
-            }
-        }
         BinaryOp::Div => x / y,
         // NaN-propagating, like XLA and MLIR's `arith.maximumf`.
         BinaryOp::Max => {
@@ -134,19 +143,36 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
     zip2(a, b, a.dtype, shape, f)
 }
 
+/// The integer an i32 element's word holds.
+fn int(w: f32) -> i32 {
+    w.to_bits() as i32
+}
+
+/// The word that holds the integer `i`.
+fn word(i: i32) -> f32 {
+    f32::from_bits(i as u32)
+}
+
 pub fn compare(pred: CmpPred, a: &Tensor, b: &Tensor, shape: &[usize]) -> Tensor {
-    let f = move |x: f32, y: f32| {
-        let r = match pred {
+    fn holds<T: PartialOrd>(pred: CmpPred, x: T, y: T) -> bool {
+        match pred {
             CmpPred::Lt => x < y,
             CmpPred::Le => x <= y,
             CmpPred::Eq => x == y,
             CmpPred::Gt => x > y,
             CmpPred::Ge => x >= y,
             CmpPred::Ne => x != y,
+        }
+    }
+    let ints = a.dtype == DType::I32;
+    zip2(a, b, DType::I1, shape, move |x, y| {
+        let r = if ints {
+            holds(pred, int(x), int(y))
+        } else {
+            holds(pred, x, y)
         };
         f32::from(u8::from(r))
-    };
-    zip2(a, b, DType::I1, shape, f)
+    })
 }
 
 pub fn select(c: &Tensor, t: &Tensor, f: &Tensor, shape: &[usize]) -> Tensor {
@@ -259,6 +285,14 @@ pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Tensor {
     let n_out: usize = shape.iter().product();
     // Sums start from -0.0, the additive identity: a sum whose other terms are all zeros is
     // its one nonzero term bit for bit, sign of zero included (autodiff relies on it).
+    if x.dtype == DType::I32 {
+        // Only `max` takes integers (the type rules).
+        let mut acc = vec![i32::MIN; n_out];
+        walk(&x.shape, &[st], |i, offs| {
+            acc[offs[0]] = acc[offs[0]].max(int(x.data[i]));
+        });
+        return Tensor::from_ints(shape, acc);
+    }
     let init = if op == ReduceOp::Max {
         f32::NEG_INFINITY
     } else {
@@ -340,16 +374,12 @@ pub fn layernorm(x: &Tensor, axis: usize, eps: f64) -> Tensor {
 
 pub fn iota(dtype: DType, shape: &[usize], axis: usize) -> Tensor {
     let (outer, n, inner) = around(shape, axis);
-    let mut data = Vec::with_capacity(outer * n * inner);
-    for _ in 0..outer {
-        for k in 0..n {
-            data.extend(std::iter::repeat_n(k as f32, inner));
-        }
-    }
-    Tensor::new(dtype, shape.to_vec(), data)
+    let positions = (0..outer).flat_map(|_| (0..n).flat_map(|k| std::iter::repeat_n(k, inner)));
+    Tensor::from_values(dtype, shape.to_vec(), positions.map(|k| k as f64))
 }
 
-pub fn pad(x: &Tensor, axis: usize, low: usize, high: usize, fill: f32) -> Tensor {
+pub fn pad(x: &Tensor, axis: usize, low: usize, high: usize, fill: f64) -> Tensor {
+    let fill = x.dtype.store(fill);
     let (outer, n, inner) = around(&x.shape, axis);
     let mut shape = x.shape.clone();
     shape[axis] = n + low + high;
@@ -362,7 +392,8 @@ pub fn pad(x: &Tensor, axis: usize, low: usize, high: usize, fill: f32) -> Tenso
     Tensor::new(x.dtype, shape, data)
 }
 
-pub fn shift(x: &Tensor, axis: usize, fill: f32) -> Tensor {
+pub fn shift(x: &Tensor, axis: usize, fill: f64) -> Tensor {
+    let fill = x.dtype.store(fill);
     let (outer, n, inner) = around(&x.shape, axis);
     let mut data = Vec::with_capacity(x.len());
     for o in 0..outer {
@@ -392,7 +423,7 @@ pub fn gather(table: &Tensor, ids: &Tensor, axis: usize) -> Tensor {
 /// The position along `axis` that `index` selects for outer position `o`, clamped into range
 /// (as XLA's dynamic slice does) so that no index is ever out of bounds.
 fn position(index: &Tensor, o: usize, n: usize) -> usize {
-    (index.data[o].max(0.0) as usize).min(n - 1)
+    (index.int(o).max(0) as usize).min(n - 1)
 }
 
 pub fn index(x: &Tensor, idx: &Tensor, axis: usize) -> Tensor {

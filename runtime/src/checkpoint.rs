@@ -102,7 +102,7 @@ pub fn save(
     }
     // In one order whatever the rank count, so that the bytes are too.
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    let step = Tensor::new(DType::I32, vec![], vec![opt.step as f32]);
+    let step = Tensor::from_ints(vec![], [opt.step as i32]);
     named.push(("optim.step".into(), HostBuffer::from_tensor(&step)));
     let refs: Vec<(&str, &HostBuffer)> = named.iter().map(|(n, b)| (n.as_str(), b)).collect();
     safetensors::write(path, &refs)?;
@@ -156,6 +156,6 @@ pub fn resume(
     }
     opt.step = safetensors::read_tensor(path, "optim.step")?
         .to_tensor()
-        .data[0] as u64;
+        .int(0) as u64;
     Ok(opt)
 }

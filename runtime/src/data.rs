@@ -155,13 +155,9 @@ fn rows(t: &Tensor, a: &Arg, step: u64) -> HostBuffer {
 /// The index of the largest logit of each row (the last axis of `y`).
 fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
     let classes = *y.shape.last().expect("invariant: logits have a class axis");
-    let data = y
-        .data
-        .chunks(classes)
-        .map(|row| {
-            let best = (0..classes).fold(0, |b, i| if row[i] > row[b] { i } else { b });
-            best as f32
-        })
-        .collect();
-    Tensor::new(DType::I32, target.shape.clone(), data)
+    let ids = y.data.chunks(classes).map(|row| {
+        let best = (0..classes).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        best as i32
+    });
+    Tensor::from_ints(target.shape.clone(), ids)
 }

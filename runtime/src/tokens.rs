@@ -156,11 +156,10 @@ impl TokenStream {
         for _ in 0..sequences {
             let at = (rng.next_u64() % starts as u64) as usize;
             let window = &self.tokens[at..at + t + 1];
-            x.extend(window[..t].iter().map(|&v| v as f32));
-            y.extend(window[1..].iter().map(|&v| v as f32));
+            x.extend(window[..t].iter().map(|&v| v as i32));
+            y.extend(window[1..].iter().map(|&v| v as i32));
         }
-        let buf =
-            |data| HostBuffer::from_tensor(&Tensor::new(DType::I32, input.shape.clone(), data));
+        let buf = |ids| HostBuffer::from_tensor(&Tensor::from_ints(input.shape.clone(), ids));
         (buf(x), buf(y))
     }
 }

@@ -20,8 +20,13 @@ fn t(shape: &[usize], data: &[f32]) -> Tensor {
     Tensor::new(DType::F32, shape.to_vec(), data.to_vec())
 }
 
-fn ti(shape: &[usize], data: &[f32]) -> Tensor {
-    Tensor::new(DType::I32, shape.to_vec(), data.to_vec())
+fn ti(shape: &[usize], data: &[i32]) -> Tensor {
+    Tensor::from_ints(shape.to_vec(), data.iter().copied())
+}
+
+fn ints(t: &Tensor) -> Vec<i32> {
+    assert_eq!(t.dtype, DType::I32);
+    (0..t.len()).map(|i| t.int(i)).collect()
 }
 
 fn unary(op: &str, x: f32) -> f32 {
@@ -74,15 +79,53 @@ fn elementwise_binary_with_broadcasting() {
     );
     // Integer division rounds toward negative infinity.
     assert_eq!(
-        binary(
+        ints(&binary(
             "div",
-            ti(&[3], &[-7.0, 7.0, 6.0]),
-            ti(&[], &[2.0]),
+            ti(&[3], &[-7, 7, 6]),
+            ti(&[], &[2]),
             "i32[3]"
-        )
-        .data,
-        [-4.0, 3.0, 3.0]
+        )),
+        [-4, 3, 3]
     );
+}
+
+/// i32 values are integers, exact beyond f32's 2^24 and wrapping as two's complement (as the
+/// compiled `arith` ops do; the conformance case `int_wide` checks the backends agree).
+#[test]
+fn integers_are_exact_and_wrap() {
+    let big = || ti(&[4], &[16_777_217, i32::MAX, i32::MIN, -16_777_219]);
+    let op = |name, b: Tensor, ret| ints(&binary(name, big(), b, ret));
+    assert_eq!(
+        op("add", ti(&[], &[2]), "i32[4]"),
+        [16_777_219, i32::MIN + 1, i32::MIN + 2, -16_777_217]
+    );
+    assert_eq!(
+        op("sub", ti(&[], &[1]), "i32[4]"),
+        [16_777_216, i32::MAX - 1, i32::MAX, -16_777_220]
+    );
+    assert_eq!(
+        op("mul", ti(&[], &[65_536]), "i32[4]"),
+        [65_536, -65_536, 0, -196_608]
+    );
+    assert_eq!(
+        op("div", ti(&[4], &[2, -1, -1, 0]), "i32[4]"),
+        [8_388_608, -i32::MAX, i32::MIN, 0]
+    );
+    assert_eq!(
+        op("max", ti(&[], &[16_777_218]), "i32[4]"),
+        [16_777_218, i32::MAX, 16_777_218, 16_777_218]
+    );
+    // Neighbouring integers that one f32 would hold alike.
+    let lt = binary("lt", big(), ti(&[], &[16_777_218]), "i1[4]");
+    assert_eq!(lt.data, [1.0, 0.0, 1.0, 1.0]);
+    let wide = ti(&[2], &[16_777_217, 16_777_219]);
+    let y = eval(
+        "%x: i32[2]",
+        "i32[]",
+        "%y = reduce_max %x, axes = [0]\nreturn %y",
+        vec![wide],
+    );
+    assert_eq!(ints(&y), [16_777_219]);
 }
 
 #[test]
@@ -257,7 +300,7 @@ fn dynamic_index_and_update() {
         "%x: f32[2, 3], %i: i32[]",
         "f32[3]",
         "%y = index %x, %i, axis = 0\nreturn %y",
-        vec![x(), ti(&[], &[1.0])],
+        vec![x(), ti(&[], &[1])],
     );
     assert_eq!(y.data, [4.0, 5.0, 6.0]);
     // Batched index: row r takes column i[r].
@@ -265,14 +308,14 @@ fn dynamic_index_and_update() {
         "%x: f32[2, 3], %i: i32[2]",
         "f32[2]",
         "%y = index %x, %i, axis = 1\nreturn %y",
-        vec![x(), ti(&[2], &[2.0, 0.0])],
+        vec![x(), ti(&[2], &[2, 0])],
     );
     assert_eq!(y.data, [3.0, 4.0]);
     let y = eval(
         "%x: f32[2, 3], %u: f32[3], %i: i32[]",
         "f32[2, 3]",
         "%y = update %x, %u, %i, axis = 0\nreturn %y",
-        vec![x(), t(&[3], &[0.0, 0.5, 1.0]), ti(&[], &[0.0])],
+        vec![x(), t(&[3], &[0.0, 0.5, 1.0]), ti(&[], &[0])],
     );
     assert_eq!(y.data, [0.0, 0.5, 1.0, 4.0, 5.0, 6.0]);
     // Out-of-range indices clamp, as XLA's dynamic slices do.
@@ -280,7 +323,7 @@ fn dynamic_index_and_update() {
         "%x: f32[2, 3], %i: i32[]",
         "f32[3]",
         "%y = index %x, %i, axis = 0\nreturn %y",
-        vec![x(), ti(&[], &[5.0])],
+        vec![x(), ti(&[], &[5])],
     );
     assert_eq!(y.data, [4.0, 5.0, 6.0]);
 }
@@ -319,7 +362,7 @@ fn iota_constant_convert() {
         "%y = iota axis = 1 : i32[2, 3]\nreturn %y",
         vec![t(&[1], &[0.0])],
     );
-    assert_eq!(y.data, [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]);
+    assert_eq!(ints(&y), [0, 1, 2, 0, 1, 2]);
     let y = eval(
         "%x: f32[1]",
         "f32[2]",

@@ -12,6 +12,7 @@ use ppc::pipeline::compile;
 use ppc_dialect::grad::{train_step_on_ranks, Step};
 use ppc_dialect::interp::{synthetic_targets, Interp};
 use ppc_dialect::Overrides;
+use ppc_runtime::Tensor;
 
 const MODELS: [&str; 2] = ["examples/gpt2.ppc", "examples/llama.ppc"];
 
@@ -220,20 +221,20 @@ fn ignored_targets_count_in_neither_the_sum_nor_the_mean() {
     compile(&mut m, &train_opts(true, Remat::Stage), None, None).expect("compiles");
     let mut interp = Interp::new(&m, 5);
     let inputs = interp.synthetic_inputs();
-    let mut targets = synthetic_targets(&m, 5);
-    for (i, t) in targets.data.iter_mut().enumerate() {
-        if i % 3 == 1 {
-            *t = -1.0;
-        }
-    }
+    let drawn = synthetic_targets(&m, 5);
+    let ignoring = |every: usize| {
+        let ids = (0..drawn.len()).map(|i| if i % every == 1 { -1 } else { drawn.int(i) });
+        Tensor::from_ints(drawn.shape.clone(), ids)
+    };
+    let targets = ignoring(3);
     let step = interp.train_step(&inputs, &targets).expect("runs");
     let logits = &step.grads.outputs;
     let vocab = *logits.shape.last().expect("axes");
     let (mut sum, mut count) = (0.0f64, 0usize);
-    for (row, &t) in logits.data.chunks(vocab).zip(&targets.data) {
-        if t < 0.0 {
+    for (i, row) in logits.data.chunks(vocab).enumerate() {
+        let Ok(t) = usize::try_from(targets.int(i)) else {
             continue;
-        }
+        };
         let top = row.iter().fold(f64::MIN, |a, &v| a.max(f64::from(v)));
         let lse = top
             + row
@@ -241,14 +242,14 @@ fn ignored_targets_count_in_neither_the_sum_nor_the_mean() {
                 .map(|&v| (f64::from(v) - top).exp())
                 .sum::<f64>()
                 .ln();
-        sum += lse - f64::from(row[t as usize]);
+        sum += lse - f64::from(row[t]);
         count += 1;
     }
     let want = sum / count as f64;
     let got = f64::from(step.loss);
     assert!((got - want).abs() <= 1e-5 * want, "loss {got}, want {want}");
-    targets.data.iter_mut().for_each(|t| *t = -1.0);
-    let none = interp.train_step(&inputs, &targets).expect("runs");
+    let all_ignored = Tensor::from_ints(drawn.shape.clone(), vec![-1; drawn.len()]);
+    let none = interp.train_step(&inputs, &all_ignored).expect("runs");
     assert_eq!(none.loss, 0.0);
     for (name, g) in &none.grads.held_once {
         assert!(g.data.iter().all(|v| *v == 0.0), "gradient of {name}");

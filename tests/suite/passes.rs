@@ -172,10 +172,9 @@ pub fn check_stage_program(m: &Module, seed: u64) {
             .map(|i| (global(i) * 7 + 3) % p.repeats)
             .collect();
         if p.repeats > 1 {
-            args.push(Tensor::new(
-                DType::I32,
+            args.push(Tensor::from_ints(
                 vec![local as usize],
-                repeats.iter().map(|&r| r as f32).collect(),
+                repeats.iter().map(|&r| r as i32),
             ));
         }
         let mut interp = Interp::on_rank(

@@ -13,7 +13,7 @@ use ppc_dialect::Label;
 use ppc_runtime::init::Source;
 use ppc_runtime::memref::HostBuffer;
 use ppc_runtime::params::ParamFile;
-use ppc_runtime::{DType, Init, Rng, Tensor};
+use ppc_runtime::{Init, Rng, Tensor};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -60,12 +60,12 @@ pub fn sample_command(
     let mut output_buf = program.output_buffer();
     for i in 0..a.tokens {
         let window = &text[text.len().saturating_sub(t)..];
-        let mut ids = vec![0.0f32; rows * t];
+        let mut ids = vec![0; rows * t];
         for (slot, &b) in ids.iter_mut().zip(window) {
-            *slot = f32::from(b);
+            *slot = i32::from(b);
         }
         let shape = program.manifest.input().shape.clone();
-        let mut x = HostBuffer::from_tensor(&Tensor::new(DType::I32, shape, ids));
+        let mut x = HostBuffer::from_tensor(&Tensor::from_ints(shape, ids));
         program.run(&mut x, &mut params, &mut output_buf)?;
         let logits = output_buf.to_tensor();
         let at = (window.len() - 1) * VOCAB;

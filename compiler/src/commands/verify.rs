@@ -256,8 +256,8 @@ fn verify_grad(
             };
             let mut pairs = vec![(
                 "loss".to_string(),
-                Tensor::scalar(ppc_dialect::DType::F32, want.loss),
-                Tensor::scalar(ppc_dialect::DType::F32, got.loss),
+                Tensor::scalar(ppc_dialect::DType::F32, f64::from(want.loss)),
+                Tensor::scalar(ppc_dialect::DType::F32, f64::from(got.loss)),
                 tol,
             )];
             for (name, g) in names.zip(got.grads) {

@@ -92,11 +92,17 @@ fn binary_value(e: &mut Emitter, op: BinaryOp, a: &str, b: &str, d: DType) -> St
             BinaryOp::Max => e.let_(&format!("arith.maxsi {a}, {b} : i32")),
             BinaryOp::Min => e.let_(&format!("arith.minsi {a}, {b} : i32")),
             BinaryOp::Div => {
-                // Floor division; dividing by zero gives 0 (never executes a trapping divide).
-                let (zero, one) = (e.constant(0.0, DType::I32), e.constant(1.0, DType::I32));
+                // Floor division; dividing by zero gives 0 and by -1 the wrapped negation, so
+                // that no trapping divide (x86's `idiv` of i32::MIN by -1) ever executes.
+                let zero = e.constant(0.0, DType::I32);
+                let (one, minus1) = (e.constant(1.0, DType::I32), e.constant(-1.0, DType::I32));
                 let is0 = e.let_(&format!("arith.cmpi eq, {b}, {zero} : i32"));
-                let safe = e.let_(&format!("arith.select {is0}, {one}, {b} : i32"));
+                let is_m1 = e.let_(&format!("arith.cmpi eq, {b}, {minus1} : i32"));
+                let special = e.let_(&format!("arith.ori {is0}, {is_m1} : i1"));
+                let safe = e.let_(&format!("arith.select {special}, {one}, {b} : i32"));
                 let q = e.let_(&format!("arith.floordivsi {a}, {safe} : i32"));
+                let neg = e.let_(&format!("arith.subi {zero}, {a} : i32"));
+                let q = e.let_(&format!("arith.select {is_m1}, {neg}, {q} : i32"));
                 e.let_(&format!("arith.select {is0}, {zero}, {q} : i32"))
             }
         };

@@ -138,7 +138,7 @@ pub fn synthetic_inputs(
     }
     let mut full = vec![microbatches];
     full.extend(shape);
-    Tensor::new(dtype, full, data)
+    Tensor::from_values(dtype, full, data.into_iter().map(f64::from))
 }
 
 #[cfg(test)]

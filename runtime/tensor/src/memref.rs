@@ -102,7 +102,7 @@ impl HostBuffer {
                 DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
                 DType::BF16 => bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
                 DType::F16 => f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
-                DType::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32,
+                DType::I32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
                 DType::I1 => f32::from(c[0] & 1),
             })
             .collect();
@@ -125,7 +125,8 @@ impl HostBuffer {
 // Buffers hold little-endian values, which `f32s` reads in place.
 const _: () = assert!(cfg!(target_endian = "little"));
 
-/// Writes `values`, rounded to `dtype`, as that dtype's bytes into `out`.
+/// Writes `values`, elements of a tensor of `dtype` (floats rounded to `dtype` here), as that
+/// dtype's bytes into `out`.
 pub fn encode(dtype: DType, values: &[f32], out: &mut [u8]) {
     // One loop per dtype, so that each is a plain vectorizable copy or conversion (the
     // optimizer writes every weight through this each step).
@@ -138,7 +139,7 @@ pub fn encode(dtype: DType, values: &[f32], out: &mut [u8]) {
         DType::F32 => each(out, values, f32::to_le_bytes),
         DType::BF16 => each(out, values, |x| bf16::from_f32(x).to_bits().to_le_bytes()),
         DType::F16 => each(out, values, |x| f16::from_f32(x).to_bits().to_le_bytes()),
-        DType::I32 => each(out, values, |x| (x as i32).to_le_bytes()),
+        DType::I32 => each(out, values, f32::to_le_bytes),
         DType::I1 => each(out, values, |x| [u8::from(x != 0.0)]),
     }
 }
@@ -170,11 +171,18 @@ mod tests {
     #[test]
     fn encodes_and_decodes_every_dtype() {
         for dtype in DType::ALL {
-            let t = Tensor::new(dtype, vec![2, 3], vec![0.0, 1.0, -2.0, 3.5, 1.0, -0.25]);
+            let v = [0.0, 1.0, -2.0, 3.5, 1.0, -0.25];
+            let t = Tensor::from_values(dtype, vec![2, 3], v);
             let b = HostBuffer::from_tensor(&t);
             assert_eq!(b.bytes().len(), 6 * dtype.size_bytes() as usize);
             assert_eq!(b.to_tensor(), t, "{dtype}");
         }
+        // Integers beyond f32's 2^24 keep every bit, as compiled code stores them.
+        let ints = [i32::MAX, -16_777_217];
+        let b = HostBuffer::from_tensor(&Tensor::from_ints(vec![2], ints));
+        let want: Vec<u8> = ints.iter().flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(b.bytes(), &want[..]);
+        assert_eq!(b.to_tensor(), Tensor::from_ints(vec![2], ints));
         let mut b = HostBuffer::zeros(DType::F32, &[2, 3]);
         let d = b.descriptor();
         assert_eq!(d[0] % 64, 0, "aligned");
