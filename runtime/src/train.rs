@@ -75,6 +75,14 @@ pub enum TrainError {
     Io(#[from] std::io::Error),
 }
 
+impl TrainError {
+    /// Whether every rank of the job stops with this error at the same step, so that the job
+    /// can end without an abort: a diverged loss, which every rank learns with the shared loss.
+    pub fn met_by_every_rank(&self) -> bool {
+        matches!(self, TrainError::Diverged { .. })
+    }
+}
+
 /// Batches of `--val-data` a validation averages over.
 pub const VAL_BATCHES: u64 = 4;
 

@@ -55,10 +55,22 @@ pub(crate) fn launch(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Launch {
+    launch_with(&[], exe, ranks, args, env)
+}
+
+/// As [`launch`], with `flags` for `mpirun.mpich` (e.g. `-prepend-rank`: each line of output
+/// begins with `[RANK] `).
+fn launch_with(
+    flags: &[&str],
+    exe: &Path,
+    ranks: Option<u64>,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Launch {
     let mut cmd = Command::new("timeout");
     cmd.arg(LIMIT.as_secs().to_string());
     if let Some(n) = ranks {
-        cmd.args([MPIRUN, "-n", &n.to_string()]);
+        cmd.arg(MPIRUN).args(flags).args(["-n", &n.to_string()]);
     }
     cmd.arg(exe).args(args).envs(env.iter().copied());
     let start = Instant::now();
@@ -351,6 +363,85 @@ fn faults_end_the_whole_job_promptly() {
     ]);
     assert_eq!(code, 1);
     assert!(err.contains("3 ranks do not divide 4 stages"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A diverging run stops on every rank at the same step: each of 4 ranks says so, none is
+/// aborted or left waiting, and rank 0 (not the last rank, which computes the loss) printed
+/// every finite loss before it.
+#[test]
+fn diverging_training_stops_every_rank_at_the_same_step() {
+    let dir = scratch("diverge");
+    let exe = dir.join("mlp_4");
+    build("examples/mlp.ppc", &exe, 4, &["--train"]);
+    let args = [
+        "--steps",
+        "20",
+        "--json",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+    ];
+    let l = launch_with(&["-prepend-rank"], &exe, Some(4), &args, &[]);
+    assert_ends(&l, ": the loss is ", 4, "diverging on 4 ranks");
+    assert!(
+        !l.stderr.contains("MPI_Abort"),
+        "every rank knew: none had to abort the job\n{}",
+        l.stderr
+    );
+    let said: Vec<&str> = l
+        .stderr
+        .lines()
+        .filter(|x| x.contains("error: step "))
+        .collect();
+    for rank in 0..4 {
+        assert!(
+            said.iter()
+                .any(|x| x.contains(&format!("(rank {rank} of 4)"))),
+            "rank {rank} did not say it stopped:\n{}",
+            l.stderr
+        );
+    }
+    let steps: std::collections::BTreeSet<Option<&str>> = said
+        .iter()
+        .map(|x| x.split("error: step ").nth(1)?.split(':').next())
+        .collect();
+    assert_eq!(
+        steps.len(),
+        1,
+        "ranks stopped at different steps:\n{}",
+        l.stderr
+    );
+    let stopped: usize = steps
+        .into_iter()
+        .next()
+        .flatten()
+        .and_then(|s| s.parse().ok())
+        .expect("a step number");
+    let printed: Vec<&str> = l
+        .stdout
+        .lines()
+        .filter(|x| x.contains("\"loss\""))
+        .collect();
+    assert!(
+        printed.iter().all(|x| x.starts_with("[0] ")),
+        "a rank other than 0 printed a loss:\n{}",
+        l.stdout
+    );
+    let losses = json_losses(&l.stdout.replace("[0] ", ""));
+    assert!(
+        stopped > 1,
+        "diverged at once, nothing to compare:\n{}",
+        l.stderr
+    );
+    assert_eq!(
+        losses.len(),
+        stopped - 1,
+        "one line per step before:\n{}",
+        l.stdout
+    );
+    assert!(losses.iter().all(|x| x.is_finite()), "{losses:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -156,7 +156,8 @@ pub unsafe extern "C" fn ppc_main(_argc: c_int, _argv: *const *const c_char) -> 
     code
 }
 
-/// The run on this rank, after MPI is up; errors on a job of several ranks abort it.
+/// The run on this rank, after MPI is up; errors on a job of several ranks abort it, except
+/// those every rank meets at the same point (a diverged loss), after which each rank ends.
 fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
     let t = comm::transport().expect("invariant: installed by ppc_main");
     let (rank, size) = (t.rank(), world_size);
@@ -233,6 +234,7 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
     // SAFETY: the object that defines the entry was compiled together with this manifest.
     let program = unsafe { Program::new(manifest, entry) };
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let mut together = false;
     let done: Result<(), Box<dyn std::error::Error>> = match job {
         Job::Forward(opts) => {
             let mut opts = opts.clone();
@@ -245,13 +247,17 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
         }
         Job::Train(opts) => train(&program, opts, &mut out, &mut err)
             .map(|_| ())
-            .map_err(Into::into),
+            .map_err(|e| {
+                together = e.met_by_every_rank();
+                e.into()
+            }),
     };
     match done {
         Ok(()) => 0,
         Err(e) => {
             say(&format!("{who}: error: {}", Chain(e.as_ref())));
-            if size > 1 {
+            // An error every rank met at once ends each rank in order, with its message.
+            if size > 1 && !together {
                 abort_job(t);
             }
             1
