@@ -21,6 +21,7 @@ mod oracle;
 mod passes;
 mod portable;
 mod properties;
+mod residency;
 mod robustness;
 mod roundtrip;
 mod structure;

@@ -6,7 +6,7 @@
 
 use super::buf::{elt, list, memref_type, Buf, BufId, Layout, Scalar};
 
-use super::residency::GpuCode;
+use super::residency::{GpuCode, Residency, WaitId};
 use super::text::{escape, float_literal, identity, Lines};
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Dim, Type};
@@ -43,6 +43,9 @@ pub enum Line {
     /// A wait for the GPU before the host writes this buffer, needed only if GPU work anywhere
     /// in the program uses it (`residency.rs`).
     WaitIfTouched(BufId, String),
+    /// A wait for the GPU before the host reads a buffer it wrote last, needed only if GPU work
+    /// later in a loop around the read writes it (`residency.rs`).
+    WaitIfRewritten(WaitId, String),
 }
 
 /// A function's body as written: module-level declarations, allocations at entry, the body,
@@ -144,16 +147,21 @@ impl<'a> Emitter<'a> {
     /// (`residency.rs`), and the tilings of its kernels (`--target cuda`).
     pub fn finish(mut self) -> Written {
         let gpu = self.gpu.take();
-        let touches = |id| gpu.as_ref().is_some_and(|g| g.residency.touches(id));
+        let residency =
+            |needs: &dyn Fn(&Residency) -> bool| gpu.as_ref().is_some_and(|g| needs(&g.residency));
         let mut body = Vec::with_capacity(self.body.len());
         for line in self.body {
-            match line {
-                Line::Text(text) => body.push(text),
-                Line::WaitIfTouched(id, text) if touches(id) => {
-                    self.declarations.insert(abi::GPU_SYNC.declaration());
+            let wait = match line {
+                Line::Text(text) => {
                     body.push(text);
+                    continue;
                 }
-                Line::WaitIfTouched(..) => {}
+                Line::WaitIfTouched(id, text) => residency(&|r| r.touches(id)).then_some(text),
+                Line::WaitIfRewritten(id, text) => residency(&|r| r.needs(id)).then_some(text),
+            };
+            if let Some(text) = wait {
+                self.declarations.insert(abi::GPU_SYNC.declaration());
+                body.push(text);
             }
         }
         Written {
@@ -330,6 +338,7 @@ impl<'a> Emitter<'a> {
                     if b.ty.rank() == 0
                         && self.gpu_residency().is_some_and(|r| r.host_wrote_last(b))
                     {
+                        self.host_reads(b);
                         *c = Some(self.let_(&format!("memref.load {}[] : {}", b.name, b.mty())));
                     }
                 }

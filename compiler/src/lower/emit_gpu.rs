@@ -5,7 +5,7 @@ use super::buf::Buf;
 use super::emit::Emitter;
 use super::emit::Line;
 use super::gpu_map;
-use super::residency::{GpuCode, Residency};
+use super::residency::{BeforeRead, GpuCode, Residency};
 use ppc_runtime::abi;
 
 /// `--target cuda`: integer and boolean nests of at most this many elements from what the host
@@ -55,10 +55,17 @@ impl<'a> Emitter<'a> {
         self.gpu.as_ref().map(|g| &g.residency)
     }
 
-    /// Host code reads `b` next (`--target cuda`): wait for the GPU if it may have written it.
+    /// Host code reads `b` next (`--target cuda`): wait for the GPU if it may have written it,
+    /// in program order or through a loop's back edge (known once the loop is written).
     pub fn host_reads(&mut self, b: &Buf) {
-        if self.gpu_residency().is_some_and(|r| r.host_reads(b)) {
-            self.wait_for_gpu();
+        let Some(g) = self.gpu.as_mut() else { return };
+        match g.residency.host_reads(b) {
+            BeforeRead::Nothing => {}
+            BeforeRead::Wait => self.wait_for_gpu(),
+            BeforeRead::WaitIfRewritten(id) => {
+                let text = self.indented(&abi::GPU_SYNC.call(&[]));
+                self.body.push(Line::WaitIfRewritten(id, text));
+            }
         }
     }
 

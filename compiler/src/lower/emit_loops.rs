@@ -138,6 +138,9 @@ impl Emitter<'_> {
         self.raw(&format!("scf.for {iv} = {lo} to {hi} step {one} {{"));
         self.indent += 1;
         self.loops += 1;
+        if let Some(g) = self.gpu.as_mut() {
+            g.residency.enter_loop();
+        }
         iv
     }
 
@@ -185,6 +188,9 @@ impl Emitter<'_> {
 
     pub fn end_for(&mut self) {
         self.loops -= 1;
+        if let Some(g) = self.gpu.as_mut() {
+            g.residency.exit_loop();
+        }
         self.close();
     }
 

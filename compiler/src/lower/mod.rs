@@ -44,7 +44,7 @@ pub mod mlir;
 mod ops;
 mod parallel_write;
 mod plan;
-mod residency;
+pub mod residency;
 mod row_reduce;
 mod stage_split;
 mod text;

@@ -5,7 +5,12 @@
 //! host waits (`ppc_gpu_sync`) only where it would otherwise race with queued GPU work:
 //!
 //! - before it reads a buffer the GPU may have written last (read after write): known in
-//!   program order, as the program is written;
+//!   program order, as the program is written, and, inside a loop the host runs, through the
+//!   loop's back edge: a read that no GPU write precedes in the body still meets, from the
+//!   second iteration on, the GPU writes that follow it in the body (of that loop or of any
+//!   loop around it). Such a wait is written as a
+//!   [`Line::WaitIfRewritten`](super::emit::Line), kept once the loop's body is written if GPU
+//!   work later in it writes the buffer;
 //! - before it writes a buffer that GPU work anywhere in the program reads or writes (write
 //!   after read): a loop's next iteration would overwrite what a queued kernel still needs.
 //!   Which buffers the GPU touches is known only once the whole program is written, so such a
@@ -27,6 +32,28 @@ pub struct Residency {
     host_written: HashSet<BufId>,
     /// Buffers GPU work reads or writes, so far.
     touched: HashSet<BufId>,
+    /// Per loop the host runs that is open now (innermost last): the reads in its body so far
+    /// that found the host's write last, by wait, which a later GPU write in the body needs.
+    open_loops: Vec<Vec<(WaitId, BufId)>>,
+    /// Waits that a read needs through a loop's back edge.
+    back_edge_waits: HashSet<WaitId>,
+    waits: u32,
+}
+
+/// A read's wait that only a loop's back edge may need ([`Residency::needs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WaitId(u32);
+
+/// What the host must do before it reads a buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BeforeRead {
+    /// Nothing: the host wrote it last, and no loop brings a GPU write back round.
+    Nothing,
+    /// Wait for the GPU: it may have written the buffer last.
+    Wait,
+    /// Wait if GPU work later in an open loop's body writes the buffer, known once the loop is
+    /// written ([`Residency::needs`]).
+    WaitIfRewritten(WaitId),
 }
 
 impl Residency {
@@ -34,9 +61,38 @@ impl Residency {
         self.host_written.contains(&b.base)
     }
 
-    /// Whether the host must wait before reading `b`.
-    pub fn host_reads(&self, b: &Buf) -> bool {
-        !self.host_wrote_last(b)
+    /// What the host must do before it reads `b`.
+    pub fn host_reads(&mut self, b: &Buf) -> BeforeRead {
+        if !self.host_wrote_last(b) {
+            return BeforeRead::Wait;
+        }
+        if self.open_loops.is_empty() {
+            return BeforeRead::Nothing;
+        }
+        let id = WaitId(self.waits);
+        self.waits += 1;
+        for reads in &mut self.open_loops {
+            reads.push((id, b.base));
+        }
+        BeforeRead::WaitIfRewritten(id)
+    }
+
+    /// The host enters a loop's body.
+    pub fn enter_loop(&mut self) {
+        self.open_loops.push(Vec::new());
+    }
+
+    /// The host leaves the loop [`Residency::enter_loop`] entered.
+    pub fn exit_loop(&mut self) {
+        self.open_loops
+            .pop()
+            .expect("invariant: a loop was entered");
+    }
+
+    /// Whether the read that got `id` must wait: GPU work after it in the body of a loop around
+    /// it writes its buffer.
+    pub fn needs(&self, id: WaitId) -> bool {
+        self.back_edge_waits.contains(&id)
     }
 
     /// The host writes `b`: from now on it wrote it last. Whether it must wait first is
@@ -52,6 +108,10 @@ impl Residency {
         }
         for b in writes {
             self.host_written.remove(&b.base);
+            for reads in &self.open_loops {
+                let earlier = reads.iter().filter(|(_, read)| *read == b.base);
+                self.back_edge_waits.extend(earlier.map(|(id, _)| *id));
+            }
         }
     }
 
