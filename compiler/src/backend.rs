@@ -25,12 +25,14 @@ pub struct Gpu {
 }
 
 /// How machine code is made: numerics, the CPU of the host code, the GPU of the kernels (none:
-/// everything on the CPU), LLVM's optimization level.
+/// everything on the CPU), LLVM's optimization level, the partitions an executable's code is
+/// compiled in (`partition.rs`).
 pub struct Codegen<'a> {
     pub numerics: Numerics,
     pub target: &'a Target,
     pub gpu: Option<&'a Gpu>,
     pub opt_level: usize,
+    pub partitions: usize,
 }
 
 fn lower(
@@ -160,9 +162,11 @@ pub fn emit_asm(
         target,
         gpu: None,
         opt_level,
+        partitions: 1,
     };
-    let (_dir, asm) = machine_code(m, src, &how, None)?;
-    std::fs::read_to_string(&asm).map_err(|e| {
+    let (_dir, files) = machine_code(m, src, &how, None)?;
+    let asm = &files[0];
+    std::fs::read_to_string(asm).map_err(|e| {
         vec![Diagnostic::plain(format!(
             "cannot read {}: {e}",
             asm.display()
@@ -219,7 +223,7 @@ pub fn libdevice() -> Result<PathBuf, Diagnostic> {
 }
 
 /// Lowers, translates to LLVM IR and compiles it for `target`, into a file of a new scratch
-/// directory (removed when the returned `TempDir` drops): an object for an executable of
+/// directory (removed when the returned `TempDir` drops): objects (`machine::compile`) for an executable of
 /// `replicas` pipelines (its module also has `main` and the packed entry the runtime calls),
 /// or, with `None`, assembly. With `gpu`, the kernels are PTX inside that object.
 fn machine_code(
@@ -227,12 +231,13 @@ fn machine_code(
     src: &Source,
     how: &Codegen,
     replicas: Option<u64>,
-) -> Result<(TempDir, PathBuf), Diagnostics> {
+) -> Result<(TempDir, Vec<PathBuf>), Diagnostics> {
     let Codegen {
         numerics,
         target,
         gpu,
         opt_level,
+        partitions,
     } = *how;
     let executable = replicas.is_some();
     let kind = if executable {
@@ -256,8 +261,8 @@ fn machine_code(
     }
     let dir = TempDir::new()?;
     let out = dir.0.join(if executable { "model.o" } else { "model.s" });
-    machine::compile(&text, target, opt_level, kind, &out)?;
-    Ok((dir, out))
+    let files = machine::compile(&text, target, opt_level, partitions, kind, &out)?;
+    Ok((dir, files))
 }
 
 /// The runtime library executables link: `$PPC_EXE_LIB`, or `libppc_exe.a` beside the `ppc`
@@ -298,12 +303,12 @@ pub fn executable(
     out: &Path,
 ) -> Result<(), Diagnostics> {
     let lib = runtime_library().map_err(|d| vec![d])?;
-    let (dir, obj) = machine_code(m, src, how, Some(replicas))?;
+    let (dir, objects) = machine_code(m, src, how, Some(replicas))?;
     let linked = dir.0.join("model");
     let status = timing::phase("link", || {
         Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
             .args(fast_linker())
-            .arg(&obj)
+            .args(&objects)
             .arg(&lib)
             .args([
                 "-lmpich",

@@ -5,7 +5,8 @@
 //! a checkpoint resumed on another rank count reproduces the run without a break. An
 //! executable for the x86-64 baseline gives the same bytes again with AVX2 and FMA hidden too
 //! (the runtime's portable GEMM path). The GEMMs' sums do not depend on how a product is cut
-//! (`runtime/src/sgemm.rs`), so no thread count, rank count or CPU changes a bit.
+//! (`runtime/src/sgemm.rs`), so no thread count, rank count or CPU changes a bit; nor does
+//! compiling an executable's code in partitions (`compiler/src/lower/partition.rs`).
 
 use crate::common::path;
 use crate::mpirun::{launch, scratch};
@@ -189,5 +190,38 @@ fn the_portable_gemm_path_gives_the_bytes_of_the_vector_kernels() {
             "mlp {flags:?}: the portable GEMM path wrote other bytes"
         );
     }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// An executable's code compiled in partitions, in parallel (the default for a module as large
+/// as a training step's), computes what the module compiled whole computes: the same
+/// checkpoint bytes after training steps, from executables that differ (so the cut happened).
+#[test]
+fn code_compiled_in_partitions_gives_the_bytes_of_the_whole_module() {
+    let dir = scratch("determinism-partitions");
+    let out = dir.join("ckpt.safetensors");
+    let out_s = out.display().to_string();
+    let args = ["--steps", "3", "--save", out_s.as_str()];
+    let run = Run {
+        ranks: 1,
+        threads: 2,
+        disable: None,
+    };
+    let whole = build(
+        "examples/transformer.ppc",
+        &dir,
+        "whole",
+        &["--train", "--codegen-partitions", "1"],
+    );
+    let parts = build("examples/transformer.ppc", &dir, "parts", &["--train"]);
+    let read = |p: &Path| std::fs::read(p).expect("executable");
+    assert!(
+        read(&whole) != read(&parts),
+        "the default compiled the training step whole: nothing was compared"
+    );
+    assert!(
+        bytes_of(&whole, &run, &args, &out) == bytes_of(&parts, &run, &args, &out),
+        "the partitioned executable trained to other bytes"
+    );
     std::fs::remove_dir_all(dir).expect("cleanup");
 }

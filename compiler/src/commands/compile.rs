@@ -70,6 +70,7 @@ pub fn compile_command(
             target: &target,
             gpu: gpu.as_ref(),
             opt_level: opt,
+            partitions: codegen.codegen_partitions.into(),
         };
         backend::executable(&l.module, &src, &how, replicas, path).map_err(|d| l.fail(&d))?;
         writeln!(

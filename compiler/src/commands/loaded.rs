@@ -144,6 +144,7 @@ impl Loaded {
             target: &target,
             gpu: Some(&gpu),
             opt_level: codegen.opt_level.into(),
+            partitions: codegen.codegen_partitions.into(),
         };
         backend::executable(&self.module, &self.source(), &how, 1, &exe)
             .map_err(|d| self.fail(&d))?;

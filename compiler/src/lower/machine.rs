@@ -59,21 +59,18 @@ fn passes(opt_level: usize) -> &'static str {
     }
 }
 
-/// Compiles the LLVM IR `ir` (text) for `target` at `opt_level` into the file `out`.
+/// Compiles the LLVM IR `ir` (text) for `target` at `opt_level` into `out`, or for an object
+/// of a module large enough into one object for each of up to `partitions` partitions beside
+/// it (`partition.rs`, compiled in parallel); returns the files written, to be linked together.
 pub fn compile(
     ir: &str,
     target: &Target,
     opt_level: usize,
+    partitions: usize,
     kind: Output,
     out: &Path,
-) -> Result<(), Diagnostics> {
-    let cstr = |s: &str| {
-        CString::new(s).map_err(|_| vec![Diagnostic::plain(format!("a NUL byte in `{s}`"))])
-    };
-    let (triple, file) = (cstr(TRIPLE)?, cstr(&out.to_string_lossy())?);
-    // SAFETY: every LLVM object is created here, used while alive and disposed of once by its
-    // guard (in reverse order: the module, its context, the target machine); every string
-    // passed is NUL-terminated and outlives the call.
+) -> Result<Vec<PathBuf>, Diagnostics> {
+    // SAFETY: the target registration runs once, before any target machine exists.
     unsafe {
         static INIT: std::sync::Once = std::sync::Once::new();
         INIT.call_once(|| {
@@ -82,17 +79,83 @@ pub fn compile(
             ffi::LLVMInitializeX86TargetMC();
             ffi::LLVMInitializeX86AsmPrinter();
         });
+    }
+    let ctx = Context::new();
+    let module = ctx.parse(ir)?;
+    // SAFETY: the module is alive and used by this thread only.
+    let plan = match kind {
+        Output::Object => unsafe { super::partition::plan(module.0, partitions) },
+        Output::Assembly => None,
+    };
+    let Some(plan) = plan else {
+        let part = Part::new(target, module)?;
+        crate::timing::phase("LLVM opt", || part.optimize(opt_level))?;
+        crate::timing::phase("LLVM codegen", || part.emit(kind, out))?;
+        return Ok(vec![out.to_path_buf()]);
+    };
+    let outs: Vec<PathBuf> = (0..plan.len())
+        .map(|p| out.with_extension(format!("{p}.o")))
+        .collect();
+    std::thread::scope(|s| {
+        let others: Vec<_> = (1..plan.len())
+            .map(|p| {
+                let (plan, out) = (&plan, &outs[p]);
+                s.spawn(move || {
+                    let ctx = Context::new();
+                    let part = Part::new(target, ctx.parse(ir)?)?;
+                    // SAFETY: this thread's own module.
+                    unsafe { super::partition::keep(part.module.0, plan, p) };
+                    part.optimize(opt_level)?;
+                    part.emit(kind, out)
+                })
+            })
+            .collect();
+        let part = Part::new(target, module)?;
+        // SAFETY: this thread's own module.
+        unsafe { super::partition::keep(part.module.0, &plan, 0) };
+        crate::timing::phase("LLVM opt", || part.optimize(opt_level))?;
+        crate::timing::phase("LLVM codegen", || {
+            part.emit(kind, &outs[0])?;
+            others.into_iter().try_for_each(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(failed(
+                        "compiling a partition",
+                        "the thread panicked".into(),
+                    ))
+                })
+            })
+        })
+    })?;
+    Ok(outs)
+}
+
+/// A module with the target machine it is compiled for.
+struct Part<'c> {
+    machine: TargetMachine,
+    module: Module<'c>,
+}
+
+impl<'c> Part<'c> {
+    fn new(target: &Target, module: Module<'c>) -> Result<Part<'c>, Diagnostics> {
+        let triple = CString::new(TRIPLE).expect("invariant: no NUL");
         let machine = TargetMachine::new(&triple, &target.cpu)?;
-        let ctx = Context(mlir_sys::LLVMContextCreate());
-        let module = ctx.parse(ir)?;
-        ffi::LLVMSetTarget(module.0, triple.as_ptr());
-        let layout = ffi::LLVMCreateTargetDataLayout(machine.0);
-        ffi::LLVMSetModuleDataLayout(module.0, layout);
-        ffi::LLVMDisposeTargetData(layout);
-        crate::timing::phase("LLVM opt", || {
-            let pipeline = cstr(passes(opt_level))?;
+        // SAFETY: the module and the machine are alive; the layout is disposed of after use.
+        unsafe {
+            ffi::LLVMSetTarget(module.0, triple.as_ptr());
+            let layout = ffi::LLVMCreateTargetDataLayout(machine.0);
+            ffi::LLVMSetModuleDataLayout(module.0, layout);
+            ffi::LLVMDisposeTargetData(layout);
+        }
+        Ok(Part { machine, module })
+    }
+
+    fn optimize(&self, opt_level: usize) -> Result<(), Diagnostics> {
+        let pipeline = CString::new(passes(opt_level)).expect("invariant: no NUL");
+        // SAFETY: the module and the machine are alive; the options are disposed of once and
+        // the error message freed after it is copied.
+        unsafe {
             let options = ffi::LLVMCreatePassBuilderOptions();
-            let err = ffi::LLVMRunPasses(module.0, pipeline.as_ptr(), machine.0, options);
+            let err = ffi::LLVMRunPasses(self.module.0, pipeline.as_ptr(), self.machine.0, options);
             ffi::LLVMDisposePassBuilderOptions(options);
             if err.is_null() {
                 return Ok(());
@@ -101,16 +164,27 @@ pub fn compile(
             let text = CStr::from_ptr(message).to_string_lossy().into_owned();
             ffi::LLVMDisposeErrorMessage(message);
             Err(failed("optimizing", text))
+        }
+    }
+
+    fn emit(&self, kind: Output, out: &Path) -> Result<(), Diagnostics> {
+        let file = CString::new(out.to_string_lossy().as_bytes()).map_err(|_| {
+            vec![Diagnostic::plain(format!(
+                "a NUL byte in `{}`",
+                out.display()
+            ))]
         })?;
-        crate::timing::phase("LLVM codegen", || {
-            let file_type = match kind {
-                Output::Assembly => ffi::ASSEMBLY_FILE,
-                Output::Object => ffi::OBJECT_FILE,
-            };
+        let file_type = match kind {
+            Output::Assembly => ffi::ASSEMBLY_FILE,
+            Output::Object => ffi::OBJECT_FILE,
+        };
+        // SAFETY: the module and the machine are alive, the path NUL-terminated; the message
+        // is LLVM's, freed by `take`.
+        unsafe {
             let mut message = std::ptr::null_mut();
             let failed_to_emit = ffi::LLVMTargetMachineEmitToFile(
-                machine.0,
-                module.0,
+                self.machine.0,
+                self.module.0,
                 file.as_ptr(),
                 file_type,
                 &mut message,
@@ -118,8 +192,8 @@ pub fn compile(
             if failed_to_emit {
                 return Err(failed("writing machine code", take(message)));
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 }
 
@@ -146,6 +220,11 @@ unsafe fn take(message: *mut c_char) -> String {
 struct Context(mlir_sys::LLVMContextRef);
 
 impl Context {
+    fn new() -> Context {
+        // SAFETY: a fresh context, disposed of by `Drop`.
+        Context(unsafe { mlir_sys::LLVMContextCreate() })
+    }
+
     /// The module of IR text `ir`, in this context.
     fn parse(&self, ir: &str) -> Result<Module<'_>, Diagnostics> {
         // SAFETY: the buffer copies `ir`, and parsing takes ownership of it; the module lives

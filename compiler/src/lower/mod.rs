@@ -43,6 +43,7 @@ mod matmul;
 pub mod mlir;
 mod ops;
 mod parallel_write;
+pub mod partition;
 mod plan;
 pub mod residency;
 mod row_reduce;
