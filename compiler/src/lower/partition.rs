@@ -8,17 +8,18 @@
 //! function passes only, and code generation is per function), so cutting the module between
 //! functions leaves each function's machine code as it was: only which object holds it changes.
 //!
-//! Each partition parses the whole module and keeps its share: the external functions assigned
-//! to it (largest first, to the partition with the least so far; sizes counted with the local
-//! functions they reach, the outlined OpenMP regions) and, as local copies, whatever local
-//! functions and constants those reach. The others' external functions become declarations,
-//! resolved by the link; global definitions other than local ones stay in partition 0 only.
+//! Each partition parses the whole module and keeps its share: the functions assigned to it
+//! (largest first, to the partition with the least so far, by instruction count), the outlined
+//! OpenMP regions among them one by one, as a large stage function's regions are most of its
+//! code. Functions local to the module become hidden external symbols under a name of their
+//! own (`ppc.part.` and theirs) so that another partition can call them; the others' functions
+//! become declarations, resolved by the link; global definitions other than local constants
+//! stay in partition 0 only, and each partition keeps the local constants it uses.
 //! The cut is fixed (`--codegen-partitions`, [`PARTITIONS`] by default), not the machine's core
 //! count, so an executable's code does not depend on where it was compiled.
 #![allow(unsafe_code)] // LLVM's C API
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
 /// How many partitions a module large enough is cut into unless `--codegen-partitions` says:
 /// the project's machines have two cores.
@@ -39,23 +40,10 @@ type Module = mlir_sys::LLVMModuleRef;
 pub unsafe fn plan(module: Module, partitions: usize) -> Option<Vec<Vec<Vec<u8>>>> {
     // SAFETY: the caller's contract; the values walked belong to `module`.
     unsafe {
-        let mut local_size = HashMap::new();
-        let mut roots = Vec::new();
-        for f in functions(module) {
-            if ffi::LLVMIsDeclaration(f) == 0 && !is_local(f) {
-                roots.push(f);
-            }
-        }
-        let mut sized: Vec<(usize, usize, Vec<u8>)> = roots
-            .iter()
+        let mut sized: Vec<(usize, usize, Vec<u8>)> = functions(module)
+            .filter(|&f| ffi::LLVMIsDeclaration(f) == 0)
             .enumerate()
-            .map(|(i, &f)| {
-                (
-                    reached_size(f, &mut local_size, &mut Vec::new()),
-                    i,
-                    name(f),
-                )
-            })
+            .map(|(i, f)| (instructions(f), i, name(f)))
             .collect();
         let total: usize = sized.iter().map(|s| s.0).sum();
         let partitions = partitions.min(sized.len());
@@ -85,7 +73,18 @@ pub unsafe fn keep(module: Module, plan: &[Vec<Vec<u8>>], index: usize) {
     unsafe {
         let mine = &plan[index];
         for f in functions(module) {
-            if ffi::LLVMIsDeclaration(f) == 0 && !is_local(f) && !mine.contains(&name(f)) {
+            if ffi::LLVMIsDeclaration(f) != 0 {
+                continue;
+            }
+            let kept = mine.contains(&name(f));
+            if is_local(f) {
+                let mut shared = b"ppc.part.".to_vec();
+                shared.extend(name(f));
+                ffi::LLVMSetValueName2(f, shared.as_ptr().cast(), shared.len());
+                ffi::LLVMSetLinkage(f, EXTERNAL);
+                ffi::LLVMSetVisibility(f, HIDDEN);
+            }
+            if !kept {
                 into_declaration(module, f);
             }
         }
@@ -99,83 +98,50 @@ pub unsafe fn keep(module: Module, plan: &[Vec<Vec<u8>>], index: usize) {
                 }
             }
         }
-        // Local functions and constants that nothing here uses any more (another partition's
-        // outlined regions, their constants), until none is left.
-        loop {
-            let dead: Vec<Value> = functions(module)
-                .chain(globals(module))
-                .filter(|&v| is_local(v) && ffi::LLVMGetFirstUse(v).is_null())
-                .collect();
-            if dead.is_empty() {
-                break;
-            }
-            for v in dead {
-                if ffi::LLVMIsAFunction(v).is_null() {
-                    ffi::LLVMDeleteGlobal(v);
-                } else {
-                    ffi::LLVMDeleteFunction(v);
-                }
+        // Local constants that nothing here uses (those of another partition's functions).
+        for g in globals(module) {
+            if is_local(g) && ffi::LLVMGetFirstUse(g).is_null() {
+                ffi::LLVMDeleteGlobal(g);
             }
         }
     }
 }
 
-/// Replaces the definition `f` by a declaration of the same name and type.
+/// Replaces the definition `f` by a declaration of the same name, type, calling convention
+/// and visibility.
 unsafe fn into_declaration(module: Module, f: Value) {
     // SAFETY: `f` is a function of `module` (the caller's contract).
     unsafe {
         let name = name(f);
         let decl = ffi::LLVMAddFunction(module, c"".as_ptr(), ffi::LLVMGlobalGetValueType(f));
         ffi::LLVMSetFunctionCallConv(decl, ffi::LLVMGetFunctionCallConv(f));
+        ffi::LLVMSetVisibility(decl, ffi::LLVMGetVisibility(f));
         ffi::LLVMReplaceAllUsesWith(f, decl);
         ffi::LLVMDeleteFunction(f);
         ffi::LLVMSetValueName2(decl, name.as_ptr().cast(), name.len());
     }
 }
 
-/// Instructions of `f` and of the local functions it reaches (each counted once per root).
-unsafe fn reached_size(
-    f: Value,
-    local_size: &mut HashMap<Value, usize>,
-    path: &mut Vec<Value>,
-) -> usize {
-    // SAFETY: `f` is a defined function (the caller's contract); its blocks and instructions
-    // are walked read-only.
+/// Instructions in the body of `f`.
+unsafe fn instructions(f: Value) -> usize {
+    // SAFETY: `f` is a defined function (the caller's contract), walked read-only.
     unsafe {
-        path.push(f);
-        let mut size = 0;
+        let mut count = 0;
         let mut bb = ffi::LLVMGetFirstBasicBlock(f);
         while !bb.is_null() {
             let mut inst = ffi::LLVMGetFirstInstruction(bb);
             while !inst.is_null() {
-                size += 1;
-                for i in 0..ffi::LLVMGetNumOperands(inst).max(0) as c_uint {
-                    let callee = ffi::LLVMGetOperand(inst, i);
-                    let local_fn = !ffi::LLVMIsAFunction(callee).is_null()
-                        && is_local(callee)
-                        && ffi::LLVMIsDeclaration(callee) == 0;
-                    if local_fn && !path.contains(&callee) {
-                        let s = match local_size.get(&callee) {
-                            Some(&s) => s,
-                            None => {
-                                let s = reached_size(callee, local_size, path);
-                                local_size.insert(callee, s);
-                                s
-                            }
-                        };
-                        size += s;
-                    }
-                }
+                count += 1;
                 inst = ffi::LLVMGetNextInstruction(inst);
             }
             bb = ffi::LLVMGetNextBasicBlock(bb);
         }
-        path.pop();
-        size
+        count
     }
 }
 
 const EXTERNAL: c_int = 0;
+const HIDDEN: c_int = 1;
 const APPENDING: c_int = 7;
 const INTERNAL: c_int = 8;
 const PRIVATE: c_int = 9;
@@ -233,10 +199,11 @@ mod ffi {
         pub fn LLVMIsDeclaration(g: Value) -> c_int;
         pub fn LLVMGetLinkage(g: Value) -> c_int;
         pub fn LLVMSetLinkage(g: Value, linkage: c_int);
+        pub fn LLVMGetVisibility(g: Value) -> c_int;
+        pub fn LLVMSetVisibility(g: Value, visibility: c_int);
         pub fn LLVMGetValueName2(v: Value, len: *mut usize) -> *const c_char;
         pub fn LLVMSetValueName2(v: Value, name: *const c_char, len: usize);
         pub fn LLVMGetFirstUse(v: Value) -> Value;
-        pub fn LLVMIsAFunction(v: Value) -> Value;
         pub fn LLVMAddFunction(m: Module, name: *const c_char, ty: Value) -> Value;
         pub fn LLVMGlobalGetValueType(g: Value) -> Value;
         pub fn LLVMGetFunctionCallConv(f: Value) -> c_uint;
@@ -249,7 +216,5 @@ mod ffi {
         pub fn LLVMGetNextBasicBlock(bb: Value) -> Value;
         pub fn LLVMGetFirstInstruction(bb: Value) -> Value;
         pub fn LLVMGetNextInstruction(i: Value) -> Value;
-        pub fn LLVMGetNumOperands(v: Value) -> c_int;
-        pub fn LLVMGetOperand(v: Value, index: c_uint) -> Value;
     }
 }
