@@ -129,10 +129,11 @@ pub fn compile(
     Ok(outs)
 }
 
-/// A module with the target machine it is compiled for.
+/// A module with the target machine it is compiled for (dropped in this order, both before
+/// the module's context).
 struct Part<'c> {
-    machine: TargetMachine,
     module: Module<'c>,
+    machine: TargetMachine,
 }
 
 impl<'c> Part<'c> {
@@ -146,7 +147,7 @@ impl<'c> Part<'c> {
             ffi::LLVMSetModuleDataLayout(module.0, layout);
             ffi::LLVMDisposeTargetData(layout);
         }
-        Ok(Part { machine, module })
+        Ok(Part { module, machine })
     }
 
     fn optimize(&self, opt_level: usize) -> Result<(), Diagnostics> {
