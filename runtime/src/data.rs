@@ -13,7 +13,9 @@ use crate::safetensors;
 use crate::tensor::{DType, Tensor};
 use crate::tokens::TokenStream;
 use crate::train::{Buffers, TrainError};
+use std::io::Write;
 use std::path::Path;
+use std::time::Instant;
 
 /// The teacher of the synthetic task is the model drawn with `seed + TEACHER_SEED_OFFSET`.
 pub const TEACHER_SEED_OFFSET: u64 = 1_000_003;
@@ -35,11 +37,16 @@ pub(crate) enum Data {
 }
 
 impl Data {
-    /// The training data: `--data`, else the synthetic task.
-    pub(crate) fn training(program: &Program, opts: &TrainOptions) -> Result<Data, TrainError> {
+    /// The training data: `--data`, else the synthetic task, whose labelling is said on
+    /// `progress` (`None`: nothing said) as it can take several steps' time.
+    pub(crate) fn training(
+        program: &Program,
+        opts: &TrainOptions,
+        progress: Option<&mut dyn Write>,
+    ) -> Result<Data, TrainError> {
         match &opts.data {
             Some(path) => Data::file(program, path, opts, "train"),
-            None => Data::synthetic(program, opts),
+            None => Data::synthetic(program, opts, progress),
         }
     }
 
@@ -97,7 +104,19 @@ impl Data {
 
     /// The synthetic task: the model with other weights (the teacher, seeded with
     /// `seed + TEACHER_SEED_OFFSET`) labels [`SYNTHETIC_BATCHES`] seeded input batches.
-    fn synthetic(program: &Program, opts: &TrainOptions) -> Result<Data, TrainError> {
+    fn synthetic(
+        program: &Program,
+        opts: &TrainOptions,
+        mut progress: Option<&mut dyn Write>,
+    ) -> Result<Data, TrainError> {
+        let started = Instant::now();
+        if let Some(w) = progress.as_deref_mut() {
+            writeln!(
+                w,
+                "labelling the synthetic task: {SYNTHETIC_BATCHES} batches, each a forward and \
+                 backward pass of a teacher model (--data FILE trains on your data)"
+            )?;
+        }
         let m = &program.manifest;
         let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
         let mb = input.shape[0];
@@ -122,6 +141,10 @@ impl Data {
                 _ => Tensor::new(target.dtype, target.shape.clone(), y.data),
             };
             pool.push((x, HostBuffer::from_tensor(&t)));
+        }
+        if let Some(w) = progress {
+            let took = started.elapsed().as_secs_f64();
+            writeln!(w, "labelled in {took:.2} s")?;
         }
         Ok(Data::Pool(pool))
     }

@@ -120,15 +120,15 @@ pub fn train(
         .iter()
         .map(|a| crate::optim::decays(a))
         .collect();
-    let data = Data::training(program, opts)?;
-    let mut bufs = Buffers::new(program)?;
-    let first = optimizer.step;
-    let mut losses = Vec::new();
-    let started = Instant::now();
     // The last rank holds the model's outputs, and so the loss; every rank learns it each
     // step (`shared_loss`), and rank 0 (of the first replica) reports it, as users read rank
     // 0's log.
     let speaks = crate::comm::rank() == 0 && crate::comm::replica() == 0;
+    let data = Data::training(program, opts, (speaks && !opts.json).then_some(&mut *err))?;
+    let mut bufs = Buffers::new(program)?;
+    let first = optimizer.step;
+    let mut losses = Vec::new();
+    let started = Instant::now();
     let terminal = speaks && !opts.json && std::io::stderr().is_terminal();
     let val = match &opts.val_data {
         Some(path) => Some(Data::file(program, path, opts, "val")?),
