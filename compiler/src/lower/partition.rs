@@ -98,11 +98,16 @@ pub unsafe fn keep(module: Module, plan: &[Vec<Vec<u8>>], index: usize) {
                 }
             }
         }
-        // Local constants that nothing here uses (those of another partition's functions).
-        for g in globals(module) {
-            if is_local(g) && ffi::LLVMGetFirstUse(g).is_null() {
-                ffi::LLVMDeleteGlobal(g);
+        // Local constants that nothing here uses (those of another partition's functions, and
+        // the constants only those referred to), until none is left.
+        loop {
+            let dead: Vec<Value> = globals(module)
+                .filter(|&g| is_local(g) && ffi::LLVMGetFirstUse(g).is_null())
+                .collect();
+            if dead.is_empty() {
+                break;
             }
+            dead.into_iter().for_each(|g| ffi::LLVMDeleteGlobal(g));
         }
     }
 }
