@@ -62,6 +62,7 @@ prepare() {
   local ppc="$ROOT/target/release/ppc" target=(--target cuda) case name model flags ranks
   [ "$CPU" = 1 ] && target=()
   cargo build --release -q -p ppc -p ppc-exe
+  cargo build --release -q -p ppc-runtime --example gpu_gemm
   rm -rf "$DIR" && mkdir -p "$DIR"/{bin,ref,lib}
   for case in "${FORWARD[@]}"; do
     IFS='|' read -r name model flags ranks <<<"$case"
@@ -85,6 +86,7 @@ prepare() {
   # shellcheck disable=SC2086
   "$ppc" compile examples/transformer.ppc --dtype bf16 $BENCH_DIMS "${target[@]}" -o "$DIR/bin/bench" 2>/dev/null
   echo "$BENCH_JAX" >"$DIR/bench_jax_args"
+  cp target/release/examples/gpu_gemm "$DIR/bin/"
   cp bench/jax_gpipe.py "$DIR/"
   strip "$DIR"/bin/*
   # The libraries outside glibc that the executables and MPICH's launcher load.
@@ -139,28 +141,59 @@ run() {
     dir="$tmp/$(basename "$dir" .tar.xz)"
   fi
   dir=$(cd "$dir" && pwd)
-  # cuBLAS: JAX's CUDA wheels bring it (PyPI's nvidia-cublas-cu12); the driver is the host's.
-  local cublas
-  cublas=$("$PYTHON" -c "import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], 'lib'))" 2>/dev/null || true)
-  export LD_LIBRARY_PATH="$dir/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$dir/bin:$PATH"
+  # cuBLAS: the newest found in Python's NVIDIA wheels (JAX's and PyTorch's) or a CUDA toolkit,
+  # under the unversioned name the runtime also looks for; the driver is the host's.
+  local cublas blas_dir
+  cublas=$("$PYTHON" -c "
+import glob, os, sys
+dirs = [os.path.join(p, 'nvidia') for p in sys.path] + glob.glob('/usr/local/cuda*/lib64')
+found = sorted(f for d in dirs for f in glob.glob(os.path.join(d, '**', 'libcublas.so.*'), recursive=True))
+print(found[-1] if found else '')" 2>/dev/null || true)
+  blas_dir=$(mktemp -d)
+  [ -n "$cublas" ] && ln -s "$cublas" "$blas_dir/libcublas.so"
+  export LD_LIBRARY_PATH="$dir/lib:$blas_dir${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PATH="$dir/bin:$PATH"
   "$PYTHON" -c "import numpy, jax" || { echo "gpu-check: $PYTHON needs NumPy and JAX (set PYTHON)"; return 1; }
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  echo "cuBLAS: ${cublas:-not found}"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,compute_mode,mig.mode.current,memory.total,clocks.max.sm --format=csv
+    nvidia-smi | grep -m1 "CUDA Version" || true
+  fi
+  # Managed memory: concurrent access lets the host write managed buffers while kernels run.
+  "$PYTHON" -c "
+import cupy
+rt = cupy.cuda.runtime
+names = {83: 'managedMemory', 88: 'pageableMemoryAccess', 89: 'concurrentManagedAccess',
+         100: 'pageableMemoryAccessUsesHostPageTables', 101: 'directManagedMemAccessFromHost'}
+print('managed memory:', ', '.join(f'{n}={rt.deviceGetAttribute(a, 0)}' for a, n in names.items()))
+" 2>/dev/null || echo "managed memory: attributes not read (no CuPy)"
+  # The first launch alone, with every launch synchronous: a fault is named where it happens.
+  if CUDA_LAUNCH_BLOCKING=1 PPC_CUDA_SYNC=1 timeout 60 "$dir/bin/tiny_f32" --seed 0 --output "$blas_dir/tiny.safetensors" </dev/null >"$blas_dir/tiny.log" 2>&1; then
+    echo "ok    tiny_f32 alone, CUDA_LAUNCH_BLOCKING=1 PPC_CUDA_SYNC=1"
+  else
+    echo "FAIL  tiny_f32 alone, CUDA_LAUNCH_BLOCKING=1 PPC_CUDA_SYNC=1:"
+    tail -5 "$blas_dir/tiny.log"
+    failed=1
+  fi
+  # The runtime's GEMMs on cuBLAS against an f64 product, case by case.
+  timeout 120 "$dir/bin/gpu_gemm" || failed=1
   out=$(mktemp -d)
   while read -r kind name ranks dtype; do
     local launch=()
     [ "$ranks" -gt 1 ] && launch=(mpiexec.hydra -n "$ranks")
     if [ "$kind" = forward ]; then
-      if "${launch[@]}" "$dir/bin/$name" --seed 0 --output "$out/$name.safetensors" </dev/null >"$out/$name.log" 2>&1 &&
+      if timeout 120 "${launch[@]}" "$dir/bin/$name" --seed 0 --output "$out/$name.safetensors" </dev/null >"$out/$name.log" 2>&1 &&
         line=$("$PYTHON" -c "$COMPARE" "$dir/ref/$name.safetensors" "$out/$name.safetensors" "$dtype"); then
         echo "ok    $name: max relative difference to the interpreter $line"
       else
         echo "FAIL  $name: ${line:-$(tail -3 "$out/$name.log")}"
         failed=1
+        # Again, waiting after every launch and GEMM: the error names the kernel.
+        PPC_CUDA_SYNC=1 timeout 120 "${launch[@]}" "$dir/bin/$name" --seed 0 --output "$out/$name.sync.safetensors" </dev/null 2>&1 | tail -3 | sed 's/^/      PPC_CUDA_SYNC=1: /' || true
       fi
     else
       local tol=1e-3
       [ "$dtype" = bf16 ] && tol=3e-2
-      if "${launch[@]}" "$dir/bin/$name" --steps 5 --json </dev/null >"$out/$name.jsonl" 2>"$out/$name.log" &&
+      if timeout 180 "${launch[@]}" "$dir/bin/$name" --steps 5 --json </dev/null >"$out/$name.jsonl" 2>"$out/$name.log" &&
         line=$("$PYTHON" -c "$LOSSES" "$dir/ref/$name.jsonl" "$out/$name.jsonl" "$tol"); then
         echo "ok    $name: losses of 5 steps against the CPU's $line"
       else
@@ -182,11 +215,11 @@ run() {
   done
   # The bench: ppc, then JAX on the same GPU.
   local ppc_json jax_json
-  ppc_json=$("$dir/bin/bench" --bench 10 | tail -1) || { echo "FAIL  bench: $ppc_json"; failed=1; }
+  ppc_json=$(timeout 200 "$dir/bin/bench" --bench 5 | tail -1) || { echo "FAIL  bench: $ppc_json"; failed=1; }
   # shellcheck disable=SC2046
-  jax_json=$("$PYTHON" "$dir/jax_gpipe.py" $(cat "$dir/bench_jax_args") --dtype bf16 --steps 10 | tail -1) ||
+  jax_json=$(timeout 150 "$PYTHON" "$dir/jax_gpipe.py" $(cat "$dir/bench_jax_args") --dtype bf16 --steps 5 | tail -1) ||
     { echo "FAIL  JAX bench"; failed=1; }
-  "$PYTHON" - "$ppc_json" "$jax_json" "$PEAK_TFLOPS" <<'PY'
+  [ -n "$ppc_json" ] && [ -n "$jax_json" ] && "$PYTHON" - "$ppc_json" "$jax_json" "$PEAK_TFLOPS" <<'PY' || true
 import json, sys
 ppc, jax, peak = json.loads(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
 p, j = ppc["useful_gflops"] / 1e3, jax["useful_gflops"] / 1e3
@@ -194,7 +227,11 @@ print(f"bench transformer bf16: ppc {p:.1f} TFLOP/s ({100 * p / peak:.1f}% MFU, 
       f"{ppc['median_step_s'] * 1e3:.1f} ms/step); JAX {j:.1f} TFLOP/s ({100 * j / peak:.1f}% MFU, "
       f"jit {jax['jit_s']:.1f} s, {jax['devices']}); ppc/JAX {p / j:.2f}x")
 PY
-  rm -rf "$out"
+  # GPU_CHECK_LOGS=DIR keeps every case's log (DIR/gpu-check-logs.tar.gz).
+  if [ -n "${GPU_CHECK_LOGS:-}" ]; then
+    (cd "$out" && tar -czf "$GPU_CHECK_LOGS/gpu-check-logs.tar.gz" ./*.log ./*.jsonl) || true
+  fi
+  rm -rf "$out" "$blas_dir"
   [ "$failed" = 0 ] && echo "gpu-check: every check passed" || echo "gpu-check: FAILED"
   return "$failed"
 }

@@ -144,6 +144,49 @@ fn a_cuda_executable_without_a_driver_says_so_and_exits_nonzero() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The sizes of an ELF64 executable's sections, by name.
+fn section_sizes(exe: &Path) -> Vec<(String, u64)> {
+    let elf = std::fs::read(exe).expect("the executable");
+    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap()) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap());
+    assert_eq!(&elf[..5], b"\x7fELF\x02", "not an ELF64 file");
+    let (table, entry, count, names) = (u64_at(0x28) as usize, u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+    let header = |i: usize| table + i * entry;
+    let strings = u64_at(header(names) + 0x18) as usize;
+    (0..count)
+        .map(|i| {
+            let at = strings + u32_at(header(i));
+            let end = at + elf[at..].iter().position(|&b| b == 0).unwrap();
+            let name = String::from_utf8_lossy(&elf[at..end]).into_owned();
+            (name, u64_at(header(i) + 0x20))
+        })
+        .collect()
+}
+
+/// Each kernel module is registered by a constructor that runs before `main`: in
+/// `.init_array`, not in `.ctors`, which no current C runtime runs (the first GPU run faulted).
+#[test]
+fn every_kernel_module_is_registered_before_main() {
+    let dir = scratch("cuda-ctors");
+    let size = |exe: &Path, section: &str| {
+        section_sizes(exe).into_iter().find(|(n, _)| n == section).map(|(_, s)| s)
+    };
+    for sub in ["cpu", "cuda"] {
+        std::fs::create_dir_all(dir.join(sub)).expect("scratch dir");
+    }
+    let cpu = build("examples/tiny.ppc", &dir.join("cpu"), &[]);
+    let cuda = build("examples/tiny.ppc", &dir.join("cuda"), &["--target", "cuda"]);
+    let modules = kernels(&[crate::common::path("examples/tiny.ppc").as_str()]).len() as u64;
+    assert_eq!(size(&cuda, ".ctors"), None, "constructors in .ctors never run");
+    assert_eq!(
+        size(&cuda, ".init_array").unwrap() - size(&cpu, ".init_array").unwrap(),
+        8 * modules,
+        "one .init_array entry per kernel module"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn cuda_options_are_checked() {
     let file = root().join("examples/tiny.ppc").display().to_string();

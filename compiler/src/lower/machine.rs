@@ -146,6 +146,7 @@ impl<'c> Part<'c> {
             let layout = ffi::LLVMCreateTargetDataLayout(machine.0);
             ffi::LLVMSetModuleDataLayout(module.0, layout);
             ffi::LLVMDisposeTargetData(layout);
+            super::init_array::lower(module.0);
         }
         Ok(Part { module, machine })
     }

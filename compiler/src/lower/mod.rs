@@ -38,6 +38,7 @@ mod fast_math;
 mod fuse;
 pub mod gpu_map;
 mod in_place;
+mod init_array;
 pub mod machine;
 mod matmul;
 pub mod mlir;

@@ -44,17 +44,15 @@ pub unsafe extern "C" fn mgpuModuleGetFunction(
     module: *mut c_void,
     name: *const c_char,
 ) -> *mut c_void {
+    if module.is_null() {
+        // Its global constructor did not run (`init_array.rs` of the compiler says why one
+        // might not).
+        super::fail("a kernel module was not registered before the program started (internal error)");
+    }
     // SAFETY: the contract above.
     let m = unsafe { &*module.cast::<Module>() };
-    let handle = *m.loaded.get_or_init(|| {
-        let mut h: cu::CUmodule = std::ptr::null_mut();
-        // SAFETY: `ptx` is NUL-terminated PTX (contract of `mgpuModuleLoadJIT`).
-        or_fail(check(
-            unsafe { cu::cuModuleLoadData(&mut h, m.ptx.cast()) },
-            "loading a kernel module (cuModuleLoadData)",
-        ));
-        h as usize
-    });
+    // SAFETY: `ptx` is NUL-terminated PTX (contract of `mgpuModuleLoadJIT`).
+    let handle = *m.loaded.get_or_init(|| unsafe { load(m.ptx) });
     let mut functions = m.functions.lock().unwrap_or_else(|e| e.into_inner());
     let f = *functions.entry(name as usize).or_insert_with(|| {
         let mut f: cu::CUfunction = std::ptr::null_mut();
@@ -63,9 +61,60 @@ pub unsafe extern "C" fn mgpuModuleGetFunction(
             unsafe { cu::cuModuleGetFunction(&mut f, handle as cu::CUmodule, name) },
             "finding a kernel (cuModuleGetFunction)",
         ));
+        // SAFETY: `name` is a NUL-terminated string (contract).
+        let kernel = unsafe { std::ffi::CStr::from_ptr(name) };
+        KERNEL_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(f as usize, kernel.to_string_lossy().into_owned());
         f as usize
     });
     f as *mut c_void
+}
+
+/// Kernels by function handle, for errors (`PPC_CUDA_SYNC=1`).
+static KERNEL_NAMES: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
+
+/// Loads a PTX module; a module the driver refuses fails with the driver's compile log and
+/// the module's first kernel, not a bare "invalid PTX".
+///
+/// # Safety
+/// `ptx` is NUL-terminated PTX.
+unsafe fn load(ptx: *const c_char) -> usize {
+    const LOG: usize = 16 << 10;
+    let mut log = vec![0u8; LOG];
+    let mut options = [
+        cu::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        cu::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values = [log.as_mut_ptr().cast::<c_void>(), LOG as *mut c_void];
+    let mut h: cu::CUmodule = std::ptr::null_mut();
+    // SAFETY: `ptx` per the contract; the log buffer outlives the call and its size is given.
+    let r = unsafe {
+        cu::cuModuleLoadDataEx(
+            &mut h,
+            ptx.cast(),
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    if let Err(e) = check(r, "loading a kernel module (cuModuleLoadDataEx)") {
+        // SAFETY: the contract.
+        let text = unsafe { std::ffi::CStr::from_ptr(ptx) }.to_string_lossy();
+        let entry = text
+            .lines()
+            .find_map(|l| l.split(".entry ").nth(1))
+            .map_or("?", |rest| rest.trim_end_matches(['(', ' ']));
+        let log = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]);
+        super::fail(&format!(
+            "{e}\n  in the kernel module whose first kernel is `{entry}` ({} bytes of PTX)\n  the driver's log: {}",
+            text.len(),
+            if log.trim().is_empty() { "(empty)" } else { log.trim() }
+        ));
+    }
+    h as usize
 }
 
 #[no_mangle]
@@ -117,6 +166,11 @@ pub unsafe extern "C" fn mgpuLaunchKernel(
     };
     or_fail(check(r, "launching a kernel (cuLaunchKernel)"));
     queued();
+    super::checkpoint(|| {
+        let names = KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        let name = names.as_ref().and_then(|n| n.get(&(function as usize)));
+        format!("kernel `{}`", name.map_or("?", String::as_str))
+    });
 }
 
 /// Generated host code is about to read or write a buffer.

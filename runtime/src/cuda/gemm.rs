@@ -166,6 +166,7 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accu
         start = end;
     }
     queued();
+    super::checkpoint(|| format!("GEMM {m}×{n}×{k} over {count} batch entries ({:?})", a.elem));
 }
 
 #[cfg(test)]

@@ -176,6 +176,22 @@ pub fn sync() {
     }
 }
 
+/// With `PPC_CUDA_SYNC=1`, waits for the work just queued and names it (`what`) if it failed:
+/// an asynchronous fault otherwise surfaces at the next wait, far from its cause.
+pub(crate) fn checkpoint(what: impl FnOnce() -> String) {
+    static EACH: OnceLock<bool> = OnceLock::new();
+    if !*EACH.get_or_init(|| std::env::var("PPC_CUDA_SYNC").is_ok_and(|v| v == "1")) {
+        return;
+    }
+    // SAFETY: the stream was created by `init`.
+    if let Err(e) = check(
+        unsafe { cu::cuStreamSynchronize(device().stream) },
+        "waiting for the GPU (PPC_CUDA_SYNC=1)",
+    ) {
+        fail(&format!("{} failed: {e}", what()));
+    }
+}
+
 /// Notes that work was queued on the stream.
 fn queued() {
     QUEUED.store(true, Ordering::Release);
