@@ -14,7 +14,8 @@
 //! code. Functions local to the module become hidden external symbols under a name of their
 //! own (`ppc.part.` and theirs) so that another partition can call them; the others' functions
 //! become declarations, resolved by the link; global definitions other than local constants
-//! stay in partition 0 only, and each partition keeps the local constants it uses.
+//! (local variables too, shared the same way) stay in partition 0 only, and each partition
+//! keeps the local constants it uses.
 //! The cut is fixed (`--codegen-partitions`, [`PARTITIONS`] by default), not the machine's core
 //! count, so an executable's code does not depend on where it was compiled.
 #![allow(unsafe_code)] // LLVM's C API
@@ -78,14 +79,18 @@ pub unsafe fn keep(module: Module, plan: &[Vec<Vec<u8>>], index: usize) {
             }
             let kept = mine.contains(&name(f));
             if is_local(f) {
-                let mut shared = b"ppc.part.".to_vec();
-                shared.extend(name(f));
-                ffi::LLVMSetValueName2(f, shared.as_ptr().cast(), shared.len());
-                ffi::LLVMSetLinkage(f, EXTERNAL);
-                ffi::LLVMSetVisibility(f, HIDDEN);
+                share(f);
             }
             if !kept {
                 into_declaration(module, f);
+            }
+        }
+        // A local variable (a kernel module's handle: its loader writes it, each launch reads
+        // it) is one object, however many partitions use it: shared like a local function,
+        // defined in partition 0 only (below).
+        for g in globals(module) {
+            if is_local(g) && ffi::LLVMIsGlobalConstant(g) == 0 {
+                share(g);
             }
         }
         if index != 0 {
@@ -109,6 +114,19 @@ pub unsafe fn keep(module: Module, plan: &[Vec<Vec<u8>>], index: usize) {
             }
             dead.into_iter().for_each(|g| ffi::LLVMDeleteGlobal(g));
         }
+    }
+}
+
+/// Makes the local `v` a hidden external symbol under a name of its own, so that other
+/// partitions can refer to it.
+unsafe fn share(v: Value) {
+    // SAFETY: `v` is a global value (the caller's contract).
+    unsafe {
+        let mut shared = b"ppc.part.".to_vec();
+        shared.extend(name(v));
+        ffi::LLVMSetValueName2(v, shared.as_ptr().cast(), shared.len());
+        ffi::LLVMSetLinkage(v, EXTERNAL);
+        ffi::LLVMSetVisibility(v, HIDDEN);
     }
 }
 
@@ -202,6 +220,7 @@ mod ffi {
         pub fn LLVMGetFirstGlobal(m: Module) -> Value;
         pub fn LLVMGetNextGlobal(g: Value) -> Value;
         pub fn LLVMIsDeclaration(g: Value) -> c_int;
+        pub fn LLVMIsGlobalConstant(g: Value) -> c_int;
         pub fn LLVMGetLinkage(g: Value) -> c_int;
         pub fn LLVMSetLinkage(g: Value, linkage: c_int);
         pub fn LLVMGetVisibility(g: Value) -> c_int;

@@ -84,7 +84,12 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accu
         })
         .collect();
     let is_active = |flat: usize| active.is_none_or(|act| act[flat / per_first]);
-    // Runs of consecutive entries of one activity at constant strides: one call each.
+    // A stage program's entries of one stage go in calls of their own: cuBLAS gives the same
+    // bits only for the same call, and how many stages a rank holds depends on the rank count
+    // (f32 products of the MLP differed between 1 and 2 ranks on an H200 when a call held
+    // every stage of the rank).
+    let stage_starts = |flat: usize| active.is_some() && flat % per_first == 0;
+    // Runs of consecutive entries of one activity and stage at constant strides: one call each.
     let mut start = 0;
     while start < count {
         let on = is_active(start);
@@ -93,6 +98,7 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accu
             |i: usize| -> [isize; 3] { std::array::from_fn(|j| offsets[i + 1][j] - offsets[i][j]) };
         while end < count
             && is_active(end) == on
+            && !stage_starts(end)
             && (end == start + 1 || stride(end - 1) == stride(start))
         {
             end += 1;
