@@ -30,18 +30,21 @@ struct Case {
     accumulate: bool,
 }
 
-const CASES: &[(&str, usize, usize, usize, usize, bool, bool, bool, bool, bool)] = &[
-    // name, batch, m, k, n, a_t, b_t, b_shared, masked, accumulate
-    ("plain", 1, 37, 64, 48, false, false, false, false, false),
-    ("b_transposed", 1, 33, 72, 40, false, true, false, false, false),
-    ("a_transposed", 1, 40, 56, 24, true, false, false, false, false),
-    ("batched", 4, 16, 64, 32, false, false, false, false, false),
-    ("batched_b_transposed", 3, 17, 48, 40, false, true, false, false, false),
-    ("shared_weight", 4, 24, 64, 48, false, false, true, false, false),
-    ("masked", 4, 16, 32, 24, false, false, false, true, false),
-    ("accumulate", 2, 32, 64, 32, true, false, false, false, true),
-    ("masked_accumulate", 4, 16, 48, 16, false, true, false, true, true),
-    ("stage_sized", 4, 256, 1024, 512, false, false, false, true, false),
+/// name, batch, m, k, n, then: a transposed, b transposed, b shared, masked, accumulate.
+type Row = (&'static str, [usize; 4], [bool; 5]);
+
+#[rustfmt::skip]
+const CASES: &[Row] = &[
+    ("plain",                [1, 37, 64, 48],    [false, false, false, false, false]),
+    ("b_transposed",         [1, 33, 72, 40],    [false, true, false, false, false]),
+    ("a_transposed",         [1, 40, 56, 24],    [true, false, false, false, false]),
+    ("batched",              [4, 16, 64, 32],    [false, false, false, false, false]),
+    ("batched_b_transposed", [3, 17, 48, 40],    [false, true, false, false, false]),
+    ("shared_weight",        [4, 24, 64, 48],    [false, false, true, false, false]),
+    ("masked",               [4, 16, 32, 24],    [false, false, false, true, false]),
+    ("accumulate",           [2, 32, 64, 32],    [true, false, false, false, true]),
+    ("masked_accumulate",    [4, 16, 48, 16],    [false, true, false, true, true]),
+    ("stage_sized",          [4, 256, 1024, 512], [false, false, false, true, false]),
 ];
 
 /// A buffer of `len` elements: managed memory when the GPU is open (its kernels read it).
@@ -121,7 +124,11 @@ fn values(len: usize, seed: u64, dtype: DType) -> Vec<f32> {
         .collect()
 }
 
-fn entry(dtype: DType, mask: bool, accumulate: bool) -> unsafe extern "C" fn(*const Unranked, *const Unranked, *const Unranked, *const Unranked) {
+fn entry(
+    dtype: DType,
+    mask: bool,
+    accumulate: bool,
+) -> unsafe extern "C" fn(*const Unranked, *const Unranked, *const Unranked, *const Unranked) {
     match (dtype, accumulate) {
         (DType::F32, false) => _mlir_ciface_ppc_matmul_f32_masked,
         (DType::BF16, false) => _mlir_ciface_ppc_matmul_bf16_masked,
@@ -133,7 +140,10 @@ fn entry(dtype: DType, mask: bool, accumulate: bool) -> unsafe extern "C" fn(*co
     }
 }
 
-fn plain(dtype: DType, accumulate: bool) -> unsafe extern "C" fn(*const Unranked, *const Unranked, *const Unranked) {
+fn plain(
+    dtype: DType,
+    accumulate: bool,
+) -> unsafe extern "C" fn(*const Unranked, *const Unranked, *const Unranked) {
     match (dtype, accumulate) {
         (DType::F32, false) => _mlir_ciface_ppc_matmul_f32,
         (DType::BF16, false) => _mlir_ciface_ppc_matmul_bf16,
@@ -156,11 +166,19 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
     let c_init = values(bt * m * n, seed + 2, DType::F32);
     // a[i, r, j] for r < m, j < k at its stored place.
     let a_at = |i: usize, r: usize, j: usize| {
-        if case.a_transposed { i * m * k + j * m + r } else { i * m * k + r * k + j }
+        if case.a_transposed {
+            i * m * k + j * m + r
+        } else {
+            i * m * k + r * k + j
+        }
     };
     let b_at = |i: usize, r: usize, j: usize| {
         let i = if case.b_shared { 0 } else { i };
-        if case.b_transposed { i * k * n + j * k + r } else { i * k * n + r * n + j }
+        if case.b_transposed {
+            i * k * n + j * k + r
+        } else {
+            i * k * n + r * n + j
+        }
     };
     // Stored in the layout, as `dtype`.
     let mut a_stored = vec![0f32; a_vals.len()];
@@ -187,21 +205,43 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
     encode(dtype, &a_stored, a.bytes_mut());
     encode(dtype, &b_stored, b.bytes_mut());
     // Poisoned where the product is written, the prior sum where it accumulates.
-    let poison: Vec<f32> = if case.accumulate { c_init.clone() } else { vec![f32::NAN; c_init.len()] };
+    let poison: Vec<f32> = if case.accumulate {
+        c_init.clone()
+    } else {
+        vec![f32::NAN; c_init.len()]
+    };
     encode(DType::F32, &poison, c.bytes_mut());
 
     let batched = |sizes: [usize; 2], strides: [usize; 2], step: usize| {
         if bt == 1 {
             (sizes.to_vec(), strides.to_vec())
         } else {
-            (vec![bt, sizes[0], sizes[1]], vec![step, strides[0], strides[1]])
+            (
+                vec![bt, sizes[0], sizes[1]],
+                vec![step, strides[0], strides[1]],
+            )
         }
     };
-    let (a_sizes, a_strides) = batched([m, k], if case.a_transposed { [1, m] } else { [k, 1] }, m * k);
+    let (a_sizes, a_strides) = batched(
+        [m, k],
+        if case.a_transposed { [1, m] } else { [k, 1] },
+        m * k,
+    );
     let (b_sizes, b_strides) = if case.b_shared {
-        (vec![k, n], if case.b_transposed { vec![1, k] } else { vec![n, 1] })
+        (
+            vec![k, n],
+            if case.b_transposed {
+                vec![1, k]
+            } else {
+                vec![n, 1]
+            },
+        )
     } else {
-        batched([k, n], if case.b_transposed { [1, k] } else { [n, 1] }, k * n)
+        batched(
+            [k, n],
+            if case.b_transposed { [1, k] } else { [n, 1] },
+            k * n,
+        )
     };
     let (c_sizes, c_strides) = batched([m, n], [n, 1], m * n);
     let (da, db, dc) = (
@@ -233,11 +273,17 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
                 if !active {
                     let want = if case.accumulate { c_init[at] } else { -0.0 };
                     if g.to_bits() != want.to_bits() {
-                        return Err(format!("masked-out entry [{i}, {r}, {j}] is {g}, not {want}"));
+                        return Err(format!(
+                            "masked-out entry [{i}, {r}, {j}] is {g}, not {want}"
+                        ));
                     }
                     continue;
                 }
-                let mut sum = if case.accumulate { c_init[at] as f64 } else { 0.0 };
+                let mut sum = if case.accumulate {
+                    c_init[at] as f64
+                } else {
+                    0.0
+                };
                 for l in 0..k {
                     let bi = if case.b_shared { 0 } else { i };
                     sum += a_vals[(i * m + r) * k + l] as f64 * b_vals[(bi * k + l) * n + j] as f64;
@@ -265,7 +311,9 @@ fn main() -> ExitCode {
         }
     };
     let mut failed = 0;
-    for (seed, &(name, batch, m, k, n, a_t, b_t, shared, masked, accumulate)) in CASES.iter().enumerate() {
+    for (seed, &(name, [batch, m, k, n], [a_t, b_t, shared, masked, accumulate])) in
+        CASES.iter().enumerate()
+    {
         let case = Case {
             name,
             batch,
@@ -281,10 +329,16 @@ fn main() -> ExitCode {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             // f32 accumulation of exactly representable products: only the order of the sum
             // differs from the f64 reference (TF32, where asked, rounds the f32 operands).
-            let tol = if dtype == DType::F32 && std::env::var("PPC_TF32").is_ok_and(|v| v == "1") { 2e-3 } else { 1e-5 };
+            let tol = if dtype == DType::F32 && std::env::var("PPC_TF32").is_ok_and(|v| v == "1") {
+                2e-3
+            } else {
+                1e-5
+            };
             let label = format!("{}_{}", case.name, dtype.name());
             match check(&case, dtype, gpu, seed as u64 * 7 + 1) {
-                Ok(err) if err <= tol => println!("ok    gemm {label}: {err:.1e} (tolerance {tol:.0e})"),
+                Ok(err) if err <= tol => {
+                    println!("ok    gemm {label}: {err:.1e} (tolerance {tol:.0e})")
+                }
                 Ok(err) => {
                     println!("FAIL  gemm {label}: {err:.1e} (tolerance {tol:.0e})");
                     failed += 1;
@@ -296,5 +350,9 @@ fn main() -> ExitCode {
             }
         }
     }
-    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

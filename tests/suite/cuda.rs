@@ -150,14 +150,25 @@ fn sections(elf: &[u8]) -> Vec<(String, u32, usize, u64, usize)> {
     let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap());
     let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap());
     assert_eq!(&elf[..5], b"\x7fELF\x02", "not an ELF64 file");
-    let (table, entry, count, names) = (u64_at(0x28) as usize, u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+    let (table, entry, count, names) = (
+        u64_at(0x28) as usize,
+        u16_at(0x3a),
+        u16_at(0x3c),
+        u16_at(0x3e),
+    );
     let header = |i: usize| table + i * entry;
     let strings = u64_at(header(names) + 0x18) as usize;
     (0..count)
         .map(|i| {
             let h = header(i);
             let name = c_string(elf, strings + u32_at(h) as usize);
-            (name, u32_at(h + 4), u64_at(h + 0x18) as usize, u64_at(h + 0x20), u32_at(h + 0x28) as usize)
+            (
+                name,
+                u32_at(h + 4),
+                u64_at(h + 0x18) as usize,
+                u64_at(h + 0x20),
+                u32_at(h + 0x28) as usize,
+            )
         })
         .collect()
 }
@@ -170,11 +181,20 @@ fn c_string(bytes: &[u8], at: usize) -> String {
 /// The names in an ELF64 executable's symbol table.
 fn symbols(elf: &[u8]) -> Vec<String> {
     let all = sections(elf);
-    let (_, _, offset, size, link) = all.iter().find(|s| s.1 == 2).expect("a symbol table").clone();
+    let (_, _, offset, size, link) = all
+        .iter()
+        .find(|s| s.1 == 2)
+        .expect("a symbol table")
+        .clone();
     let strings = all[link].2;
     (offset..offset + size as usize)
         .step_by(24)
-        .map(|sym| c_string(elf, strings + u32::from_le_bytes(elf[sym..sym + 4].try_into().unwrap()) as usize))
+        .map(|sym| {
+            c_string(
+                elf,
+                strings + u32::from_le_bytes(elf[sym..sym + 4].try_into().unwrap()) as usize,
+            )
+        })
         .collect()
 }
 
@@ -186,27 +206,53 @@ fn symbols(elf: &[u8]) -> Vec<String> {
 fn every_kernel_module_is_registered_before_main() {
     let dir = scratch("cuda-ctors");
     let read = |exe: &Path| std::fs::read(exe).expect("the executable");
-    let size = |elf: &[u8], section: &str| sections(elf).into_iter().find(|s| s.0 == section).map(|s| s.3);
+    let size = |elf: &[u8], section: &str| {
+        sections(elf)
+            .into_iter()
+            .find(|s| s.0 == section)
+            .map(|s| s.3)
+    };
     for sub in ["cpu", "cuda", "train"] {
         std::fs::create_dir_all(dir.join(sub)).expect("scratch dir");
     }
     let cpu = read(&build("examples/tiny.ppc", &dir.join("cpu"), &[]));
-    let cuda = read(&build("examples/tiny.ppc", &dir.join("cuda"), &["--target", "cuda"]));
+    let cuda = read(&build(
+        "examples/tiny.ppc",
+        &dir.join("cuda"),
+        &["--target", "cuda"],
+    ));
     let modules = kernels(&[crate::common::path("examples/tiny.ppc").as_str()]).len() as u64;
-    assert_eq!(size(&cuda, ".ctors"), None, "constructors in .ctors never run");
+    assert_eq!(
+        size(&cuda, ".ctors"),
+        None,
+        "constructors in .ctors never run"
+    );
     assert_eq!(
         size(&cuda, ".init_array").unwrap() - size(&cpu, ".init_array").unwrap(),
         8 * modules,
         "one .init_array entry per kernel module"
     );
-    let train = read(&build("examples/transformer.ppc", &dir.join("train"), &["--target", "cuda", "--train"]));
+    let train = read(&build(
+        "examples/transformer.ppc",
+        &dir.join("train"),
+        &["--target", "cuda", "--train"],
+    ));
     let names = symbols(&train);
-    assert!(names.iter().any(|n| n.starts_with("ppc.part.")), "compiled in partitions");
+    assert!(
+        names.iter().any(|n| n.starts_with("ppc.part.")),
+        "compiled in partitions"
+    );
     let handles: Vec<&String> = names.iter().filter(|n| n.ends_with("_module")).collect();
-    let distinct: std::collections::HashSet<&str> =
-        handles.iter().map(|n| n.trim_start_matches("ppc.part.")).collect();
+    let distinct: std::collections::HashSet<&str> = handles
+        .iter()
+        .map(|n| n.trim_start_matches("ppc.part."))
+        .collect();
     assert!(!handles.is_empty());
-    assert_eq!(handles.len(), distinct.len(), "a module handle defined in two partitions");
+    assert_eq!(
+        handles.len(),
+        distinct.len(),
+        "a module handle defined in two partitions"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

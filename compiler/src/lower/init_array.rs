@@ -37,7 +37,11 @@ unsafe fn into_section(module: mlir_sys::LLVMModuleRef, list: &CStr, section: &C
             return;
         }
         let entries = ffi::LLVMGetInitializer(global);
-        let count = if entries.is_null() { 0 } else { ffi::LLVMGetNumOperands(entries) as c_uint };
+        let count = if entries.is_null() {
+            0
+        } else {
+            ffi::LLVMGetNumOperands(entries) as c_uint
+        };
         let mut functions: Vec<(u64, Value)> = (0..count)
             .map(|i| {
                 let entry = ffi::LLVMGetOperand(entries, i);

@@ -47,7 +47,9 @@ pub unsafe extern "C" fn mgpuModuleGetFunction(
     if module.is_null() {
         // Its global constructor did not run (`init_array.rs` of the compiler says why one
         // might not).
-        super::fail("a kernel module was not registered before the program started (internal error)");
+        super::fail(
+            "a kernel module was not registered before the program started (internal error)",
+        );
     }
     // SAFETY: the contract above.
     let m = unsafe { &*module.cast::<Module>() };

@@ -88,7 +88,7 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accu
     // bits only for the same call, and how many stages a rank holds depends on the rank count
     // (f32 products of the MLP differed between 1 and 2 ranks on an H200 when a call held
     // every stage of the rank).
-    let stage_starts = |flat: usize| active.is_some() && flat % per_first == 0;
+    let stage_starts = |flat: usize| active.is_some() && flat.is_multiple_of(per_first);
     // Runs of consecutive entries of one activity and stage at constant strides: one call each.
     let mut start = 0;
     while start < count {
