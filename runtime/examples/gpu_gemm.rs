@@ -300,7 +300,7 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
 }
 
 fn main() -> ExitCode {
-    let gpu = match cuda::init(0) {
+    let gpu = match cuda::init(0, None) {
         Ok(name) => {
             println!("gpu_gemm: {name}");
             true

@@ -48,8 +48,19 @@ pub enum CudaError {
     NoDriver,
     #[error("the CUDA driver sees no GPU")]
     NoGpu,
-    #[error("cuBLAS (libcublas.so.12) not found: the GEMMs of --target cuda run in cuBLAS; install CUDA 12's cuBLAS or put it on LD_LIBRARY_PATH")]
+    #[error("cuBLAS (libcublas.so.12, or a libcublas.so) not found: the GEMMs of --target cuda run in cuBLAS; install CUDA 12's cuBLAS or put it on LD_LIBRARY_PATH (with CUDA 13 only, a directory on LD_LIBRARY_PATH holding a link libcublas.so to its libcublas.so.13)")]
     NoCublas,
+    #[error("the CUDA driver is for CUDA {major}.{minor}; the kernels' PTX (ISA 8.0) needs a driver for CUDA 12.0 or later")]
+    OldDriver { major: i32, minor: i32 },
+    #[error("{gpu} has compute capability {major}.{minor}, older than the {arch} the kernels were compiled for: recompile with --gpu-arch sm_{major}{minor}")]
+    OldGpu {
+        gpu: String,
+        major: i32,
+        minor: i32,
+        arch: String,
+    },
+    #[error("{gpu} does not let the host use managed memory while kernels run (concurrentManagedAccess is 0, as on some vGPUs, on WSL and on GPUs before Pascal); ppc's CUDA programs need it")]
+    NoConcurrentManagedAccess { gpu: String },
     /// `why` is the driver's description of `status`.
     #[error("CUDA: {doing} failed: {why}")]
     Driver {
@@ -90,9 +101,41 @@ pub fn local_rank(lookup: impl Fn(&str) -> Option<String>, rank: usize) -> usize
     .unwrap_or(rank)
 }
 
+/// What a GPU must offer to run kernels compiled for `arch` (`sm_NN`; `None`: GEMMs only):
+/// the driver's CUDA version (`major * 1000 + minor * 10`), the device's compute capability and
+/// whether the host may use managed memory while kernels run.
+pub fn meets(
+    arch: Option<&str>,
+    driver: i32,
+    gpu: &str,
+    (major, minor): (i32, i32),
+    concurrent_managed: bool,
+) -> Result<(), CudaError> {
+    if driver < 12000 {
+        return Err(CudaError::OldDriver {
+            major: driver / 1000,
+            minor: driver % 1000 / 10,
+        });
+    }
+    let wanted = arch.and_then(|a| a.strip_prefix("sm_")?.parse::<i32>().ok());
+    if wanted.is_some_and(|w| major * 10 + minor < w) {
+        return Err(CudaError::OldGpu {
+            gpu: gpu.into(),
+            major,
+            minor,
+            arch: arch.unwrap_or_default().into(),
+        });
+    }
+    if !concurrent_managed {
+        return Err(CudaError::NoConcurrentManagedAccess { gpu: gpu.into() });
+    }
+    Ok(())
+}
+
 /// Opens GPU `local_rank % count` of this node (one rank per GPU under mpirun); returns its
 /// name. Fails with a message, never a panic, where no driver, GPU or cuBLAS is found.
-pub fn init(local_rank: usize) -> Result<String, CudaError> {
+/// or where the GPU cannot run kernels compiled for `arch` ([`meets`]).
+pub fn init(local_rank: usize, arch: Option<&str>) -> Result<String, CudaError> {
     // SAFETY: each call is a plain driver or cuBLAS call with out-pointers to locals; the
     // libraries are probed before the first call into them (cudarc panics on a missing one).
     unsafe {
@@ -112,6 +155,30 @@ pub fn init(local_rank: usize) -> Result<String, CudaError> {
         check(
             cu::cuDeviceGetName(name.as_mut_ptr(), 128, dev),
             "cuDeviceGetName",
+        )?;
+        let name = std::ffi::CStr::from_ptr(name.as_ptr())
+            .to_string_lossy()
+            .into_owned();
+        let attribute = |a: cu::CUdevice_attribute| -> Result<i32, CudaError> {
+            let mut v = 0;
+            check(
+                cu::cuDeviceGetAttribute(&mut v, a, dev),
+                "cuDeviceGetAttribute",
+            )?;
+            Ok(v)
+        };
+        use cu::CUdevice_attribute as A;
+        let mut driver = 0;
+        check(cu::cuDriverGetVersion(&mut driver), "cuDriverGetVersion")?;
+        meets(
+            arch,
+            driver,
+            &format!("GPU {ordinal} ({name})"),
+            (
+                attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            attribute(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)? == 1,
         )?;
         let mut ctx = std::ptr::null_mut();
         check(
@@ -136,9 +203,6 @@ pub fn init(local_rank: usize) -> Result<String, CudaError> {
             blas::cublasSetStream_v2(handle, stream.cast()),
             "cublasSetStream",
         )?;
-        let name = std::ffi::CStr::from_ptr(name.as_ptr())
-            .to_string_lossy()
-            .into_owned();
         let _ = DEVICE.set(Device {
             ctx,
             stream,
@@ -375,7 +439,29 @@ impl Drop for Resident {
 
 #[cfg(test)]
 mod tests {
-    use super::local_rank;
+    use super::{local_rank, meets};
+
+    #[test]
+    fn a_gpu_that_cannot_run_the_kernels_is_refused_with_the_reason() {
+        let h200 = |arch, driver, cc, concurrent| {
+            meets(arch, driver, "GPU 0 (H200)", cc, concurrent).map_err(|e| e.to_string())
+        };
+        assert!(h200(Some("sm_90"), 13000, (9, 0), true).is_ok());
+        assert!(h200(Some("sm_80"), 12000, (9, 0), true).is_ok());
+        assert!(h200(None, 12080, (7, 0), true).is_ok());
+        let old = h200(Some("sm_90"), 11080, (9, 0), true).unwrap_err();
+        assert!(
+            old.contains("CUDA 11.8") && old.contains("12.0 or later"),
+            "{old}"
+        );
+        let a100 = h200(Some("sm_90"), 12080, (8, 0), true).unwrap_err();
+        assert!(
+            a100.contains("8.0") && a100.contains("--gpu-arch sm_80"),
+            "{a100}"
+        );
+        let wsl = h200(Some("sm_90"), 12080, (9, 0), false).unwrap_err();
+        assert!(wsl.contains("concurrentManagedAccess is 0"), "{wsl}");
+    }
 
     #[test]
     fn the_local_rank_comes_from_whichever_launcher_started_the_job() {
