@@ -222,11 +222,16 @@ print('managed memory:', ', '.join(f'{n}={rt.deviceGetAttribute(a, 0)}' for a, n
   [ -n "$ppc_json" ] && [ -n "$jax_json" ] && "$PYTHON" - "$ppc_json" "$jax_json" "$PEAK_TFLOPS" <<'PY' || true
 import json, sys
 ppc, jax, peak = json.loads(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
-p, j = ppc["useful_gflops"] / 1e3, jax["useful_gflops"] / 1e3
+# JAX's step leaves its arguments and results on the GPU: ppc's is compared without its copies.
+p, j = ppc["useful_gflops_without_copies"] / 1e3, jax["useful_gflops"] / 1e3
 print(f"bench transformer bf16: ppc {p:.1f} TFLOP/s ({100 * p / peak:.1f}% MFU, "
-      f"{ppc['median_step_s'] * 1e3:.1f} ms/step); JAX {j:.1f} TFLOP/s ({100 * j / peak:.1f}% MFU, "
+      f"{ppc['median_step_s'] * 1e3:.1f} ms/step of which {ppc['host_copy_s'] * 1e3:.1f} ms copies "
+      f"between host and GPU; {ppc['useful_gflops'] / 1e3:.1f} TFLOP/s with them); "
+      f"JAX {j:.1f} TFLOP/s ({100 * j / peak:.1f}% MFU, "
       f"jit {jax['jit_s']:.1f} s, {jax['devices']}); ppc/JAX {p / j:.2f}x")
 PY
+  # Where the bench's forward step goes, kernel by kernel (each waited for: slower overall).
+  [ "$CPU" = 1 ] || PPC_CUDA_PROFILE=1 timeout 120 "$dir/bin/bench" --seed 0 2>&1 | grep -A32 "GPU profile" || true
   # GPU_CHECK_LOGS=DIR keeps every case's log (DIR/gpu-check-logs.tar.gz).
   if [ -n "${GPU_CHECK_LOGS:-}" ]; then
     (cd "$out" && tar -czf "$GPU_CHECK_LOGS/gpu-check-logs.tar.gz" ./*.log ./*.jsonl) || true

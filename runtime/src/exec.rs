@@ -401,7 +401,7 @@ pub fn drive(
 
 /// Warms up (pages in weights, fills caches), times `n` calls of `step` on every rank, and
 /// prints on rank 0 one JSON line: the job's median step (the slowest rank's), throughput
-/// (`flops` per step), and per rank the time computing, the time waiting in exchanges and the
+/// (`flops` per step; for a GPU program also without its copies between host and GPU), and per rank the time computing, the time waiting in exchanges and the
 /// bubble the masked GEMMs met. Errors are `step`'s, or writing the line's.
 pub fn bench<E: From<std::io::Error>>(
     m: &Manifest,
@@ -415,12 +415,14 @@ pub fn bench<E: From<std::io::Error>>(
     }
     comm::take_exchange_seconds();
     crate::gemm::take_measured_bubble();
-    let (mut steps, mut waits) = (Vec::new(), Vec::new());
+    crate::cuda::take_copy_seconds();
+    let (mut steps, mut waits, mut copies) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n.max(1) {
         let s = Instant::now();
         step()?;
         steps.push(s.elapsed().as_secs_f64());
         waits.push(comm::take_exchange_seconds());
+        copies.push(crate::cuda::take_copy_seconds());
     }
     let bubble = crate::gemm::take_measured_bubble().unwrap_or(f64::NAN);
     let wait = median(&waits);
@@ -430,12 +432,16 @@ pub fn bench<E: From<std::io::Error>>(
         wait,
         bubble,
         comm::size() as f64,
+        median(&copies),
     ];
     let Some(all) = comm::gather(&mine) else {
         return Ok(());
     };
     let ranks: Vec<&[f64]> = all.chunks(mine.len()).collect();
     let step = ranks.iter().map(|r| r[0]).fold(0.0, f64::max);
+    // A GPU program's copies of arguments in and results out (zero on the CPU): JAX's figures
+    // leave the host out, so the throughput without them is given too.
+    let copies = ranks.iter().map(|r| r[5]).fold(0.0, f64::max);
     let number = |v: f64| {
         if v.is_finite() {
             format!("{v:e}")
@@ -460,8 +466,9 @@ pub fn bench<E: From<std::io::Error>>(
     let formula = (m.stages - 1) as f64 / (m.repeats * m.microbatches + m.stages - 1) as f64;
     writeln!(
         out,
-        "{{\"median_step_s\":{step:e},\"useful_gflops\":{:.3},\"microbatches_per_s\":{:.3},\"steps\":{},\"ranks\":{},\"bubble_fraction\":{formula},\"gemm_kernels\":\"{}\",\"per_rank\":[{}]}}",
+        "{{\"median_step_s\":{step:e},\"useful_gflops\":{:.3},\"host_copy_s\":{copies:e},\"useful_gflops_without_copies\":{:.3},\"microbatches_per_s\":{:.3},\"steps\":{},\"ranks\":{},\"bubble_fraction\":{formula},\"gemm_kernels\":\"{}\",\"per_rank\":[{}]}}",
         flops as f64 / step / 1e9,
+        flops as f64 / (step - copies) / 1e9,
         m.microbatches as f64 / step,
         steps.len(),
         ranks.len(),

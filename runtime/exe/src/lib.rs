@@ -252,6 +252,9 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
                 e.into()
             }),
     };
+    if let Some(table) = ppc_runtime::cuda::profile::report(30) {
+        say(&format!("{who}: {table}"));
+    }
     match done {
         Ok(()) => 0,
         Err(e) => {

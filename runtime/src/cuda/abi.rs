@@ -150,6 +150,7 @@ pub unsafe extern "C" fn mgpuLaunchKernel(
     extra: *mut *mut c_void,
     _param_count: usize,
 ) {
+    let started = std::time::Instant::now();
     // SAFETY: the contract above; the sizes are the launch's static grid and block.
     let r = unsafe {
         cu::cuLaunchKernel(
@@ -168,7 +169,7 @@ pub unsafe extern "C" fn mgpuLaunchKernel(
     };
     or_fail(check(r, "launching a kernel (cuLaunchKernel)"));
     queued();
-    super::checkpoint(|| {
+    super::profile::checkpoint(started, || {
         let names = KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner());
         let name = names.as_ref().and_then(|n| n.get(&(function as usize)));
         format!("kernel `{}`", name.map_or("?", String::as_str))

@@ -55,6 +55,7 @@ fn transposed(
 /// `active[i] == false` (over the first batch axis) `-0.0` (or left as they are). The views
 /// point into managed memory.
 pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accumulate: bool) {
+    let started = std::time::Instant::now();
     let (ra, rb, r) = (a.sizes.len(), b.sizes.len(), c.sizes.len());
     let (m, n, k) = (c.sizes[r - 2], c.sizes[r - 1], a.sizes[ra - 1]);
     let batch = &c.sizes[..r - 2];
@@ -172,7 +173,9 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accu
         start = end;
     }
     queued();
-    super::checkpoint(|| format!("GEMM {m}×{n}×{k} over {count} batch entries ({:?})", a.elem));
+    super::profile::checkpoint(started, || {
+        format!("GEMM {m}×{n}×{k} over {count} batch entries ({:?})", a.elem)
+    });
 }
 
 #[cfg(test)]

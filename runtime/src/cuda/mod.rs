@@ -15,6 +15,7 @@
 
 pub mod abi;
 pub mod gemm;
+pub mod profile;
 
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as cu;
@@ -240,22 +241,6 @@ pub fn sync() {
     }
 }
 
-/// With `PPC_CUDA_SYNC=1`, waits for the work just queued and names it (`what`) if it failed:
-/// an asynchronous fault otherwise surfaces at the next wait, far from its cause.
-pub(crate) fn checkpoint(what: impl FnOnce() -> String) {
-    static EACH: OnceLock<bool> = OnceLock::new();
-    if !*EACH.get_or_init(|| std::env::var("PPC_CUDA_SYNC").is_ok_and(|v| v == "1")) {
-        return;
-    }
-    // SAFETY: the stream was created by `init`.
-    if let Err(e) = check(
-        unsafe { cu::cuStreamSynchronize(device().stream) },
-        "waiting for the GPU (PPC_CUDA_SYNC=1)",
-    ) {
-        fail(&format!("{} failed: {e}", what()));
-    }
-}
-
 /// Notes that work was queued on the stream.
 fn queued() {
     QUEUED.store(true, Ordering::Release);
@@ -396,11 +381,7 @@ impl Resident {
                     };
                 }
                 if !fill && slot.holds != Some(b.stamp()) {
-                    // SAFETY: the slot holds `bytes.len()` bytes of managed memory, which the
-                    // host addresses, and the GPU is idle (`sync` above).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.ptr.cast(), bytes.len())
-                    };
+                    copy(slot.ptr, bytes.as_ptr().cast(), bytes.len(), "host → GPU");
                     slot.holds = Some(b.stamp());
                 }
                 crate::memref::descriptor(slot.ptr.cast(), &b.shape)
@@ -415,17 +396,51 @@ impl Resident {
         for ((b, slot), &fill) in bufs.iter_mut().zip(slots.iter()).zip(fills) {
             if fill {
                 let bytes = b.bytes_mut();
-                // SAFETY: the slot holds a copy of this buffer's size; the GPU is done with it.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        slot.ptr.cast::<u8>(),
-                        bytes.as_mut_ptr(),
-                        bytes.len(),
-                    )
-                };
+                copy(
+                    bytes.as_mut_ptr().cast(),
+                    slot.ptr,
+                    bytes.len(),
+                    "GPU → host",
+                );
             }
         }
     }
+}
+
+/// Seconds spent copying arguments in and results out since the last [`take_copy_seconds`].
+static COPY_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The seconds `Resident` spent copying between host and GPU since the last call: what a
+/// step costs beyond the GPU's work when its arguments and results live on the host.
+pub fn take_copy_seconds() -> f64 {
+    COPY_NANOS.swap(0, Ordering::Relaxed) as f64 * 1e-9
+}
+
+/// Copies `len` bytes between a host buffer and managed memory by the GPU's copy engines, on
+/// the stream: pages stay where they are (the host touching managed memory would migrate
+/// them page by page, and the GPU fault them back at its next use).
+fn copy(dst: *mut c_void, src: *const c_void, len: usize, what: &'static str) {
+    if len == 0 {
+        return;
+    }
+    let started = std::time::Instant::now();
+    // SAFETY: both ranges hold `len` bytes (the caller's buffers); with unified addressing the
+    // driver tells host memory from managed memory by address.
+    or_fail(check(
+        unsafe {
+            cu::cuMemcpyAsync(
+                dst as cu::CUdeviceptr,
+                src as cu::CUdeviceptr,
+                len,
+                device().stream,
+            )
+        },
+        "copying between host and GPU (cuMemcpyAsync)",
+    ));
+    queued();
+    sync();
+    COPY_NANOS.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    profile::record(what.into(), started);
 }
 
 impl Drop for Resident {
