@@ -14,6 +14,9 @@ use std::sync::{Mutex, OnceLock};
 
 /// A module of kernels: PTX text, loaded at first use, and its functions by name.
 struct Module {
+    /// Modules register in the order `ppc compile --emit=ptx` prints them (`init_array.rs`
+    /// of the compiler keeps the constructors' order): this is its place there, from 0.
+    index: usize,
     ptx: *const c_char,
     loaded: OnceLock<usize>,
     functions: Mutex<HashMap<usize, usize>>,
@@ -24,7 +27,9 @@ struct Module {
 /// generated code).
 #[no_mangle]
 pub unsafe extern "C" fn mgpuModuleLoadJIT(data: *mut c_void, _opt_level: i32) -> *mut c_void {
+    static REGISTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let m = Module {
+        index: REGISTERED.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         ptx: data.cast(),
         loaded: OnceLock::new(),
         functions: Mutex::new(HashMap::new()),
@@ -69,7 +74,14 @@ pub unsafe extern "C" fn mgpuModuleGetFunction(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(HashMap::new)
-            .insert(f as usize, kernel.to_string_lossy().into_owned());
+            .insert(
+                f as usize,
+                format!(
+                    "kernel `{}` of module #{}",
+                    kernel.to_string_lossy(),
+                    m.index
+                ),
+            );
         f as usize
     });
     f as *mut c_void
@@ -172,7 +184,7 @@ pub unsafe extern "C" fn mgpuLaunchKernel(
     super::profile::checkpoint(started, || {
         let names = KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner());
         let name = names.as_ref().and_then(|n| n.get(&(function as usize)));
-        format!("kernel `{}`", name.map_or("?", String::as_str))
+        name.map_or_else(|| "a kernel".into(), String::clone)
     });
 }
 
