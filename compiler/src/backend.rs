@@ -245,7 +245,7 @@ fn machine_code(
     } else {
         Output::Assembly
     };
-    let l = timing::phase("lower-mlir", || {
+    let mut l = timing::phase("lower-mlir", || {
         lower(m, src, numerics, Some(target), gpu, replicas)
     })?;
     let ctx = mlir::context();
@@ -253,11 +253,14 @@ fn machine_code(
         mlir::parse(&ctx, &l.mlir, src.text)
     })?;
     to_llvm_dialect(&ctx, &mut module, gpu, src)?;
+    if gpu.is_some() {
+        l.manifest.kernels = mlir::kernel_sources(&module);
+    }
     let mut text = timing::phase("translate to LLVM IR", || {
         mlir::llvm_ir(&ctx, &module, src.text)
     })?;
     if executable {
-        text.push_str(&lower::packed_entry(&l.manifest));
+        text.push_str(&lower::executable_ir(&l.manifest));
     }
     let dir = TempDir::new()?;
     let out = dir.0.join(if executable { "model.o" } else { "model.s" });

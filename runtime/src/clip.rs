@@ -85,6 +85,7 @@ mod tests {
             gpu: None,
             args: Vec::new(),
             groups: Vec::new(),
+            kernels: Vec::new(),
             train: Vec::new(),
         };
         let (w, e) = (arg("w", vec![2, 3], 1), arg("e", vec![4], 0));

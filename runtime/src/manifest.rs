@@ -14,7 +14,8 @@
 //! for and the features it needs (null for the JIT, which compiles for the CPU it runs on). A
 //! parameter's `shard_axis` holds this rank's slice of the stage axis. Arguments are listed in
 //! the order the entry function takes them. `groups` name the loop nests that generated code
-//! marks for `--trace`, numbered from 0 in order.
+//! marks for `--trace`, numbered from 0 in order; `kernels` (`--target cuda`) say where each
+//! kernel module comes from, for errors and profiles.
 
 use crate::init::{global_layer, Shard};
 use crate::rng::Init;
@@ -91,6 +92,10 @@ pub struct Manifest {
     pub args: Vec<Arg>,
     /// Names of the traced loop nests (`ppc_trace_group_begin`'s numbers index them).
     pub groups: Vec<String>,
+    /// `--target cuda`: where each kernel module comes from in the model file (`file:line:col`),
+    /// in the order the modules register, which is the order `ppc compile --emit=ptx` prints.
+    #[serde(default)]
+    pub kernels: Vec<String>,
     /// Training programs: the model file's `train { ... }` settings (the optimizer's defaults).
     pub train: Vec<(String, String)>,
 }
@@ -250,6 +255,7 @@ mod tests {
                 },
             ],
             groups: vec!["gelu+add, line 60".into(), "softmax, line 39".into()],
+            kernels: vec!["examples/mlp.ppc:14:9".into()],
             train: vec![
                 ("optimizer".into(), "sgd".into()),
                 ("lr".into(), "1e-3".into()),

@@ -201,7 +201,7 @@ fn symbols(elf: &[u8]) -> Vec<String> {
 /// Each kernel module is registered by a constructor that runs before `main`: in
 /// `.init_array`, not in `.ctors`, which no current C runtime runs; and the variable that holds
 /// its handle is one, also where the code is compiled in partitions (both faulted on the first
-/// GPU run).
+/// GPU run). The manifest names each module's model-file line, for errors and profiles.
 #[test]
 fn every_kernel_module_is_registered_before_main() {
     let dir = scratch("cuda-ctors");
@@ -231,6 +231,30 @@ fn every_kernel_module_is_registered_before_main() {
         size(&cuda, ".init_array").unwrap() - size(&cpu, ".init_array").unwrap(),
         8 * modules,
         "one .init_array entry per kernel module"
+    );
+    // The manifest says where each module comes from, in the order they register: the
+    // layer's `tanh` (line 9) is one of them.
+    let marker = b"{\"ppc_manifest\"";
+    let start = cuda
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("the embedded manifest");
+    let end = start + cuda[start..].iter().position(|&b| b == 0).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&cuda[start..end]).unwrap();
+    let sources: Vec<&str> = manifest["kernels"]
+        .as_array()
+        .expect("kernels")
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(sources.len() as u64, modules, "{sources:?}");
+    assert!(
+        sources.iter().all(|s| s.contains("tiny.ppc:")),
+        "{sources:?}"
+    );
+    assert!(
+        sources.iter().any(|s| s.ends_with("tiny.ppc:9:3")),
+        "{sources:?}"
     );
     let train = read(&build(
         "examples/transformer.ppc",

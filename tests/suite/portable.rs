@@ -341,6 +341,7 @@ fn what_the_jit_says_reaches_the_user() {
             arg(ppc_runtime::manifest::Role::Output, "y"),
         ],
         groups: vec![],
+        kernels: Vec::new(),
         train: vec![],
     };
     let ctx = mlir::context();

@@ -91,6 +91,38 @@ pub fn run_pipeline(
 }
 
 /// The PTX of each kernel module (`gpu.binary` after [`cuda_pipeline`]), with its name.
+/// Where each kernel module of a module after the CUDA pipeline comes from in the model file
+/// (`file:line:col`, the location of the loop nest it was outlined from; `?` where MLIR lost
+/// it), in the order of its `gpu.binary` ops, which is the order they register at start.
+pub fn kernel_sources(module: &Module) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut op = module.body().first_operation();
+    while let Some(o) = op {
+        if o.name().as_string_ref().as_str() == Ok("gpu.binary") {
+            out.push(file_line_col(&o.location().to_string()));
+        }
+        op = o.next_in_block();
+    }
+    out
+}
+
+/// `loc("file":line:col)` (possibly inside a fused or call-site location) as `file:line:col`.
+fn file_line_col(loc: &str) -> String {
+    let Some(start) = loc.find("loc(\"") else {
+        return "?".into();
+    };
+    let rest = &loc[start + 5..];
+    let Some(end) = rest.find('"') else {
+        return "?".into();
+    };
+    let (file, after) = (&rest[..end], &rest[end + 1..]);
+    let numbers: String = after
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == ':')
+        .collect();
+    format!("{file}{numbers}")
+}
+
 pub fn ptx_modules(module: &Module) -> Vec<(String, String)> {
     use melior::ir::attribute::AttributeLike;
     let mut out = Vec::new();

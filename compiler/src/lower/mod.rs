@@ -131,6 +131,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         gpu: opts.gpu.clone(),
         args: args.iter().map(entry::Argument::manifest).collect(),
         groups: std::mem::take(&mut w.groups),
+        kernels: Vec::new(),
         train: match entry {
             Entry::Train => m.train.clone(),
             Entry::Forward => Vec::new(),
@@ -144,7 +145,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         .map(|a| format!("{}: {}{loc}", a.buf.name, a.buf.mty()))
         .collect();
     let written = w.e.finish();
-    let mut out = module_text(&written, &sig, &loc, opts.executable.then_some(&manifest));
+    let mut out = module_text(&written, &sig, &loc, opts.executable);
     match &written.tilings {
         Some(tilings) => out.push_str(&gpu_map::script(tilings)),
         None => out.push_str(emit::TRANSFORM_SCRIPT),
@@ -157,9 +158,8 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
 }
 
 /// The module up to its transform script: runtime declarations, the entry function with
-/// signature `sig` and the emitter's body, and for an executable (given its manifest) the
-/// embedded manifest and `main`.
-fn module_text(e: &Written, sig: &[String], loc: &str, executable: Option<&Manifest>) -> String {
+/// signature `sig` and the emitter's body, and for an executable `main`.
+fn module_text(e: &Written, sig: &[String], loc: &str, executable: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -186,24 +186,40 @@ fn module_text(e: &Written, sig: &[String], loc: &str, executable: Option<&Manif
         let _ = writeln!(out, "{l}");
     }
     let _ = writeln!(out, "    return{loc}\n  }}{loc}");
-    if let Some(manifest) = executable {
-        let text = format!("{}\0", manifest.to_text());
-        let (manifest_fn, main) = (abi::MANIFEST, abi::MAIN);
-        let _ = writeln!(out, "  llvm.mlir.global internal constant @{manifest_fn}_text(\"{}\") {{addr_space = 0 : i32}} : !llvm.array<{} x i8>", escape(&text), text.len());
-        let _ = writeln!(out, "  func.func @{manifest_fn}() -> !llvm.ptr {{\n    %p = llvm.mlir.addressof @{manifest_fn}_text : !llvm.ptr\n    return %p : !llvm.ptr\n  }}");
+    if executable {
+        let main = abi::MAIN;
         let _ = writeln!(out, "  func.func private @{main}(i32, !llvm.ptr) -> i32");
         let _ = writeln!(out, "  func.func @main(%argc: i32, %argv: !llvm.ptr) -> i32 {{\n    %r = func.call @{main}(%argc, %argv) : (i32, !llvm.ptr) -> i32\n    return %r : i32\n  }}");
     }
     out
 }
 
-/// LLVM IR of `_mlir__mlir_ciface_ppc_forward(void **args)`: the packed entry the runtime calls,
-/// forwarding `*args[i]` as argument `i` of the C interface. MLIR's JIT makes it for itself;
-/// executables get this one, appended to the module's LLVM IR.
-pub fn packed_entry(manifest: &Manifest) -> String {
+/// LLVM IR appended to an executable's module, once the MLIR pipelines ran (they may add to
+/// the manifest: `kernels`): the embedded manifest, `ppc_manifest()` returning it, and
+/// `_mlir__mlir_ciface_ppc_forward(void **args)`, the packed entry the runtime calls,
+/// forwarding `*args[i]` as argument `i` of the C interface (MLIR's JIT makes that one for
+/// itself).
+pub fn executable_ir(manifest: &Manifest) -> String {
+    let text = format!("{}\0", manifest.to_text());
+    let bytes: String = text
+        .bytes()
+        .map(|b| match b {
+            b' '..=b'~' if b != b'"' && b != b'\\' => (b as char).to_string(),
+            _ => format!("\\{b:02X}"),
+        })
+        .collect();
+    let manifest_fn = abi::MANIFEST;
+    let mut s = format!(
+        "\n@{manifest_fn}_text = internal constant [{} x i8] c\"{bytes}\"\n\
+         define ptr @{manifest_fn}() {{\n  ret ptr @{manifest_fn}_text\n}}\n",
+        text.len()
+    );
     let n = manifest.args.len();
     let entry = abi::FORWARD;
-    let mut s = format!("\ndefine void @_mlir__mlir_ciface_{entry}(ptr %args) {{\n");
+    let _ = write!(
+        s,
+        "\ndefine void @_mlir__mlir_ciface_{entry}(ptr %args) {{\n"
+    );
     for i in 0..n {
         let _ = writeln!(s, "  %slot{i} = getelementptr ptr, ptr %args, i64 {i}");
         let _ = writeln!(s, "  %arg{i} = load ptr, ptr %slot{i}");

@@ -201,7 +201,10 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
         // One GPU per rank: the launcher says which of the node's ranks this one is.
         let local = ppc_runtime::cuda::local_rank(|name| std::env::var(name).ok(), rank);
         match ppc_runtime::cuda::init(local, Some(arch)) {
-            Ok(gpu) => say(&format!("{who}: {gpu}")),
+            Ok(gpu) => {
+                say(&format!("{who}: {gpu}"));
+                ppc_runtime::cuda::abi::name_modules(manifest.kernels.clone());
+            }
             Err(e) => {
                 say(&format!("{who}: error: {e} (kernels compiled for {arch})"));
                 if size > 1 {

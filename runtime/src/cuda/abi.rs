@@ -77,14 +77,27 @@ pub unsafe extern "C" fn mgpuModuleGetFunction(
             .insert(
                 f as usize,
                 format!(
-                    "kernel `{}` of module #{}",
+                    "kernel `{}` of module #{} ({})",
                     kernel.to_string_lossy(),
-                    m.index
+                    m.index,
+                    MODULE_SOURCES
+                        .get()
+                        .and_then(|v| v.get(m.index))
+                        .map_or("?", String::as_str)
                 ),
             );
         f as usize
     });
     f as *mut c_void
+}
+
+/// Where each kernel module comes from in the model file, by its place in registration order
+/// (the manifest's `kernels`).
+static MODULE_SOURCES: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Names the kernel modules by their model-file locations, for errors and profiles.
+pub fn name_modules(sources: Vec<String>) {
+    let _ = MODULE_SOURCES.set(sources);
 }
 
 /// Kernels by function handle, for errors (`PPC_CUDA_SYNC=1`).
