@@ -22,10 +22,17 @@ pub const TEACHER_SEED_OFFSET: u64 = 1_000_003;
 /// Input batches the synthetic task cycles through.
 pub const SYNTHETIC_BATCHES: u64 = 8;
 
+/// The synthetic task's state: the teacher until every batch is labelled, and the batches.
+pub(crate) struct Synthetic {
+    teacher: Option<Vec<HostBuffer>>,
+    batches: Vec<Option<(HostBuffer, HostBuffer)>>,
+    seed: u64,
+}
+
 /// Batches of inputs and targets, `[M, ...]` each.
 pub(crate) enum Data {
-    /// Batch `b` is `b mod len`.
-    Pool(Vec<(HostBuffer, HostBuffer)>),
+    /// Batch `b` is `b mod SYNTHETIC_BATCHES`, labelled when first used ([`Data::prepare`]).
+    Synthetic(Synthetic),
     /// `[N, ...]` rows; batch `b` is rows `b·M + i mod N`.
     File { input: Tensor, target: Tensor },
     /// Seeded windows of a token stream, drawn from the stream `(name, b)` of `seed`.
@@ -37,8 +44,8 @@ pub(crate) enum Data {
 }
 
 impl Data {
-    /// The training data: `--data`, else the synthetic task, whose labelling is said on
-    /// `progress` (`None`: nothing said) as it can take several steps' time.
+    /// The training data: `--data`, else the synthetic task, which is said on `progress`
+    /// (`None`: nothing said), as labelling its batches takes time.
     pub(crate) fn training(
         program: &Program,
         opts: &TrainOptions,
@@ -48,6 +55,50 @@ impl Data {
             Some(path) => Data::file(program, path, opts, "train"),
             None => Data::synthetic(program, opts, progress),
         }
+    }
+
+    /// Makes batch `b` ready: a synthetic batch not labelled yet is labelled now, by a run of
+    /// the teacher in `bufs` (the training's own buffers: no second set is held); returns the
+    /// seconds that took, if it ran. Other data is always ready.
+    pub(crate) fn prepare(
+        &mut self,
+        program: &Program,
+        bufs: &mut Buffers,
+        b: u64,
+    ) -> Result<Option<f64>, TrainError> {
+        let Data::Synthetic(task) = self else {
+            return Ok(None);
+        };
+        let slot = (b % SYNTHETIC_BATCHES) as usize;
+        if task.batches[slot].is_some() {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let m = &program.manifest;
+        let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
+        let x = HostBuffer::from_tensor(&init::synthetic_inputs(
+            task.seed.wrapping_mul(SYNTHETIC_BATCHES) + slot as u64,
+            input.dtype,
+            input.init,
+            &input.shape[1..],
+            input.shape[0],
+        ));
+        let teacher = task
+            .teacher
+            .as_mut()
+            .expect("invariant: a batch is unlabelled");
+        let zero = HostBuffer::zeros(target.dtype, &target.shape);
+        bufs.run(program, x.clone(), zero, teacher)?;
+        let y = bufs.output.to_tensor();
+        let t = match target.dtype {
+            DType::I32 => argmax_last(&y, target),
+            _ => Tensor::new(target.dtype, target.shape.clone(), y.data),
+        };
+        task.batches[slot] = Some((x, HostBuffer::from_tensor(&t)));
+        if task.batches.iter().all(Option::is_some) {
+            task.teacher = None;
+        }
+        Ok(Some(started.elapsed().as_secs_f64()))
     }
 
     /// The data of `path` (`--data`, `--val-data`): a token stream when its name ends in
@@ -103,56 +154,34 @@ impl Data {
     }
 
     /// The synthetic task: the model with other weights (the teacher, seeded with
-    /// `seed + TEACHER_SEED_OFFSET`) labels [`SYNTHETIC_BATCHES`] seeded input batches.
+    /// `seed + TEACHER_SEED_OFFSET`) labels [`SYNTHETIC_BATCHES`] seeded input batches, each
+    /// when training first reaches it: the first step waits for one labelling, not all of them.
     fn synthetic(
         program: &Program,
         opts: &TrainOptions,
-        mut progress: Option<&mut dyn Write>,
+        progress: Option<&mut dyn Write>,
     ) -> Result<Data, TrainError> {
-        let started = Instant::now();
-        if let Some(w) = progress.as_deref_mut() {
+        if let Some(w) = progress {
             writeln!(
                 w,
-                "labelling the synthetic task: {SYNTHETIC_BATCHES} batches, each a forward and \
-                 backward pass of a teacher model (--data FILE trains on your data)"
+                "the synthetic task: {SYNTHETIC_BATCHES} batches, each labelled by a forward and \
+                 backward pass of a teacher model when training first reaches it (--data FILE \
+                 trains on your data)"
             )?;
         }
-        let m = &program.manifest;
-        let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
-        let mb = input.shape[0];
-
-        let teacher = program.params(&Source::Seeded(opts.seed + TEACHER_SEED_OFFSET))?;
-        let mut bufs = Buffers::new(program)?;
-        let mut teacher = teacher;
-        let mut pool = Vec::new();
-        for b in 0..SYNTHETIC_BATCHES {
-            let x = HostBuffer::from_tensor(&init::synthetic_inputs(
-                opts.seed.wrapping_mul(SYNTHETIC_BATCHES) + b,
-                input.dtype,
-                input.init,
-                &input.shape[1..],
-                mb,
-            ));
-            let zero = HostBuffer::zeros(target.dtype, &target.shape);
-            bufs.run(program, x.clone(), zero, &mut teacher)?;
-            let y = bufs.output.to_tensor();
-            let t = match target.dtype {
-                DType::I32 => argmax_last(&y, target),
-                _ => Tensor::new(target.dtype, target.shape.clone(), y.data),
-            };
-            pool.push((x, HostBuffer::from_tensor(&t)));
-        }
-        if let Some(w) = progress {
-            let took = started.elapsed().as_secs_f64();
-            writeln!(w, "labelled in {took:.2} s")?;
-        }
-        Ok(Data::Pool(pool))
+        Ok(Data::Synthetic(Synthetic {
+            teacher: Some(program.params(&Source::Seeded(opts.seed + TEACHER_SEED_OFFSET))?),
+            batches: vec![None; SYNTHETIC_BATCHES as usize],
+            seed: opts.seed,
+        }))
     }
 
     /// Batch `b`.
     pub(crate) fn batch(&self, m: &Manifest, step: u64) -> (HostBuffer, HostBuffer) {
         match self {
-            Data::Pool(pool) => pool[(step % pool.len() as u64) as usize].clone(),
+            Data::Synthetic(task) => task.batches[(step % SYNTHETIC_BATCHES) as usize]
+                .clone()
+                .expect("invariant: prepared before use"),
             Data::Tokens { stream, seed, name } => stream.batch(m.input(), *seed, name, step),
             Data::File { input, target } => {
                 let target_arg = m.arg(Role::Target).expect("invariant: training");

@@ -79,7 +79,7 @@ pub struct Program {
     pub manifest: Manifest,
     entry: PackedFn,
     /// A CUDA program's arguments on the GPU.
-    resident: crate::cuda::Resident,
+    resident: crate::cuda::resident::Resident,
 }
 
 impl Program {
@@ -415,14 +415,14 @@ pub fn bench<E: From<std::io::Error>>(
     }
     comm::take_exchange_seconds();
     crate::gemm::take_measured_bubble();
-    crate::cuda::take_copy_seconds();
+    crate::cuda::resident::take_copy_seconds();
     let (mut steps, mut waits, mut copies) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n.max(1) {
         let s = Instant::now();
         step()?;
         steps.push(s.elapsed().as_secs_f64());
         waits.push(comm::take_exchange_seconds());
-        copies.push(crate::cuda::take_copy_seconds());
+        copies.push(crate::cuda::resident::take_copy_seconds());
     }
     let bubble = crate::gemm::take_measured_bubble().unwrap_or(f64::NAN);
     let wait = median(&waits);

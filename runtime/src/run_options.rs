@@ -118,7 +118,7 @@ pub struct TrainOptions {
     /// next tokens; `ppc tokenize` makes one from text), else tensors `input` [N, ...input] and
     /// `target` [N, ...target] of a safetensors file, M rows per step, cycling. Default: a
     /// seeded synthetic task (the same model with other weights labels 8 seeded batches of
-    /// inputs; its argmax for softmax_cross_entropy).
+    /// inputs, each when training first reaches it; its argmax for softmax_cross_entropy).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Report the validation loss on FILE (read as --data is): the mean over 4 fixed batches,

@@ -124,7 +124,7 @@ pub fn train(
     // step (`shared_loss`), and rank 0 (of the first replica) reports it, as users read rank
     // 0's log.
     let speaks = crate::comm::rank() == 0 && crate::comm::replica() == 0;
-    let data = Data::training(program, opts, (speaks && !opts.json).then_some(&mut *err))?;
+    let mut data = Data::training(program, opts, (speaks && !opts.json).then_some(&mut *err))?;
     let mut bufs = Buffers::new(program)?;
     let first = optimizer.step;
     let mut losses = Vec::new();
@@ -134,14 +134,16 @@ pub fn train(
         Some(path) => Some(Data::file(program, path, opts, "val")?),
         None => None,
     };
+    // Replica `j` of `D` trains on batch `step·D + j`; the step's gradient is their mean.
+    let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
+    let batch_of = |step: u64| step * replicas + replica;
     let step_once = |bufs: &mut Buffers,
                      params: &mut Vec<HostBuffer>,
                      optimizer: &mut Optimizer,
+                     data: &Data,
                      step: u64|
      -> Result<f32, TrainError> {
-        // Replica `j` of `D` trains on batch `step·D + j`; the step's gradient is their mean.
-        let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
-        let (input, target) = data.batch(m, step * replicas + replica);
+        let (input, target) = data.batch(m, batch_of(step));
         let mut loss = bufs.run(program, input, target, params)?;
         bufs.share_held_by_all();
         if replicas > 1 {
@@ -171,10 +173,24 @@ pub fn train(
     if opts.trace.is_some() {
         crate::trace::enable();
     }
+    // Time spent labelling synthetic batches, which steps and the ETA leave out.
+    let mut labelling = 0.0;
     for s in 0..u64::from(opts.steps) {
-        let t = Instant::now();
         let step = first + s;
-        let loss = step_once(&mut bufs, &mut params, &mut optimizer, step)?;
+        if let Some(took) = data.prepare(program, &mut bufs, batch_of(step))? {
+            labelling += took;
+            if speaks && !opts.json {
+                let end = if terminal && s > 0 { "\n" } else { "" };
+                let b = batch_of(step) % crate::data::SYNTHETIC_BATCHES + 1;
+                let all = crate::data::SYNTHETIC_BATCHES;
+                writeln!(
+                    err,
+                    "{end}labelled synthetic batch {b}/{all} in {took:.2} s"
+                )?;
+            }
+        }
+        let t = Instant::now();
+        let loss = step_once(&mut bufs, &mut params, &mut optimizer, &data, step)?;
         crate::trace::record(crate::trace::Kind::Step, step as i64, Some(t));
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
@@ -193,7 +209,7 @@ pub fn train(
                 step + 1
             )?;
         } else {
-            let eta = started.elapsed().as_secs_f64() / done as f64
+            let eta = (started.elapsed().as_secs_f64() - labelling) / done as f64
                 * (u64::from(opts.steps) - done) as f64;
             let line = format!(
                 "step {}/{}  loss {loss:.6}  {}  {took:.3} s/step  ETA {eta:.0} s",
@@ -238,9 +254,13 @@ pub fn train(
         let flops = 3 * m.flops;
         let mut step = optimizer.step;
         let mut bench_opt = optimizer.clone();
+        // Every batch labelled first, so that no timed step labels one.
+        for b in 0..crate::data::SYNTHETIC_BATCHES {
+            data.prepare(program, &mut bufs, b)?;
+        }
         bench(m, flops, n, out, &mut || {
             step += 1;
-            step_once(&mut bufs, &mut params, &mut bench_opt, step).map(|_| ())
+            step_once(&mut bufs, &mut params, &mut bench_opt, &data, step).map(|_| ())
         })?;
     }
     Ok(Trained { losses, optimizer })

@@ -347,3 +347,49 @@ fn tapes_are_not_filled_before_the_loop_writes_them() {
     assert_eq!(fills_of("memref<4x256x1024xf32>"), 1, "the gradient of w1");
     assert_eq!(fills_of("memref<4x1024x256xf32>"), 1, "the gradient of w2");
 }
+
+/// The synthetic task labels each of its 8 batches when training first reaches it: nothing
+/// before `--steps 0` ends, one labelling before the first step, eight at most. (That the
+/// batches do not depend on when they are labelled, `executables_train_and_resume_…` shows: a
+/// resumed run labels its batches at other steps than the run it continues.)
+#[test]
+fn the_synthetic_task_labels_each_batch_when_training_first_reaches_it() {
+    let dir = std::env::temp_dir().join(format!("ppc-labels-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let exe = dir.join("mlp");
+    let (model, exe_s) = (path("examples/mlp.ppc"), exe.display().to_string());
+    let (code, _, err) = ppc(&[
+        "compile", &model, "--dim", "d=32", "--dim", "h=64", "--train", "-o", &exe_s,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let labelled = |steps: &str| {
+        let o = std::process::Command::new(&exe)
+            .args(["--steps", steps])
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "--steps {steps}: {err}");
+        let lines: Vec<String> = err
+            .lines()
+            .filter(|l| l.starts_with("labelled synthetic batch"))
+            .map(String::from)
+            .collect();
+        (lines, err)
+    };
+    let (none, err) = labelled("0");
+    assert!(none.is_empty(), "{err}");
+    assert!(err.contains("when training first reaches it"), "{err}");
+    let (one, err) = labelled("1");
+    assert_eq!(one.len(), 1, "{err}");
+    assert!(
+        one[0].starts_with("labelled synthetic batch 1/8 in "),
+        "{err}"
+    );
+    let (all, err) = labelled("12");
+    let expected: Vec<String> = (1..=8)
+        .map(|b| format!("labelled synthetic batch {b}/8"))
+        .collect();
+    let got: Vec<&str> = all.iter().map(|l| &l[..l.find(" in ").unwrap()]).collect();
+    assert_eq!(got, expected, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
