@@ -59,7 +59,7 @@ pub unsafe extern "C" fn mgpuModuleGetFunction(
     // SAFETY: the contract above.
     let m = unsafe { &*module.cast::<Module>() };
     // SAFETY: `ptx` is NUL-terminated PTX (contract of `mgpuModuleLoadJIT`).
-    let handle = *m.loaded.get_or_init(|| unsafe { load(m.ptx) });
+    let handle = *m.loaded.get_or_init(|| unsafe { load(m.ptx, m.index) });
     let mut functions = m.functions.lock().unwrap_or_else(|e| e.into_inner());
     let f = *functions.entry(name as usize).or_insert_with(|| {
         let mut f: cu::CUfunction = std::ptr::null_mut();
@@ -77,13 +77,9 @@ pub unsafe extern "C" fn mgpuModuleGetFunction(
             .insert(
                 f as usize,
                 format!(
-                    "kernel `{}` of module #{} ({})",
+                    "kernel `{}` of {}",
                     kernel.to_string_lossy(),
-                    m.index,
-                    MODULE_SOURCES
-                        .get()
-                        .and_then(|v| v.get(m.index))
-                        .map_or("?", String::as_str)
+                    module_name(m.index)
                 ),
             );
         f as usize
@@ -100,15 +96,23 @@ pub fn name_modules(sources: Vec<String>) {
     let _ = MODULE_SOURCES.set(sources);
 }
 
+/// `module #N (file:line:col)`: the module's place in registration order and where it comes
+/// from.
+fn module_name(index: usize) -> String {
+    let source = MODULE_SOURCES.get().and_then(|v| v.get(index));
+    format!("module #{index} ({})", source.map_or("?", String::as_str))
+}
+
 /// Kernels by function handle, for errors (`PPC_CUDA_SYNC=1`).
 static KERNEL_NAMES: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
 
-/// Loads a PTX module; a module the driver refuses fails with the driver's compile log and
-/// the module's first kernel, not a bare "invalid PTX".
+/// Loads PTX module number `index`; a module the driver refuses fails with the driver's
+/// compile log, the module's place and model line and its first kernel, not a bare "invalid
+/// PTX".
 ///
 /// # Safety
 /// `ptx` is NUL-terminated PTX.
-unsafe fn load(ptx: *const c_char) -> usize {
+unsafe fn load(ptx: *const c_char, index: usize) -> usize {
     const LOG: usize = 16 << 10;
     let mut log = vec![0u8; LOG];
     let mut options = [
@@ -136,7 +140,8 @@ unsafe fn load(ptx: *const c_char) -> usize {
             .map_or("?", |rest| rest.trim_end_matches(['(', ' ']));
         let log = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]);
         super::fail(&format!(
-            "{e}\n  in the kernel module whose first kernel is `{entry}` ({} bytes of PTX)\n  the driver's log: {}",
+            "{e}\n  in kernel {}, whose first kernel is `{entry}` ({} bytes of PTX)\n  the driver's log: {}",
+            module_name(index),
             text.len(),
             if log.trim().is_empty() { "(empty)" } else { log.trim() }
         ));
