@@ -5,13 +5,18 @@
 #       On the Debian build machine, after scripts/setup.sh: builds ppc (release), compiles every
 #       case below for --target cuda into DIR/bin, writes the interpreter's outputs (DIR/ref)
 #       and the CPU executables' training losses, copies the shared libraries the executables
-#       and MPICH's launcher need (DIR/lib), and packs it all into DIR.tar.xz (~17 MB).
+#       and MPICH's launcher need (DIR/lib), and packs it all into DIR.tar.xz (~13 MB).
 #   scripts/gpu-check.sh run [DIR or DIR.tar.xz]
-#       On a GPU host that has the CUDA driver and Python with JAX (CUDA), nothing else (glibc
-#       2.34 or later: Debian 12, Ubuntu 22.04); well under 8 minutes on an H200: every case on
-#       the GPU against its reference, then the bf16 transformer pipeline sized to keep an H200
-#       busy (TFLOP/s, and MFU against the measured bf16 GEMM rate of 790 TFLOP/s), then JAX's
-#       SPMD GPipe of the same shape on the same GPU. Exit status 0 only when all passed.
+#       On a GPU host that has the CUDA driver, cuBLAS 12 or 13 (a CUDA toolkit's, or Python's
+#       NVIDIA wheels') and Python with JAX (CUDA), nothing else (glibc 2.34 or later: Debian 12,
+#       Ubuntu 22.04); about 2.5 minutes on an H200 (2026-12-04): the GPU and its managed-memory
+#       attributes, the smallest case alone with every launch synchronous, the runtime's GEMMs
+#       against an f64 product (examples/gpu_gemm.rs of the runtime), every case on the GPU
+#       against its reference, then the bf16 transformer pipeline sized to keep an H200 busy
+#       (TFLOP/s, and MFU against the measured bf16 GEMM rate of 790 TFLOP/s), then JAX's SPMD
+#       GPipe of the same shape on the same GPU, then where the bench's step goes
+#       (PPC_CUDA_PROFILE=1). Exit status 0 only when all passed; GPU_CHECK_LOGS=DIR keeps
+#       every case's log.
 #
 # PPC_GPU_CHECK_CPU=1 prepares CPU executables instead, and a small bench shape: the same run
 # half then checks this script itself on a machine without a GPU.
