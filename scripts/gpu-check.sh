@@ -249,5 +249,5 @@ PY
 case "$MODE" in
   prepare) prepare ;;
   run) run ;;
-  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
