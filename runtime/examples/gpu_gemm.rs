@@ -124,9 +124,10 @@ fn values(len: usize, seed: u64, dtype: DType) -> Vec<f32> {
         .collect()
 }
 
-fn entry(
+/// The runtime's entry point for `dtype` operands with a stage mask (`c += a · b` with
+/// `accumulate`), as generated code calls it.
+fn masked(
     dtype: DType,
-    mask: bool,
     accumulate: bool,
 ) -> unsafe extern "C" fn(*const Unranked, *const Unranked, *const Unranked, *const Unranked) {
     match (dtype, accumulate) {
@@ -136,10 +137,11 @@ fn entry(
         (DType::F32, true) => _mlir_ciface_ppc_matmul_acc_f32_masked,
         (DType::BF16, true) => _mlir_ciface_ppc_matmul_acc_bf16_masked,
         (DType::F16, true) => _mlir_ciface_ppc_matmul_acc_f16_masked,
-        _ => unreachable!("{mask}"),
+        _ => unreachable!("GEMM operands are floats"),
     }
 }
 
+/// The same without a mask.
 fn plain(
     dtype: DType,
     accumulate: bool,
@@ -151,7 +153,7 @@ fn plain(
         (DType::F32, true) => _mlir_ciface_ppc_matmul_acc_f32,
         (DType::BF16, true) => _mlir_ciface_ppc_matmul_acc_bf16,
         (DType::F16, true) => _mlir_ciface_ppc_matmul_acc_f16,
-        _ => unreachable!(),
+        _ => unreachable!("GEMM operands are floats"),
     }
 }
 
@@ -256,7 +258,7 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
     // SAFETY: each descriptor covers its buffer, which outlives the call; `c` overlaps neither.
     unsafe {
         match case.mask {
-            Some(_) => entry(dtype, true, case.accumulate)(&ua, &ub, &uc, &um),
+            Some(_) => masked(dtype, case.accumulate)(&ua, &ub, &uc, &um),
             None => plain(dtype, case.accumulate)(&ua, &ub, &uc),
         }
     }
