@@ -102,7 +102,19 @@ impl Builder {
         callee: FuncId,
         args: Vec<ValueId>,
     ) -> Result<Vec<ValueId>, Diagnostic> {
-        let kind = OpKind::Call { callee, args };
+        self.call_if(hint, m, callee, args, None)
+    }
+
+    /// As [`Builder::call_n`], the callee running only where `on` (`OpKind::Call`).
+    pub fn call_if(
+        &mut self,
+        hint: &str,
+        m: &Module,
+        callee: FuncId,
+        args: Vec<ValueId>,
+        on: Option<ValueId>,
+    ) -> Result<Vec<ValueId>, Diagnostic> {
+        let kind = OpKind::Call { callee, args, on };
         self.op_n(hint, kind, vec![], Some(&m.funcs[callee]))
     }
 
@@ -260,9 +272,9 @@ impl Builder {
                         Ok(body.results.iter().map(|v| env[v]).collect())
                     })?
                 }
-                OpKind::Call { callee, args } => {
+                OpKind::Call { callee, args, on } => {
                     let args = args.iter().map(|v| env[v]).collect();
-                    self.call_n(&hint, m, *callee, args)?
+                    self.call_if(&hint, m, *callee, args, on.map(|v| env[&v]))?
                 }
                 _ => vec![self.copy_op(f, op, env)?],
             };

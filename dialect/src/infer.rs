@@ -478,11 +478,21 @@ pub fn infer(
             }
             one(slice)
         }
-        OpKind::Call { .. } => {
+        OpKind::Call { on, .. } => {
             let f = callee.ok_or_else(|| TypeError {
                 message: "the callee is not a function defined before the caller".into(),
                 operand: None,
             })?;
+            let operands = match on {
+                Some(_) if operands[0].dtype != DType::I1 || operands[0].rank() != 0 => {
+                    return err(
+                        format!("`call_if`'s flag must be i1[], got {}", operands[0]),
+                        Some(0),
+                    )
+                }
+                Some(_) => &operands[1..],
+                None => operands,
+            };
             let (cname, args, results) = (&f.name, f.arg_types(), f.result_types());
             if args.len() != operands.len() {
                 return err(
@@ -502,7 +512,7 @@ pub fn infer(
                             sizes(a),
                             sizes(o)
                         ),
-                        Some(i),
+                        Some(i + usize::from(on.is_some())),
                     );
                 }
             }

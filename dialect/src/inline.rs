@@ -97,7 +97,8 @@ impl Inliner<'_> {
             let op = &f.ops[id];
             self.b.span = f.op_spans.get(&id);
             let outs = match &op.kind {
-                OpKind::Call { callee, args } => {
+                // Model files cannot write `call_if` (only passes do; `ppc check` rejects it).
+                OpKind::Call { callee, args, .. } => {
                     let args: Vec<ValueId> = args.iter().map(|v| env[v]).collect();
                     self.call(*callee, &args)?
                 }

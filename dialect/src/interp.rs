@@ -312,10 +312,14 @@ impl<'m> Interp<'m> {
                         None => x,
                     }]
                 }
-                OpKind::Call { callee, args } => {
+                OpKind::Call { callee, args, on } => {
                     let g = &self.module.funcs[*callee];
-                    let args = args.iter().map(|&v| get(v).clone()).collect();
-                    self.call(g, args, layer)?
+                    if on.is_some_and(|c| get(c).value(0) == 0.0) {
+                        g.result_types().iter().map(identity).collect()
+                    } else {
+                        let args = args.iter().map(|&v| get(v).clone()).collect();
+                        self.call(g, args, layer)?
+                    }
                 }
                 OpKind::Loop { trips, inits, body } => {
                     let mut carried: Vec<Tensor> = inits.iter().map(|&v| get(v).clone()).collect();
@@ -544,4 +548,10 @@ pub fn stack(ts: &[Tensor]) -> Tensor {
         shape,
         ts.iter().flat_map(|t| t.data.iter().copied()).collect(),
     )
+}
+
+/// What a `call_if` that does not run returns: `-0.0` (the additive identity), integers 0.
+fn identity(ty: &Type) -> Tensor {
+    let fill = if ty.dtype.is_float() { -0.0 } else { 0.0 };
+    Tensor::new(ty.dtype, ty.shape_usize(), vec![fill; ty.elements() as usize])
 }

@@ -402,6 +402,9 @@ pub mod names {
     pub const PIPELINE: &str = "pipeline";
     /// The pipeline followed by the model's loss (`loss`, training only).
     pub const TRAIN: &str = "train";
+    /// The model's loss of its outputs against the targets (`loss`), which `@train` calls on
+    /// the last rank.
+    pub const LOSS: &str = "loss";
     /// Written by the user, optional: runs on each microbatch before the pipelined layers
     /// (token ids to activations).
     pub const EMBED: &str = "embed";

@@ -193,10 +193,15 @@ pub enum OpKind {
         x: ValueId,
         reverse: bool,
     },
-    /// Call of another function of the module; its parameters are its own.
+    /// Call of another function of the module; its parameters are its own. With `on` (an `i1`
+    /// scalar; text `call_if @f, %on, %x`) the callee runs only where `on` is true, and
+    /// elsewhere the results are `-0.0` (integers 0): the additive identity, so that the
+    /// gradients of a call that did not run add nothing. `embed-head` and `loss` use it to run
+    /// a model's ends only on the ranks that hold them.
     Call {
         callee: FuncId,
         args: Vec<ValueId>,
+        on: Option<ValueId>,
     },
     /// `trips` iterations of `body`; body arguments are the iteration number (i32 scalar) and
     /// the carried values, which start as `inits`; the results are the last carried values.
@@ -371,7 +376,8 @@ impl OpKind {
             OpKind::Update { .. } => "update",
             OpKind::Rank => "rank",
             OpKind::Exchange { .. } => "exchange",
-            OpKind::Call { .. } => "call",
+            OpKind::Call { on: None, .. } => "call",
+            OpKind::Call { on: Some(_), .. } => "call_if",
             OpKind::Loop { .. } => "loop",
         }
     }
@@ -414,7 +420,7 @@ impl OpKind {
                 x, update, index, ..
             } => vec![*x, *update, *index],
             OpKind::Concat { xs, .. } => xs.clone(),
-            OpKind::Call { args, .. } => args.clone(),
+            OpKind::Call { args, on, .. } => on.iter().chain(args).copied().collect(),
             OpKind::Loop { inits, .. } => inits.clone(),
             OpKind::Iota { .. } | OpKind::Constant { .. } | OpKind::Rank => vec![],
         }
@@ -470,9 +476,13 @@ impl OpKind {
                 *update = f(*update);
                 *index = f(*index);
             }
-            OpKind::Concat { xs, .. }
-            | OpKind::Call { args: xs, .. }
-            | OpKind::Loop { inits: xs, .. } => xs.iter_mut().for_each(|v| *v = f(*v)),
+            OpKind::Call { args, on, .. } => {
+                *on = on.map(&mut f);
+                args.iter_mut().for_each(|v| *v = f(*v));
+            }
+            OpKind::Concat { xs, .. } | OpKind::Loop { inits: xs, .. } => {
+                xs.iter_mut().for_each(|v| *v = f(*v))
+            }
             OpKind::Iota { .. } | OpKind::Constant { .. } | OpKind::Rank => {}
         }
         k

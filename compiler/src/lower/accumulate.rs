@@ -68,7 +68,11 @@ pub fn find(
         for (acc, d) in [(lhs, rhs), (rhs, lhs)] {
             let Some(call_at) = position(d) else { continue };
             let call = block.ops[call_at];
-            let OpKind::Call { callee, .. } = &f.ops[call].kind else {
+            // A `call_if` that does not run adds nothing, so nothing folds into it.
+            let OpKind::Call {
+                callee, on: None, ..
+            } = &f.ops[call].kind
+            else {
                 continue;
             };
             let g = &m.funcs[*callee];

@@ -153,10 +153,10 @@ impl BlockPlan {
                     Some(scalar) => Decision::IndexView { scalar },
                     None => Decision::Compute,
                 },
-                OpKind::Call { callee, .. } => {
+                OpKind::Call { callee, on, .. } => {
                     let gemm_adds = gemm_accumulations.iter().any(|a| a.call == id);
-                    let stages = match (cx.gpu, cx.in_parallel_loop || gemm_adds) {
-                        (false, false) => stage_split::stages(m, &m.funcs[*callee]),
+                    let stages = match (cx.gpu, cx.in_parallel_loop || gemm_adds, on) {
+                        (false, false, None) => stage_split::stages(m, &m.funcs[*callee]),
                         _ => None,
                     };
                     Decision::Call { stages }

@@ -77,15 +77,17 @@ pub(super) struct Walker<'m, 'a> {
 impl Walker<'_, '_> {
     /// Emits `f`'s body with `args` bound; returns its result buffers.
     pub fn func(&mut self, f: &Func, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
-        self.func_into(f, args, &HashMap::new())
+        self.func_into(f, args, &HashMap::new(), &HashMap::new())
     }
 
-    /// As [`Walker::func`], with results computed by adding into the given buffers (by result
-    /// index; `accumulate.rs`).
+    /// As [`Walker::func`], with results computed straight into the buffers of `into` where
+    /// the plan allows, and by adding into those of `add_into` (both by result index;
+    /// `accumulate.rs`).
     fn func_into(
         &mut self,
         f: &Func,
         args: Vec<Buf>,
+        into: &HashMap<usize, Buf>,
         add_into: &HashMap<usize, Buf>,
     ) -> Result<Vec<Buf>, Diagnostic> {
         let mut env: HashMap<ValueId, Buf> = f.body.args.iter().copied().zip(args).collect();
@@ -116,12 +118,13 @@ impl Walker<'_, '_> {
             let buf = self.e.stage_slice(&buf, f.ty(p.value));
             env.insert(p.value, buf);
         }
-        let add_into: HashMap<ValueId, Buf> = add_into
-            .iter()
-            .map(|(&i, b)| (f.body.results[i], b.clone()))
-            .collect();
+        let by_value = |bufs: &HashMap<usize, Buf>| -> HashMap<ValueId, Buf> {
+            bufs.iter()
+                .map(|(&i, b)| (f.body.results[i], b.clone()))
+                .collect()
+        };
         let fusion = Fusion::of(f, &f.body);
-        self.block(f, &f.body, fusion, &mut env, &HashMap::new(), &add_into)?;
+        self.block(f, &f.body, fusion, &mut env, &by_value(into), &by_value(add_into))?;
         Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
     }
 
@@ -303,10 +306,23 @@ impl Walker<'_, '_> {
         split: Option<u64>,
     ) -> Result<(), Diagnostic> {
         let (f, op) = (s.f, &s.f.ops[id]);
-        let OpKind::Call { callee, .. } = &op.kind else {
+        let OpKind::Call { callee, on, .. } = &op.kind else {
             unreachable!("invariant: planned for calls")
         };
         let g = &self.m.funcs[*callee];
+        let mut ins = ins;
+        // `call_if`: the callee computes into buffers allocated outside the `scf.if`, which
+        // its `else` fills with -0.0.
+        let guard = on.map(|_| ins.remove(0));
+        let finals: HashMap<usize, Buf> = match guard {
+            Some(_) => (op.results.iter().enumerate())
+                .map(|(i, &r)| (i, self.e.alloc(&value_type(&self.e, f, r))))
+                .collect(),
+            None => HashMap::new(),
+        };
+        if let Some(flag) = &guard {
+            self.e.begin_if(flag);
+        }
         // The adds this call's results fold into: into the accumulator's own buffer, or a
         // fresh one holding a copy of it.
         let accumulations = match split {
@@ -330,8 +346,9 @@ impl Walker<'_, '_> {
         }
         let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
         // The calls the pipeline's loops make (a stage's body) are functions of their own on
-        // the CPU; the calls inside them are inlined.
-        let outline = self.calls == 0 && self.e.gpu.is_none();
+        // the CPU; the calls inside them are inlined, as are those outside every loop (the
+        // model's ends, the loss), which run once.
+        let outline = self.calls == 0 && self.e.gpu.is_none() && self.e.loops > 0;
         if outline {
             self.e.begin_outlined();
         }
@@ -341,14 +358,36 @@ impl Walker<'_, '_> {
                 let read: Vec<bool> = op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
                 self.split_call(g, ins, &read, &add_into, stages)?
             }
-            None => self.func_into(g, ins, &add_into)?,
+            None => self.func_into(g, ins, &finals, &add_into)?,
         };
         self.calls -= 1;
+        // Copied where the plan could not compute a result into its buffer (a view, an
+        // argument), inside the region, which may define the view.
+        let outs = match guard {
+            Some(_) => (outs.iter().enumerate())
+                .map(|(i, out)| {
+                    if out.name != finals[&i].name {
+                        self.e.copy(out, &finals[&i]);
+                    }
+                    finals[&i].clone()
+                })
+                .collect(),
+            None => outs,
+        };
         // The results are buffers allocated at function entry (a stage's layer loop's carried
-        // values, a split call's wholes), so code after the region can name them; MLIR's
-        // verifier would reject a view made inside it.
+        // values, a split call's wholes, a `call_if`'s), so code after the region can name
+        // them; MLIR's verifier would reject a view made inside it.
         if outline {
             self.e.end_outlined();
+        }
+        if guard.is_some() {
+            self.e.begin_else();
+            for out in &outs {
+                let zero = if out.ty.dtype.is_float() { -0.0 } else { 0.0 };
+                let zero = self.e.constant(zero, out.ty.dtype);
+                self.e.fill(&zero, out);
+            }
+            self.e.end_if();
         }
         env.extend(op.results.iter().copied().zip(outs));
         for (add, out) in adds.into_values() {

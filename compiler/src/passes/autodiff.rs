@@ -58,6 +58,10 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let called: HashSet<FuncId> = m.funcs.values().flat_map(callees).collect();
     // What the functions that keep everything (the called ones, see `remat_of`) call.
     let nested: HashSet<FuncId> = called.iter().flat_map(|&g| callees(&m.funcs[g])).collect();
+    // Rematerializing saves what a loop would keep once per iteration; a function called
+    // outside every loop (a model's ends) runs once a step, so its backward reads what its
+    // forward kept, as if it were inlined.
+    let once: HashSet<FuncId> = m.funcs.values().flat_map(called_outside_loops).collect();
     let mut vjps = HashMap::new();
     let mut splits = HashMap::new();
     for id in ids {
@@ -71,7 +75,8 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             splits: &splits,
         };
         let vjp = diff.build().map_err(|d| vec![d])?;
-        let split = if called.contains(&id) && (opts.remat == Remat::None || nested.contains(&id)) {
+        let keeps = opts.remat == Remat::None || nested.contains(&id) || once.contains(&id);
+        let split = if called.contains(&id) && keeps {
             let fwd = diff.build_fwd().map_err(|d| vec![d])?;
             Some((fwd, diff.build_bwd().map_err(|d| vec![d])?))
         } else {
@@ -127,6 +132,16 @@ fn callees(f: &Func) -> Vec<FuncId> {
     let mut out = Vec::new();
     walk(f, &f.body, &mut out);
     out
+}
+
+/// The functions `f`'s body calls outside its loops.
+fn called_outside_loops(f: &Func) -> Vec<FuncId> {
+    (f.body.ops.iter())
+        .filter_map(|&id| match &f.ops[id].kind {
+            OpKind::Call { callee, .. } => Some(*callee),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The parameters whose cotangents `@f_vjp` returns, in order: `f`'s own, then those of the
@@ -328,15 +343,16 @@ impl Diff<'_> {
                     residues.insert(id, tapes);
                     outs
                 }
-                OpKind::Call { callee, args } => {
+                OpKind::Call { callee, args, on } => {
                     let args = args.iter().map(|a| env[a]).collect();
+                    let on = on.map(|c| env[&c]);
                     match self.split(*callee) {
                         Some(s) => {
-                            let mut outs = b.call_n(&hint, self.m, s.fwd, args)?;
+                            let mut outs = b.call_if(&hint, self.m, s.fwd, args, on)?;
                             residues.insert(id, outs.split_off(op.results.len()));
                             outs
                         }
-                        None => b.call_n(&hint, self.m, *callee, args)?,
+                        None => b.call_if(&hint, self.m, *callee, args, on)?,
                     }
                 }
                 kind => {
@@ -404,7 +420,7 @@ impl Diff<'_> {
         residuals: &[ValueId],
         cots: &mut Cots,
     ) -> Result<(), Diagnostic> {
-        let OpKind::Call { callee, args } = &op.kind else {
+        let OpKind::Call { callee, args, on } = &op.kind else {
             unreachable!("invariant: called on calls")
         };
         if op.results.iter().all(|r| !cots.values.contains_key(r)) {
@@ -424,7 +440,10 @@ impl Diff<'_> {
             });
         }
         let g = &self.m.funcs[*callee];
-        let outs = b.call_n(&format!("vjp_{}", g.name), self.m, vjp, vjp_args)?;
+        // A `call_if`'s backward runs where its forward did; elsewhere its cotangents are
+        // -0.0 and add nothing.
+        let on = on.map(|c| env[&c]);
+        let outs = b.call_if(&format!("vjp_{}", g.name), self.m, vjp, vjp_args, on)?;
         let mut outs = outs[results..].iter().copied();
         for &a in args.iter().filter(|&&a| self.is_float(a)) {
             let d = outs

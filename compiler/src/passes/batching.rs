@@ -12,7 +12,7 @@ use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
 use ppc_dialect::ir::{Block, Func, ValueId};
 use ppc_dialect::op::OpKind;
-use ppc_dialect::{DType, Dim, Type};
+use ppc_dialect::{Dim, Type};
 use std::collections::HashMap;
 
 /// A value of the stage program and whether it carries the stage axis.
@@ -36,10 +36,10 @@ pub enum Mask {
     /// `%active: i1[S]`, false for stages in a bubble slot, which batched matmuls take so
     /// bubbles cost nothing.
     PerEntry(ValueId),
-    /// One `i1[]` flag for the whole axis (whether this rank runs `@embed` or `@head`), or none.
-    /// A matmul of a batched operand by an unbatched matrix (a weight of `@head`) is then one
-    /// GEMM over every row of every entry, not one per entry.
-    Whole(Option<ValueId>),
+    /// Every entry runs (the microbatches of `@embed` and `@head`, on the ranks that run
+    /// them). A matmul of a batched operand by an unbatched matrix (a weight of `@head`) is
+    /// then one GEMM over every row of every entry, not one per entry.
+    Whole,
 }
 
 impl Ctx<'_> {
@@ -79,13 +79,13 @@ impl Ctx<'_> {
     }
 
     /// With [`Mask::Whole`], a batched `[A, ..., k]` times an unbatched matrix `[k, n]` as one
-    /// GEMM over all `A·...` rows (`[1, rows, k]` under the flag, which masks the one entry).
+    /// GEMM over all `A·...` rows.
     fn flat_matmul(
         &mut self,
         ins: &[Batched],
         result: &Type,
     ) -> Result<Option<Batched>, Diagnostic> {
-        let Mask::Whole(flag) = self.mask else {
+        let Mask::Whole = self.mask else {
             return Ok(None);
         };
         let (lhs, rhs) = (ins[0], ins[1]);
@@ -96,30 +96,18 @@ impl Ctx<'_> {
         let k = lt.dims[lt.rank() - 1].clone();
         let n = result.dims[result.rank() - 1].clone();
         let rows: u64 = lt.dims[..lt.rank() - 1].iter().map(|d| d.size).product();
-        let lead: Vec<Dim> = flag.iter().map(|_| Dim::lit(1)).collect();
-        let flat = |last: Dim| {
-            let mut dims = lead.clone();
-            dims.extend([Dim::lit(rows), last]);
-            dims
-        };
+        let flat = |last: Dim| vec![Dim::lit(rows), last];
         let rows_ty = Type::new(lt.dtype, flat(k));
         let x = self
             .b
             .op("rows", OpKind::Reshape { x: lhs.value }, Some(rows_ty))?;
-        let mask = match flag {
-            Some(f) => {
-                let t = Type::new(DType::I1, vec![Dim::lit(1)]);
-                Some(self.b.op("runs", OpKind::Reshape { x: f }, Some(t))?)
-            }
-            None => None,
-        };
         let out_ty = Type::new(result.dtype, flat(n));
         let y = self.b.op(
             "rows_out",
             OpKind::MatMul {
                 lhs: x,
                 rhs: rhs.value,
-                mask,
+                mask: None,
             },
             Some(out_ty),
         )?;
@@ -209,11 +197,7 @@ pub fn batch(
             let mask = match cx.mask {
                 _ if !any => None,
                 Mask::PerEntry(active) => Some(active),
-                Mask::Whole(None) => None,
-                Mask::Whole(Some(flag)) => {
-                    let t = Type::new(DType::I1, vec![cx.stage.clone()]);
-                    Some(cx.b.op("runs", OpKind::Broadcast { x: flag }, Some(t))?)
-                }
+                Mask::Whole => None,
             };
             OpKind::MatMul {
                 lhs: a[0],

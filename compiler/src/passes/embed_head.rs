@@ -2,29 +2,33 @@
 //! `@head` on every microbatch. Models without `@embed` and `@head` are left as they are
 //! (their entry stays `@pipeline`).
 //!
-//! Preconditions: `gpipe-loop` has run. Postconditions: the module also holds
-//! `@model(%x: [M, ...input]) -> [M, ...output]`. `@embed` and `@head` run outside the loop,
-//! vectorized over the microbatch axis by the batching rules of `vmap-stages` (as Praxis and
-//! MaxText run them), so a weight of `@head` is one GEMM over all rows of all microbatches and an
-//! embedding is one gather. Their parameters are `@model`'s, once per name: a name `@embed` and
-//! `@head` both declare is one parameter (a tied embedding), whose gradient is then the sum of
-//! both uses.
+//! Preconditions: `gpipe-loop` has run. Postconditions: the module also holds `@embed_all`
+//! and `@head_all`, the ends over all microbatches with their weights as arguments, and
+//! `@model(%x: [M, ...input]) -> [M, ...output]`, which calls them around the GPipe loop. The
+//! ends are vectorized over the microbatch axis by the batching rules of `vmap-stages` (as
+//! Praxis and MaxText run them), so a weight of `@head` is one GEMM over all rows of all
+//! microbatches and an embedding is one gather. Their parameters are `@model`'s, once per
+//! name: a name `@embed` and `@head` both declare is one parameter (a tied embedding), whose
+//! gradient is then the sum of both uses.
 //!
-//! Split over ranks, every rank runs `@model`, but only rank 0 feeds stage 0 and only the last
-//! rank holds the outputs (`gpipe-loop.rs`): `@embed`'s matmuls run on rank 0 only and
-//! `@head`'s on the last rank only (masked elsewhere, as bubbles are), and `@head` reads zeros
-//! on the other ranks, whose output buffers hold bubbles. Their parameters' gradients are thus
-//! exact on the rank that uses them and zero elsewhere; the runtime sums them across the ranks
-//! of a pipeline, so every rank applies the same update to its copy.
+//! Split over ranks, only rank 0 feeds stage 0 and only the last rank holds the outputs
+//! (`gpipe-loop.rs`): `@embed_all` runs on rank 0 only and `@head_all` on the last rank only
+//! (`call_if`; elsewhere their results are -0.0), and so do their backward passes. Their
+//! parameters' gradients are thus exact on the rank that uses them and -0.0 elsewhere; the
+//! runtime sums them across the ranks of a pipeline, so every rank applies the same update to
+//! its copy.
 //!
 //! ```text
+//! func @embed_all(%x: i32[#microbatches, b, t], %wte: f32[vocab, d]) -> f32[#microbatches, b, t, d] {
+//!   %h = gather %wte, %x, axis = 0 : f32[microbatches, b, t, d]
+//!   ...
+//! }
 //! func @model(%x: i32[#microbatches, b, t]) -> f32[#microbatches, b, t, vocab] {
 //!   param %wte: f32[vocab, d] = normal(0.02)
-//!   %h = gather %wte, %x, axis = 0 : f32[microbatches, b, t, d]
+//!   %is_first_rank = eq %rank, %first_rank
+//!   %h = call_if @embed_all, %is_first_rank, %x, %wte
 //!   ...the GPipe loop of `@pipeline` on %h...
-//!   %rows = reshape %y : f32[1024, d]
-//!   %logits = matmul %rows, %wte_t : f32[1024, vocab]
-//!   ...
+//!   %logits = call_if @head_all, %is_last_rank, %y, %wte
 //! }
 //! ```
 
@@ -34,7 +38,7 @@ use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Func, FuncId, Item, Module, Setting, ValueId};
 use ppc_dialect::op::{CmpPred, Float, OpKind};
-use ppc_dialect::{DType, Dim, Type};
+use ppc_dialect::{DType, Dim};
 use std::collections::HashMap;
 
 pub fn embed_head(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
@@ -51,12 +55,26 @@ pub fn embed_head(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
             "`embed-head` needs `@pipeline`: run `gpipe-loop` first",
         )]
     })?;
-    let model = build(m, pipeline).map_err(|d| vec![d])?;
+    let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
+    let mut ends = Vec::new();
+    for name in [names::EMBED, names::HEAD] {
+        let all = match m.func(name) {
+            Some(f) => Some(all_microbatches(f, &mbs).map_err(|d| vec![d])?),
+            None => None,
+        };
+        ends.push(all.map(|g| m.funcs.push(g)));
+    }
+    let model = build(m, pipeline, ends[0], ends[1]).map_err(|d| vec![d])?;
     m.funcs.push(model);
     Ok(())
 }
 
-fn build(m: &Module, pipeline: FuncId) -> Result<Func, Diagnostic> {
+fn build(
+    m: &Module,
+    pipeline: FuncId,
+    embed_all: Option<FuncId>,
+    head_all: Option<FuncId>,
+) -> Result<Func, Diagnostic> {
     let (embed, head) = (m.func(names::EMBED), m.func(names::HEAD));
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let mut b = Builder::new(names::MODEL);
@@ -67,98 +85,90 @@ fn build(m: &Module, pipeline: FuncId) -> Result<Func, Diagnostic> {
     }
     b.span = m.spans.get(&Item::Pipeline);
     let x = b.arg("x", m.input.insert(0, mbs.clone()));
-    let ranks = ranks(&mut b, m.pipeline.ranks)?;
-    let h = match embed {
-        Some(f) => vectorize(&mut b, f, x, &mbs, ranks.map(|r| r.first))?,
-        None => x,
+    let (first, last) = match m.pipeline.ranks {
+        1 => (None, None),
+        ranks => {
+            let rank = b.op("rank", OpKind::Rank, None)?;
+            (
+                Some(is_rank(&mut b, rank, "first", 0)?),
+                Some(is_rank(&mut b, rank, "last", ranks - 1)?),
+            )
+        }
+    };
+    let h = match (embed, embed_all) {
+        (Some(f), Some(all)) => call_end(&mut b, m, f, all, x, first)?,
+        _ => x,
     };
     b.span = m.spans.get(&Item::Pipeline);
     let y = b.inline(m, &m.funcs[pipeline], &[h])?[0];
-    let out = match head {
-        Some(f) => {
-            // Other ranks' output buffers hold bubbles (NaN with `--poison-bubbles`).
-            let y = match ranks {
-                Some(r) => {
-                    let zero = b.op(
-                        "no_outputs",
-                        OpKind::Constant { value: Float(0.0) },
-                        Some(Type::scalar(b.ty(y).dtype)),
-                    )?;
-                    b.op(
-                        "outputs_here",
-                        OpKind::Select {
-                            cond: r.last,
-                            on_true: y,
-                            on_false: zero,
-                        },
-                        None,
-                    )?
-                }
-                None => y,
-            };
-            vectorize(&mut b, f, y, &mbs, ranks.map(|r| r.last))?
-        }
-        None => y,
+    let out = match (head, head_all) {
+        (Some(f), Some(all)) => call_end(&mut b, m, f, all, y, last)?,
+        _ => y,
     };
     Ok(b.finish(vec![out]))
 }
 
-/// Whether this rank is the first and the last of the pipeline.
-#[derive(Clone, Copy)]
-struct Ranks {
-    first: ValueId,
-    last: ValueId,
-}
-
-fn ranks(b: &mut Builder, ranks: u64) -> Result<Option<Ranks>, Diagnostic> {
-    if ranks == 1 {
-        return Ok(None);
-    }
-    let rank = b.op("rank", OpKind::Rank, None)?;
-    let mut is = |hint: &str, r: u64| -> Result<ValueId, Diagnostic> {
-        let v = b.op(
-            &format!("{hint}_rank"),
-            OpKind::Constant {
-                value: Float(r as f64),
-            },
-            Some(Type::scalar(DType::I32)),
-        )?;
-        b.op(
-            &format!("is_{hint}_rank"),
-            OpKind::Compare {
-                pred: CmpPred::Eq,
-                lhs: rank,
-                rhs: v,
-            },
-            None,
-        )
-    };
-    Ok(Some(Ranks {
-        first: is("first", 0)?,
-        last: is("last", ranks - 1)?,
-    }))
-}
-
-/// `f` (`@embed` or `@head`) on every microbatch of `x`, its matmuls under `runs`.
-fn vectorize(
+/// `%is_{hint}_rank`: whether this process's `rank` is `r`.
+pub(super) fn is_rank(
     b: &mut Builder,
-    f: &Func,
-    x: ValueId,
-    mbs: &Dim,
-    runs: Option<ValueId>,
+    rank: ValueId,
+    hint: &str,
+    r: u64,
 ) -> Result<ValueId, Diagnostic> {
+    let v = b.op(
+        &format!("{hint}_rank"),
+        OpKind::Constant {
+            value: Float(r as f64),
+        },
+        Some(ppc_dialect::Type::scalar(DType::I32)),
+    )?;
+    b.op(
+        &format!("is_{hint}_rank"),
+        OpKind::Compare {
+            pred: CmpPred::Eq,
+            lhs: rank,
+            rhs: v,
+        },
+        None,
+    )
+}
+
+/// `call_if @{end}_all, %on, %x, weights...`: the end `f` on every microbatch of `x`, on the
+/// ranks where `on` (every rank without it), with `@model`'s parameters as its weights.
+fn call_end(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    all: FuncId,
+    x: ValueId,
+    on: Option<ValueId>,
+) -> Result<ValueId, Diagnostic> {
+    let mut args = vec![x];
+    for p in &f.params {
+        let name = &f.values[p.value].name;
+        args.push(b.param_named(name).expect("invariant: declared by params_of"));
+    }
+    Ok(b.call_if(&f.name, m, all, args, on)?[0])
+}
+
+/// `@{f}_all`: the end `f` (`@embed` or `@head`) on every microbatch of its argument, its
+/// parameters arguments after it.
+fn all_microbatches(f: &Func, mbs: &Dim) -> Result<Func, Diagnostic> {
+    let mut b = Builder::new(&format!("{}_all", f.name));
+    let arg = f.body.args[0];
+    b.span = f.value_spans.get(&arg);
+    let x = b.arg(&f.values[arg].name, f.ty(arg).insert(0, mbs.clone()));
     let mut env: HashMap<ValueId, Batched> = HashMap::new();
     env.insert(
-        f.body.args[0],
+        arg,
         Batched {
             value: x,
             batched: true,
         },
     );
     for p in &f.params {
-        let value = b
-            .param_named(&f.values[p.value].name)
-            .expect("invariant: declared by params_of");
+        b.span = f.value_spans.get(&p.value);
+        let value = b.arg(&f.values[p.value].name, f.ty(p.value).clone());
         env.insert(
             p.value,
             Batched {
@@ -168,9 +178,10 @@ fn vectorize(
         );
     }
     let mut cx = Ctx {
-        b,
+        b: &mut b,
         stage: mbs.clone(),
-        mask: Mask::Whole(runs),
+        mask: Mask::Whole,
     };
-    batch_block(&mut cx, f, &f.body, &mut env)
+    let out = batch_block(&mut cx, f, &f.body, &mut env)?;
+    Ok(b.finish(vec![out]))
 }

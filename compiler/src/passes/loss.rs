@@ -3,8 +3,10 @@
 //! microbatch at once.
 //!
 //! Preconditions: `gpipe-loop` has run. Postconditions: the module also holds
-//! `@train(%x: [M, ...input], %target: [M, ...target]) -> (f32[], [M, ...input])`, the loss and
-//! the outputs it was computed from (a training run's predictions, e.g. a teacher's targets):
+//! `@loss(%y: [M, ...output], %target: [M, ...target]) -> f32[]` and
+//! `@train(%x: [M, ...input], %target: [M, ...target]) -> (f32[], [M, ...output])`, the loss and
+//! the outputs it was computed from (a training run's predictions, e.g. a teacher's targets).
+//! Split over ranks, `@train` calls `@loss` on the last rank only (`call_if`). The losses:
 //! - `loss mse` (the default; targets then have the input's type): the mean of `(y - target)^2`
 //!   over all elements of all microbatches;
 //! - `loss softmax_cross_entropy` (targets: one i32 class index per row of the outputs, whose
@@ -13,10 +15,12 @@
 //!   whose target is `i` (padding) count in neither the sum nor the mean.
 //!
 //! `@pipeline`'s loop is inlined into `@train`, so that `autodiff` sees it and runs the forward
-//! loop once (a call would be recomputed inside its VJP). Computed in f32 whatever the model's
-//! dtype. The mean over microbatches is one scale at the
-//! end, so every microbatch's gradient is scaled once, by `1/M` of the same number.
+//! loop once (a call would be recomputed inside its VJP; `@loss`, called outside every loop,
+//! keeps what its backward reads instead). Computed in f32 whatever the model's dtype. The
+//! mean over microbatches is one scale at the end, so every microbatch's gradient is scaled
+//! once, by `1/M` of the same number.
 
+use super::embed_head::is_rank;
 use super::options::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
@@ -39,12 +43,18 @@ pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
                 "`loss` needs `@pipeline`: run `gpipe-loop` first",
             )]
         })?;
-    let f = build(m, pipeline).map_err(|d| vec![d])?;
+    let loss = loss_of(m, pipeline).map_err(|d| vec![d])?;
+    let loss = m.funcs.push(loss);
+    let f = build(m, pipeline, loss).map_err(|d| vec![d])?;
     m.funcs.push(f);
     Ok(())
 }
 
-fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
+fn build(
+    m: &Module,
+    pipeline: ppc_dialect::ir::FuncId,
+    loss: ppc_dialect::ir::FuncId,
+) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::TRAIN);
     b.span = m.spans.get(&Item::Loss);
     // The model's parameters first, so that they keep their names.
@@ -54,6 +64,29 @@ fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::F
     let target = b.arg("target", m.target_type().insert(0, mbs));
     // Inlined, so that the gradient's forward loop runs once and keeps its tapes.
     let out = b.inline(m, &m.funcs[pipeline], &[x])?[0];
+    // Split over ranks, only the last rank's output buffer holds the model's outputs
+    // (gpipe-loop.rs): the loss, and so its gradient, is the last rank's alone, -0.0
+    // elsewhere, where it does not run (a gradient seeded on another rank would flow back
+    // through the exchanges into the stages of its neighbours).
+    let on = match m.pipeline.ranks {
+        1 => None,
+        ranks => {
+            let rank = b.op("rank", OpKind::Rank, None)?;
+            Some(is_rank(&mut b, rank, "last", ranks - 1)?)
+        }
+    };
+    let loss = b.call_if("loss", m, loss, vec![out, target], on)?[0];
+    Ok(b.finish(vec![loss, out]))
+}
+
+/// `@loss(%y, %target) -> f32[]`: the model file's loss of the outputs `y` of all
+/// microbatches.
+fn loss_of(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
+    let mut b = Builder::new(names::LOSS);
+    b.span = m.spans.get(&Item::Loss);
+    let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
+    let out = b.arg("y", m.funcs[pipeline].result_types()[0].clone());
+    let target = b.arg("target", m.target_type().insert(0, mbs));
     let y = to_f32(&mut b, out)?;
     let loss = match m.loss_or_default() {
         Loss::Mse => {
@@ -64,49 +97,7 @@ fn build(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::F
         }
         Loss::SoftmaxCrossEntropy => cross_entropy(&mut b, y, target, m.ignore_index)?,
     };
-    // Split over ranks, every rank computes a loss from its output buffer, but only the last
-    // rank's holds the model's outputs (gpipe-loop.rs): the loss, and so its gradient, is the
-    // last rank's alone, zero elsewhere (a gradient seeded on another rank would flow back
-    // through the exchanges into the stages of its neighbours).
-    let loss = match m.pipeline.ranks {
-        1 => loss,
-        ranks => {
-            let rank = b.op("rank", OpKind::Rank, None)?;
-            let last = b.op(
-                "last_rank",
-                OpKind::Constant {
-                    value: ppc_dialect::op::Float((ranks - 1) as f64),
-                },
-                Some(Type::scalar(DType::I32)),
-            )?;
-            let is_last = b.op(
-                "is_last_rank",
-                OpKind::Compare {
-                    pred: CmpPred::Eq,
-                    lhs: rank,
-                    rhs: last,
-                },
-                None,
-            )?;
-            let zero = b.op(
-                "no_loss",
-                OpKind::Constant {
-                    value: ppc_dialect::op::Float(0.0),
-                },
-                Some(Type::scalar(DType::F32)),
-            )?;
-            b.op(
-                "rank_loss",
-                OpKind::Select {
-                    cond: is_last,
-                    on_true: loss,
-                    on_false: zero,
-                },
-                None,
-            )?
-        }
-    };
-    Ok(b.finish(vec![loss, out]))
+    Ok(b.finish(vec![loss]))
 }
 
 /// Mean over rows of `logsumexp(y) - y[target]`, the classes on `y`'s last axis; with

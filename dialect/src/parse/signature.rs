@@ -201,7 +201,7 @@ type Build = fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>;
 
 /// The ops that are not of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]).
 #[rustfmt::skip]
-const OTHERS: [Signature; 21] = [
+const OTHERS: [Signature; 22] = [
     Signature { name: "select", operands: Arity::Exactly(3), extra: None, attributes: &[],
         summary: "elementwise `cond ? x : y`, with broadcasting", example: "%z = select %c, %x, %y",
         writer: Writer::User, build: |_, s| {
@@ -308,6 +308,9 @@ const OTHERS: [Signature; 21] = [
     Signature { name: "call", operands: Arity::Any, extra: Some(Extra::Function), attributes: &[],
         summary: "the results of a function defined earlier in the file, on these operands; its parameters are its own (shared by every call)",
         example: "%z = call @block, %x", writer: Writer::User, build: call },
+    Signature { name: "call_if", operands: Arity::AtLeastOne, extra: Some(Extra::Function), attributes: &[],
+        summary: "`call` where the first operand (an i1 scalar) is true; elsewhere the results are -0.0 (integers 0) and the function does not run",
+        example: "%z = call_if @block, %on, %x", writer: Writer::Compiler, build: call },
     Signature { name: "loop", operands: Arity::Any, extra: Some(Extra::Body), attributes: &["trips"],
         summary: "runs the body `trips` times on carried values",
         example: "%z = loop %x, trips = 2 { ^body(%i, %v): yield %v }", writer: Writer::Compiler, build: loop_ },
@@ -377,9 +380,12 @@ fn call(fb: &mut dyn FuncScope, s: &mut Stmt) -> PResult<OpKind> {
             "no callee",
         )
     })?;
+    let mut args = s.ids();
+    let on = (s.op() == "call_if").then(|| args.remove(0));
     Ok(OpKind::Call {
         callee: fb.callee(&callee, span)?,
-        args: s.ids(),
+        args,
+        on,
     })
 }
 
