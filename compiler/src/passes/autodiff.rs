@@ -95,6 +95,7 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
                 Split {
                     fwd: push(fwd),
                     bwd: push(bwd),
+                    once: once.contains(&id),
                 },
             );
         }
@@ -192,7 +193,9 @@ impl Diff<'_> {
 
     /// `@g_fwd` and `@g_bwd`, where this function's backward reads what its forward kept.
     fn split(&self, g: FuncId) -> Option<&Split> {
-        (self.remat == Remat::None).then(|| self.splits.get(&g))?
+        self.splits
+            .get(&g)
+            .filter(|s| s.once || self.remat == Remat::None)
     }
 
     /// `@f_vjp`: the forward, then the backward.

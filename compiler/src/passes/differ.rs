@@ -16,10 +16,14 @@ pub(super) struct Cots {
     pub(super) slots: BTreeMap<Slot, ValueId>,
 }
 
-/// The functions `@g_fwd` and `@g_bwd` of a function `@g` (`--remat=none`).
+/// The functions `@g_fwd` and `@g_bwd` of a function `@g` (`--remat=none`, and in every
+/// mode where `once`).
 pub(super) struct Split {
     pub(super) fwd: FuncId,
     pub(super) bwd: FuncId,
+    /// `@g` is called outside every loop (a model's ends, the loss): its callers keep its
+    /// residuals whatever `--remat` says, as they would had it been inlined.
+    pub(super) once: bool,
 }
 
 /// One function being differentiated, with what the module already has: the VJPs of its

@@ -79,12 +79,12 @@ fn build(
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let mut b = Builder::new(names::MODEL);
     b.span = m.spans.get(&Item::Pipeline);
-    // One parameter per name, declared first so that it keeps its name.
+    // The argument first, as the parser numbers values; then one parameter per name.
+    let x = b.arg("x", m.input.insert(0, mbs.clone()));
     for f in embed.iter().chain(&head) {
         b.params_of(f)?;
     }
     b.span = m.spans.get(&Item::Pipeline);
-    let x = b.arg("x", m.input.insert(0, mbs.clone()));
     let (first, last) = match m.pipeline.ranks {
         1 => (None, None),
         ranks => {

@@ -57,11 +57,11 @@ fn build(
 ) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::TRAIN);
     b.span = m.spans.get(&Item::Loss);
-    // The model's parameters first, so that they keep their names.
-    b.params_of(&m.funcs[pipeline])?;
+    // The arguments first, as the parser numbers values; then the model's parameters.
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let x = b.arg("x", m.input.insert(0, mbs.clone()));
     let target = b.arg("target", m.target_type().insert(0, mbs));
+    b.params_of(&m.funcs[pipeline])?;
     // Inlined, so that the gradient's forward loop runs once and keeps its tapes.
     let out = b.inline(m, &m.funcs[pipeline], &[x])?[0];
     // Split over ranks, only the last rank's output buffer holds the model's outputs
