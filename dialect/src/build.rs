@@ -51,6 +51,19 @@ impl Builder {
         v
     }
 
+    /// An argument named `hint` (or `hint.N`) unless a parameter of `callees` has that name, so
+    /// that their parameters, declared after it ([`Builder::params_of`]), keep their names.
+    pub fn arg_apart(&mut self, hint: &str, ty: Type, callees: &[&Func]) -> ValueId {
+        let taken = |n: &str| {
+            (callees.iter()).any(|f| f.params.iter().any(|p| f.values[p.value].name == n))
+        };
+        let name = std::iter::once(hint.to_string())
+            .chain((1..).map(|i| format!("{hint}.{i}")))
+            .find(|n| !taken(n))
+            .expect("invariant: finitely many parameters");
+        self.arg(&name, ty)
+    }
+
     pub fn param(&mut self, hint: &str, ty: Type, init: Init, layer_axes: usize) -> ValueId {
         let v = self.value(hint, ty);
         self.func.params.push(Param {

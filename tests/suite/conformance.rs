@@ -278,6 +278,7 @@ const STRUCTURAL: &[(&str, &str)] = &[
     ("call", "every compiled program calls @stage: the same test"),
     ("rank", "only after shard-stages: mpirun::*_byte_identical_on_*_ranks"),
     ("exchange", "only after shard-stages: the same mpirun tests"),
+    ("call_if", "only after embed-head or loss on several ranks: model_ends::*_on_1_2_and_4_ranks*"),
 ];
 
 #[test]

@@ -161,7 +161,8 @@ fn with_example_values(stmt: &str) -> String {
          func @layer(%x: f32[b, d]) -> f32[b, d] {{\n  param %w: f32[d, d] = normal(0.1)\n\
          \x20 %y = tanh %x\n  %c = gt %x, %y\n  %k = iota axis = 0 : i32[b]\n\
          \x20 %x3 = reshape %x : f32[b, 1, d]\n  %s = broadcast %x3 : f32[b, t, d]\n\
-         \x20 %ids = iota axis = 1 : i32[b, t]\n  %unused = call @block, %x\n  {stmt}\n  return %x\n}}\n"
+         \x20 %ids = iota axis = 1 : i32[b, t]\n  %one = constant 1 : i32[]\n  %on = eq %one, %one\n\
+         \x20 %unused = call @block, %x\n  {stmt}\n  return %x\n}}\n"
     )
 }
 

@@ -123,6 +123,54 @@ fn compiled_training_is_the_same_bytes_on_1_2_and_4_ranks_and_learns() {
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 
+/// Under `mpirun`, `@embed` (and its backward) runs on the first rank only, and `@head` and
+/// the loss on the last only: in a trace of a training step, no other rank has a loop nest of
+/// their lines, and those ranks do.
+#[test]
+fn the_ends_run_on_the_first_and_last_rank_only() {
+    let file = "examples/gpt2.ppc";
+    let text = std::fs::read_to_string(root().join(file)).expect("model");
+    let lines: Vec<&str> = text.lines().collect();
+    // 1-based lines of a function's body, and of the `loss` line.
+    let body = |name: &str| -> Vec<u32> {
+        let start = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("func @{name}(")))
+            .expect("defined");
+        let end = start + lines[start..].iter().position(|l| *l == "}").expect("closed");
+        (start as u32 + 2..=end as u32).collect()
+    };
+    let loss = lines.iter().position(|l| l.starts_with("loss ")).expect("loss") as u32 + 1;
+    let (embed, mut head) = (body("embed"), body("head"));
+    head.push(loss);
+    let dir = scratch("ends");
+    let exe = dir.join("gpt2");
+    build(file, &exe, 4, &["--train"]);
+    let trace = dir.join("trace.json");
+    let l = launch(
+        &exe,
+        Some(4),
+        &["--steps", "1", "--trace", &trace.display().to_string()],
+        &[],
+    );
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace")).expect("JSON");
+    let events = j["traceEvents"].as_array().expect("traceEvents");
+    for rank in 0..4u64 {
+        let nests: Vec<u32> = events
+            .iter()
+            .filter(|e| e["pid"] == rank && e["cat"] == "loop nest")
+            .filter_map(|e| e["name"].as_str()?.rsplit_once(", line ")?.1.parse().ok())
+            .collect();
+        assert!(!nests.is_empty(), "rank {rank}: no loop nests");
+        let runs = |part: &[u32]| nests.iter().any(|l| part.contains(l));
+        assert_eq!(runs(&embed), rank == 0, "rank {rank}: @embed's loop nests");
+        assert_eq!(runs(&head), rank == 3, "rank {rank}: @head's or the loss's loop nests");
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
 /// The tutorial's path on a real English text (the GPL, which every Debian system ships):
 /// `ppc tokenize`, training on the token stream with validation, `ppc sample` from the
 /// checkpoint (greedy and seeded draws are reproducible).

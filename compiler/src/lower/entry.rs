@@ -6,7 +6,7 @@ use super::buf::Buf;
 use super::emit::Emitter;
 use super::ops;
 use super::walk::Walker;
-use ppc_dialect::ir::{names, Func, Init, Item, Module, Param};
+use ppc_dialect::ir::{names, FuncId, Init, Item, Module, Param};
 use ppc_dialect::op::{Float, OpKind};
 use ppc_dialect::{Axis, Diagnostic, Type};
 use ppc_runtime::manifest::{Arg, Role};
@@ -73,8 +73,9 @@ fn argument_buf(e: &mut Emitter, name: &str, ty: &Type) -> Buf {
 
 /// Writes the entry's body, `f` (the pipeline or the training step) with the entry's
 /// arguments bound; returns the arguments in order.
-pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Diagnostic> {
+pub fn write(w: &mut Walker, id: FuncId, entry: Entry) -> Result<Vec<Argument>, Diagnostic> {
     let m: &Module = w.m;
+    let f = &m.funcs[id];
     let argument = |role, name: &str, buf| Argument {
         role,
         name: name.to_string(),
@@ -105,7 +106,7 @@ pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Di
             args.push(b);
         }
     }
-    let results = w.func(f, args)?;
+    let results = w.func(id, args)?;
     // The results that leave the entry: (role, name, index in `f`'s results).
     let mut outputs: Vec<(Role, String, usize)> = Vec::new();
     match entry {
@@ -138,12 +139,15 @@ pub fn write(w: &mut Walker, f: &Func, entry: Entry) -> Result<Vec<Argument>, Di
         w.e.copy(&results[r], &buf);
         outs.push(argument(role, &name, buf));
     }
-    let params = w.params.iter().map(|(name, buf, p)| Argument {
-        role: Role::Param,
-        name: name.clone(),
-        buf: buf.clone(),
-        param: Some(p.clone()),
-        init: p.init,
+    let params = w.bound.iter().map(|(id, buf)| {
+        let weight = w.params.weight(*id);
+        Argument {
+            role: Role::Param,
+            name: weight.name.clone(),
+            buf: buf.clone(),
+            param: Some(weight.param.clone()),
+            init: weight.param.init,
+        }
     });
     Ok(inputs
         .into_iter()

@@ -44,6 +44,7 @@ mod matmul;
 pub mod mlir;
 mod ops;
 mod parallel_write;
+mod params;
 pub mod partition;
 mod plan;
 pub mod residency;
@@ -61,7 +62,6 @@ use ppc_dialect::ir::{names, Item, Module};
 use ppc_dialect::{DType, Diagnostic};
 use ppc_runtime::abi;
 use ppc_runtime::manifest::Manifest;
-use std::collections::HashMap;
 use std::fmt::Write;
 use text::{escape, Lines};
 use walk::Walker;
@@ -96,11 +96,12 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         Entry::Forward => names::PIPELINE.to_string(),
         Entry::Train => names::vjp(names::TRAIN),
     };
-    let f = m.func(&name).ok_or_else(|| {
+    let id = m.func_id(&name).ok_or_else(|| {
         Diagnostic::plain(format!(
             "lower-mlir needs `@{name}`: run `gpipe-loop` (and `loss`, `autodiff` for training) first"
         ))
     })?;
+    let f = &m.funcs[id];
     let lines = Lines::new(source);
     let mut e = Emitter::new(file, &lines);
     if opts.gpu.is_some() {
@@ -111,12 +112,12 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         entry: f,
         e,
         numerics: opts.numerics,
-        params: Vec::new(),
-        param_bufs: HashMap::new(),
+        params: params::Params::of(m, id)?,
+        bound: Vec::new(),
         groups: Vec::new(),
         calls: 0,
     };
-    let args = entry::write(&mut w, f, entry)?;
+    let args = entry::write(&mut w, id, entry)?;
     let p = m.pipeline;
     let manifest = Manifest {
         model: file.to_string(),

@@ -7,7 +7,7 @@ use super::buf::Buf;
 use super::ops;
 use super::stage_split;
 use super::walk::Walker;
-use ppc_dialect::ir::{Func, ValueId};
+use ppc_dialect::ir::{Func, FuncId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Diagnostic, Type};
 use std::collections::HashMap;
@@ -21,17 +21,18 @@ pub(super) struct OpenChain {
 }
 
 impl Walker<'_, '_> {
-    /// Emits a call of `g` as one parallel loop over its `stages` (`stage_split.rs`); returns
+    /// Emits a call of `callee` (`g`) as one parallel loop over its `stages` (`stage_split.rs`); returns
     /// the whole result buffers. `read[i]`: whether the caller reads result `i`; results in
     /// `add_into` (by index) are added into the given buffer, stage by stage.
     pub(super) fn split_call(
         &mut self,
-        g: &Func,
+        callee: FuncId,
         args: Vec<Buf>,
         read: &[bool],
         add_into: &HashMap<usize, Buf>,
         stages: u64,
     ) -> Result<Vec<Buf>, Diagnostic> {
+        let g = &self.m.funcs[callee];
         let results: Vec<Buf> = g
             .body
             .results
@@ -65,7 +66,7 @@ impl Walker<'_, '_> {
             ));
             self.e.open(&format!("scf.if {active} {{"));
         }
-        let outs = self.func(g, args)?;
+        let outs = self.func(callee, args)?;
         for (i, ((out, whole), &v)) in outs.iter().zip(&results).zip(&g.body.results).enumerate() {
             let slot = self.e.stage_slice(whole, g.ty(v));
             if add_into.contains_key(&i) {

@@ -7,9 +7,10 @@ use super::batch_split::Step;
 use super::buf::Buf;
 use super::emit::Emitter;
 use super::fast_math::Numerics;
+use super::params::{ParamId, Params};
 use super::plan::{self, BlockPlan, Decision, Fusion};
 use super::{fuse, in_place, matmul, ops, stage_split, views};
-use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
+use ppc_dialect::ir::{Block, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic, Type};
 use ppc_runtime::abi;
@@ -65,9 +66,10 @@ pub(super) struct Walker<'m, 'a> {
     pub entry: &'m Func,
     pub e: Emitter<'a>,
     pub numerics: Numerics,
-    /// Entry arguments for parameters, in first-use order: (name, buffer, param).
-    pub params: Vec<(String, Buf, ppc_dialect::ir::Param)>,
-    pub param_bufs: HashMap<(String, String), Buf>,
+    /// The weights of the functions the entry reaches (`params.rs`).
+    pub params: Params,
+    /// Their entry arguments, in first-use order.
+    pub bound: Vec<(ParamId, Buf)>,
     /// Names of the loop nests marked for `--trace`, in the order of their numbers.
     pub groups: Vec<String>,
     /// Calls being emitted around what is written now.
@@ -76,7 +78,7 @@ pub(super) struct Walker<'m, 'a> {
 
 impl Walker<'_, '_> {
     /// Emits `f`'s body with `args` bound; returns its result buffers.
-    pub fn func(&mut self, f: &Func, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
+    pub fn func(&mut self, f: FuncId, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
         self.func_into(f, args, &HashMap::new(), &HashMap::new())
     }
 
@@ -85,36 +87,15 @@ impl Walker<'_, '_> {
     /// `accumulate.rs`).
     fn func_into(
         &mut self,
-        f: &Func,
+        id: FuncId,
         args: Vec<Buf>,
         into: &HashMap<usize, Buf>,
         add_into: &HashMap<usize, Buf>,
     ) -> Result<Vec<Buf>, Diagnostic> {
+        let f = &self.m.funcs[id];
         let mut env: HashMap<ValueId, Buf> = f.body.args.iter().copied().zip(args).collect();
-        for p in &f.params {
-            // Keyed by name and type: `@stage` and `@stage_vjp` declare the same weights.
-            let key = (f.values[p.value].name.clone(), f.ty(p.value).to_string());
-            let buf = match self.param_bufs.get(&key) {
-                Some(b) => b.clone(),
-                None => {
-                    let name = f.values[p.value].name.clone();
-                    let name_of = format!("%p{}", self.params.len());
-                    let b = Buf {
-                        base: self.e.buffer_id(),
-                        name: name_of,
-                        ty: f.ty(p.value).clone(),
-                        layout: None,
-                    };
-                    let unique = if self.params.iter().any(|(n, _, _)| *n == name) {
-                        format!("{}.{name}", f.name)
-                    } else {
-                        name
-                    };
-                    self.params.push((unique, b.clone(), p.clone()));
-                    self.param_bufs.insert(key, b.clone());
-                    b
-                }
-            };
+        for (i, p) in f.params.iter().enumerate() {
+            let buf = self.param(self.params.id(id, i));
             let buf = self.e.stage_slice(&buf, f.ty(p.value));
             env.insert(p.value, buf);
         }
@@ -126,6 +107,21 @@ impl Walker<'_, '_> {
         let fusion = Fusion::of(f, &f.body);
         self.block(f, &f.body, fusion, &mut env, &by_value(into), &by_value(add_into))?;
         Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
+    }
+
+    /// The entry argument of weight `id`, `%pN` in first-use order.
+    fn param(&mut self, id: ParamId) -> Buf {
+        if let Some((_, b)) = self.bound.iter().find(|(p, _)| *p == id) {
+            return b.clone();
+        }
+        let b = Buf {
+            base: self.e.buffer_id(),
+            name: format!("%p{}", self.bound.len()),
+            ty: self.params.weight(id).ty.clone(),
+            layout: None,
+        };
+        self.bound.push((id, b.clone()));
+        b
     }
 
     /// Plans `block` (`plan.rs`) and writes it. `into`: the values computed straight into a
@@ -309,7 +305,6 @@ impl Walker<'_, '_> {
         let OpKind::Call { callee, on, .. } = &op.kind else {
             unreachable!("invariant: planned for calls")
         };
-        let g = &self.m.funcs[*callee];
         let mut ins = ins;
         // `call_if`: the callee computes into buffers allocated outside the `scf.if`, which
         // its `else` fills with -0.0.
@@ -356,9 +351,9 @@ impl Walker<'_, '_> {
         let outs = match split {
             Some(stages) => {
                 let read: Vec<bool> = op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
-                self.split_call(g, ins, &read, &add_into, stages)?
+                self.split_call(*callee, ins, &read, &add_into, stages)?
             }
-            None => self.func_into(g, ins, &finals, &add_into)?,
+            None => self.func_into(*callee, ins, &finals, &add_into)?,
         };
         self.calls -= 1;
         // Copied where the plan could not compute a result into its buffer (a view, an

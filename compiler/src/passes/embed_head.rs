@@ -80,8 +80,9 @@ fn build(
     let mut b = Builder::new(names::MODEL);
     b.span = m.spans.get(&Item::Pipeline);
     // The argument first, as the parser numbers values; then one parameter per name.
-    let x = b.arg("x", m.input.insert(0, mbs.clone()));
-    for f in embed.iter().chain(&head) {
+    let ends: Vec<&Func> = embed.into_iter().chain(head).collect();
+    let x = b.arg_apart("x", m.input.insert(0, mbs.clone()), &ends);
+    for f in ends {
         b.params_of(f)?;
     }
     b.span = m.spans.get(&Item::Pipeline);

@@ -56,12 +56,13 @@ fn build(
     loss: ppc_dialect::ir::FuncId,
 ) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::TRAIN);
-    b.span = m.spans.get(&Item::Loss);
+    b.span = loss_span(m);
     // The arguments first, as the parser numbers values; then the model's parameters.
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
-    let x = b.arg("x", m.input.insert(0, mbs.clone()));
-    let target = b.arg("target", m.target_type().insert(0, mbs));
-    b.params_of(&m.funcs[pipeline])?;
+    let model = [&m.funcs[pipeline]];
+    let x = b.arg_apart("x", m.input.insert(0, mbs.clone()), &model);
+    let target = b.arg_apart("target", m.target_type().insert(0, mbs), &model);
+    b.params_of(model[0])?;
     // Inlined, so that the gradient's forward loop runs once and keeps its tapes.
     let out = b.inline(m, &m.funcs[pipeline], &[x])?[0];
     // Split over ranks, only the last rank's output buffer holds the model's outputs
@@ -79,11 +80,16 @@ fn build(
     Ok(b.finish(vec![loss, out]))
 }
 
+/// Where the loss is written: its `loss` line, else (the default loss) the `pipeline` block.
+fn loss_span(m: &Module) -> ppc_dialect::span::Span {
+    (m.spans.lookup(&Item::Loss)).unwrap_or_else(|| m.spans.get(&Item::Pipeline))
+}
+
 /// `@loss(%y, %target) -> f32[]`: the model file's loss of the outputs `y` of all
 /// microbatches.
 fn loss_of(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::LOSS);
-    b.span = m.spans.get(&Item::Loss);
+    b.span = loss_span(m);
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let out = b.arg("y", m.funcs[pipeline].result_types()[0].clone());
     let target = b.arg("target", m.target_type().insert(0, mbs));
