@@ -553,5 +553,9 @@ pub fn stack(ts: &[Tensor]) -> Tensor {
 /// What a `call_if` that does not run returns: `-0.0` (the additive identity), integers 0.
 fn identity(ty: &Type) -> Tensor {
     let fill = if ty.dtype.is_float() { -0.0 } else { 0.0 };
-    Tensor::new(ty.dtype, ty.shape_usize(), vec![fill; ty.elements() as usize])
+    Tensor::new(
+        ty.dtype,
+        ty.shape_usize(),
+        vec![fill; ty.elements() as usize],
+    )
 }

@@ -137,10 +137,18 @@ fn the_ends_run_on_the_first_and_last_rank_only() {
             .iter()
             .position(|l| l.starts_with(&format!("func @{name}(")))
             .expect("defined");
-        let end = start + lines[start..].iter().position(|l| *l == "}").expect("closed");
+        let end = start
+            + lines[start..]
+                .iter()
+                .position(|l| *l == "}")
+                .expect("closed");
         (start as u32 + 2..=end as u32).collect()
     };
-    let loss = lines.iter().position(|l| l.starts_with("loss ")).expect("loss") as u32 + 1;
+    let loss = lines
+        .iter()
+        .position(|l| l.starts_with("loss "))
+        .expect("loss") as u32
+        + 1;
     let (embed, mut head) = (body("embed"), body("head"));
     head.push(loss);
     let dir = scratch("ends");
@@ -166,7 +174,11 @@ fn the_ends_run_on_the_first_and_last_rank_only() {
         assert!(!nests.is_empty(), "rank {rank}: no loop nests");
         let runs = |part: &[u32]| nests.iter().any(|l| part.contains(l));
         assert_eq!(runs(&embed), rank == 0, "rank {rank}: @embed's loop nests");
-        assert_eq!(runs(&head), rank == 3, "rank {rank}: @head's or the loss's loop nests");
+        assert_eq!(
+            runs(&head),
+            rank == 3,
+            "rank {rank}: @head's or the loss's loop nests"
+        );
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
 }

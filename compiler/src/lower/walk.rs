@@ -105,7 +105,14 @@ impl Walker<'_, '_> {
                 .collect()
         };
         let fusion = Fusion::of(f, &f.body);
-        self.block(f, &f.body, fusion, &mut env, &by_value(into), &by_value(add_into))?;
+        self.block(
+            f,
+            &f.body,
+            fusion,
+            &mut env,
+            &by_value(into),
+            &by_value(add_into),
+        )?;
         Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
     }
 

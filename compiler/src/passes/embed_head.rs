@@ -147,7 +147,10 @@ fn call_end(
     let mut args = vec![x];
     for p in &f.params {
         let name = &f.values[p.value].name;
-        args.push(b.param_named(name).expect("invariant: declared by params_of"));
+        args.push(
+            b.param_named(name)
+                .expect("invariant: declared by params_of"),
+        );
     }
     Ok(b.call_if(&f.name, m, all, args, on)?[0])
 }
