@@ -17,4 +17,5 @@ pub mod reference;
 pub mod report;
 pub mod schedule;
 pub mod target;
+pub mod timetable;
 pub mod timing;

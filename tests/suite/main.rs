@@ -25,5 +25,6 @@ mod residency;
 mod robustness;
 mod roundtrip;
 mod structure;
+mod timetable;
 mod train;
 mod verify;

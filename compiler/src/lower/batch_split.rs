@@ -31,8 +31,9 @@
 //! computed inside its consumer's loop nest is left to it. A chain needs two matmuls, enough
 //! entries for the threads, and entries small enough to stay in cache.
 
-use super::emit::{has_prefix, MIN_PARALLEL_ELEMENTS};
+use super::emit::MIN_PARALLEL_ELEMENTS;
 use super::fuse::producer;
+use super::nest::has_prefix;
 use ppc_dialect::ir::{Block, Func, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::Type;

@@ -5,37 +5,13 @@
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
 use super::buf::{elt, list, memref_type, Buf, BufId, Layout, Scalar};
+use super::nest::Nest;
 
 use super::residency::{GpuCode, Residency, WaitId};
 use super::text::{escape, float_literal, identity, Lines};
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Dim, Type};
 use ppc_runtime::abi;
-
-/// A stage-parallel loop: its stage count and induction variable.
-pub(super) struct Split {
-    pub(super) stages: u64,
-    pub(super) iv: String,
-}
-
-/// The loop over a batched chain's entries being written (`batch_split.rs`).
-pub(super) struct Entries {
-    /// The sizes of the leading axes it runs over.
-    pub(super) prefix: Vec<u64>,
-    /// An entry's size along each of them.
-    pub(super) tile: Vec<u64>,
-    /// Deallocations of the per-thread buffers, where the thread's part of the loop ends.
-    pub(super) frees: Vec<String>,
-}
-
-/// Whether `ty`'s leading axes are `prefix` (each of that size, or 1 for a broadcast one).
-pub fn has_prefix(ty: &Type, prefix: &[u64]) -> bool {
-    ty.rank() >= prefix.len()
-        && ty.dims[..prefix.len()]
-            .iter()
-            .zip(prefix)
-            .all(|(d, &p)| d.size == p || d.size == 1)
-}
 
 /// A line of the function's body.
 pub enum Line {
@@ -58,7 +34,11 @@ pub struct Written {
     pub tilings: Option<Vec<super::gpu_map::Tiling>>,
 }
 
-/// Writes one function's body.
+/// Writes one function's body: its text (SSA names, locations, allocations, lines), with
+/// two pieces of state the text depends on kept apart: where in the loops it is (`nest`: a
+/// buffer is allocated per stage or per thread inside a parallel loop) and, for `--target
+/// cuda`, what the GPU holds (`gpu`: the host waits before touching a buffer a kernel wrote).
+/// What to write is decided before (`plan.rs`); the emitter only writes it.
 pub struct Emitter<'a> {
     pub(super) file: &'a str,
     pub lines: &'a Lines,
@@ -69,17 +49,8 @@ pub struct Emitter<'a> {
     pub declarations: std::collections::BTreeSet<String>,
     /// `--target cuda`; `None` for the CPU.
     pub gpu: Option<GpuCode>,
-    /// How many `scf.for`s enclose what is written now.
-    pub(super) loops: usize,
-    /// The stack pointers saved by the host loops being written (`--target cuda`).
-    pub(super) saved_stacks: Vec<String>,
-    /// The stage-parallel loop being written (`stage_split.rs`), if any.
-    pub(super) split: Option<Split>,
-    /// The loop over a batched chain's entries being written (`batch_split.rs`), if any.
-    pub(super) entries: Option<Entries>,
-    /// Where the body of the innermost round-robin parallel loop begins (per-thread buffers
-    /// are allocated there): the line and its indentation.
-    pub(super) thread_body: (usize, usize),
+    /// Where in the loops the code written now is (`nest.rs`).
+    pub(super) nest: Nest,
     pub(super) next: usize,
     /// Allocations and entry arguments so far ([`BufId`]).
     buffers: u32,
@@ -97,11 +68,7 @@ impl<'a> Emitter<'a> {
             body: vec![],
             declarations: Default::default(),
             gpu: None,
-            saved_stacks: Vec::new(),
-            loops: 0,
-            split: None,
-            entries: None,
-            thread_body: (0, 0),
+            nest: Nest::default(),
             next: 0,
             buffers: 0,
             indent: 2,
@@ -197,10 +164,10 @@ impl<'a> Emitter<'a> {
     /// current stage's slot of a buffer with one per stage, so that threads share no scratch;
     /// inside a loop over a chain's entries, one buffer per thread.
     pub fn alloc(&mut self, ty: &Type) -> Buf {
-        if self.entries.is_some() {
+        if self.nest.entries.is_some() {
             return self.alloc_per_thread(ty);
         }
-        match &self.split {
+        match &self.nest.split {
             None => self.alloc_whole(ty),
             Some(split) => {
                 let (stages, iv) = (split.stages, split.iv.clone());
@@ -214,11 +181,12 @@ impl<'a> Emitter<'a> {
     /// the loop begins and freed where it ends, reused by each of its entries.
     pub(super) fn alloc_per_thread(&mut self, ty: &Type) -> Buf {
         let (buf, alloc, free) = self.new_buffer(ty);
-        let (at, indent) = self.thread_body;
+        let (at, indent) = self.nest.thread_body;
         self.body
             .insert(at, Line::Text(format!("{}{alloc}", "  ".repeat(indent))));
-        self.thread_body.0 += 1;
-        self.entries
+        self.nest.thread_body.0 += 1;
+        self.nest
+            .entries
             .as_mut()
             .expect("called inside a loop over entries")
             .frees
@@ -356,7 +324,7 @@ impl<'a> Emitter<'a> {
                 self.host_computes(&reads, out.0);
                 String::new()
             }
-            None if self.in_parallel_loop() => String::new(),
+            None if self.nest.in_parallel_loop() => String::new(),
             None => match parallel_dims(ins, &out, iters) {
                 0 => String::new(),
                 n => format!(" attrs = {{{}}}", PARALLEL_ATTRS[n - 1]),

@@ -34,7 +34,7 @@ impl<'a> Emitter<'a> {
         // Constants (iotas) are the host's only outside loops: inside one, the host would
         // rewrite them every iteration while kernels still read them.
         let from_host = if ins.is_empty() {
-            self.loops == 0
+            self.nest.loops == 0
         } else {
             ins.iter().all(|(b, _)| gpu.residency.host_wrote_last(b))
         };

@@ -4,7 +4,8 @@
 //! batch entries (`batch_split.rs`), with the round-robin thread loop both run in.
 
 use super::buf::Buf;
-use super::emit::{has_prefix, Emitter, Entries, Split};
+use super::emit::Emitter;
+use super::nest::{Entries, Split};
 use ppc_dialect::Type;
 
 impl Emitter<'_> {
@@ -13,11 +14,11 @@ impl Emitter<'_> {
     /// made parallel themselves.
     pub fn begin_stage_split(&mut self, stages: u64) {
         let iv = self.begin_round_robin(stages);
-        self.split = Some(Split { stages, iv });
+        self.nest.split = Some(Split { stages, iv });
     }
 
     pub fn end_stage_split(&mut self) {
-        self.split = None;
+        self.nest.split = None;
         self.close();
         self.end_round_robin("stages");
     }
@@ -46,7 +47,7 @@ impl Emitter<'_> {
         self.open(&format!(
             "scf.parallel ({thread}) = ({lo}) to ({team}) step ({one}) {{"
         ));
-        self.thread_body = (self.body.len(), self.indent);
+        self.nest.thread_body = (self.body.len(), self.indent);
         let iv = self.fresh();
         self.open(&format!("scf.for {iv} = {thread} to {hi} step {team} {{"));
         iv
@@ -69,7 +70,7 @@ impl Emitter<'_> {
             }
             entry = self.let_(&format!("arith.divui {entry}, {n} : index"));
         }
-        self.entries = Some(Entries {
+        self.nest.entries = Some(Entries {
             prefix: prefix.to_vec(),
             tile: tile.to_vec(),
             frees: Vec::new(),
@@ -78,7 +79,11 @@ impl Emitter<'_> {
     }
 
     pub fn end_entries(&mut self) {
-        let entries = self.entries.take().expect("begin_entries opened the loop");
+        let entries = self
+            .nest
+            .entries
+            .take()
+            .expect("begin_entries opened the loop");
         self.close();
         for free in entries.frees {
             self.raw(&free);
@@ -86,38 +91,11 @@ impl Emitter<'_> {
         self.end_round_robin("entries");
     }
 
-    /// Inside a loop over entries: the type of one entry of `ty` (its leading axes of the
-    /// entry's sizes, or 1 where `ty` broadcasts) when `ty` has the entries' axes in front; `ty`
-    /// itself otherwise.
-    pub fn entry_type(&self, ty: &Type) -> Type {
-        match &self.entries {
-            Some(entries) if has_prefix(ty, &entries.prefix) => {
-                let mut t = ty.clone();
-                for (d, &size) in t.dims.iter_mut().zip(&entries.tile) {
-                    d.size = d.size.min(size);
-                }
-                t
-            }
-            _ => ty.clone(),
-        }
-    }
-
-    /// True while a loop over a chain's entries is open.
-    pub fn in_entries(&self) -> bool {
-        self.entries.is_some()
-    }
-
-    /// True while a loop whose iterations run in parallel is open: loop nests inside it stay
-    /// sequential (no nested teams).
-    pub fn in_parallel_loop(&self) -> bool {
-        self.split.is_some() || self.entries.is_some()
-    }
-
     /// Inside a stage-parallel loop: the current stage's slice of `b`, the buffer of a value of
     /// type `ty`, when `ty` has the stage axis (kept, of size 1); `b` itself otherwise, and
     /// outside such a loop.
     pub fn stage_slice(&mut self, b: &Buf, ty: &Type) -> Buf {
-        match (&self.split, ty.stage_axis()) {
+        match (&self.nest.split, ty.stage_axis()) {
             (Some(split), Some((axis, _))) => {
                 let iv = split.iv.clone();
                 self.slot(b, &iv, axis, true)
@@ -126,18 +104,13 @@ impl Emitter<'_> {
         }
     }
 
-    /// True while a stage-parallel loop is open.
-    pub fn in_stage_split(&self) -> bool {
-        self.split.is_some()
-    }
-
     /// Enters an `scf.for %i = 0 to trips`; returns the induction variable.
     pub fn begin_for(&mut self, trips: u64) -> String {
         let (lo, hi, one) = (self.index(0), self.index(trips), self.index(1));
         let iv = self.fresh();
         self.raw(&format!("scf.for {iv} = {lo} to {hi} step {one} {{"));
         self.indent += 1;
-        self.loops += 1;
+        self.nest.loops += 1;
         if let Some(g) = self.gpu.as_mut() {
             g.residency.enter_loop();
         }
@@ -187,7 +160,7 @@ impl Emitter<'_> {
     }
 
     pub fn end_for(&mut self) {
-        self.loops -= 1;
+        self.nest.loops -= 1;
         if let Some(g) = self.gpu.as_mut() {
             g.residency.exit_loop();
         }
@@ -206,7 +179,7 @@ impl Emitter<'_> {
         let iv = self.begin_for(trips);
         if self.gpu.is_some() {
             let saved = self.let_("llvm.intr.stacksave : !llvm.ptr");
-            self.saved_stacks.push(saved);
+            self.nest.saved_stacks.push(saved);
         }
         iv
     }
@@ -214,7 +187,11 @@ impl Emitter<'_> {
     /// Ends the loop [`Emitter::begin_host_loop`] opened.
     pub fn end_host_loop(&mut self) {
         if self.gpu.is_some() {
-            let saved = self.saved_stacks.pop().expect("begin_host_loop saved it");
+            let saved = self
+                .nest
+                .saved_stacks
+                .pop()
+                .expect("begin_host_loop saved it");
             self.op(&format!("llvm.intr.stackrestore {saved} : !llvm.ptr"));
         }
         self.end_for();

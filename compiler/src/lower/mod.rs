@@ -42,6 +42,7 @@ mod init_array;
 pub mod machine;
 mod matmul;
 pub mod mlir;
+mod nest;
 mod ops;
 mod parallel_write;
 mod params;

@@ -160,7 +160,7 @@ fn sequential(
 /// Whether the rows run as one parallel loop (else nested sequential loops): as for a loop
 /// nest of `emit.rs`, when the work is big enough and no parallel loop encloses it.
 fn parallel(e: &Emitter, rows: &[u64], elements: u64) -> bool {
-    !rows.is_empty() && !e.in_parallel_loop() && elements >= MIN_PARALLEL_ELEMENTS
+    !rows.is_empty() && !e.nest.in_parallel_loop() && elements >= MIN_PARALLEL_ELEMENTS
 }
 
 /// Opens the loops over the rows; returns their induction variables.

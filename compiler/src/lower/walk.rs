@@ -51,10 +51,10 @@ struct Written {
 /// The type of `v`'s buffer: its stage's slice inside a stage-parallel loop, its entry's
 /// inside a loop over a batched chain's entries.
 fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
-    if e.in_stage_split() {
+    if e.nest.in_stage_split() {
         stage_split::slice_type(f.ty(v))
     } else {
-        e.entry_type(f.ty(v))
+        e.nest.entry_type(f.ty(v))
     }
 }
 
@@ -146,7 +146,7 @@ impl Walker<'_, '_> {
         let cx = plan::Context {
             numerics: self.numerics,
             gpu: self.e.gpu.is_some(),
-            in_parallel_loop: self.e.in_parallel_loop(),
+            in_parallel_loop: self.e.nest.in_parallel_loop(),
             carried: into.keys().chain(add_into.keys()).copied().collect(),
             accumulated: add_into.keys().copied().collect(),
         };
@@ -350,7 +350,7 @@ impl Walker<'_, '_> {
         // The calls the pipeline's loops make (a stage's body) are functions of their own on
         // the CPU; the calls inside them are inlined, as are those outside every loop (the
         // model's ends, the loss), which run once.
-        let outline = self.calls == 0 && self.e.gpu.is_none() && self.e.loops > 0;
+        let outline = self.calls == 0 && self.e.gpu.is_none() && self.e.nest.loops > 0;
         if outline {
             self.e.begin_outlined();
         }
@@ -524,7 +524,7 @@ impl Walker<'_, '_> {
         id: ppc_dialect::ir::OpId,
         name: String,
     ) -> Option<usize> {
-        if self.e.in_entries() {
+        if self.e.nest.in_entries() {
             return None;
         }
         let (line, _) = self.e.lines.line_col(f.op_spans.get(&id).start as usize);

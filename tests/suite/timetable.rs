@@ -1,0 +1,128 @@
+//! Training timetables (`compiler/src/timetable.rs`): each is sound, and with unit costs each
+//! reaches the published figures (GPipe and Megatron for GPipe and 1F1B, Qi et al. 2023 for
+//! ZB-H1): GPipe's and 1F1B's bubble `(S-1)/(M+S-1)`, ZB-H1's `(S-1)/(3M+S-1)`, a third of
+//! it; GPipe keeps `M` stage inputs, 1F1B and ZB-H1 at most `S - s` on stage `s`.
+
+use ppc::timetable::{Kind, Phase, TableError, Timetable, Unit};
+
+const SHAPES: [(u64, u64); 8] = [
+    (2, 3),
+    (3, 5),
+    (4, 4),
+    (4, 8),
+    (4, 16),
+    (3, 7),
+    (8, 32),
+    (4, 2),
+];
+
+#[test]
+fn timetables_are_sound_and_reach_the_published_bubbles_and_memory() {
+    for (s, m) in SHAPES {
+        let what = |k: Kind| format!("{} with {s} stages, {m} microbatches", k.name());
+        for kind in Kind::ALL {
+            let t = Timetable::build(kind, s, m);
+            assert_eq!(t.check(), Ok(()), "{}\n{}", what(kind), t.text());
+        }
+        let gpipe = Timetable::build(Kind::Gpipe, s, m);
+        // Forward M + S - 1 ticks; backward (B and W, two ticks) 2M + 2(S - 1).
+        assert_eq!(
+            gpipe.ticks() as u64,
+            3 * m + 3 * (s - 1),
+            "{}",
+            what(Kind::Gpipe)
+        );
+        let formula = (s - 1) as f64 / (m + s - 1) as f64;
+        assert!((gpipe.bubble_fraction() - formula).abs() < 1e-12);
+        assert_eq!(gpipe.kept_inputs(), vec![m; s as usize]);
+
+        let one = Timetable::build(Kind::OneFOneB, s, m);
+        assert_eq!(
+            one.ticks(),
+            gpipe.ticks(),
+            "{}: GPipe's time",
+            what(Kind::OneFOneB)
+        );
+        let s_minus: Vec<u64> = (0..s).map(|i| (s - i).min(m)).collect();
+        assert_eq!(one.kept_inputs(), s_minus, "{}", what(Kind::OneFOneB));
+
+        if m >= s {
+            let zb = Timetable::build(Kind::ZbH1, s, m);
+            assert_eq!(
+                zb.ticks() as u64,
+                3 * m + s - 1,
+                "{}\n{}",
+                what(Kind::ZbH1),
+                zb.text()
+            );
+            let formula = (s - 1) as f64 / (3 * m + s - 1) as f64;
+            assert!((zb.bubble_fraction() - formula).abs() < 1e-12);
+            assert!(zb.bubble_fraction() < 0.5 * one.bubble_fraction());
+            assert_eq!(
+                zb.kept_inputs(),
+                s_minus,
+                "{}: 1F1B's memory",
+                what(Kind::ZbH1)
+            );
+            assert!(zb.pending_weight_grads().iter().all(|&p| p <= s));
+        }
+    }
+}
+
+#[test]
+fn a_broken_timetable_is_rejected_naming_the_tick_and_the_stages() {
+    let mut t = Timetable::build(Kind::OneFOneB, 3, 4);
+    // Stage 1 runs microbatch 0's forward in the tick stage 0 computes its input.
+    let f0 = Some(Unit {
+        phase: Phase::F,
+        microbatch: 0,
+    });
+    assert_eq!(t.slots[0][0], f0);
+    let at = t
+        .slots
+        .iter()
+        .position(|row| row[1] == f0)
+        .expect("stage 1 runs F0");
+    t.slots[at][1] = None;
+    t.slots[0][1] = f0;
+    let err = t.check().expect_err("a forward before its input");
+    assert!(
+        matches!(
+            err,
+            TableError::Early {
+                tick: 0,
+                stage: 1,
+                phase: Phase::F,
+                microbatch: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("before stage 0 runs its F"),
+        "{err}"
+    );
+
+    // A weight gradient that never runs.
+    let mut t = Timetable::build(Kind::ZbH1, 3, 4);
+    let w = Some(Unit {
+        phase: Phase::W,
+        microbatch: 2,
+    });
+    let at = t
+        .slots
+        .iter()
+        .position(|row| row[2] == w)
+        .expect("stage 2 runs W2");
+    t.slots[at][2] = None;
+    assert_eq!(
+        t.check(),
+        Err(TableError::Count {
+            stage: 2,
+            phase: Phase::W,
+            microbatch: 2,
+            times: 0
+        })
+    );
+}
