@@ -70,13 +70,19 @@ pub enum Command {
     /// compare. The last line is JSON; exit status 0 only when they agree.
     Verify(VerifyArgs),
     /// Draw the generated loop's time × stage grid: which microbatch each stage holds at each
-    /// iteration, bubbles marked.
+    /// iteration, bubbles marked. With --schedule, a training schedule's timetable instead.
     Schedule {
         #[command(flatten)]
         model: ModelArgs,
         /// Also write the grid as an SVG picture.
         #[arg(long, value_name = "OUT")]
         svg: Option<PathBuf>,
+        /// Draw the timetable of a training schedule for the model's stages and microbatches:
+        /// which forward (F), input gradient (B) and weight gradient (W) each stage runs at
+        /// each tick, its bubble beside the published formula, and the stage inputs it keeps.
+        /// Training runs gpipe; 1f1b and zb-h1 are checked timetables, not yet compiled.
+        #[arg(long, value_enum, value_name = "SCHEDULE")]
+        schedule: Option<crate::timetable::Kind>,
     },
     /// Turn text files into token streams for training language models (`--data`,
     /// `--val-data`): one token per byte (a vocabulary of 256 ids), the files concatenated;

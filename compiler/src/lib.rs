@@ -18,4 +18,5 @@ pub mod report;
 pub mod schedule;
 pub mod target;
 pub mod timetable;
+mod timetable_picture;
 pub mod timing;

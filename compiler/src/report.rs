@@ -4,6 +4,7 @@
 //! `@head`'s apart.
 
 use crate::schedule::{Schedule, ScheduleError};
+use crate::timetable::{Kind, Timetable};
 use ppc_dialect::ir::{names, Block, Func, Module, Pipeline, Setting};
 use ppc_dialect::op::OpKind;
 use serde_json::{json, Value};
@@ -113,10 +114,37 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
         }
     }
     with_settings(&mut r, &p, &Setting::ALL);
-    if let Some(t) = training(m, local) {
+    if let Some(mut t) = training(m, local) {
+        if p.repeats == 1 {
+            t["timetables"] = timetables(p.stages, p.microbatches, p.ranks, x);
+        }
         r["training"] = t;
     }
     Ok(r)
+}
+
+/// Per training schedule, its timetable's figures (`timetable.rs`): ticks, bubble beside the
+/// formula, and the stage inputs (of `input_bytes` each) it keeps per rank. Only `gpipe` is
+/// compiled today.
+fn timetables(stages: u64, microbatches: u64, ranks: u64, input_bytes: u64) -> Value {
+    let mut out = json!({});
+    for kind in Kind::ALL {
+        let t = Timetable::build(kind, stages, microbatches);
+        out[kind.name()] = json!({
+            "compiled": kind == Kind::Gpipe,
+            "ticks": t.ticks(),
+            "bubble_fraction": t.bubble_fraction(),
+            "bubble_fraction_formula": kind.bubble_formula(stages, microbatches),
+            "stage_inputs_kept_per_stage": t.kept_inputs(),
+            "stage_input_bytes_per_rank": t
+                .kept_inputs_per_rank(ranks)
+                .iter()
+                .map(|k| k * input_bytes)
+                .collect::<Vec<_>>(),
+            "weight_gradients_pending_per_stage": t.pending_weight_grads(),
+        });
+    }
+    out
 }
 
 /// `@embed` or `@head`, which run once per microbatch outside the loop, on rank `rank`: their

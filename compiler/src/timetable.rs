@@ -26,13 +26,15 @@
 use std::fmt;
 
 /// Which schedule a timetable follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     /// Every forward, then every backward, the last microbatch's first.
     Gpipe,
     /// One forward, one backward: at most `S - s` microbatches in flight on stage `s`.
+    #[value(name = "1f1b")]
     OneFOneB,
     /// 1F1B with each backward split into `B` and `W`, the `W`s filling the bubble.
+    #[value(name = "zb-h1")]
     ZbH1,
 }
 
@@ -44,6 +46,16 @@ impl Kind {
             Kind::Gpipe => "gpipe",
             Kind::OneFOneB => "1f1b",
             Kind::ZbH1 => "zb-h1",
+        }
+    }
+
+    /// The bubble the literature gives for unit costs: `(S-1)/(M+S-1)` for GPipe and 1F1B,
+    /// `(S-1)/(3M+S-1)` for ZB-H1 (where `M >= S`).
+    pub fn bubble_formula(self, stages: u64, microbatches: u64) -> f64 {
+        let (s, m) = (stages as f64, microbatches as f64);
+        match self {
+            Kind::Gpipe | Kind::OneFOneB => (s - 1.0) / (m + s - 1.0),
+            Kind::ZbH1 => (s - 1.0) / (3.0 * m + s - 1.0),
         }
     }
 
@@ -143,11 +155,7 @@ impl Timetable {
     /// Per stage, the most microbatches whose stage input it keeps at once (forward run,
     /// input gradient not yet), which is what its backward recomputes from.
     pub fn kept_inputs(&self) -> Vec<u64> {
-        self.peak(|p| match p {
-            Phase::F => 1,
-            Phase::B => -1,
-            Phase::W => 0,
-        })
+        self.peak(INPUTS)
     }
 
     /// Per stage, the most weight gradients pending at once (`B` run, `W` not yet).
@@ -159,20 +167,33 @@ impl Timetable {
         })
     }
 
-    fn peak(&self, delta: impl Fn(Phase) -> i64) -> Vec<u64> {
-        (0..self.stages as usize)
-            .map(|s| {
-                let mut now = 0i64;
-                let mut most = 0i64;
-                for row in &self.slots {
-                    if let Some(u) = row[s] {
-                        now += delta(u.phase);
-                        most = most.max(now);
-                    }
-                }
-                most as u64
-            })
+    /// Per rank (holding `stages / ranks` consecutive stages), the most stage inputs its
+    /// stages keep at once.
+    pub fn kept_inputs_per_rank(&self, ranks: u64) -> Vec<u64> {
+        let per_rank = (self.stages / ranks) as usize;
+        (0..ranks as usize)
+            .map(|r| self.peak_of(r * per_rank..(r + 1) * per_rank, INPUTS))
             .collect()
+    }
+
+    fn peak(&self, delta: fn(Phase) -> i64) -> Vec<u64> {
+        (0..self.stages as usize)
+            .map(|s| self.peak_of(s..s + 1, delta))
+            .collect()
+    }
+
+    /// The most, over ticks, of the running sum of `delta` over the stages `stages`.
+    fn peak_of(&self, stages: std::ops::Range<usize>, delta: fn(Phase) -> i64) -> u64 {
+        let (mut now, mut most) = (0i64, 0i64);
+        for row in &self.slots {
+            now += row[stages.clone()]
+                .iter()
+                .flatten()
+                .map(|u| delta(u.phase))
+                .sum::<i64>();
+            most = most.max(now);
+        }
+        most as u64
     }
 
     /// Proves the table sound: every stage runs `F`, `B` and `W` of every microbatch exactly
@@ -246,6 +267,13 @@ impl Timetable {
         out
     }
 }
+
+/// How a unit changes the stage inputs a stage keeps.
+const INPUTS: fn(Phase) -> i64 = |p| match p {
+    Phase::F => 1,
+    Phase::B => -1,
+    Phase::W => 0,
+};
 
 impl fmt::Display for Unit {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {

@@ -126,3 +126,67 @@ fn a_broken_timetable_is_rejected_naming_the_tick_and_the_stages() {
         })
     );
 }
+
+/// `ppc schedule --schedule` draws a timetable for the model's settings, with its bubble beside
+/// the formula and what it keeps; the compile report lists every schedule's figures.
+#[test]
+fn schedule_draws_each_timetable_and_the_report_lists_them() {
+    let mlp = crate::common::path("examples/mlp.ppc");
+    let svg = std::env::temp_dir().join(format!("ppc-timetable-{}.svg", std::process::id()));
+    let svg_s = svg.display().to_string();
+    let (code, out, err) = crate::common::ppc(&[
+        "schedule",
+        &mlp,
+        "--schedule",
+        "zb-h1",
+        "--ranks",
+        "2",
+        "--svg",
+        &svg_s,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // The MLP: 4 stages, 8 microbatches; ZB-H1 takes 3M + S - 1 ticks.
+    assert!(
+        out.starts_with("ZB-H1 training timetable: 4 stages, 8 microbatches: 27 ticks"),
+        "{out}"
+    );
+    assert!(out.contains("bubble 11.1%, the formula's 11.1%"), "{out}");
+    assert!(out.contains("per stage: 4 3 2 1;"), "{out}");
+    assert!(out.contains("stage 3 (rank 1)"), "{out}");
+    assert!(out.contains("not yet compiled"), "{out}");
+    let picture = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(
+        picture.starts_with("<svg") && picture.contains(">W7<"),
+        "{picture}"
+    );
+    std::fs::remove_file(&svg).expect("cleanup");
+
+    let (code, out, _) = crate::common::ppc(&["schedule", &mlp, "--schedule", "gpipe"]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("not yet compiled"), "{out}");
+    let (code, _, err) =
+        crate::common::ppc(&["schedule", &mlp, "--schedule", "1f1b", "--repeats", "2"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("without repeats"), "{err}");
+
+    let (code, out, err) = crate::common::ppc(&["compile", &mlp, "--train", "--report=json"]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let t = &r["training"]["timetables"];
+    for kind in Kind::ALL {
+        let e = &t[kind.name()];
+        let (got, want) = (
+            e["bubble_fraction"].as_f64(),
+            e["bubble_fraction_formula"].as_f64(),
+        );
+        assert!(
+            (got.unwrap() - want.unwrap()).abs() < 1e-9,
+            "{}: {e}",
+            kind.name()
+        );
+        assert_eq!(e["compiled"], kind == Kind::Gpipe);
+    }
+    let input = r["microbatch_bytes"].as_u64().unwrap();
+    assert_eq!(t["gpipe"]["stage_input_bytes_per_rank"][0], 32 * input);
+    assert_eq!(t["1f1b"]["stage_input_bytes_per_rank"][0], 10 * input);
+}

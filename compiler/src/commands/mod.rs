@@ -49,13 +49,36 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyho
         } => return run_command(model, backend, io, codegen, out, err),
         Command::Compile(a) => compile_command(a, out, err)?,
         Command::Verify(a) => return verify_command(a, out, err),
-        Command::Schedule { model, svg } => {
+        Command::Schedule {
+            model,
+            svg,
+            schedule: None,
+        } => {
             let mut l = load(&model)?;
             l.compile(&Options::default(), None, None)?;
             let s = Schedule::of(&l.module)?;
             out.write_all(s.text().as_bytes())?;
             if let Some(path) = svg {
                 write_file(&path, s.svg().as_bytes())?;
+                writeln!(err, "wrote {}", path.display())?;
+            }
+        }
+        Command::Schedule {
+            model,
+            svg,
+            schedule: Some(kind),
+        } => {
+            let m = load(&model)?.module;
+            let t = timetable(&m, kind)?;
+            out.write_all(t.picture(m.pipeline.ranks).as_bytes())?;
+            if kind != crate::timetable::Kind::Gpipe {
+                writeln!(
+                    out,
+                    "training compiles GPipe's program; this timetable is checked, not yet compiled"
+                )?;
+            }
+            if let Some(path) = svg {
+                write_file(&path, t.svg().as_bytes())?;
                 writeln!(err, "wrote {}", path.display())?;
             }
         }
@@ -68,4 +91,26 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyho
         Command::Sample(a) => return sample_command(a, out, err),
     }
     Ok(0)
+}
+
+/// The timetable of training schedule `kind` for `m`'s stages and microbatches, checked.
+fn timetable(
+    m: &ppc_dialect::Module,
+    kind: crate::timetable::Kind,
+) -> anyhow::Result<crate::timetable::Timetable> {
+    let p = m.pipeline;
+    if p.repeats > 1 {
+        anyhow::bail!(
+            "timetables are drawn for pipelines without repeats; this one has repeats = {}",
+            p.repeats
+        );
+    }
+    let t = crate::timetable::Timetable::build(kind, p.stages, p.microbatches);
+    t.check().map_err(|e| {
+        anyhow::anyhow!(
+            "internal error: the {} timetable is unsound: {e}",
+            kind.name()
+        )
+    })?;
+    Ok(t)
 }
