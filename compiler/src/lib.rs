@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod reference;
 pub mod report;
 pub mod schedule;
+mod svg_grid;
 pub mod target;
 pub mod timetable;
 mod timetable_picture;

@@ -7,6 +7,7 @@
 //! (stage 0 takes item `t`, and the shift moves it one stage per iteration); item `w` is
 //! microbatch `w mod M` in repeat `w div M`, and slots with `w` outside `0..R*M` are bubbles.
 
+use crate::svg_grid::{cells, Cell, Grid};
 use ppc_dialect::ir::{names, Module};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::Type;
@@ -194,80 +195,27 @@ impl Schedule {
     /// The same grid as an SVG picture: one colour per microbatch, darker for later repeats,
     /// hatched grey bubbles.
     pub fn svg(&self) -> String {
-        let (cell, left, top) = (36u64, 72u64, 48u64);
-        let w = left + cell * self.iterations() + 16;
-        let h = top + cell * self.stages + 40 + 16 * self.ends().iter().flatten().count() as u64;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="12">"#
-        );
-        out.push_str(r##"<defs><pattern id="bubble" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#eee"/><line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern></defs>"##);
-        out.push('\n');
-        let _ = writeln!(
-            out,
-            r#"<text x="{left}" y="18">GPipe: {} stages, {} microbatches, {} repeats, {} iterations, bubble {:.1}%</text>"#,
-            self.stages,
-            self.microbatches,
-            self.repeats,
-            self.iterations(),
-            100.0 * self.bubble_fraction()
-        );
-        for t in 0..self.iterations() {
-            let _ = writeln!(
-                out,
-                r#"<text x="{}" y="{}" text-anchor="middle">{t}</text>"#,
-                left + t * cell + cell / 2,
-                top - 8
-            );
-        }
-        for s in 0..self.stages {
-            let _ = writeln!(
-                out,
-                r#"<text x="{}" y="{}" text-anchor="end">stage {s}</text>"#,
-                left - 8,
-                top + s * cell + cell / 2 + 4
-            );
-        }
-        for (t, row) in self.slots.iter().enumerate() {
-            for (s, &work) in row.iter().enumerate() {
-                let (x, y) = (left + t as u64 * cell, top + s as u64 * cell);
-                let fill = match work {
-                    None => "url(#bubble)".to_string(),
-                    Some(wk) => {
-                        let hue = wk.microbatch * 360 / self.microbatches.max(1);
-                        let light = 75 - (wk.repeat * 35 / self.repeats.max(1));
-                        format!("hsl({hue},60%,{light}%)")
-                    }
-                };
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="white"/>"#
-                );
-                if work.is_some() {
-                    let _ = writeln!(
-                        out,
-                        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-                        x + cell / 2,
-                        y + cell / 2 + 4,
-                        self.label(work)
-                    );
-                }
+        let cells = cells(&self.slots, |wk: Work| {
+            let hue = wk.microbatch * 360 / self.microbatches.max(1);
+            let light = 75 - (wk.repeat * 35 / self.repeats.max(1));
+            Cell {
+                fill: format!("hsl({hue},60%,{light}%)"),
+                label: self.label(Some(wk)),
             }
+        });
+        Grid {
+            title: format!(
+                "GPipe: {} stages, {} microbatches, {} repeats, {} iterations, bubble {:.1}%",
+                self.stages,
+                self.microbatches,
+                self.repeats,
+                self.iterations(),
+                100.0 * self.bubble_fraction()
+            ),
+            axis: "time (loop iteration) →",
+            cells,
+            notes: self.ends().into_iter().flatten().collect(),
         }
-        let _ = writeln!(
-            out,
-            r#"<text x="{left}" y="{}">time (loop iteration) →</text>"#,
-            top + self.stages * cell + 24
-        );
-        for (i, line) in self.ends().into_iter().flatten().enumerate() {
-            let _ = writeln!(
-                out,
-                r#"<text x="{left}" y="{}">{line}</text>"#,
-                top + self.stages * cell + 40 + 16 * i as u64
-            );
-        }
-        out.push_str("</svg>\n");
-        out
+        .svg()
     }
 }

@@ -1,7 +1,8 @@
 //! A training timetable (`timetable.rs`) drawn for `ppc schedule --schedule`: as text, one row
 //! per stage, and as an SVG picture with one colour per phase.
 
-use crate::timetable::{Kind, Phase, Timetable};
+use crate::svg_grid::{cells, Cell, Grid};
+use crate::timetable::{Kind, Phase, Timetable, Unit};
 use std::fmt::Write;
 
 impl Timetable {
@@ -69,54 +70,21 @@ impl Timetable {
     /// The grid as an SVG picture: forwards blue, input gradients green, weight gradients
     /// orange, idle ticks hatched grey.
     pub fn svg(&self) -> String {
-        let (cell, left, top) = (32u64, 72u64, 48u64);
-        let w = left + cell * self.ticks() as u64 + 16;
-        let h = top + cell * self.stages + 40;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="11">"#
-        );
-        out.push_str(r##"<defs><pattern id="idle" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#eee"/><line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern></defs>"##);
-        out.push('\n');
-        let _ = writeln!(out, r#"<text x="{left}" y="18">{}</text>"#, self.title());
-        for s in 0..self.stages {
-            let _ = writeln!(
-                out,
-                r#"<text x="{}" y="{}" text-anchor="end">stage {s}</text>"#,
-                left - 8,
-                top + s * cell + cell / 2 + 4
-            );
-        }
-        for (t, row) in self.slots.iter().enumerate() {
-            for (s, unit) in row.iter().enumerate() {
-                let (x, y) = (left + t as u64 * cell, top + s as u64 * cell);
-                let fill = match unit.map(|u| u.phase) {
-                    None => "url(#idle)",
-                    Some(Phase::F) => "hsl(210,60%,72%)",
-                    Some(Phase::B) => "hsl(130,45%,65%)",
-                    Some(Phase::W) => "hsl(30,80%,70%)",
-                };
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="white"/>"#
-                );
-                if let Some(u) = unit {
-                    let _ = writeln!(
-                        out,
-                        r#"<text x="{}" y="{}" text-anchor="middle">{u}</text>"#,
-                        x + cell / 2,
-                        y + cell / 2 + 4
-                    );
-                }
+        let cells = cells(&self.slots, |u: Unit| Cell {
+            fill: match u.phase {
+                Phase::F => "hsl(210,60%,72%)",
+                Phase::B => "hsl(130,45%,65%)",
+                Phase::W => "hsl(30,80%,70%)",
             }
+            .to_string(),
+            label: u.to_string(),
+        });
+        Grid {
+            title: self.title(),
+            axis: "time (tick) →",
+            cells,
+            notes: Vec::new(),
         }
-        let _ = writeln!(
-            out,
-            r#"<text x="{left}" y="{}">time (tick) →</text>"#,
-            top + self.stages * cell + 24
-        );
-        out.push_str("</svg>\n");
-        out
+        .svg()
     }
 }

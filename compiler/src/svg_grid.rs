@@ -1,0 +1,102 @@
+//! The SVG picture of a time × stage grid, which both of `ppc schedule`'s drawings use (the
+//! GPipe loop, `schedule.rs`; a training timetable, `timetable_picture.rs`): a title, the time
+//! steps along the top, a row per stage, a coloured cell per slot (hatched grey where the
+//! stage idles), and lines of notes below.
+
+use std::fmt::Write;
+
+/// One slot: its fill colour and its label.
+pub struct Cell {
+    pub fill: String,
+    pub label: String,
+}
+
+/// What to draw: `cells[t][s]` is stage `s` at time step `t` (`None`: idle).
+pub struct Grid {
+    pub title: String,
+    /// What a time step is, under the grid: `time (loop iteration) →`.
+    pub axis: &'static str,
+    pub cells: Vec<Vec<Option<Cell>>>,
+    pub notes: Vec<String>,
+}
+
+/// `slots[t][s]` drawn as `cell` draws each slot that is not idle.
+pub fn cells<T: Copy>(
+    slots: &[Vec<Option<T>>],
+    cell: impl Fn(T) -> Cell,
+) -> Vec<Vec<Option<Cell>>> {
+    slots
+        .iter()
+        .map(|row| row.iter().map(|slot| slot.map(&cell)).collect())
+        .collect()
+}
+
+impl Grid {
+    pub fn svg(&self) -> String {
+        let (cell, left, top) = (36u64, 72u64, 48u64);
+        let (steps, stages) = (
+            self.cells.len() as u64,
+            self.cells.first().map_or(0, Vec::len) as u64,
+        );
+        let w = left + cell * steps + 16;
+        let h = top + cell * stages + 40 + 16 * self.notes.len() as u64;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="12">"#
+        );
+        out.push_str(r##"<defs><pattern id="bubble" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#eee"/><line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern></defs>"##);
+        out.push('\n');
+        let _ = writeln!(out, r#"<text x="{left}" y="18">{}</text>"#, self.title);
+        for t in 0..steps {
+            let _ = writeln!(
+                out,
+                r#"<text x="{}" y="{}" text-anchor="middle">{t}</text>"#,
+                left + t * cell + cell / 2,
+                top - 8
+            );
+        }
+        for s in 0..stages {
+            let _ = writeln!(
+                out,
+                r#"<text x="{}" y="{}" text-anchor="end">stage {s}</text>"#,
+                left - 8,
+                top + s * cell + cell / 2 + 4
+            );
+        }
+        for (t, row) in self.cells.iter().enumerate() {
+            for (s, slot) in row.iter().enumerate() {
+                let (x, y) = (left + t as u64 * cell, top + s as u64 * cell);
+                let fill = slot.as_ref().map_or("url(#bubble)", |c| c.fill.as_str());
+                let _ = writeln!(
+                    out,
+                    r#"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="white"/>"#
+                );
+                if let Some(c) = slot {
+                    let _ = writeln!(
+                        out,
+                        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+                        x + cell / 2,
+                        y + cell / 2 + 4,
+                        c.label
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            r#"<text x="{left}" y="{}">{}</text>"#,
+            top + stages * cell + 24,
+            self.axis
+        );
+        for (i, line) in self.notes.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                r#"<text x="{left}" y="{}">{line}</text>"#,
+                top + stages * cell + 40 + 16 * i as u64
+            );
+        }
+        out.push_str("</svg>\n");
+        out
+    }
+}
