@@ -9,13 +9,18 @@
 //! 1F1B run `W` right after `B` and send the cotangent after both (a whole backward is two
 //! ticks); ZB-H1 sends it after `B` and runs `W` later, in ticks that would otherwise idle.
 //!
+//! 1F1B and ZB-H1 take the microbatches last first. A stage then adds its microbatches' weight
+//! gradients in GPipe's order, `M-1` down to `0` (GPipe's backward starts from the last
+//! microbatch, and so does the sequential model's gradient), so a program that follows either
+//! table can give GPipe's gradients bit for bit.
+//!
 //! ```text
 //! 1F1B, 2 stages, 3 microbatches (12 ticks)
-//! stage 0  F0 F1 .. .. B0 W0 F2 B1 W1 .. B2 W2
-//! stage 1  .. F0 B0 W0 F1 B1 W1 F2 B2 W2 .. ..
+//! stage 0  F2 F1 .. .. B2 W2 F0 B1 W1 .. B0 W0
+//! stage 1  .. F2 B2 W2 F1 B1 W1 F0 B0 W0 .. ..
 //! ZB-H1, the same (10 ticks)
-//! stage 0  F0 F1 .. B0 F2 B1 W0 W1 B2 W2
-//! stage 1  .. F0 B0 F1 B1 W0 F2 B2 W1 W2
+//! stage 0  F2 F1 .. B2 F0 B1 W2 W1 B0 W0
+//! stage 1  .. F2 B2 F1 B1 W2 F0 B0 W1 W0
 //! ```
 //!
 //! With unit costs the tables reach the published figures: GPipe and 1F1B take
@@ -133,6 +138,12 @@ impl Timetable {
                 slots.len() <= 8 * (m as usize + s_n) + 8,
                 "invariant: every rule lets some stage run"
             );
+        }
+        if kind != Kind::Gpipe {
+            // The last microbatch first (module docs).
+            for u in slots.iter_mut().flatten().flatten() {
+                u.microbatch = m - 1 - u.microbatch;
+            }
         }
         Timetable {
             kind,

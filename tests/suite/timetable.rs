@@ -72,19 +72,24 @@ fn timetables_are_sound_and_reach_the_published_bubbles_and_memory() {
 #[test]
 fn a_broken_timetable_is_rejected_naming_the_tick_and_the_stages() {
     let mut t = Timetable::build(Kind::OneFOneB, 3, 4);
-    // Stage 1 runs microbatch 0's forward in the tick stage 0 computes its input.
-    let f0 = Some(Unit {
+    // 1F1B takes the last microbatch first: GPipe's order of adding weight gradients.
+    let f3 = Some(Unit {
         phase: Phase::F,
-        microbatch: 0,
+        microbatch: 3,
     });
-    assert_eq!(t.slots[0][0], f0);
+    assert_eq!(t.slots[0][0], f3);
+    let w_order: Vec<u64> = (t.slots.iter())
+        .filter_map(|row| row[0].filter(|u| u.phase == Phase::W).map(|u| u.microbatch))
+        .collect();
+    assert_eq!(w_order, [3, 2, 1, 0]);
+    // Stage 1 runs that forward in the tick stage 0 computes its input.
     let at = t
         .slots
         .iter()
-        .position(|row| row[1] == f0)
-        .expect("stage 1 runs F0");
+        .position(|row| row[1] == f3)
+        .expect("stage 1 runs F3");
     t.slots[at][1] = None;
-    t.slots[0][1] = f0;
+    t.slots[0][1] = f3;
     let err = t.check().expect_err("a forward before its input");
     assert!(
         matches!(
@@ -93,7 +98,7 @@ fn a_broken_timetable_is_rejected_naming_the_tick_and_the_stages() {
                 tick: 0,
                 stage: 1,
                 phase: Phase::F,
-                microbatch: 0,
+                microbatch: 3,
                 ..
             }
         ),
@@ -156,7 +161,7 @@ fn schedule_draws_each_timetable_and_the_report_lists_them() {
     assert!(out.contains("not yet compiled"), "{out}");
     let picture = std::fs::read_to_string(&svg).expect("svg written");
     assert!(
-        picture.starts_with("<svg") && picture.contains(">W7<"),
+        picture.starts_with("<svg") && picture.contains(">W0<"),
         "{picture}"
     );
     std::fs::remove_file(&svg).expect("cleanup");
