@@ -2,7 +2,8 @@
 //!
 //! [`verify`] checks that values are defined once and before use (loop-body values stay inside
 //! their loop), that every op's recorded result types are what shape inference says, that calls
-//! refer to earlier functions with matching types, and that loops yield what they carry. After `Ok`,
+//! refer to earlier functions with matching types, that loops yield what they carry, and that
+//! no function `call_if` runs on some ranks only exchanges with other ranks. After `Ok`,
 //! the interpreter and passes may index and unwrap without further checks.
 //!
 //! [`check_model`] adds the rules of a model file: a `@layer` whose input and output are both
@@ -31,9 +32,52 @@ pub fn verify(m: &Module) -> Result<(), Diagnostics> {
         verify_func(m, id, f, &mut diags);
     }
     if diags.is_empty() {
+        exchanges_on_every_rank(m, &mut diags);
+    }
+    if diags.is_empty() {
         Ok(())
     } else {
         Err(diags)
+    }
+}
+
+/// Every rank runs every `exchange`, in the same order: one that some ranks skip would wait
+/// forever for a neighbour that never answers. So no function that `call_if` runs (on some
+/// ranks only) may exchange, directly or through its callees.
+fn exchanges_on_every_rank(m: &Module, diags: &mut Diagnostics) {
+    fn exchanges(m: &Module, f: &Func, block: &Block) -> bool {
+        block.ops.iter().any(|&id| match &f.ops[id].kind {
+            OpKind::Exchange { .. } => true,
+            OpKind::Call { callee, .. } => {
+                let g = &m.funcs[*callee];
+                exchanges(m, g, &g.body)
+            }
+            OpKind::Loop { body, .. } => exchanges(m, f, body),
+            _ => false,
+        })
+    }
+    for f in m.funcs.values() {
+        for (id, op) in f.ops.iter() {
+            let OpKind::Call {
+                callee,
+                on: Some(_),
+                ..
+            } = &op.kind
+            else {
+                continue;
+            };
+            let g = &m.funcs[*callee];
+            if exchanges(m, g, &g.body) {
+                diags.push(Diagnostic::error(
+                    format!(
+                        "`@{}` exchanges with the neighbouring ranks, but `call_if` runs it on some ranks only: their neighbours would wait for them forever",
+                        g.name
+                    ),
+                    f.op_spans.get(&id),
+                    "run on some ranks only",
+                ));
+            }
+        }
     }
 }
 

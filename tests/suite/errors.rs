@@ -55,6 +55,10 @@ fn malformed_models_get_spanned_diagnostics() {
 /// Diagnostics no model file can cause, each with what guards it instead.
 const UNREACHABLE_FROM_A_MODEL: &[(&str, &str)] = &[
     (
+        "exchanges with the neighbouring ranks, but",
+        "a model writes neither `call_if` nor `exchange`; the verifier guards passes (passes::a_call_if_that_exchanges_is_rejected)",
+    ),
+    (
         "has the name of a value of",
         "`@model` and `@train` declare the model's parameters before any other value",
     ),

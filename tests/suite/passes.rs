@@ -220,3 +220,27 @@ pub fn assert_bits_eq(want: &Tensor, got: &Tensor, what: &str) {
         );
     }
 }
+
+/// A function that exchanges with other ranks cannot run under `call_if`: the ranks that skip
+/// it would leave their neighbours waiting. The verifier, which runs after every pass, says so.
+#[test]
+fn a_call_if_that_exchanges_is_rejected() {
+    let text = "dims { b = 2, d = 4 }\npipeline { stages = 2, microbatches = 2, ranks = 2 }\ninput f32[b, d]\n\n\
+        func @send(%x: f32[b, d]) -> f32[b, d] {\n  %y = exchange %x\n  return %y\n}\n\n\
+        func @layer(%x: f32[b, d]) -> f32[b, d] {\n  %r = rank : i32[]\n  %zero = constant 0 : i32[]\n\
+        \x20 %first = eq %r, %zero\n  %z = call_if @send, %first, %x\n  return %z\n}\n";
+    let errors = match ppc_dialect::parse(text, &ppc_dialect::Overrides::default()) {
+        Ok(m) => ppc_dialect::verify(&m).expect_err("a call_if that exchanges"),
+        Err(d) => d,
+    };
+    let shown = ppc_dialect::diag::render("case.ppc", text, &errors);
+    assert!(
+        shown.contains("`@send` exchanges with the neighbouring ranks")
+            && shown.contains("case.ppc:14:"),
+        "{shown}"
+    );
+    // Without the exchange, the same call is fine.
+    let fine = text.replace("%y = exchange %x", "%y = tanh %x");
+    let m = ppc_dialect::parse(&fine, &ppc_dialect::Overrides::default()).expect("parses");
+    ppc_dialect::verify(&m).expect("verifies");
+}
