@@ -56,36 +56,40 @@ pub fn embed_head(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
         )]
     })?;
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
-    let mut ends = Vec::new();
-    for name in [names::EMBED, names::HEAD] {
-        let all = match m.func(name) {
-            Some(f) => Some(all_microbatches(f, &mbs).map_err(|d| vec![d])?),
-            None => None,
-        };
-        ends.push(all.map(|g| m.funcs.push(g)));
+    // Per end, the function the model file wrote and the one over all microbatches.
+    let mut ends = [None, None];
+    for (end, name) in ends.iter_mut().zip([names::EMBED, names::HEAD]) {
+        if let Some(id) = m.func_id(name) {
+            let all = all_microbatches(&m.funcs[id], &mbs).map_err(|d| vec![d])?;
+            *end = Some((id, m.funcs.push(all)));
+        }
     }
-    let model = build(m, pipeline, ends[0], ends[1]).map_err(|d| vec![d])?;
+    let model = build(m, pipeline, ends).map_err(|d| vec![d])?;
     m.funcs.push(model);
     Ok(())
 }
 
+/// An end: the function the model file wrote, and `@{it}_all`.
+type End = (FuncId, FuncId);
+
 fn build(
     m: &Module,
     pipeline: FuncId,
-    embed_all: Option<FuncId>,
-    head_all: Option<FuncId>,
+    [embed, head]: [Option<End>; 2],
 ) -> Result<Func, Diagnostic> {
-    let (embed, head) = (m.func(names::EMBED), m.func(names::HEAD));
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let mut b = Builder::new(names::MODEL);
     b.span = m.spans.get(&Item::Pipeline);
     // The argument first, as the parser numbers values; then one parameter per name.
-    let ends: Vec<&Func> = embed.into_iter().chain(head).collect();
-    let x = b.arg_apart("x", m.input.insert(0, mbs.clone()), &ends);
-    for f in ends {
+    let written: Vec<&Func> = [embed, head]
+        .iter()
+        .flatten()
+        .map(|&(f, _)| &m.funcs[f])
+        .collect();
+    let x = b.arg_apart("x", m.input.insert(0, mbs.clone()), &written);
+    for f in written {
         b.params_of(f)?;
     }
-    b.span = m.spans.get(&Item::Pipeline);
     let (first, last) = match m.pipeline.ranks {
         1 => (None, None),
         ranks => {
@@ -96,15 +100,14 @@ fn build(
             )
         }
     };
-    let h = match (embed, embed_all) {
-        (Some(f), Some(all)) => call_end(&mut b, m, f, all, x, first)?,
-        _ => x,
+    let h = match embed {
+        Some(end) => call_end(&mut b, m, end, x, first)?,
+        None => x,
     };
-    b.span = m.spans.get(&Item::Pipeline);
     let y = b.inline(m, &m.funcs[pipeline], &[h])?[0];
-    let out = match (head, head_all) {
-        (Some(f), Some(all)) => call_end(&mut b, m, f, all, y, last)?,
-        _ => y,
+    let out = match head {
+        Some(end) => call_end(&mut b, m, end, y, last)?,
+        None => y,
     };
     Ok(b.finish(vec![out]))
 }
@@ -134,16 +137,16 @@ pub(super) fn is_rank(
     )
 }
 
-/// `call_if @{end}_all, %on, %x, weights...`: the end `f` on every microbatch of `x`, on the
+/// `call_if @{end}_all, %on, %x, weights...`: the end on every microbatch of `x`, on the
 /// ranks where `on` (every rank without it), with `@model`'s parameters as its weights.
 fn call_end(
     b: &mut Builder,
     m: &Module,
-    f: &Func,
-    all: FuncId,
+    (written, all): End,
     x: ValueId,
     on: Option<ValueId>,
 ) -> Result<ValueId, Diagnostic> {
+    let f = &m.funcs[written];
     let mut args = vec![x];
     for p in &f.params {
         let name = &f.values[p.value].name;
