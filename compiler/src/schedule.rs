@@ -7,7 +7,7 @@
 //! (stage 0 takes item `t`, and the shift moves it one stage per iteration); item `w` is
 //! microbatch `w mod M` in repeat `w div M`, and slots with `w` outside `0..R*M` are bubbles.
 
-use crate::svg_grid::{cells, Cell, Grid};
+use crate::grid::{cells, Cell, Grid};
 use ppc_dialect::ir::{names, Module};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::Type;
@@ -139,14 +139,6 @@ impl Schedule {
     /// Rows are stages, columns iterations; cells are microbatches (`repeat:microbatch` when
     /// circular) and `.` for bubbles.
     pub fn text(&self) -> String {
-        let width = self
-            .slots
-            .iter()
-            .flatten()
-            .map(|&w| self.label(w).len())
-            .chain([self.iterations().saturating_sub(1).to_string().len()])
-            .max()
-            .unwrap_or(1);
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -169,23 +161,7 @@ impl Schedule {
         if let Some(line) = before {
             let _ = writeln!(out, "{line}");
         }
-        let row = |s: u64| match self.ranks {
-            1 => format!("stage {s}"),
-            _ => format!("stage {s} (rank {})", s / (self.stages / self.ranks)),
-        };
-        let head = row(self.stages - 1).len();
-        let _ = write!(out, "{:>head$} ", "t");
-        for t in 0..self.iterations() {
-            let _ = write!(out, " {t:>width$}");
-        }
-        out.push('\n');
-        for s in 0..self.stages as usize {
-            let _ = write!(out, "{:>head$} ", row(s as u64));
-            for row in &self.slots {
-                let _ = write!(out, " {:>width$}", self.label(row[s]));
-            }
-            out.push('\n');
-        }
+        out.push_str(&self.grid().text(self.ranks));
         if let Some(line) = after {
             let _ = writeln!(out, "{line}");
         }
@@ -195,6 +171,11 @@ impl Schedule {
     /// The same grid as an SVG picture: one colour per microbatch, darker for later repeats,
     /// hatched grey bubbles.
     pub fn svg(&self) -> String {
+        self.grid().svg()
+    }
+
+    /// The grid both pictures draw: one colour per microbatch, darker for later repeats.
+    fn grid(&self) -> Grid {
         let cells = cells(&self.slots, |wk: Work| {
             let hue = wk.microbatch * 360 / self.microbatches.max(1);
             let light = 75 - (wk.repeat * 35 / self.repeats.max(1));
@@ -214,8 +195,8 @@ impl Schedule {
             ),
             axis: "time (loop iteration) →",
             cells,
+            idle: ".",
             notes: self.ends().into_iter().flatten().collect(),
         }
-        .svg()
     }
 }

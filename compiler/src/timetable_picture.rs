@@ -1,7 +1,7 @@
 //! A training timetable (`timetable.rs`) drawn for `ppc schedule --schedule`: as text, one row
 //! per stage, and as an SVG picture with one colour per phase.
 
-use crate::svg_grid::{cells, Cell, Grid};
+use crate::grid::{cells, Cell, Grid};
 use crate::timetable::{Kind, Phase, Timetable, Unit};
 use std::fmt::Write;
 
@@ -43,33 +43,18 @@ impl Timetable {
             "weight gradients pending at most, per stage: {}",
             list(self.pending_weight_grads())
         );
-        let per_rank = self.stages / ranks;
-        let row_name = |s: u64| match ranks {
-            1 => format!("stage {s}"),
-            _ => format!("stage {s} (rank {})", s / per_rank),
-        };
-        let head = row_name(self.stages - 1).len();
-        let width = self.microbatches.saturating_sub(1).to_string().len() + 1;
-        let width = width.max((self.ticks() - 1).to_string().len());
-        let _ = write!(out, "{:>head$} ", "t");
-        for t in 0..self.ticks() {
-            let _ = write!(out, " {t:>width$}");
-        }
-        out.push('\n');
-        for s in 0..self.stages as usize {
-            let _ = write!(out, "{:>head$} ", row_name(s as u64));
-            for row in &self.slots {
-                let cell = row[s].map_or("..".to_string(), |u| u.to_string());
-                let _ = write!(out, " {cell:>width$}");
-            }
-            out.push('\n');
-        }
+        out.push_str(&self.grid().text(ranks));
         out
     }
 
-    /// The grid as an SVG picture: forwards blue, input gradients green, weight gradients
-    /// orange, idle ticks hatched grey.
+    /// The grid as an SVG picture.
     pub fn svg(&self) -> String {
+        self.grid().svg()
+    }
+
+    /// The grid both pictures draw: forwards blue, input gradients green, weight gradients
+    /// orange.
+    fn grid(&self) -> Grid {
         let cells = cells(&self.slots, |u: Unit| Cell {
             fill: match u.phase {
                 Phase::F => "hsl(210,60%,72%)",
@@ -83,8 +68,8 @@ impl Timetable {
             title: self.title(),
             axis: "time (tick) →",
             cells,
+            idle: "..",
             notes: Vec::new(),
         }
-        .svg()
     }
 }

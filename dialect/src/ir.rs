@@ -242,6 +242,22 @@ pub struct Func {
 }
 
 impl Func {
+    /// The functions this one calls, in its body and its loops' bodies, once per call.
+    pub fn callees(&self) -> Vec<FuncId> {
+        fn walk(f: &Func, block: &Block, out: &mut Vec<FuncId>) {
+            for &id in &block.ops {
+                match &f.ops[id].kind {
+                    OpKind::Call { callee, .. } => out.push(*callee),
+                    OpKind::Loop { body, .. } => walk(f, body, out),
+                    _ => {}
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(self, &self.body, &mut out);
+        out
+    }
+
     pub fn new(name: &str) -> Func {
         Func {
             name: name.to_string(),
@@ -495,6 +511,20 @@ impl Module {
     }
 
     /// The id of the function called `name`.
+    /// `from` and every function it calls, directly or not.
+    pub fn reachable(&self, from: FuncId) -> std::collections::BTreeSet<FuncId> {
+        let mut seen = std::collections::BTreeSet::from([from]);
+        let mut todo = vec![from];
+        while let Some(f) = todo.pop() {
+            for callee in self.funcs[f].callees() {
+                if seen.insert(callee) {
+                    todo.push(callee);
+                }
+            }
+        }
+        seen
+    }
+
     pub fn func_id(&self, name: &str) -> Option<FuncId> {
         self.funcs
             .iter()

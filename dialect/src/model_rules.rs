@@ -54,7 +54,7 @@ pub fn check_user_code(m: &Module) -> Result<(), Diagnostics> {
     if m.func_id(names::LAYER).is_none() {
         return if diags.is_empty() { Ok(()) } else { Err(diags) };
     }
-    let called: BTreeSet<FuncId> = roots.iter().flat_map(|&r| reachable(m, r)).collect();
+    let called: BTreeSet<FuncId> = roots.iter().flat_map(|&r| m.reachable(r)).collect();
     for (id, f) in m.funcs.iter().filter(|(id, _)| !called.contains(id)) {
         diags.push(
             Diagnostic::error(
@@ -131,22 +131,6 @@ pub fn pipeline_axis(f: &Func) -> Option<Diagnostic> {
         )
         .with_note("for a dimension as long as the pipeline setting, write it without `#`"),
     )
-}
-
-/// `from` and every function it calls, directly or not.
-fn reachable(m: &Module, from: FuncId) -> BTreeSet<FuncId> {
-    let mut seen = BTreeSet::from([from]);
-    let mut todo = vec![from];
-    while let Some(f) = todo.pop() {
-        for op in m.funcs[f].ops.values() {
-            if let OpKind::Call { callee, .. } = op.kind {
-                if seen.insert(callee) {
-                    todo.push(callee);
-                }
-            }
-        }
-    }
-    seen
 }
 
 /// The note that lists the ops a model may use and where they are described.

@@ -4,8 +4,7 @@
 //! table, computed before the walk from the functions the entry reaches, gives each weight one
 //! [`ParamId`]; the walk binds a function's parameters by id.
 
-use ppc_dialect::ir::{Block, Func, FuncId, Module, Param};
-use ppc_dialect::op::OpKind;
+use ppc_dialect::ir::{FuncId, Module, Param};
 use ppc_dialect::{Diagnostic, Type};
 use std::collections::HashMap;
 
@@ -36,7 +35,7 @@ impl Params {
             of: HashMap::new(),
         };
         let mut by_name: HashMap<&str, ParamId> = HashMap::new();
-        for f in reachable(m, entry) {
+        for f in m.reachable(entry) {
             let g = &m.funcs[f];
             for (i, p) in g.params.iter().enumerate() {
                 let (name, ty) = (g.values[p.value].name.as_str(), g.ty(p.value));
@@ -69,31 +68,4 @@ impl Params {
     pub fn weight(&self, id: ParamId) -> &Weight {
         &self.weights[id.0]
     }
-}
-
-/// `entry` and the functions it calls, directly or not, callers before callees.
-fn reachable(m: &Module, entry: FuncId) -> Vec<FuncId> {
-    fn calls(f: &Func, block: &Block, out: &mut Vec<FuncId>) {
-        for &id in &block.ops {
-            match &f.ops[id].kind {
-                OpKind::Call { callee, .. } => out.push(*callee),
-                OpKind::Loop { body, .. } => calls(f, body, out),
-                _ => {}
-            }
-        }
-    }
-    let mut seen = vec![entry];
-    let mut next = 0;
-    while next < seen.len() {
-        let f = &m.funcs[seen[next]];
-        let mut found = Vec::new();
-        calls(f, &f.body, &mut found);
-        for g in found {
-            if !seen.contains(&g) {
-                seen.push(g);
-            }
-        }
-        next += 1;
-    }
-    seen
 }

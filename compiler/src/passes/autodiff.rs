@@ -55,9 +55,9 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         )]);
     }
     let ids: Vec<FuncId> = m.funcs.iter().map(|(id, _)| id).collect();
-    let called: HashSet<FuncId> = m.funcs.values().flat_map(callees).collect();
+    let called: HashSet<FuncId> = m.funcs.values().flat_map(Func::callees).collect();
     // What the functions that keep everything (the called ones, see `remat_of`) call.
-    let nested: HashSet<FuncId> = called.iter().flat_map(|&g| callees(&m.funcs[g])).collect();
+    let nested: HashSet<FuncId> = called.iter().flat_map(|&g| m.funcs[g].callees()).collect();
     // Rematerializing saves what a loop would keep once per iteration; a function called
     // outside every loop (a model's ends) runs once a step, so its backward reads what its
     // forward kept, as if it were inlined.
@@ -117,22 +117,6 @@ fn remat_of(option: Remat, called: bool) -> Remat {
     } else {
         option
     }
-}
-
-/// The functions `f` calls (nested loops included).
-fn callees(f: &Func) -> Vec<FuncId> {
-    fn walk(f: &Func, block: &Block, out: &mut Vec<FuncId>) {
-        for &id in &block.ops {
-            match &f.ops[id].kind {
-                OpKind::Call { callee, .. } => out.push(*callee),
-                OpKind::Loop { body, .. } => walk(f, body, out),
-                _ => {}
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(f, &f.body, &mut out);
-    out
 }
 
 /// The functions `f`'s body calls outside its loops.

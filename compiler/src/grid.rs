@@ -1,7 +1,7 @@
-//! The SVG picture of a time × stage grid, which both of `ppc schedule`'s drawings use (the
-//! GPipe loop, `schedule.rs`; a training timetable, `timetable_picture.rs`): a title, the time
-//! steps along the top, a row per stage, a coloured cell per slot (hatched grey where the
-//! stage idles), and lines of notes below.
+//! A time × stage grid, which both of `ppc schedule`'s drawings use (the GPipe loop,
+//! `schedule.rs`; a training timetable, `timetable_picture.rs`), written as text (the time
+//! steps along the top, a row per stage) and as an SVG picture (also a title, a coloured cell
+//! per slot, hatched grey where the stage idles, and lines of notes below).
 
 use std::fmt::Write;
 
@@ -17,6 +17,8 @@ pub struct Grid {
     /// What a time step is, under the grid: `time (loop iteration) →`.
     pub axis: &'static str,
     pub cells: Vec<Vec<Option<Cell>>>,
+    /// The text of an idle slot.
+    pub idle: &'static str,
     pub notes: Vec<String>,
 }
 
@@ -32,6 +34,41 @@ pub fn cells<T: Copy>(
 }
 
 impl Grid {
+    /// The time steps, then one line per stage (with its rank when `ranks > 1`), cells
+    /// right-aligned.
+    pub fn text(&self, ranks: u64) -> String {
+        let stages = self.cells.first().map_or(0, Vec::len);
+        fn label<'g>(c: &'g Option<Cell>, idle: &'g str) -> &'g str {
+            c.as_ref().map_or(idle, |c| c.label.as_str())
+        }
+        let width = (self
+            .cells
+            .iter()
+            .flatten()
+            .map(|c| label(c, self.idle).len()))
+        .chain([self.cells.len().saturating_sub(1).to_string().len()])
+        .max()
+        .unwrap_or(1);
+        let row = |s: usize| match ranks {
+            1 => format!("stage {s}"),
+            _ => format!("stage {s} (rank {})", s / (stages / ranks as usize)),
+        };
+        let head = row(stages.saturating_sub(1)).len();
+        let mut out = format!("{:>head$} ", "t");
+        for t in 0..self.cells.len() {
+            let _ = write!(out, " {t:>width$}");
+        }
+        out.push('\n');
+        for s in 0..stages {
+            let _ = write!(out, "{:>head$} ", row(s));
+            for step in &self.cells {
+                let _ = write!(out, " {:>width$}", label(&step[s], self.idle));
+            }
+            out.push('\n');
+        }
+        out
+    }
+
     pub fn svg(&self) -> String {
         let (cell, left, top) = (36u64, 72u64, 48u64);
         let (steps, stages) = (
