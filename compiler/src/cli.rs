@@ -7,6 +7,7 @@
 use crate::commands;
 use crate::lower::Numerics;
 use crate::passes::{self, Options, Remat};
+use crate::timetable::Kind;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ppc_dialect::{DType, Overrides};
 use ppc_runtime::manifest::Target;
@@ -285,6 +286,12 @@ pub struct PassArgs {
     /// `--report=json` for the memory of both).
     #[arg(long, value_enum, default_value_t = Remat::Stage)]
     pub remat: Remat,
+    /// Training: the order of each stage's forwards and backwards. `gpipe`: every forward,
+    /// then every backward (each stage keeps all M microbatches' inputs); `1f1b`: one forward,
+    /// one backward, in one loop over ticks (stage s keeps at most 2(S-1-s)+1 inputs). The
+    /// same gradients, bit for bit. `ppc schedule --schedule` draws them.
+    #[arg(long = "schedule", value_enum, default_value_t = Kind::Gpipe)]
+    pub train_schedule: Kind,
 }
 
 impl PassArgs {
@@ -293,6 +300,7 @@ impl PassArgs {
             poison_bubbles: self.poison_bubbles,
             train,
             remat: self.remat,
+            schedule: self.train_schedule,
         }
     }
 }

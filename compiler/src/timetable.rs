@@ -31,9 +31,10 @@
 use std::fmt;
 
 /// Which schedule a timetable follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     /// Every forward, then every backward, the last microbatch's first.
+    #[default]
     Gpipe,
     /// One forward, one backward: at most `S - s` microbatches in flight on stage `s`.
     #[value(name = "1f1b")]

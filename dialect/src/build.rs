@@ -256,18 +256,20 @@ impl Builder {
             let v = self.param_named(&callee.values[p.value].name);
             env.insert(p.value, v.expect("invariant: declared by params_of"));
         }
-        self.copy_block(m, callee, &callee.body, &mut env)?;
+        self.copy_ops(m, callee, &callee.body.ops, &mut env)?;
         Ok(callee.body.results.iter().map(|v| env[v]).collect())
     }
 
-    fn copy_block(
+    /// Appends copies of `f`'s ops `ops` (loops and calls included), their operands renamed by
+    /// `env`, to which their results are added.
+    pub fn copy_ops(
         &mut self,
         m: &Module,
         f: &Func,
-        block: &Block,
+        ops: &[OpId],
         env: &mut HashMap<ValueId, ValueId>,
     ) -> Result<(), Diagnostic> {
-        for &id in &block.ops {
+        for &id in ops {
             let op = &f.ops[id];
             let hint = f.values[op.results[0]].name.clone();
             self.span = f.op_spans.get(&id);
@@ -281,7 +283,7 @@ impl Builder {
                     self.loop_op(*trips, inits, &hints, |b, t, carried| {
                         env.insert(body.args[0], t);
                         env.extend(body.args[1..].iter().copied().zip(carried.iter().copied()));
-                        b.copy_block(m, f, body, env)?;
+                        b.copy_ops(m, f, &body.ops, env)?;
                         Ok(body.results.iter().map(|v| env[v]).collect())
                     })?
                 }

@@ -421,6 +421,13 @@ pub mod names {
     /// The model's loss of its outputs against the targets (`loss`), which `@train` calls on
     /// the last rank.
     pub const LOSS: &str = "loss";
+    /// `@head` (if any) and the loss of one microbatch, summed over its elements and divided by
+    /// a normalizer given as an argument (`loss`, for `--schedule 1f1b`): its VJP is one
+    /// microbatch's slice of `@loss`'s, bit for bit.
+    pub const MICROBATCH_LOSS: &str = "microbatch_loss";
+    /// What `@loss` divides its sum by, from all microbatches' targets (`loss`, for
+    /// `--schedule 1f1b`).
+    pub const LOSS_NORMALIZER: &str = "loss_normalizer";
     /// Written by the user, optional: runs on each microbatch before the pipelined layers
     /// (token ids to activations).
     pub const EMBED: &str = "embed";

@@ -19,6 +19,7 @@ pub(crate) fn train_opts(poison: bool, remat: Remat) -> Options {
         poison_bubbles: poison,
         train: true,
         remat,
+        ..Options::default()
     }
 }
 

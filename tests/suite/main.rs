@@ -17,6 +17,7 @@ mod language;
 mod lowering;
 mod model_ends;
 mod mpirun;
+mod one_f_one_b;
 mod oracle;
 mod passes;
 mod portable;

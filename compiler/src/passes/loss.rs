@@ -24,11 +24,12 @@ use super::embed_head::is_rank;
 use super::options::Options;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
-use ppc_dialect::ir::{names, Item, Loss, Module, Setting, ValueId};
+use crate::timetable::Kind;
+use ppc_dialect::ir::{names, FuncId, Item, Loss, Module, Setting, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Dim, Type};
 
-pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
+pub fn loss(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     if m.func(names::TRAIN).is_some() {
         return Err(vec![Diagnostic::plain(
             "the module already has a `@train`: `loss` has run",
@@ -45,16 +46,20 @@ pub fn loss(m: &mut Module, _opts: &Options) -> Result<(), Diagnostics> {
         })?;
     let loss = loss_of(m, pipeline).map_err(|d| vec![d])?;
     let loss = m.funcs.push(loss);
+    // The tick loop of `--schedule 1f1b` (`one_f_one_b.rs`) seeds each microbatch's backward
+    // as soon as it leaves the last stage; callees come before their callers.
+    if opts.schedule == Kind::OneFOneB {
+        let each = microbatch_loss_of(m).map_err(|d| vec![d])?;
+        let normalizer = normalizer_of(m).map_err(|d| vec![d])?;
+        m.funcs.push(each);
+        m.funcs.push(normalizer);
+    }
     let f = build(m, pipeline, loss).map_err(|d| vec![d])?;
     m.funcs.push(f);
     Ok(())
 }
 
-fn build(
-    m: &Module,
-    pipeline: ppc_dialect::ir::FuncId,
-    loss: ppc_dialect::ir::FuncId,
-) -> Result<ppc_dialect::Func, Diagnostic> {
+fn build(m: &Module, pipeline: FuncId, loss: FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::TRAIN);
     b.span = loss_span(m);
     // The arguments first, as the parser numbers values; then the model's parameters.
@@ -87,33 +92,103 @@ fn loss_span(m: &Module) -> ppc_dialect::span::Span {
 
 /// `@loss(%y, %target) -> f32[]`: the model file's loss of the outputs `y` of all
 /// microbatches.
-fn loss_of(m: &Module, pipeline: ppc_dialect::ir::FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
+fn loss_of(m: &Module, pipeline: FuncId) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::LOSS);
     b.span = loss_span(m);
     let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
     let out = b.arg("y", m.funcs[pipeline].result_types()[0].clone());
     let target = b.arg("target", m.target_type().insert(0, mbs));
-    let y = to_f32(&mut b, out)?;
-    let loss = match m.loss_or_default() {
-        Loss::Mse => {
-            let t = to_f32(&mut b, target)?;
-            let diff = bin(&mut b, "diff", BinaryOp::Sub, y, t)?;
-            let sq = bin(&mut b, "squared", BinaryOp::Mul, diff, diff)?;
-            mean_all(&mut b, sq)?
+    let terms = terms(&mut b, m, out, target)?;
+    let loss = match terms.counted {
+        None => mean_all(&mut b, terms.each)?,
+        Some(ones) => {
+            let total = sum_all(&mut b, "total_nll", terms.each)?;
+            let count = at_least_one(&mut b, ones)?;
+            bin(&mut b, "loss", BinaryOp::Div, total, count)?
         }
-        Loss::SoftmaxCrossEntropy => cross_entropy(&mut b, y, target, m.ignore_index)?,
     };
     Ok(b.finish(vec![loss]))
 }
 
-/// Mean over rows of `logsumexp(y) - y[target]`, the classes on `y`'s last axis; with
-/// `ignore`, over the rows whose target is not `ignore` (their sum over their count, at least 1).
+/// `@microbatch_loss(%y, %target, %normalizer) -> f32[]`: `@head` (where the model has one)
+/// and the loss of one microbatch, its terms summed and divided by `normalizer`
+/// ([`normalizer_of`]). The cotangent its VJP gives `y` is, bit for bit, that microbatch's
+/// slice of the one `@loss`'s VJP gives all outputs: both divide the seed by the same number
+/// and then run the same per-element rules (a mean's VJP divides by the element count too).
+fn microbatch_loss_of(m: &Module) -> Result<ppc_dialect::Func, Diagnostic> {
+    let mut b = Builder::new(names::MICROBATCH_LOSS);
+    b.span = loss_span(m);
+    let y = b.arg("y", m.stage_type());
+    let target = b.arg("target", m.target_type());
+    let normalizer = b.arg("normalizer", Type::scalar(DType::F32));
+    let out = match m.func_id(names::HEAD) {
+        Some(head) => b.call("logits", m, head, vec![y])?,
+        None => y,
+    };
+    let terms = terms(&mut b, m, out, target)?;
+    let total = sum_all(&mut b, "total", terms.each)?;
+    let loss = bin(&mut b, "loss", BinaryOp::Div, total, normalizer)?;
+    Ok(b.finish(vec![loss]))
+}
+
+/// `@loss_normalizer(%target) -> f32[]`: what `@loss` divides the sum of its terms by, the
+/// number of terms over all microbatches, or with `ignore_index` the number of rows counted
+/// (at least 1), computed as `@loss` computes it.
+fn normalizer_of(m: &Module) -> Result<ppc_dialect::Func, Diagnostic> {
+    let mut b = Builder::new(names::LOSS_NORMALIZER);
+    b.span = loss_span(m);
+    let mbs = Dim::named(Setting::Microbatches.name(), m.pipeline.microbatches);
+    let target = b.arg("target", m.target_type().insert(0, mbs));
+    let normalizer = match (m.loss_or_default(), m.ignore_index) {
+        (Loss::SoftmaxCrossEntropy, Some(ignore)) => {
+            let (_, ones) = counted_rows(&mut b, target, ignore)?;
+            at_least_one(&mut b, ones)?
+        }
+        (loss, _) => {
+            let out = m.output_type();
+            let per_term = match loss {
+                Loss::Mse => 1,
+                Loss::SoftmaxCrossEntropy => out.shape()[out.rank() - 1],
+            };
+            let terms = m.pipeline.microbatches * out.elements() / per_term;
+            let value = ppc_dialect::op::Float(terms as f64);
+            b.op("terms", OpKind::Constant { value }, Some(Type::scalar(DType::F32)))?
+        }
+    };
+    Ok(b.finish(vec![normalizer]))
+}
+
+/// What a loss averages: one term per element (`mse`) or per row (cross entropy), and with
+/// `ignore_index` the rows that count (1.0 each, else 0.0; their terms are 0.0).
+struct Terms {
+    each: ValueId,
+    counted: Option<ValueId>,
+}
+
+fn terms(b: &mut Builder, m: &Module, out: ValueId, target: ValueId) -> Result<Terms, Diagnostic> {
+    let y = to_f32(b, out)?;
+    Ok(match m.loss_or_default() {
+        Loss::Mse => {
+            let t = to_f32(b, target)?;
+            let diff = bin(b, "diff", BinaryOp::Sub, y, t)?;
+            let squared = bin(b, "squared", BinaryOp::Mul, diff, diff)?;
+            Terms {
+                each: squared,
+                counted: None,
+            }
+        }
+        Loss::SoftmaxCrossEntropy => cross_entropy(b, y, target, m.ignore_index)?,
+    })
+}
+
+/// Per row, `logsumexp(y) - y[target]`, the classes on `y`'s last axis; with `ignore`, 0.0
+/// where the target is `ignore`, and which rows count.
 fn cross_entropy(
     b: &mut Builder,
     y: ValueId,
     target: ValueId,
     ignore: Option<i32>,
-) -> Result<ValueId, Diagnostic> {
+) -> Result<Terms, Diagnostic> {
     let yt = b.ty(y).clone();
     let last = yt.rank() - 1;
     let keep = |b: &mut Builder, v: ValueId| {
@@ -165,13 +240,7 @@ fn cross_entropy(
         },
         None,
     )?;
-    let zero = b.op(
-        "zero",
-        OpKind::Constant {
-            value: ppc_dialect::op::Float(0.0),
-        },
-        Some(Type::scalar(DType::F32)),
-    )?;
+    let zero = scalar(b, "zero", 0.0, DType::F32)?;
     let picked = b.op(
         "picked",
         OpKind::Select {
@@ -184,22 +253,12 @@ fn cross_entropy(
     let logit = reduce(b, "target_logit", ReduceOp::Sum, picked)?;
     let per_row = bin(b, "nll", BinaryOp::Sub, lse, logit)?;
     let Some(ignore) = ignore else {
-        return mean_all(b, per_row);
+        return Ok(Terms {
+            each: per_row,
+            counted: None,
+        });
     };
-    let scalar = |b: &mut Builder, hint: &str, v: f64, dtype| {
-        let value = ppc_dialect::op::Float(v);
-        b.op(hint, OpKind::Constant { value }, Some(Type::scalar(dtype)))
-    };
-    let ignored = scalar(b, "ignore_index", f64::from(ignore), DType::I32)?;
-    let counted = b.op(
-        "counted",
-        OpKind::Compare {
-            pred: CmpPred::Ne,
-            lhs: target,
-            rhs: ignored,
-        },
-        None,
-    )?;
+    let (counted, ones) = counted_rows(b, target, ignore)?;
     let zero = scalar(b, "zero", 0.0, DType::F32)?;
     let kept = b.op(
         "kept_nll",
@@ -210,23 +269,53 @@ fn cross_entropy(
         },
         None,
     )?;
+    Ok(Terms {
+        each: kept,
+        counted: Some(ones),
+    })
+}
+
+/// Which rows of `target` are not `ignore`: as `i1` and as 1.0 or 0.0 each.
+fn counted_rows(
+    b: &mut Builder,
+    target: ValueId,
+    ignore: i32,
+) -> Result<(ValueId, ValueId), Diagnostic> {
+    let ignored = scalar(b, "ignore_index", f64::from(ignore), DType::I32)?;
+    let counted = b.op(
+        "counted",
+        OpKind::Compare {
+            pred: CmpPred::Ne,
+            lhs: target,
+            rhs: ignored,
+        },
+        None,
+    )?;
     let ones = b.op(
         "count_each",
         OpKind::Convert { x: counted },
         Some(b.ty(counted).with_dtype(DType::F32)),
     )?;
-    let all = |b: &mut Builder, hint: &str, x: ValueId| {
-        let axes = (0..b.ty(x).rank()).collect();
-        let op = ReduceOp::Sum;
-        b.op(hint, OpKind::Reduce { op, x, axes }, None)
-    };
-    let total = all(b, "total_nll", kept)?;
-    let count = all(b, "count", ones)?;
-    let one = scalar(b, "one", 1.0, DType::F32)?;
-    let count = bin(b, "count_or_one", BinaryOp::Max, count, one)?;
-    bin(b, "loss", BinaryOp::Div, total, count)
+    Ok((counted, ones))
 }
 
+/// The sum of `ones`, at least 1.
+fn at_least_one(b: &mut Builder, ones: ValueId) -> Result<ValueId, Diagnostic> {
+    let count = sum_all(b, "count", ones)?;
+    let one = scalar(b, "one", 1.0, DType::F32)?;
+    bin(b, "count_or_one", BinaryOp::Max, count, one)
+}
+
+fn sum_all(b: &mut Builder, hint: &str, x: ValueId) -> Result<ValueId, Diagnostic> {
+    let axes = (0..b.ty(x).rank()).collect();
+    let op = ReduceOp::Sum;
+    b.op(hint, OpKind::Reduce { op, x, axes }, None)
+}
+
+fn scalar(b: &mut Builder, hint: &str, v: f64, dtype: DType) -> Result<ValueId, Diagnostic> {
+    let value = ppc_dialect::op::Float(v);
+    b.op(hint, OpKind::Constant { value }, Some(Type::scalar(dtype)))
+}
 fn mean_all(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {
     let axes = (0..b.ty(x).rank()).collect();
     b.op(

@@ -10,6 +10,7 @@ mod differ;
 mod embed_head;
 mod gpipe_loop;
 mod loss;
+mod one_f_one_b;
 mod options;
 mod remat;
 mod scatter_add;
@@ -21,6 +22,7 @@ pub use autodiff::{autodiff, trainables};
 pub use embed_head::embed_head;
 pub use gpipe_loop::gpipe_loop;
 pub use loss::loss;
+pub use one_f_one_b::one_f_one_b;
 pub use options::Options;
 pub use remat::Remat;
 pub use shard_stages::shard_stages;
@@ -78,6 +80,12 @@ pub const PASSES: &[PassInfo] = &[
         summary: "add @f_vjp, the reverse-mode gradient, for every function (training only)",
         training: true,
         run: autodiff,
+    },
+    PassInfo {
+        name: "1f1b",
+        summary: "with --schedule 1f1b: fuse @train_vjp's forward and backward loops into one loop over ticks (training only)",
+        training: true,
+        run: one_f_one_b,
     },
 ];
 

@@ -11,4 +11,6 @@ pub struct Options {
     pub train: bool,
     /// What the backward pass recomputes (`autodiff`).
     pub remat: Remat,
+    /// The training schedule: the order of each stage's forwards and backwards.
+    pub schedule: crate::timetable::Kind,
 }

@@ -1,0 +1,543 @@
+//! `1f1b`: the training step under `--schedule 1f1b`, one SPMD loop over ticks in which every
+//! stage runs the forward of one microbatch and the backward of another (1F1B, as in
+//! PipeDream-Flush and Megatron), so that a stage keeps a few microbatches' inputs, not all M.
+//!
+//! Preconditions: `autodiff` has run on GPipe's `@train` with `--remat stage` and `R = 1`, and
+//! `loss` has built `@microbatch_loss` and `@loss_normalizer`. Postconditions: `@train_vjp`
+//! computes the same loss and gradients, bit for bit, in one loop of `M + 2(S-1)` ticks, split
+//! into warm-up (forwards only, `S-1` ticks), steady state (`M`) and cool-down (backwards only,
+//! `S-1`), so that no tick tests which halves run.
+//!
+//! How it is made from GPipe's step, whose forward loop L1 runs iteration `t` with stage `s` on
+//! microbatch `t - s`, and whose backward loop L2 (L1 reversed) runs iteration `t'` with stage `s`
+//! on microbatch `M + S - 2 - t' - s`, so the weight gradients add up from the last microbatch:
+//! - **Forward half of tick `τ`**: L1's body with the microbatches entering last first (stage
+//!   `s` on microbatch `M - 1 - (τ - s)`). Each microbatch's values are computed by the same
+//!   ops, so they are the same bytes in another tick.
+//! - **Backward half of tick `τ`**: L2's body at `t' = τ - (S-1)`: stage `s` then runs the
+//!   backward of the microbatch whose forward it ran `2(S-1-s)` ticks before (the last stage:
+//!   in the same tick). L2's accumulation order, and so every gradient, is unchanged.
+//! - **The tape**: L2 read stage inputs from L1's tape of all `M + S - 1` iterations; here
+//!   each stage keeps a ring of `K = 2S - 1` inputs (`[stages, K, ...]`), written at slot `τ mod
+//!   K` and read by stage `s` at `(τ - 2(S-1-s)) mod K`: stage `s` holds at most `2(S-1-s) + 1`
+//!   live inputs (GPipe: M).
+//! - **The seed**: L2 started from the loss's cotangent of all outputs, computed after L1.
+//!   Here, in the tick a microbatch leaves the last stage, `@microbatch_loss_vjp` (its `@head`
+//!   and loss; the last rank only) gives that microbatch's cotangent, which is its slice of the
+//!   whole one bit for bit (`loss.rs`). The loss itself, `@head`'s weight gradients and the
+//!   rest of what ran between L1 and L2 run after the loop on all microbatches, as in GPipe.
+//!
+//! Alternating the two halves' order by stage parity would bring stage `s` to `S - s` inputs
+//! (`pipeline-schedules.md` §5); that, interleaved repeats and ZB-H1 are not built yet.
+
+use super::options::Options;
+use super::remat::Remat;
+use crate::timetable::Kind;
+use ppc_dialect::build::Builder;
+use ppc_dialect::diag::{Diagnostic, Diagnostics};
+use ppc_dialect::ir::{names, Block, Func, FuncId, Module, OpId, ValueId};
+use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
+use ppc_dialect::{DType, Dim, Type};
+use std::collections::{HashMap, HashSet};
+
+pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
+    let refuse = |what: &str| Err(vec![Diagnostic::plain(what)]);
+    match opts.schedule {
+        Kind::Gpipe => return Ok(()),
+        Kind::ZbH1 => {
+            return refuse(
+                "`--schedule zb-h1` is drawn by `ppc schedule` but not compiled yet: train with `gpipe` or `1f1b`",
+            )
+        }
+        Kind::OneFOneB => {}
+    }
+    if m.pipeline.repeats > 1 {
+        return refuse("`--schedule 1f1b` with `repeats` > 1 (interleaved 1F1B) is not compiled yet: train circular pipelines with `gpipe`");
+    }
+    if opts.remat != Remat::Stage {
+        return refuse("`--schedule 1f1b` keeps each stage's inputs and recomputes the stage in its backward: use `--remat stage`");
+    }
+    let train = names::vjp(names::TRAIN);
+    let Some(id) = m.func_id(&train) else {
+        return refuse("`1f1b` needs `@train_vjp`: run `autodiff` first");
+    };
+    let f = build(m, id).map_err(|d| vec![d])?;
+    m.funcs[id] = f;
+    Ok(())
+}
+
+/// The ops of GPipe's `@train_vjp` that the tick loop is made of.
+struct Parts {
+    /// The forward loop L1 (carrying the state, the outputs and the tape) and the backward
+    /// loop L2.
+    forward: OpId,
+    backward: OpId,
+    /// L1's `index %inputs, %t`: what enters stage 0.
+    feed: OpId,
+    /// L1's `update %outputs, %last, %done_item`: the last stage's result written.
+    write: OpId,
+    /// L1's tape write and L2's tape read.
+    tape_write: OpId,
+    tape_read: OpId,
+    /// Which of L2's carried values is the outputs' cotangent, and the argument it is seeded
+    /// with before the loss's cotangent is added.
+    d_outputs: usize,
+    seed: ValueId,
+}
+
+fn unexpected(what: &str) -> Diagnostic {
+    Diagnostic::plain(format!(
+        "`1f1b`: `@train_vjp` is not GPipe's training step as `autodiff` writes it ({what})"
+    ))
+}
+
+fn loop_body(f: &Func, id: OpId) -> &Block {
+    match &f.ops[id].kind {
+        OpKind::Loop { body, .. } => body,
+        _ => unreachable!("invariant: a loop"),
+    }
+}
+
+/// The one op of `block` that `pick` accepts.
+fn only(f: &Func, block: &Block, what: &str, pick: impl Fn(&OpKind) -> bool) -> Result<OpId, Diagnostic> {
+    let mut found = block.ops.iter().copied().filter(|&id| pick(&f.ops[id].kind));
+    match (found.next(), found.next()) {
+        (Some(id), None) => Ok(id),
+        _ => Err(unexpected(what)),
+    }
+}
+
+impl Parts {
+    fn find(f: &Func) -> Result<Parts, Diagnostic> {
+        let loops: Vec<OpId> = (f.body.ops.iter().copied())
+            .filter(|&id| matches!(f.ops[id].kind, OpKind::Loop { .. }))
+            .collect();
+        let [forward, backward] = loops[..] else {
+            return Err(unexpected("two loops"));
+        };
+        let l1 = loop_body(f, forward);
+        let [t, _state, outputs, tape] = l1.args[..] else {
+            return Err(unexpected("the forward loop carries the state, the outputs and one tape"));
+        };
+        let feed = only(f, l1, "one feed of stage 0", |k| {
+            matches!(k, OpKind::Index { index, axis: 0, .. } if *index == t)
+        })?;
+        let write = only(f, l1, "one write of the outputs", |k| {
+            matches!(k, OpKind::Update { x, .. } if *x == outputs)
+        })?;
+        let tape_write = only(f, l1, "one tape write", |k| {
+            matches!(k, OpKind::Update { x, .. } if *x == tape)
+        })?;
+        let tape_out = f.ops[forward].results[2];
+        let l2 = loop_body(f, backward);
+        let tape_read = only(f, l2, "one tape read", |k| {
+            matches!(k, OpKind::Index { x, axis: 0, .. } if *x == tape_out)
+        })?;
+        let OpKind::Loop { inits, .. } = &f.ops[backward].kind else {
+            unreachable!("invariant: a loop")
+        };
+        let defs = definitions(&f.body, f);
+        let seeded = inits.iter().enumerate().filter_map(|(j, v)| {
+            let op = &f.ops[*defs.get(v)?];
+            match op.kind {
+                OpKind::Binary {
+                    op: BinaryOp::Add,
+                    lhs,
+                    ..
+                } if f.body.args.contains(&lhs) => Some((j, lhs)),
+                _ => None,
+            }
+        });
+        let [(d_outputs, seed)] = seeded.collect::<Vec<_>>()[..] else {
+            return Err(unexpected("one cotangent seeded from an argument"));
+        };
+        Ok(Parts {
+            forward,
+            backward,
+            feed,
+            write,
+            tape_write,
+            tape_read,
+            d_outputs,
+            seed,
+        })
+    }
+}
+
+/// The op of `block` (not nested) that defines each value.
+fn definitions(block: &Block, f: &Func) -> HashMap<ValueId, OpId> {
+    let ops = block.ops.iter();
+    ops.flat_map(|&id| f.ops[id].results.iter().map(move |&v| (v, id)))
+        .collect()
+}
+
+/// The tick loop's fixed values: stage indices, the ring's slots, the rank flag.
+struct Ticks {
+    /// `M`, `S` and the ring's length `K = 2S - 1`.
+    microbatches: i64,
+    stages: i64,
+    ring_len: i64,
+    /// `2s + 1` per local stage `s` (global index): the read slot is this plus the write slot.
+    read_offset: ValueId,
+    /// Zeros over the local stages, to spread a slot to every stage.
+    stage_zeros: ValueId,
+    /// Where the loss runs: the last rank (`None` on one rank).
+    on_last_rank: Option<ValueId>,
+    normalizer: ValueId,
+    target: ValueId,
+    d_loss: ValueId,
+    microbatch_loss: FuncId,
+}
+
+fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
+    let f = &m.funcs[id];
+    let parts = Parts::find(f)?;
+    let mut b = Builder::new(&f.name);
+    b.span = f.op_spans.get(&parts.forward);
+    let mut env = HashMap::new();
+    for &a in &f.body.args {
+        let v = b.arg(&f.values[a].name, f.ty(a).clone());
+        env.insert(a, v);
+    }
+    b.params_of(f)?;
+    for p in &f.params {
+        let v = b.param_named(&f.values[p.value].name);
+        env.insert(p.value, v.expect("invariant: declared by params_of"));
+    }
+    let at = |op: OpId| f.body.ops.iter().position(|&o| o == op).expect("top level");
+    let (first, last) = (at(parts.forward), at(parts.backward));
+    let (early, late) = after_forward(f, &f.body.ops[first + 1..last], parts.forward);
+    b.copy_ops(m, f, &f.body.ops[..first], &mut env)?;
+    b.copy_ops(m, f, &early, &mut env)?;
+    let ticks = ticks(&mut b, m, f, parts.forward, &env)?;
+    let results = tick_loops(&mut b, m, f, &parts, &ticks, &env)?;
+    let l1 = &f.ops[parts.forward].results;
+    env.insert(l1[0], results.state);
+    env.insert(l1[1], results.outputs);
+    let l2 = &f.ops[parts.backward].results;
+    env.extend(l2.iter().copied().zip(results.backward));
+    b.copy_ops(m, f, &late, &mut env)?;
+    b.copy_ops(m, f, &f.body.ops[last + 1..], &mut env)?;
+    let returned = f.body.results.iter().map(|v| env[v]).collect();
+    let mut out = b.finish(returned);
+    out.remove_dead_ops();
+    Ok(out)
+}
+
+/// Splits the ops between the two loops into those that do not read the forward loop's
+/// results (they may run before the tick loop) and those that do (after it).
+fn after_forward(f: &Func, between: &[OpId], forward: OpId) -> (Vec<OpId>, Vec<OpId>) {
+    let mut late_values: HashSet<ValueId> = f.ops[forward].results.iter().copied().collect();
+    let (mut early, mut late) = (Vec::new(), Vec::new());
+    for &id in between {
+        let op = &f.ops[id];
+        if op.kind.operands().iter().any(|v| late_values.contains(v)) {
+            late_values.extend(op.results.iter().copied());
+            late.push(id);
+        } else {
+            early.push(id);
+        }
+    }
+    (early, late)
+}
+
+fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {
+    let value = Float(v as f64);
+    b.op(hint, OpKind::Constant { value }, Some(Type::scalar(DType::I32)))
+}
+
+fn bin(b: &mut Builder, hint: &str, op: BinaryOp, lhs: ValueId, rhs: ValueId) -> Result<ValueId, Diagnostic> {
+    b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
+}
+
+fn ticks(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    forward: OpId,
+    env: &HashMap<ValueId, ValueId>,
+) -> Result<Ticks, Diagnostic> {
+    let p = m.pipeline;
+    let find = |name: &str| {
+        m.func_id(name)
+            .ok_or_else(|| unexpected(&format!("`@{name}` exists")))
+    };
+    let microbatch_loss = find(&names::vjp(names::MICROBATCH_LOSS))?;
+    let normalize = find(names::LOSS_NORMALIZER)?;
+    let [_, target, d_loss, _] = f.body.args[..] else {
+        return Err(unexpected("the arguments x, target, d_loss, d_outputs"));
+    };
+    let (target, d_loss) = (env[&target], env[&d_loss]);
+    let normalizer = b.call("normalizer", m, normalize, vec![target])?;
+    let l1 = loop_body(f, forward);
+    let stage_dim = f.ty(l1.args[1]).dims[0].clone();
+    let stage_ty = Type::new(DType::I32, vec![stage_dim]);
+    let local = b.op("tick_stage_ids", OpKind::Iota { axis: 0 }, Some(stage_ty.clone()))?;
+    let (stage_ids, on_last_rank) = match p.ranks {
+        1 => (local, None),
+        ranks => {
+            let rank = b.op("tick_rank", OpKind::Rank, None)?;
+            let per_rank = int(b, "tick_stages_per_rank", p.stages_per_rank() as i64)?;
+            let first = bin(b, "tick_first_stage", BinaryOp::Mul, rank, per_rank)?;
+            let ids = bin(b, "tick_global_stage_ids", BinaryOp::Add, local, first)?;
+            let last = int(b, "tick_last_rank", ranks as i64 - 1)?;
+            let pred = CmpPred::Eq;
+            let on = b.op("tick_on_last_rank", OpKind::Compare { pred, lhs: rank, rhs: last }, None)?;
+            (ids, Some(on))
+        }
+    };
+    let two = int(b, "two", 2)?;
+    let one = int(b, "one", 1)?;
+    let twice = bin(b, "twice_stage", BinaryOp::Mul, stage_ids, two)?;
+    let read_offset = bin(b, "read_offset", BinaryOp::Add, twice, one)?;
+    let value = Float(0.0);
+    let stage_zeros = b.op("stage_zeros", OpKind::Constant { value }, Some(stage_ty))?;
+    let stages = p.stages as i64;
+    Ok(Ticks {
+        microbatches: p.microbatches as i64,
+        stages,
+        ring_len: 2 * stages - 1,
+        read_offset,
+        stage_zeros,
+        on_last_rank,
+        normalizer,
+        target,
+        d_loss,
+        microbatch_loss,
+    })
+}
+
+/// What the tick loops leave: the forward loop's state and outputs, the backward loop's
+/// carried values.
+struct LoopResults {
+    state: ValueId,
+    outputs: ValueId,
+    backward: Vec<ValueId>,
+}
+
+fn tick_loops(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    parts: &Parts,
+    ticks: &Ticks,
+    env: &HashMap<ValueId, ValueId>,
+) -> Result<LoopResults, Diagnostic> {
+    let OpKind::Loop { inits: f_inits, .. } = &f.ops[parts.forward].kind else {
+        unreachable!("invariant: a loop")
+    };
+    let OpKind::Loop { inits: b_inits, .. } = &f.ops[parts.backward].kind else {
+        unreachable!("invariant: a loop")
+    };
+    let l1 = loop_body(f, parts.forward);
+    let l2 = loop_body(f, parts.backward);
+    let hint = |v: ValueId| f.values[v].name.as_str();
+    let state_ty = f.ty(l1.args[1]).clone();
+    let ring_ty = state_ty.insert(1, Dim::lit(ticks.ring_len as u64));
+    let value = Float(-0.0);
+    let ring0 = b.op("ring0", OpKind::Constant { value }, Some(ring_ty))?;
+    let backward = b_inits.iter().enumerate().map(|(j, v)| match j == parts.d_outputs {
+        true => env[&parts.seed],
+        false => env[v],
+    });
+    let (s, mbs) = (ticks.stages, ticks.microbatches as u64);
+    let mut forward = vec![env[&f_inits[0]], env[&f_inits[1]], ring0];
+    let warm_up = (s - 1) as u64;
+    if warm_up > 0 {
+        let hints = [hint(l1.args[1]), hint(l1.args[2]), "ring"];
+        forward = b.loop_op(warm_up, forward, &hints, |b, i, c| {
+            let mut env = env.clone();
+            let fwd = forward_half(b, m, f, parts, ticks, &mut env, i, c)?;
+            Ok(vec![fwd.state, fwd.outputs, fwd.ring])
+        })?;
+    }
+    let mut inits = forward.clone();
+    inits.extend(backward);
+    let mut hints = vec![hint(l1.args[1]), hint(l1.args[2]), "ring"];
+    hints.extend(l2.args[1..].iter().map(|&a| hint(a)));
+    let steady = b.loop_op(mbs, inits, &hints, |b, i, c| {
+        let mut env = env.clone();
+        let offset = int(b, "warm_up", s - 1)?;
+        let tau = bin(b, "tick", BinaryOp::Add, i, offset)?;
+        let fwd = forward_half(b, m, f, parts, ticks, &mut env, tau, &c[..3])?;
+        let mut carried = c[3..].to_vec();
+        carried[parts.d_outputs] = seed_leaving(b, m, ticks, i, fwd.last, carried[parts.d_outputs])?;
+        let mut yields = vec![fwd.state, fwd.outputs, fwd.ring];
+        yields.extend(backward_half(b, m, f, parts, ticks, &mut env, tau, i, fwd.ring, &carried)?);
+        Ok(yields)
+    })?;
+    let (state, outputs, ring) = (steady[0], steady[1], steady[2]);
+    let mut backward = steady[3..].to_vec();
+    if warm_up > 0 {
+        let mut inits = vec![ring];
+        inits.extend(backward);
+        let hints: Vec<&str> = std::iter::once("ring").chain(l2.args[1..].iter().map(|&a| hint(a))).collect();
+        let cool = b.loop_op(warm_up, inits, &hints, |b, i, c| {
+            let mut env = env.clone();
+            let offset = int(b, "steady_end", s - 1 + ticks.microbatches)?;
+            let tau = bin(b, "tick", BinaryOp::Add, i, offset)?;
+            let mbs = int(b, "microbatches", ticks.microbatches)?;
+            let t_bwd = bin(b, "t_bwd", BinaryOp::Add, i, mbs)?;
+            let mut yields = vec![c[0]];
+            yields.extend(backward_half(b, m, f, parts, ticks, &mut env, tau, t_bwd, c[0], &c[1..])?);
+            Ok(yields)
+        })?;
+        backward = cool[1..].to_vec();
+    }
+    Ok(LoopResults {
+        state,
+        outputs,
+        backward,
+    })
+}
+
+/// What a forward half leaves: the state and outputs to carry, the ring with this tick's
+/// stage inputs, and the value that left the last stage.
+struct ForwardHalf {
+    state: ValueId,
+    outputs: ValueId,
+    ring: ValueId,
+    last: ValueId,
+}
+
+/// `τ mod K`: the ring slot written at tick `τ`.
+fn write_slot(b: &mut Builder, ticks: &Ticks, tau: ValueId) -> Result<ValueId, Diagnostic> {
+    let k = int(b, "ring_len", ticks.ring_len)?;
+    let laps = bin(b, "laps", BinaryOp::Div, tau, k)?;
+    let lapped = bin(b, "lapped", BinaryOp::Mul, laps, k)?;
+    bin(b, "slot", BinaryOp::Sub, tau, lapped)
+}
+
+/// L1's body at tick `τ`, the microbatches entering last first; the stage inputs go to the
+/// ring instead of the tape.
+#[allow(clippy::too_many_arguments)]
+fn forward_half(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    parts: &Parts,
+    ticks: &Ticks,
+    env: &mut HashMap<ValueId, ValueId>,
+    tau: ValueId,
+    carried: &[ValueId],
+) -> Result<ForwardHalf, Diagnostic> {
+    let l1 = loop_body(f, parts.forward);
+    let (t, state) = (l1.args[0], l1.args[1]);
+    env.insert(t, tau);
+    env.insert(state, carried[0]);
+    env.insert(l1.args[2], carried[1]);
+    // Stage 0 takes microbatch M-1-τ while there is one, then the padding (slot τ).
+    let last_mb = int(b, "last_microbatch", ticks.microbatches - 1)?;
+    let reversed = bin(b, "entering", BinaryOp::Sub, last_mb, tau)?;
+    let mbs = int(b, "microbatches", ticks.microbatches)?;
+    let pred = CmpPred::Lt;
+    let real = b.op("entering_real", OpKind::Compare { pred, lhs: tau, rhs: mbs }, None)?;
+    let (on_true, on_false) = (reversed, tau);
+    let feed_at = b.op("feed_at", OpKind::Select { cond: real, on_true, on_false }, None)?;
+    // The last stage finishes microbatch M+S-2-τ (out of range, so clamped and then
+    // discarded, before the pipe is full).
+    let leaving_k = int(b, "leaving_base", ticks.microbatches + ticks.stages - 2)?;
+    let leaving = bin(b, "leaving", BinaryOp::Sub, leaving_k, tau)?;
+    let mut last = None;
+    for &id in &l1.ops {
+        match &f.ops[id].kind {
+            _ if id == parts.tape_write => {}
+            _ if id == parts.feed => copy_with(b, m, f, id, env, t, feed_at)?,
+            OpKind::Update { update, index, .. } if id == parts.write => {
+                last = Some(env[update]);
+                copy_with(b, m, f, id, env, *index, leaving)?
+            }
+            _ => b.copy_ops(m, f, &[id], env)?,
+        }
+    }
+    let slot = write_slot(b, ticks, tau)?;
+    let slots = bin(b, "write_slots", BinaryOp::Add, ticks.stage_zeros, slot)?;
+    let ring = b.op(
+        "ring_written",
+        OpKind::Update { x: carried[2], update: carried[0], index: slots, axis: 1 },
+        None,
+    )?;
+    Ok(ForwardHalf {
+        state: env[&l1.results[0]],
+        outputs: env[&l1.results[1]],
+        ring,
+        last: last.expect("invariant: the write is in L1"),
+    })
+}
+
+/// Copies op `id` with `from` read as `to`.
+fn copy_with(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    id: OpId,
+    env: &mut HashMap<ValueId, ValueId>,
+    from: ValueId,
+    to: ValueId,
+) -> Result<(), Diagnostic> {
+    let saved = env.insert(from, to);
+    b.copy_ops(m, f, &[id], env)?;
+    match saved {
+        Some(v) => env.insert(from, v),
+        None => env.remove(&from),
+    };
+    Ok(())
+}
+
+/// Adds the loss's cotangent of the microbatch that left the last stage in steady tick `i`
+/// (microbatch `M-1-i`) to its slot of the outputs' cotangent.
+fn seed_leaving(
+    b: &mut Builder,
+    m: &Module,
+    ticks: &Ticks,
+    i: ValueId,
+    y: ValueId,
+    d_outputs: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let last_mb = int(b, "last_microbatch", ticks.microbatches - 1)?;
+    let mb = bin(b, "left", BinaryOp::Sub, last_mb, i)?;
+    let axis = 0;
+    let target = b.op("target_left", OpKind::Index { x: ticks.target, index: mb, axis }, None)?;
+    let args = vec![y, target, ticks.normalizer, ticks.d_loss];
+    let vjp = b.call_if("microbatch_loss", m, ticks.microbatch_loss, args, ticks.on_last_rank)?;
+    let seed = b.op("seed_left", OpKind::Index { x: d_outputs, index: mb, axis }, None)?;
+    let seeded = bin(b, "seeded", BinaryOp::Add, seed, vjp[1])?;
+    b.op("d_outputs_seeded", OpKind::Update { x: d_outputs, update: seeded, index: mb, axis }, None)
+}
+
+/// L2's body at iteration `t_bwd`, in tick `τ`: each stage's input read from the ring.
+#[allow(clippy::too_many_arguments)]
+fn backward_half(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    parts: &Parts,
+    ticks: &Ticks,
+    env: &mut HashMap<ValueId, ValueId>,
+    tau: ValueId,
+    t_bwd: ValueId,
+    ring: ValueId,
+    carried: &[ValueId],
+) -> Result<Vec<ValueId>, Diagnostic> {
+    let l2 = loop_body(f, parts.backward);
+    env.insert(l2.args[0], t_bwd);
+    env.extend(l2.args[1..].iter().copied().zip(carried.iter().copied()));
+    for &id in &l2.ops {
+        if id != parts.tape_read {
+            b.copy_ops(m, f, &[id], env)?;
+            continue;
+        }
+        // Stage s reads slot (τ - 2(S-1-s)) mod K = (τ mod K + 2s + 1) mod K.
+        let slot = write_slot(b, ticks, tau)?;
+        let read = bin(b, "read_slot", BinaryOp::Add, ticks.read_offset, slot)?;
+        let k = int(b, "ring_len", ticks.ring_len)?;
+        let pred = CmpPred::Ge;
+        let over = b.op("lapped_read", OpKind::Compare { pred, lhs: read, rhs: k }, None)?;
+        let wrapped = bin(b, "wrapped_read", BinaryOp::Sub, read, k)?;
+        let (on_true, on_false) = (wrapped, read);
+        let slots = b.op("read_slots", OpKind::Select { cond: over, on_true, on_false }, None)?;
+        let input = b.op("kept_input", OpKind::Index { x: ring, index: slots, axis: 1 }, None)?;
+        env.insert(f.ops[id].results[0], input);
+    }
+    Ok(l2.results.iter().map(|v| env[v]).collect())
+}

@@ -1,0 +1,150 @@
+//! `--schedule 1f1b` (`compiler/src/passes/one_f_one_b.rs`): the training step as one loop over
+//! ticks gives GPipe's loss and every gradient bit for bit (interpreted: random S, M, k, with
+//! and without poisoned bubbles, on every rank count that divides the stages; the language
+//! models on 1, 2 and 4 ranks), and keeps a ring of `2S - 1` stage inputs, not GPipe's tape of
+//! `M + S - 1`.
+
+use crate::common::{load, root};
+use crate::grad::train_opts;
+use crate::passes::assert_bits_eq;
+use crate::properties::{model, pick};
+use ppc::passes::{Options, Remat};
+use ppc::pipeline::compile;
+use ppc::timetable::Kind;
+use ppc_dialect::grad::{train_step_on_ranks, Step};
+use ppc_dialect::interp::{synthetic_targets, Interp};
+use ppc_dialect::ir::{names, Block, Func};
+use ppc_dialect::op::OpKind;
+use ppc_dialect::{Module, Overrides};
+use ppc_runtime::init::Source;
+use ppc_runtime::Rng;
+
+fn compiled(text: &str, over: &Overrides, opts: &Options) -> Module {
+    let mut m = load(text, over);
+    compile(&mut m, opts, None, None).unwrap_or_else(|e| panic!("{e:?}"));
+    m
+}
+
+/// One interpreted training step of `text` under `schedule`.
+fn step(text: &str, over: &Overrides, poison: bool, schedule: Kind, seed: u64) -> Step {
+    let opts = Options {
+        schedule,
+        ..train_opts(poison, Remat::Stage)
+    };
+    let m = compiled(text, over, &opts);
+    let inputs = Interp::new(&m, seed).synthetic_inputs();
+    let targets = synthetic_targets(&m, seed);
+    train_step_on_ranks(&m, seed, &Source::Seeded(seed), &inputs, &targets).expect("runs")
+}
+
+fn assert_same_step(want: &Step, got: &Step, what: &str) {
+    assert_eq!(want.loss.to_bits(), got.loss.to_bits(), "{what}: loss");
+    assert_eq!(want.grads.params.len(), got.grads.params.len(), "{what}");
+    for ((name, w), (_, g)) in want.grads.params.iter().zip(&got.grads.params) {
+        for (l, (w, g)) in w.iter().zip(g).enumerate() {
+            assert_bits_eq(w, g, &format!("{what}: gradient of {name} in layer {l}"));
+        }
+    }
+    assert_eq!(want.grads.held_once.len(), got.grads.held_once.len(), "{what}");
+    for ((name, w), (_, g)) in want.grads.held_once.iter().zip(&got.grads.held_once) {
+        assert_bits_eq(w, g, &format!("{what}: gradient of {name}"));
+    }
+}
+
+fn over_ranks(ranks: u64) -> Overrides {
+    Overrides {
+        ranks: Some(ranks),
+        ..Overrides::default()
+    }
+}
+
+#[test]
+fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
+    let mut rng = Rng::stream(2026, "1f1b-property", 0);
+    let mut sharded = 0;
+    for case in 0..24u64 {
+        let (s, m, k) = (
+            pick(&mut rng, 1, 5),
+            pick(&mut rng, 1, 7),
+            pick(&mut rng, 1, 2),
+        );
+        let (b, d, h) = (
+            pick(&mut rng, 1, 3),
+            pick(&mut rng, 1, 4),
+            pick(&mut rng, 1, 5),
+        );
+        let text = model(s, m, 1, k, b, d, h);
+        let poison = case % 2 == 1;
+        let ranks = (1..=s.min(4)).filter(|r| s.is_multiple_of(*r));
+        for ranks in ranks {
+            let what = format!("case {case}: S={s} M={m} k={k} b={b} d={d} h={h} poison={poison} ranks={ranks}");
+            let over = over_ranks(ranks);
+            let want = step(&text, &over, poison, Kind::Gpipe, case);
+            let got = step(&text, &over, poison, Kind::OneFOneB, case);
+            assert!(
+                want.grads.params.iter().flat_map(|(_, ls)| ls).any(|t| t.data.iter().any(|&v| v != 0.0)),
+                "{what}: every gradient is zero"
+            );
+            assert_same_step(&want, &got, &what);
+            sharded += usize::from(ranks > 1);
+        }
+    }
+    assert!(sharded >= 8, "only {sharded} cases split over ranks");
+}
+
+/// GPT-2 (a tied embedding, cross entropy) and Llama: the head and the loss run per microbatch
+/// inside the tick loop, yet the step is GPipe's, bit for bit, on 1, 2 and 4 ranks.
+#[test]
+fn the_language_models_train_with_gpipes_bytes_on_1_2_and_4_ranks() {
+    for file in ["examples/gpt2.ppc", "examples/llama.ppc"] {
+        let text = std::fs::read_to_string(root().join(file)).expect("model");
+        for ranks in [1, 2, 4] {
+            let what = format!("{file} on {ranks} ranks");
+            let over = over_ranks(ranks);
+            let want = step(&text, &over, true, Kind::Gpipe, 5);
+            let got = step(&text, &over, true, Kind::OneFOneB, 5);
+            assert!(!want.grads.held_once.is_empty(), "{what}: no @embed or @head gradients");
+            assert_same_step(&want, &got, &what);
+        }
+    }
+}
+
+/// The shapes of the values `@train_vjp`'s loops carry that hold stage inputs of several ticks:
+/// a stage axis and one more axis than `@stage`'s state (GPipe's tape, 1F1B's ring).
+fn kept_inputs(m: &Module) -> Vec<Vec<u64>> {
+    fn walk(f: &Func, block: &Block, rank: usize, out: &mut Vec<Vec<u64>>) {
+        for &id in &block.ops {
+            if let OpKind::Loop { body, .. } = &f.ops[id].kind {
+                for &a in &body.args[1..] {
+                    let ty = f.ty(a);
+                    if ty.rank() == rank + 1 && ty.stage_axis().is_some() {
+                        out.push(ty.shape());
+                    }
+                }
+                walk(f, body, rank, out);
+            }
+        }
+    }
+    let rank = m.func(names::STAGE).expect("@stage").arg_types()[0].rank();
+    let f = m.func(&names::vjp(names::TRAIN)).expect("@train_vjp");
+    let mut out = Vec::new();
+    walk(f, &f.body, rank, &mut out);
+    out
+}
+
+#[test]
+fn one_f_one_b_keeps_a_ring_of_2s_minus_1_stage_inputs() {
+    let (s, m) = (3u64, 8u64);
+    let text = model(s, m, 1, 1, 2, 4, 3);
+    let kept = |schedule| {
+        let opts = Options {
+            schedule,
+            ..train_opts(false, Remat::Stage)
+        };
+        kept_inputs(&compiled(&text, &Overrides::default(), &opts))
+    };
+    let gpipe = kept(Kind::Gpipe);
+    assert!(gpipe.iter().any(|s| s[..2] == [8 + 3 - 1, 3]), "GPipe's tape: {gpipe:?}");
+    let ring = kept(Kind::OneFOneB);
+    assert!(!ring.is_empty() && ring.iter().all(|s| s[..2] == [3, 2 * 3 - 1]), "1F1B's ring: {ring:?}");
+}
