@@ -110,11 +110,13 @@ fn loss_of(m: &Module, pipeline: FuncId) -> Result<ppc_dialect::Func, Diagnostic
     Ok(b.finish(vec![loss]))
 }
 
-/// `@microbatch_loss(%y, %target, %normalizer) -> f32[]`: `@head` (where the model has one)
-/// and the loss of one microbatch, its terms summed and divided by `normalizer`
-/// ([`normalizer_of`]). The cotangent its VJP gives `y` is, bit for bit, that microbatch's
-/// slice of the one `@loss`'s VJP gives all outputs: both divide the seed by the same number
-/// and then run the same per-element rules (a mean's VJP divides by the element count too).
+/// `@microbatch_loss(%y, %target, %normalizer) -> (f32[], out)`: `@head` (where the model has
+/// one) and the loss of one microbatch, its terms summed and divided by `normalizer`
+/// ([`normalizer_of`]); `out` is what `@train` returns for it (the logits, else `y`), so that
+/// the VJP takes its cotangent too. The cotangent the VJP gives `y` is, bit for bit, that
+/// microbatch's slice of the one `@loss`'s VJP gives all outputs: both divide the seed by the
+/// same number and then run the same per-element and per-row rules (a mean's VJP divides by
+/// the element count too), and add `out`'s cotangent once.
 fn microbatch_loss_of(m: &Module) -> Result<ppc_dialect::Func, Diagnostic> {
     let mut b = Builder::new(names::MICROBATCH_LOSS);
     b.span = loss_span(m);
@@ -128,7 +130,7 @@ fn microbatch_loss_of(m: &Module) -> Result<ppc_dialect::Func, Diagnostic> {
     let terms = terms(&mut b, m, out, target)?;
     let total = sum_all(&mut b, "total", terms.each)?;
     let loss = bin(&mut b, "loss", BinaryOp::Div, total, normalizer)?;
-    Ok(b.finish(vec![loss]))
+    Ok(b.finish(vec![loss, out]))
 }
 
 /// `@loss_normalizer(%target) -> f32[]`: what `@loss` divides the sum of its terms by, the

@@ -79,10 +79,8 @@ struct Parts {
     /// L1's tape write and L2's tape read.
     tape_write: OpId,
     tape_read: OpId,
-    /// Which of L2's carried values is the outputs' cotangent, and the argument it is seeded
-    /// with before the loss's cotangent is added.
+    /// Which of L2's carried values is the outputs' cotangent.
     d_outputs: usize,
-    seed: ValueId,
 }
 
 fn unexpected(what: &str) -> Diagnostic {
@@ -136,20 +134,12 @@ impl Parts {
         let OpKind::Loop { inits, .. } = &f.ops[backward].kind else {
             unreachable!("invariant: a loop")
         };
-        let defs = definitions(&f.body, f);
-        let seeded = inits.iter().enumerate().filter_map(|(j, v)| {
-            let op = &f.ops[*defs.get(v)?];
-            match op.kind {
-                OpKind::Binary {
-                    op: BinaryOp::Add,
-                    lhs,
-                    ..
-                } if f.body.args.contains(&lhs) => Some((j, lhs)),
-                _ => None,
-            }
-        });
-        let [(d_outputs, seed)] = seeded.collect::<Vec<_>>()[..] else {
-            return Err(unexpected("one cotangent seeded from an argument"));
+        // The outputs' cotangent: the one the loss (and `@head`) computes after L1.
+        let late = after_forward(f, &f.body.ops, forward).1;
+        let late: HashSet<ValueId> = late.iter().flat_map(|&id| f.ops[id].results.clone()).collect();
+        let seeded = (inits.iter().enumerate()).filter(|(_, v)| late.contains(v));
+        let [(d_outputs, _)] = seeded.collect::<Vec<_>>()[..] else {
+            return Err(unexpected("one cotangent computed after the forward loop"));
         };
         Ok(Parts {
             forward,
@@ -159,16 +149,8 @@ impl Parts {
             tape_write,
             tape_read,
             d_outputs,
-            seed,
         })
     }
-}
-
-/// The op of `block` (not nested) that defines each value.
-fn definitions(block: &Block, f: &Func) -> HashMap<ValueId, OpId> {
-    let ops = block.ops.iter();
-    ops.flat_map(|&id| f.ops[id].results.iter().map(move |&v| (v, id)))
-        .collect()
 }
 
 /// The tick loop's fixed values: stage indices, the ring's slots, the rank flag.
@@ -185,7 +167,9 @@ struct Ticks {
     on_last_rank: Option<ValueId>,
     normalizer: ValueId,
     target: ValueId,
+    /// The seeds of the VJP: the loss's and the outputs' cotangents.
     d_loss: ValueId,
+    d_outputs: ValueId,
     microbatch_loss: FuncId,
 }
 
@@ -264,10 +248,10 @@ fn ticks(
     };
     let microbatch_loss = find(&names::vjp(names::MICROBATCH_LOSS))?;
     let normalize = find(names::LOSS_NORMALIZER)?;
-    let [_, target, d_loss, _] = f.body.args[..] else {
+    let [_, target, d_loss, d_outputs] = f.body.args[..] else {
         return Err(unexpected("the arguments x, target, d_loss, d_outputs"));
     };
-    let (target, d_loss) = (env[&target], env[&d_loss]);
+    let (target, d_loss, d_outputs) = (env[&target], env[&d_loss], env[&d_outputs]);
     let normalizer = b.call("normalizer", m, normalize, vec![target])?;
     let l1 = loop_body(f, forward);
     let stage_dim = f.ty(l1.args[1]).dims[0].clone();
@@ -303,6 +287,7 @@ fn ticks(
         normalizer,
         target,
         d_loss,
+        d_outputs,
         microbatch_loss,
     })
 }
@@ -336,8 +321,11 @@ fn tick_loops(
     let ring_ty = state_ty.insert(1, Dim::lit(ticks.ring_len as u64));
     let value = Float(-0.0);
     let ring0 = b.op("ring0", OpKind::Constant { value }, Some(ring_ty))?;
+    // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
+    let d_outputs_ty = f.ty(l2.args[1 + parts.d_outputs]).clone();
+    let d_outputs = b.op("d_outputs0", OpKind::Constant { value }, Some(d_outputs_ty))?;
     let backward = b_inits.iter().enumerate().map(|(j, v)| match j == parts.d_outputs {
-        true => env[&parts.seed],
+        true => d_outputs,
         false => env[v],
     });
     let (s, mbs) = (ticks.stages, ticks.microbatches as u64);
@@ -484,8 +472,9 @@ fn copy_with(
     Ok(())
 }
 
-/// Adds the loss's cotangent of the microbatch that left the last stage in steady tick `i`
-/// (microbatch `M-1-i`) to its slot of the outputs' cotangent.
+/// Writes the cotangent of the microbatch that left the last stage in steady tick `i`
+/// (microbatch `M-1-i`, its stage output `y`) into its slot of the outputs' cotangent: the VJP
+/// of `@microbatch_loss`, seeded with `d_loss` and its slice of the outputs' seed.
 fn seed_leaving(
     b: &mut Builder,
     m: &Module,
@@ -498,11 +487,12 @@ fn seed_leaving(
     let mb = bin(b, "left", BinaryOp::Sub, last_mb, i)?;
     let axis = 0;
     let target = b.op("target_left", OpKind::Index { x: ticks.target, index: mb, axis }, None)?;
-    let args = vec![y, target, ticks.normalizer, ticks.d_loss];
+    let seed = b.op("seed_left", OpKind::Index { x: ticks.d_outputs, index: mb, axis }, None)?;
+    let args = vec![y, target, ticks.normalizer, ticks.d_loss, seed];
     let vjp = b.call_if("microbatch_loss", m, ticks.microbatch_loss, args, ticks.on_last_rank)?;
-    let seed = b.op("seed_left", OpKind::Index { x: d_outputs, index: mb, axis }, None)?;
-    let seeded = bin(b, "seeded", BinaryOp::Add, seed, vjp[1])?;
-    b.op("d_outputs_seeded", OpKind::Update { x: d_outputs, update: seeded, index: mb, axis }, None)
+    // The results are the loss, the outputs, then the cotangent of `y`.
+    let d_y = vjp[2];
+    b.op("d_outputs_seeded", OpKind::Update { x: d_outputs, update: d_y, index: mb, axis }, None)
 }
 
 /// L2's body at iteration `t_bwd`, in tick `τ`: each stage's input read from the ring.
