@@ -5,9 +5,10 @@
 
 use crate::schedule::{Schedule, ScheduleError};
 use crate::timetable::{Kind, Timetable};
-use ppc_dialect::ir::{names, Block, Func, Module, Pipeline, Setting};
+use ppc_dialect::ir::{names, Block, Func, Module, Pipeline, Setting, ValueId};
 use ppc_dialect::op::OpKind;
 use serde_json::{json, Value};
+use std::collections::HashSet;
 
 /// Bytes of every op result in `block` and its nested loop bodies.
 fn result_bytes(f: &Func, block: &Block) -> u64 {
@@ -36,18 +37,24 @@ pub fn stages_held(stage: &Func) -> Result<u64, ScheduleError> {
     Ok(state.dims[axis].size)
 }
 
-/// Bytes the forward loops of `f` keep per iteration for the backward loop (their `tape_*`
-/// carried values, which `autodiff` adds), nested loops included.
+/// Bytes the forward loops of `f` keep for the backward (their `tape_*` carried values, which
+/// `autodiff` adds, or the ring of `--schedule 1f1b`), nested loops included; a tape that a
+/// loop carries on from another loop is counted once.
 fn tape_bytes(f: &Func, block: &Block) -> u64 {
+    let from_loops: HashSet<ValueId> = (block.ops.iter())
+        .filter(|&&id| matches!(f.ops[id].kind, OpKind::Loop { .. }))
+        .flat_map(|&id| f.ops[id].results.iter().copied())
+        .collect();
     block
         .ops
         .iter()
         .map(|&id| match &f.ops[id].kind {
-            OpKind::Loop { body, .. } => {
-                let kept: u64 = body.args[1..]
-                    .iter()
-                    .filter(|&&a| f.values[a].name.starts_with("tape_"))
-                    .map(|&a| f.ty(a).bytes())
+            OpKind::Loop { body, inits, .. } => {
+                let kept: u64 = (body.args[1..].iter().zip(inits))
+                    .filter(|(&a, init)| {
+                        f.values[a].name.starts_with("tape_") && !from_loops.contains(init)
+                    })
+                    .map(|(&a, _)| f.ty(a).bytes())
                     .sum();
                 kept + tape_bytes(f, body)
             }
@@ -75,11 +82,45 @@ fn training(m: &Module, local: u64) -> Option<Value> {
         .iter()
         .map(|q| 4 * stage.ty(q.value).elements())
         .sum();
+    let step = m.func(&names::vjp(names::TRAIN))?;
+    let tick_loop = tick_loop(step, m.pipeline.stages);
     Some(json!({
+        "schedule": if tick_loop.is_some() { Kind::OneFOneB } else { Kind::Gpipe }.name(),
+        "tick_loop": tick_loop,
         "remat": if split.is_some() { "none" } else { "stage" },
         "kept_activation_bytes_per_rank": kept_activation_bytes(m)?,
         "stage_backward_value_bytes_per_stage": result_bytes(stage_vjp, &stage_vjp.body) / local,
         "gradient_bytes_per_stage": grads / local,
+    }))
+}
+
+/// The loops over ticks of `--schedule 1f1b` (`one_f_one_b.rs`), read off the training step
+/// `f`: those carrying the ring of stage inputs, warm-up (forwards only), steady state and
+/// cool-down (backwards only). With a forward half and a backward half of equal cost, every
+/// stage is busy in `2M` of the `warm-up + 2·steady + cool-down` halves.
+fn tick_loop(f: &Func, stages: u64) -> Option<Value> {
+    let loops: Vec<(u64, &Block, &Vec<ValueId>)> = (f.body.ops.iter())
+        .filter_map(|&id| match &f.ops[id].kind {
+            OpKind::Loop { trips, body, inits } => Some((*trips, body, inits)),
+            _ => None,
+        })
+        .filter(|(_, body, _)| body.args.iter().any(|&a| f.values[a].name.starts_with("tape_ring")))
+        .collect();
+    let ring = loops.first()?.1.args.iter().find(|&&a| f.values[a].name.starts_with("tape_ring"))?;
+    let (warm_up, steady, cool_down) = match loops[..] {
+        [(steady, ..)] => (0, steady, 0),
+        [(w, ..), (s, ..), (c, ..)] => (w, s, c),
+        _ => return None,
+    };
+    let halves = warm_up + 2 * steady + cool_down;
+    Some(json!({
+        "ticks": warm_up + steady + cool_down,
+        "warm_up_ticks": warm_up,
+        "steady_ticks": steady,
+        "cool_down_ticks": cool_down,
+        "bubble_fraction": 1.0 - (2 * steady) as f64 / halves as f64,
+        "ring_slots_per_stage": f.ty(*ring).shape()[1],
+        "stage_inputs_live_per_stage": (0..stages).map(|s| 2 * (stages - 1 - s) + 1).collect::<Vec<_>>(),
     }))
 }
 
@@ -124,14 +165,15 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
 }
 
 /// Per training schedule, its timetable's figures (`timetable.rs`): ticks, bubble beside the
-/// formula, and the stage inputs (of `input_bytes` each) it keeps per rank. Only `gpipe` is
-/// compiled today.
+/// formula, and the stage inputs (of `input_bytes` each) it keeps per rank. `gpipe` and `1f1b`
+/// are compiled (`1f1b` as a lockstep loop over ticks with GPipe's bubble, whose figures are
+/// `training.tick_loop`'s); `zb-h1` is not yet.
 fn timetables(stages: u64, microbatches: u64, ranks: u64, input_bytes: u64) -> Value {
     let mut out = json!({});
     for kind in Kind::ALL {
         let t = Timetable::build(kind, stages, microbatches);
         out[kind.name()] = json!({
-            "compiled": kind == Kind::Gpipe,
+            "compiled": kind != Kind::ZbH1,
             "ticks": t.ticks(),
             "bubble_fraction": t.bubble_fraction(),
             "bubble_fraction_formula": kind.bubble_formula(stages, microbatches),
