@@ -81,7 +81,8 @@ pub enum Command {
         /// Draw the timetable of a training schedule for the model's stages and microbatches:
         /// which forward (F), input gradient (B) and weight gradient (W) each stage runs at
         /// each tick, its bubble beside the published formula, and the stage inputs it keeps.
-        /// Training runs gpipe; 1f1b and zb-h1 are checked timetables, not yet compiled.
+        /// `ppc compile --train --schedule` compiles gpipe and 1f1b; zb-h1 is a checked
+        /// timetable, not yet compiled.
         #[arg(long, value_enum, value_name = "SCHEDULE")]
         schedule: Option<crate::timetable::Kind>,
     },

@@ -4,7 +4,7 @@
 //! models on 1, 2 and 4 ranks), and keeps a ring of `2S - 1` stage inputs, not GPipe's tape of
 //! `M + S - 1`.
 
-use crate::common::{json_losses, load, root};
+use crate::common::{json_losses, load, ppc, root};
 use crate::grad::train_opts;
 use crate::mpirun::{build, launch, scratch};
 use crate::passes::assert_bits_eq;
@@ -178,4 +178,49 @@ fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
         }
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// `--report=json` reads the tick loop off the program: `M + 2(S-1)` ticks, GPipe's bubble
+/// `(S-1)/(M+S-1)`, and a ring of `2S - 1` stage inputs per stage in place of GPipe's
+/// `M + S - 1`. `ppc schedule` says how the 1F1B order is compiled.
+#[test]
+fn the_report_reads_the_tick_loop_off_the_program() {
+    let mlp = root().join("examples/mlp.ppc").display().to_string();
+    let report = |schedule: &str| {
+        let (code, out, err) = ppc(&["compile", &mlp, "--train", "--report=json", "--schedule", schedule]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).expect("JSON")
+    };
+    let (gpipe, one) = (report("gpipe"), report("1f1b"));
+    let (s, m) = (one["stages"].as_u64().unwrap(), one["microbatches"].as_u64().unwrap());
+    let t = &one["training"];
+    assert_eq!(t["schedule"], "1f1b");
+    assert_eq!(gpipe["training"]["schedule"], "gpipe");
+    assert_eq!(t["tick_loop"]["ticks"], m + 2 * (s - 1), "{t}");
+    let bubble = t["tick_loop"]["bubble_fraction"].as_f64().unwrap();
+    assert!((bubble - (s - 1) as f64 / (m + s - 1) as f64).abs() < 1e-12, "{t}");
+    let x = one["microbatch_bytes"].as_u64().unwrap();
+    assert_eq!(t["kept_activation_bytes_per_rank"], (2 * s - 1) * s * x, "{t}");
+    assert_eq!(gpipe["training"]["kept_activation_bytes_per_rank"], (m + s - 1) * s * x);
+
+    let (code, out, err) = ppc(&["schedule", &mlp, "--schedule", "1f1b"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("compiles this order as a lockstep loop over ticks"), "{out}");
+}
+
+/// What `--schedule` does not build yet is refused with a precise message, not miscompiled.
+#[test]
+fn schedules_not_built_yet_are_refused_clearly() {
+    let mlp = root().join("examples/mlp.ppc").display().to_string();
+    for (extra, says) in [
+        (&["--schedule", "zb-h1"][..], "`--schedule zb-h1` is drawn by `ppc schedule` but not compiled yet"),
+        (&["--schedule", "1f1b", "--repeats", "2"][..], "interleaved 1F1B) is not compiled yet"),
+        (&["--schedule", "1f1b", "--remat", "none"][..], "use `--remat stage`"),
+    ] {
+        let mut args = vec!["compile", &mlp, "--train"];
+        args.extend(extra);
+        let (code, _, err) = ppc(&args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }

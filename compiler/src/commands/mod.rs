@@ -71,11 +71,17 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyho
             let m = load(&model)?.module;
             let t = timetable(&m, kind)?;
             out.write_all(t.picture(m.pipeline.ranks).as_bytes())?;
-            if kind != crate::timetable::Kind::Gpipe {
-                writeln!(
+            match kind {
+                crate::timetable::Kind::Gpipe => {}
+                crate::timetable::Kind::OneFOneB => writeln!(
                     out,
-                    "training compiles GPipe's program; this timetable is checked, not yet compiled"
-                )?;
+                    "`--train --schedule 1f1b` compiles this order as a lockstep loop over ticks: \
+                     the same bubble, 2(S-1-s)+1 stage inputs kept on stage s (`--report=json`: training.tick_loop)"
+                )?,
+                crate::timetable::Kind::ZbH1 => writeln!(
+                    out,
+                    "training compiles GPipe's or 1F1B's program; this timetable is checked, not yet compiled"
+                )?,
             }
             if let Some(path) = svg {
                 write_file(&path, t.svg().as_bytes())?;
