@@ -104,9 +104,18 @@ fn tick_loop(f: &Func, stages: u64) -> Option<Value> {
             OpKind::Loop { trips, body, inits } => Some((*trips, body, inits)),
             _ => None,
         })
-        .filter(|(_, body, _)| body.args.iter().any(|&a| f.values[a].name.starts_with("tape_ring")))
+        .filter(|(_, body, _)| {
+            body.args
+                .iter()
+                .any(|&a| f.values[a].name.starts_with("tape_ring"))
+        })
         .collect();
-    let ring = loops.first()?.1.args.iter().find(|&&a| f.values[a].name.starts_with("tape_ring"))?;
+    let ring = loops
+        .first()?
+        .1
+        .args
+        .iter()
+        .find(|&&a| f.values[a].name.starts_with("tape_ring"))?;
     let (warm_up, steady, cool_down) = match loops[..] {
         [(steady, ..)] => (0, steady, 0),
         [(w, ..), (s, ..), (c, ..)] => (w, s, c),

@@ -46,7 +46,11 @@ fn assert_same_step(want: &Step, got: &Step, what: &str) {
             assert_bits_eq(w, g, &format!("{what}: gradient of {name} in layer {l}"));
         }
     }
-    assert_eq!(want.grads.held_once.len(), got.grads.held_once.len(), "{what}");
+    assert_eq!(
+        want.grads.held_once.len(),
+        got.grads.held_once.len(),
+        "{what}"
+    );
     for ((name, w), (_, g)) in want.grads.held_once.iter().zip(&got.grads.held_once) {
         assert_bits_eq(w, g, &format!("{what}: gradient of {name}"));
     }
@@ -78,12 +82,18 @@ fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
         let poison = case % 2 == 1;
         let ranks = (1..=s.min(4)).filter(|r| s.is_multiple_of(*r));
         for ranks in ranks {
-            let what = format!("case {case}: S={s} M={m} k={k} b={b} d={d} h={h} poison={poison} ranks={ranks}");
+            let what = format!(
+                "case {case}: S={s} M={m} k={k} b={b} d={d} h={h} poison={poison} ranks={ranks}"
+            );
             let over = over_ranks(ranks);
             let want = step(&text, &over, poison, Kind::Gpipe, case);
             let got = step(&text, &over, poison, Kind::OneFOneB, case);
             assert!(
-                want.grads.params.iter().flat_map(|(_, ls)| ls).any(|t| t.data.iter().any(|&v| v != 0.0)),
+                want.grads
+                    .params
+                    .iter()
+                    .flat_map(|(_, ls)| ls)
+                    .any(|t| t.data.iter().any(|&v| v != 0.0)),
                 "{what}: every gradient is zero"
             );
             assert_same_step(&want, &got, &what);
@@ -104,7 +114,10 @@ fn the_language_models_train_with_gpipes_bytes_on_1_2_and_4_ranks() {
             let over = over_ranks(ranks);
             let want = step(&text, &over, true, Kind::Gpipe, 5);
             let got = step(&text, &over, true, Kind::OneFOneB, 5);
-            assert!(!want.grads.held_once.is_empty(), "{what}: no @embed or @head gradients");
+            assert!(
+                !want.grads.held_once.is_empty(),
+                "{what}: no @embed or @head gradients"
+            );
             assert_same_step(&want, &got, &what);
         }
     }
@@ -145,9 +158,15 @@ fn one_f_one_b_keeps_a_ring_of_2s_minus_1_stage_inputs() {
         kept_inputs(&compiled(&text, &Overrides::default(), &opts))
     };
     let gpipe = kept(Kind::Gpipe);
-    assert!(gpipe.iter().any(|s| s[..2] == [8 + 3 - 1, 3]), "GPipe's tape: {gpipe:?}");
+    assert!(
+        gpipe.iter().any(|s| s[..2] == [8 + 3 - 1, 3]),
+        "GPipe's tape: {gpipe:?}"
+    );
     let ring = kept(Kind::OneFOneB);
-    assert!(!ring.is_empty() && ring.iter().all(|s| s[..2] == [3, 2 * 3 - 1]), "1F1B's ring: {ring:?}");
+    assert!(
+        !ring.is_empty() && ring.iter().all(|s| s[..2] == [3, 2 * 3 - 1]),
+        "1F1B's ring: {ring:?}"
+    );
 }
 
 /// Compiled: a few training steps of `--schedule 1f1b` on 1, 2 and 4 ranks give the losses and
@@ -187,25 +206,48 @@ fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
 fn the_report_reads_the_tick_loop_off_the_program() {
     let mlp = root().join("examples/mlp.ppc").display().to_string();
     let report = |schedule: &str| {
-        let (code, out, err) = ppc(&["compile", &mlp, "--train", "--report=json", "--schedule", schedule]);
+        let (code, out, err) = ppc(&[
+            "compile",
+            &mlp,
+            "--train",
+            "--report=json",
+            "--schedule",
+            schedule,
+        ]);
         assert_eq!(code, 0, "{err}");
         serde_json::from_str::<serde_json::Value>(&out).expect("JSON")
     };
     let (gpipe, one) = (report("gpipe"), report("1f1b"));
-    let (s, m) = (one["stages"].as_u64().unwrap(), one["microbatches"].as_u64().unwrap());
+    let (s, m) = (
+        one["stages"].as_u64().unwrap(),
+        one["microbatches"].as_u64().unwrap(),
+    );
     let t = &one["training"];
     assert_eq!(t["schedule"], "1f1b");
     assert_eq!(gpipe["training"]["schedule"], "gpipe");
     assert_eq!(t["tick_loop"]["ticks"], m + 2 * (s - 1), "{t}");
     let bubble = t["tick_loop"]["bubble_fraction"].as_f64().unwrap();
-    assert!((bubble - (s - 1) as f64 / (m + s - 1) as f64).abs() < 1e-12, "{t}");
+    assert!(
+        (bubble - (s - 1) as f64 / (m + s - 1) as f64).abs() < 1e-12,
+        "{t}"
+    );
     let x = one["microbatch_bytes"].as_u64().unwrap();
-    assert_eq!(t["kept_activation_bytes_per_rank"], (2 * s - 1) * s * x, "{t}");
-    assert_eq!(gpipe["training"]["kept_activation_bytes_per_rank"], (m + s - 1) * s * x);
+    assert_eq!(
+        t["kept_activation_bytes_per_rank"],
+        (2 * s - 1) * s * x,
+        "{t}"
+    );
+    assert_eq!(
+        gpipe["training"]["kept_activation_bytes_per_rank"],
+        (m + s - 1) * s * x
+    );
 
     let (code, out, err) = ppc(&["schedule", &mlp, "--schedule", "1f1b"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("compiles this order as a lockstep loop over ticks"), "{out}");
+    assert!(
+        out.contains("compiles this order as a lockstep loop over ticks"),
+        "{out}"
+    );
 }
 
 /// What `--schedule` does not build yet is refused with a precise message, not miscompiled.
@@ -213,9 +255,18 @@ fn the_report_reads_the_tick_loop_off_the_program() {
 fn schedules_not_built_yet_are_refused_clearly() {
     let mlp = root().join("examples/mlp.ppc").display().to_string();
     for (extra, says) in [
-        (&["--schedule", "zb-h1"][..], "`--schedule zb-h1` is drawn by `ppc schedule` but not compiled yet"),
-        (&["--schedule", "1f1b", "--repeats", "2"][..], "interleaved 1F1B) is not compiled yet"),
-        (&["--schedule", "1f1b", "--remat", "none"][..], "use `--remat stage`"),
+        (
+            &["--schedule", "zb-h1"][..],
+            "`--schedule zb-h1` is drawn by `ppc schedule` but not compiled yet",
+        ),
+        (
+            &["--schedule", "1f1b", "--repeats", "2"][..],
+            "interleaved 1F1B) is not compiled yet",
+        ),
+        (
+            &["--schedule", "1f1b", "--remat", "none"][..],
+            "use `--remat stage`",
+        ),
     ] {
         let mut args = vec!["compile", &mlp, "--train"];
         args.extend(extra);

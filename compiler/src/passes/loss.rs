@@ -22,9 +22,9 @@
 
 use super::embed_head::is_rank;
 use super::options::Options;
+use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
-use crate::timetable::Kind;
 use ppc_dialect::ir::{names, FuncId, Item, Loss, Module, Setting, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Dim, Type};
@@ -154,7 +154,11 @@ fn normalizer_of(m: &Module) -> Result<ppc_dialect::Func, Diagnostic> {
             };
             let terms = m.pipeline.microbatches * out.elements() / per_term;
             let value = ppc_dialect::op::Float(terms as f64);
-            b.op("terms", OpKind::Constant { value }, Some(Type::scalar(DType::F32)))?
+            b.op(
+                "terms",
+                OpKind::Constant { value },
+                Some(Type::scalar(DType::F32)),
+            )?
         }
     };
     Ok(b.finish(vec![normalizer]))

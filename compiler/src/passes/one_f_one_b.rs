@@ -97,8 +97,17 @@ fn loop_body(f: &Func, id: OpId) -> &Block {
 }
 
 /// The one op of `block` that `pick` accepts.
-fn only(f: &Func, block: &Block, what: &str, pick: impl Fn(&OpKind) -> bool) -> Result<OpId, Diagnostic> {
-    let mut found = block.ops.iter().copied().filter(|&id| pick(&f.ops[id].kind));
+fn only(
+    f: &Func,
+    block: &Block,
+    what: &str,
+    pick: impl Fn(&OpKind) -> bool,
+) -> Result<OpId, Diagnostic> {
+    let mut found = block
+        .ops
+        .iter()
+        .copied()
+        .filter(|&id| pick(&f.ops[id].kind));
     match (found.next(), found.next()) {
         (Some(id), None) => Ok(id),
         _ => Err(unexpected(what)),
@@ -115,28 +124,45 @@ impl Parts {
         };
         let l1 = loop_body(f, forward);
         let [t, _state, outputs, tape] = l1.args[..] else {
-            return Err(unexpected("the forward loop carries the state, the outputs and one tape"));
+            return Err(unexpected(
+                "the forward loop carries the state, the outputs and one tape",
+            ));
         };
-        let feed = only(f, l1, "one feed of stage 0", |k| {
-            matches!(k, OpKind::Index { index, axis: 0, .. } if *index == t)
-        })?;
-        let write = only(f, l1, "one write of the outputs", |k| {
-            matches!(k, OpKind::Update { x, .. } if *x == outputs)
-        })?;
-        let tape_write = only(f, l1, "one tape write", |k| {
-            matches!(k, OpKind::Update { x, .. } if *x == tape)
-        })?;
+        let feed = only(
+            f,
+            l1,
+            "one feed of stage 0",
+            |k| matches!(k, OpKind::Index { index, axis: 0, .. } if *index == t),
+        )?;
+        let write = only(
+            f,
+            l1,
+            "one write of the outputs",
+            |k| matches!(k, OpKind::Update { x, .. } if *x == outputs),
+        )?;
+        let tape_write = only(
+            f,
+            l1,
+            "one tape write",
+            |k| matches!(k, OpKind::Update { x, .. } if *x == tape),
+        )?;
         let tape_out = f.ops[forward].results[2];
         let l2 = loop_body(f, backward);
-        let tape_read = only(f, l2, "one tape read", |k| {
-            matches!(k, OpKind::Index { x, axis: 0, .. } if *x == tape_out)
-        })?;
+        let tape_read = only(
+            f,
+            l2,
+            "one tape read",
+            |k| matches!(k, OpKind::Index { x, axis: 0, .. } if *x == tape_out),
+        )?;
         let OpKind::Loop { inits, .. } = &f.ops[backward].kind else {
             unreachable!("invariant: a loop")
         };
         // The outputs' cotangent: the one the loss (and `@head`) computes after L1.
         let late = after_forward(f, &f.body.ops, forward).1;
-        let late: HashSet<ValueId> = late.iter().flat_map(|&id| f.ops[id].results.clone()).collect();
+        let late: HashSet<ValueId> = late
+            .iter()
+            .flat_map(|&id| f.ops[id].results.clone())
+            .collect();
         let seeded = (inits.iter().enumerate()).filter(|(_, v)| late.contains(v));
         let [(d_outputs, _)] = seeded.collect::<Vec<_>>()[..] else {
             return Err(unexpected("one cotangent computed after the forward loop"));
@@ -227,10 +253,20 @@ fn after_forward(f: &Func, between: &[OpId], forward: OpId) -> (Vec<OpId>, Vec<O
 
 fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {
     let value = Float(v as f64);
-    b.op(hint, OpKind::Constant { value }, Some(Type::scalar(DType::I32)))
+    b.op(
+        hint,
+        OpKind::Constant { value },
+        Some(Type::scalar(DType::I32)),
+    )
 }
 
-fn bin(b: &mut Builder, hint: &str, op: BinaryOp, lhs: ValueId, rhs: ValueId) -> Result<ValueId, Diagnostic> {
+fn bin(
+    b: &mut Builder,
+    hint: &str,
+    op: BinaryOp,
+    lhs: ValueId,
+    rhs: ValueId,
+) -> Result<ValueId, Diagnostic> {
     b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
 }
 
@@ -256,7 +292,11 @@ fn ticks(
     let l1 = loop_body(f, forward);
     let stage_dim = f.ty(l1.args[1]).dims[0].clone();
     let stage_ty = Type::new(DType::I32, vec![stage_dim]);
-    let local = b.op("tick_stage_ids", OpKind::Iota { axis: 0 }, Some(stage_ty.clone()))?;
+    let local = b.op(
+        "tick_stage_ids",
+        OpKind::Iota { axis: 0 },
+        Some(stage_ty.clone()),
+    )?;
     let (stage_ids, on_last_rank) = match p.ranks {
         1 => (local, None),
         ranks => {
@@ -266,7 +306,15 @@ fn ticks(
             let ids = bin(b, "tick_global_stage_ids", BinaryOp::Add, local, first)?;
             let last = int(b, "tick_last_rank", ranks as i64 - 1)?;
             let pred = CmpPred::Eq;
-            let on = b.op("tick_on_last_rank", OpKind::Compare { pred, lhs: rank, rhs: last }, None)?;
+            let on = b.op(
+                "tick_on_last_rank",
+                OpKind::Compare {
+                    pred,
+                    lhs: rank,
+                    rhs: last,
+                },
+                None,
+            )?;
             (ids, Some(on))
         }
     };
@@ -324,10 +372,13 @@ fn tick_loops(
     // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
     let d_outputs_ty = f.ty(l2.args[1 + parts.d_outputs]).clone();
     let d_outputs = b.op("d_outputs0", OpKind::Constant { value }, Some(d_outputs_ty))?;
-    let backward = b_inits.iter().enumerate().map(|(j, v)| match j == parts.d_outputs {
-        true => d_outputs,
-        false => env[v],
-    });
+    let backward = b_inits
+        .iter()
+        .enumerate()
+        .map(|(j, v)| match j == parts.d_outputs {
+            true => d_outputs,
+            false => env[v],
+        });
     let (s, mbs) = (ticks.stages, ticks.microbatches as u64);
     let mut forward = vec![env[&f_inits[0]], env[&f_inits[1]], ring0];
     let warm_up = (s - 1) as u64;
@@ -349,9 +400,12 @@ fn tick_loops(
         let tau = bin(b, "tick", BinaryOp::Add, i, offset)?;
         let fwd = forward_half(b, m, f, parts, ticks, &mut env, tau, &c[..3])?;
         let mut carried = c[3..].to_vec();
-        carried[parts.d_outputs] = seed_leaving(b, m, ticks, i, fwd.last, carried[parts.d_outputs])?;
+        carried[parts.d_outputs] =
+            seed_leaving(b, m, ticks, i, fwd.last, carried[parts.d_outputs])?;
         let mut yields = vec![fwd.state, fwd.outputs, fwd.ring];
-        yields.extend(backward_half(b, m, f, parts, ticks, &mut env, tau, i, fwd.ring, &carried)?);
+        yields.extend(backward_half(
+            b, m, f, parts, ticks, &mut env, tau, i, fwd.ring, &carried,
+        )?);
         Ok(yields)
     })?;
     let (state, outputs, ring) = (steady[0], steady[1], steady[2]);
@@ -359,7 +413,9 @@ fn tick_loops(
     if warm_up > 0 {
         let mut inits = vec![ring];
         inits.extend(backward);
-        let hints: Vec<&str> = std::iter::once("tape_ring").chain(l2.args[1..].iter().map(|&a| hint(a))).collect();
+        let hints: Vec<&str> = std::iter::once("tape_ring")
+            .chain(l2.args[1..].iter().map(|&a| hint(a)))
+            .collect();
         let cool = b.loop_op(warm_up, inits, &hints, |b, i, c| {
             let mut env = env.clone();
             let offset = int(b, "steady_end", s - 1 + ticks.microbatches)?;
@@ -367,7 +423,18 @@ fn tick_loops(
             let mbs = int(b, "microbatches", ticks.microbatches)?;
             let t_bwd = bin(b, "t_bwd", BinaryOp::Add, i, mbs)?;
             let mut yields = vec![c[0]];
-            yields.extend(backward_half(b, m, f, parts, ticks, &mut env, tau, t_bwd, c[0], &c[1..])?);
+            yields.extend(backward_half(
+                b,
+                m,
+                f,
+                parts,
+                ticks,
+                &mut env,
+                tau,
+                t_bwd,
+                c[0],
+                &c[1..],
+            )?);
             Ok(yields)
         })?;
         backward = cool[1..].to_vec();
@@ -419,9 +486,25 @@ fn forward_half(
     let reversed = bin(b, "entering", BinaryOp::Sub, last_mb, tau)?;
     let mbs = int(b, "microbatches", ticks.microbatches)?;
     let pred = CmpPred::Lt;
-    let real = b.op("entering_real", OpKind::Compare { pred, lhs: tau, rhs: mbs }, None)?;
+    let real = b.op(
+        "entering_real",
+        OpKind::Compare {
+            pred,
+            lhs: tau,
+            rhs: mbs,
+        },
+        None,
+    )?;
     let (on_true, on_false) = (reversed, tau);
-    let feed_at = b.op("feed_at", OpKind::Select { cond: real, on_true, on_false }, None)?;
+    let feed_at = b.op(
+        "feed_at",
+        OpKind::Select {
+            cond: real,
+            on_true,
+            on_false,
+        },
+        None,
+    )?;
     // The last stage finishes microbatch M+S-2-τ (out of range, so clamped and then
     // discarded, before the pipe is full).
     let leaving_k = int(b, "leaving_base", ticks.microbatches + ticks.stages - 2)?;
@@ -442,7 +525,12 @@ fn forward_half(
     let slots = bin(b, "write_slots", BinaryOp::Add, ticks.stage_zeros, slot)?;
     let ring = b.op(
         "ring_written",
-        OpKind::Update { x: carried[2], update: carried[0], index: slots, axis: 1 },
+        OpKind::Update {
+            x: carried[2],
+            update: carried[0],
+            index: slots,
+            axis: 1,
+        },
         None,
     )?;
     Ok(ForwardHalf {
@@ -486,13 +574,44 @@ fn seed_leaving(
     let last_mb = int(b, "last_microbatch", ticks.microbatches - 1)?;
     let mb = bin(b, "left", BinaryOp::Sub, last_mb, i)?;
     let axis = 0;
-    let target = b.op("target_left", OpKind::Index { x: ticks.target, index: mb, axis }, None)?;
-    let seed = b.op("seed_left", OpKind::Index { x: ticks.d_outputs, index: mb, axis }, None)?;
+    let target = b.op(
+        "target_left",
+        OpKind::Index {
+            x: ticks.target,
+            index: mb,
+            axis,
+        },
+        None,
+    )?;
+    let seed = b.op(
+        "seed_left",
+        OpKind::Index {
+            x: ticks.d_outputs,
+            index: mb,
+            axis,
+        },
+        None,
+    )?;
     let args = vec![y, target, ticks.normalizer, ticks.d_loss, seed];
-    let vjp = b.call_if("microbatch_loss", m, ticks.microbatch_loss, args, ticks.on_last_rank)?;
+    let vjp = b.call_if(
+        "microbatch_loss",
+        m,
+        ticks.microbatch_loss,
+        args,
+        ticks.on_last_rank,
+    )?;
     // The results are the loss, the outputs, then the cotangent of `y`.
     let d_y = vjp[2];
-    b.op("d_outputs_seeded", OpKind::Update { x: d_outputs, update: d_y, index: mb, axis }, None)
+    b.op(
+        "d_outputs_seeded",
+        OpKind::Update {
+            x: d_outputs,
+            update: d_y,
+            index: mb,
+            axis,
+        },
+        None,
+    )
 }
 
 /// L2's body at iteration `t_bwd`, in tick `τ`: each stage's input read from the ring.
@@ -522,11 +641,35 @@ fn backward_half(
         let read = bin(b, "read_slot", BinaryOp::Add, ticks.read_offset, slot)?;
         let k = int(b, "ring_len", ticks.ring_len)?;
         let pred = CmpPred::Ge;
-        let over = b.op("lapped_read", OpKind::Compare { pred, lhs: read, rhs: k }, None)?;
+        let over = b.op(
+            "lapped_read",
+            OpKind::Compare {
+                pred,
+                lhs: read,
+                rhs: k,
+            },
+            None,
+        )?;
         let wrapped = bin(b, "wrapped_read", BinaryOp::Sub, read, k)?;
         let (on_true, on_false) = (wrapped, read);
-        let slots = b.op("read_slots", OpKind::Select { cond: over, on_true, on_false }, None)?;
-        let input = b.op("kept_input", OpKind::Index { x: ring, index: slots, axis: 1 }, None)?;
+        let slots = b.op(
+            "read_slots",
+            OpKind::Select {
+                cond: over,
+                on_true,
+                on_false,
+            },
+            None,
+        )?;
+        let input = b.op(
+            "kept_input",
+            OpKind::Index {
+                x: ring,
+                index: slots,
+                axis: 1,
+            },
+            None,
+        )?;
         env.insert(f.ops[id].results[0], input);
     }
     Ok(l2.results.iter().map(|v| env[v]).collect())
