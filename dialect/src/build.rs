@@ -162,6 +162,39 @@ impl Builder {
             .push(id);
     }
 
+    /// `lhs op rhs`, elementwise (a scalar operand broadcast).
+    pub fn binary(
+        &mut self,
+        hint: &str,
+        op: crate::op::BinaryOp,
+        lhs: ValueId,
+        rhs: ValueId,
+    ) -> Result<ValueId, Diagnostic> {
+        self.op(hint, OpKind::Binary { op, lhs, rhs }, None)
+    }
+
+    /// `lhs pred rhs`, elementwise, as `i1`.
+    pub fn compare(
+        &mut self,
+        hint: &str,
+        pred: crate::op::CmpPred,
+        lhs: ValueId,
+        rhs: ValueId,
+    ) -> Result<ValueId, Diagnostic> {
+        self.op(hint, OpKind::Compare { pred, lhs, rhs }, None)
+    }
+
+    /// The scalar constant `value` of `dtype`.
+    pub fn scalar(
+        &mut self,
+        hint: &str,
+        value: f64,
+        dtype: crate::types::DType,
+    ) -> Result<ValueId, Diagnostic> {
+        let value = crate::op::Float(value);
+        self.op(hint, OpKind::Constant { value }, Some(Type::scalar(dtype)))
+    }
+
     /// Appends a loop of `trips` iterations carrying `inits`; `body` receives the iteration
     /// number and the carried values and returns the values to carry on.
     pub fn loop_op(

@@ -132,12 +132,12 @@ fn build(m: &Module, stage_id: FuncId, opts: &Options) -> Result<ppc_dialect::Fu
         .then(|| -> Result<Ranks, Diagnostic> {
             let rank = b.op("rank", OpKind::Rank, None)?;
             let per_rank = int(&mut b, "stages_per_rank", p.stages_per_rank())?;
-            let offset = binary(&mut b, "first_stage", BinaryOp::Mul, rank, per_rank)?;
-            stage_ids = binary(&mut b, "global_stage_ids", BinaryOp::Add, stage_ids, offset)?;
+            let offset = b.binary("first_stage", BinaryOp::Mul, rank, per_rank)?;
+            stage_ids = b.binary("global_stage_ids", BinaryOp::Add, stage_ids, offset)?;
             let last_rank = int(&mut b, "last_rank", p.ranks - 1)?;
             Ok(Ranks {
-                is_first: compare(&mut b, "is_first_rank", CmpPred::Eq, rank, zero)?,
-                is_last: compare(&mut b, "is_last_rank", CmpPred::Eq, rank, last_rank)?,
+                is_first: b.compare("is_first_rank", CmpPred::Eq, rank, zero)?,
+                is_last: b.compare("is_last_rank", CmpPred::Eq, rank, last_rank)?,
                 last_local: int(&mut b, "last_local_stage", p.stages_per_rank() - 1)?,
                 zero,
             })
@@ -215,16 +215,16 @@ fn layers_held(
     let virtual_stage = match repeat {
         Some(r) => {
             let stages = int(b, "num_stages", p.stages)?;
-            let before = binary(b, "stages_before", BinaryOp::Mul, r, stages)?;
-            binary(b, "virtual_stage", BinaryOp::Add, before, stage_ids)?
+            let before = b.binary("stages_before", BinaryOp::Mul, r, stages)?;
+            b.binary("virtual_stage", BinaryOp::Add, before, stage_ids)?
         }
         None => stage_ids,
     };
     let (per_stage, layers) = (int(b, "slots", k)?, int(b, "layers", p.layers)?);
-    let first = binary(b, "first_slot", BinaryOp::Mul, virtual_stage, per_stage)?;
-    let left = binary(b, "layers_left", BinaryOp::Sub, layers, first)?;
-    let some = binary(b, "layers_here", BinaryOp::Max, left, zero)?;
-    binary(b, "depth", BinaryOp::Min, some, per_stage)
+    let first = b.binary("first_slot", BinaryOp::Mul, virtual_stage, per_stage)?;
+    let left = b.binary("layers_left", BinaryOp::Sub, layers, first)?;
+    let some = b.binary("layers_here", BinaryOp::Max, left, zero)?;
+    b.binary("depth", BinaryOp::Min, some, per_stage)
 }
 
 /// What the GPipe loop's body reads from before the loop.
@@ -267,7 +267,6 @@ fn iteration(
         fill,
     } = *inv;
     let (state, outputs) = (carried[0], carried[1]);
-    let (bin, cmp) = (binary, compare);
     // 1. What enters stage 0.
     let mut next = b.op(
         "next",
@@ -290,8 +289,8 @@ fn iteration(
             },
             None,
         )?;
-        let not_first = cmp(b, "not_first_pass", CmpPred::Ge, t, num_mb)?;
-        let in_range = cmp(b, "not_drained", CmpPred::Lt, t, all_items)?;
+        let not_first = b.compare("not_first_pass", CmpPred::Ge, t, num_mb)?;
+        let in_range = b.compare("not_drained", CmpPred::Lt, t, all_items)?;
         let both = and(b, "again", not_first, in_range)?;
         next = b.op(
             "next_in",
@@ -314,16 +313,16 @@ fn iteration(
     )?;
     // 2. Every stage computes.
     // Stage s works on item t - s; outside 0..R*M it is in a bubble and skips its work.
-    let item = bin(b, "item", BinaryOp::Sub, t, stage_ids)?;
-    let started = cmp(b, "started", CmpPred::Ge, item, zero)?;
-    let unfinished = cmp(b, "unfinished", CmpPred::Lt, item, all_items)?;
+    let item = b.binary("item", BinaryOp::Sub, t, stage_ids)?;
+    let started = b.compare("started", CmpPred::Ge, item, zero)?;
+    let unfinished = b.compare("unfinished", CmpPred::Lt, item, all_items)?;
     let active = and(b, "active", started, unfinished)?;
     let mut args = vec![stage_in, active];
     let mut repeat = None;
     if let Some([num_mb, _, last_item]) = circular {
-        let lo = bin(b, "item_lo", BinaryOp::Max, item, zero)?;
-        let clamped = bin(b, "item_clamped", BinaryOp::Min, lo, last_item)?;
-        let r = bin(b, "repeat", BinaryOp::Div, clamped, num_mb)?;
+        let lo = b.binary("item_lo", BinaryOp::Max, item, zero)?;
+        let clamped = b.binary("item_clamped", BinaryOp::Min, lo, last_item)?;
+        let r = b.binary("repeat", BinaryOp::Div, clamped, num_mb)?;
         args.push(r);
         repeat = Some(r);
     }
@@ -339,7 +338,7 @@ fn iteration(
         }
         None => (index(b, "last", out, last_stage)?, None),
     };
-    let done = bin(b, "done_item", BinaryOp::Sub, t, last_stage)?;
+    let done = b.binary("done_item", BinaryOp::Sub, t, last_stage)?;
     let slot = match circular {
         Some([num_mb, _, _]) => modulo(b, done, num_mb)?,
         None => done,
@@ -354,7 +353,7 @@ fn iteration(
         },
         None,
     )?;
-    let full = cmp(b, "full", CmpPred::Ge, done, zero)?;
+    let full = b.compare("full", CmpPred::Ge, done, zero)?;
     let outputs = b.op(
         "outputs_next",
         OpKind::Select {
@@ -456,26 +455,6 @@ fn index(b: &mut Builder, hint: &str, x: ValueId, i: ValueId) -> Result<ValueId,
         },
         None,
     )
-}
-
-fn binary(
-    b: &mut Builder,
-    hint: &str,
-    op: BinaryOp,
-    lhs: ValueId,
-    rhs: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
-}
-
-fn compare(
-    b: &mut Builder,
-    hint: &str,
-    pred: CmpPred,
-    lhs: ValueId,
-    rhs: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    b.op(hint, OpKind::Compare { pred, lhs, rhs }, None)
 }
 
 /// `a && b` on i1 values, which have no `and` op: `select(a, b, a)`.

@@ -104,7 +104,7 @@ fn loss_of(m: &Module, pipeline: FuncId) -> Result<ppc_dialect::Func, Diagnostic
         Some(ones) => {
             let total = sum_all(&mut b, "total_nll", terms.each)?;
             let count = at_least_one(&mut b, ones)?;
-            bin(&mut b, "loss", BinaryOp::Div, total, count)?
+            b.binary("loss", BinaryOp::Div, total, count)?
         }
     };
     Ok(b.finish(vec![loss]))
@@ -129,7 +129,7 @@ fn microbatch_loss_of(m: &Module) -> Result<ppc_dialect::Func, Diagnostic> {
     };
     let terms = terms(&mut b, m, out, target)?;
     let total = sum_all(&mut b, "total", terms.each)?;
-    let loss = bin(&mut b, "loss", BinaryOp::Div, total, normalizer)?;
+    let loss = b.binary("loss", BinaryOp::Div, total, normalizer)?;
     Ok(b.finish(vec![loss, out]))
 }
 
@@ -176,8 +176,8 @@ fn terms(b: &mut Builder, m: &Module, out: ValueId, target: ValueId) -> Result<T
     Ok(match m.loss_or_default() {
         Loss::Mse => {
             let t = to_f32(b, target)?;
-            let diff = bin(b, "diff", BinaryOp::Sub, y, t)?;
-            let squared = bin(b, "squared", BinaryOp::Mul, diff, diff)?;
+            let diff = b.binary("diff", BinaryOp::Sub, y, t)?;
+            let squared = b.binary("squared", BinaryOp::Mul, diff, diff)?;
             Terms {
                 each: squared,
                 counted: None,
@@ -212,7 +212,7 @@ fn cross_entropy(
     };
     let max = reduce(b, "max_logit", ReduceOp::Max, y)?;
     let max = keep(b, max)?;
-    let z = bin(b, "shifted", BinaryOp::Sub, y, max)?;
+    let z = b.binary("shifted", BinaryOp::Sub, y, max)?;
     let e = b.op(
         "e",
         OpKind::Unary {
@@ -246,7 +246,7 @@ fn cross_entropy(
         },
         None,
     )?;
-    let zero = scalar(b, "zero", 0.0, DType::F32)?;
+    let zero = b.scalar("zero", 0.0, DType::F32)?;
     let picked = b.op(
         "picked",
         OpKind::Select {
@@ -257,7 +257,7 @@ fn cross_entropy(
         None,
     )?;
     let logit = reduce(b, "target_logit", ReduceOp::Sum, picked)?;
-    let per_row = bin(b, "nll", BinaryOp::Sub, lse, logit)?;
+    let per_row = b.binary("nll", BinaryOp::Sub, lse, logit)?;
     let Some(ignore) = ignore else {
         return Ok(Terms {
             each: per_row,
@@ -265,7 +265,7 @@ fn cross_entropy(
         });
     };
     let (counted, ones) = counted_rows(b, target, ignore)?;
-    let zero = scalar(b, "zero", 0.0, DType::F32)?;
+    let zero = b.scalar("zero", 0.0, DType::F32)?;
     let kept = b.op(
         "kept_nll",
         OpKind::Select {
@@ -287,7 +287,7 @@ fn counted_rows(
     target: ValueId,
     ignore: i32,
 ) -> Result<(ValueId, ValueId), Diagnostic> {
-    let ignored = scalar(b, "ignore_index", f64::from(ignore), DType::I32)?;
+    let ignored = b.scalar("ignore_index", f64::from(ignore), DType::I32)?;
     let counted = b.op(
         "counted",
         OpKind::Compare {
@@ -308,8 +308,8 @@ fn counted_rows(
 /// The sum of `ones`, at least 1.
 fn at_least_one(b: &mut Builder, ones: ValueId) -> Result<ValueId, Diagnostic> {
     let count = sum_all(b, "count", ones)?;
-    let one = scalar(b, "one", 1.0, DType::F32)?;
-    bin(b, "count_or_one", BinaryOp::Max, count, one)
+    let one = b.scalar("one", 1.0, DType::F32)?;
+    b.binary("count_or_one", BinaryOp::Max, count, one)
 }
 
 fn sum_all(b: &mut Builder, hint: &str, x: ValueId) -> Result<ValueId, Diagnostic> {
@@ -318,10 +318,6 @@ fn sum_all(b: &mut Builder, hint: &str, x: ValueId) -> Result<ValueId, Diagnosti
     b.op(hint, OpKind::Reduce { op, x, axes }, None)
 }
 
-fn scalar(b: &mut Builder, hint: &str, v: f64, dtype: DType) -> Result<ValueId, Diagnostic> {
-    let value = ppc_dialect::op::Float(v);
-    b.op(hint, OpKind::Constant { value }, Some(Type::scalar(dtype)))
-}
 fn mean_all(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {
     let axes = (0..b.ty(x).rank()).collect();
     b.op(
@@ -341,14 +337,4 @@ fn to_f32(b: &mut Builder, x: ValueId) -> Result<ValueId, Diagnostic> {
         return Ok(x);
     }
     b.op("f32", OpKind::Convert { x }, Some(t.with_dtype(DType::F32)))
-}
-
-fn bin(
-    b: &mut Builder,
-    hint: &str,
-    op: BinaryOp,
-    lhs: ValueId,
-    rhs: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
 }

@@ -9,6 +9,7 @@ mod batching;
 mod differ;
 mod embed_head;
 mod gpipe_loop;
+mod gpipe_step;
 mod loss;
 mod one_f_one_b;
 mod options;

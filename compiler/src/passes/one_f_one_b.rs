@@ -30,15 +30,16 @@
 //! Alternating the two halves' order by stage parity would bring stage `s` to `S - s` inputs
 //! (`pipeline-schedules.md` §5); that, interleaved repeats and ZB-H1 are not built yet.
 
+use super::gpipe_step::{after_forward, loop_body, unexpected, Parts};
 use super::options::Options;
 use super::remat::Remat;
 use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
-use ppc_dialect::ir::{names, Block, Func, FuncId, Module, OpId, ValueId};
+use ppc_dialect::ir::{names, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
 use ppc_dialect::{DType, Dim, Type};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let refuse = |what: &str| Err(vec![Diagnostic::plain(what)]);
@@ -64,119 +65,6 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let f = build(m, id).map_err(|d| vec![d])?;
     m.funcs[id] = f;
     Ok(())
-}
-
-/// The ops of GPipe's `@train_vjp` that the tick loop is made of.
-struct Parts {
-    /// The forward loop L1 (carrying the state, the outputs and the tape) and the backward
-    /// loop L2.
-    forward: OpId,
-    backward: OpId,
-    /// L1's `index %inputs, %t`: what enters stage 0.
-    feed: OpId,
-    /// L1's `update %outputs, %last, %done_item`: the last stage's result written.
-    write: OpId,
-    /// L1's tape write and L2's tape read.
-    tape_write: OpId,
-    tape_read: OpId,
-    /// Which of L2's carried values is the outputs' cotangent.
-    d_outputs: usize,
-}
-
-fn unexpected(what: &str) -> Diagnostic {
-    Diagnostic::plain(format!(
-        "`1f1b`: `@train_vjp` is not GPipe's training step as `autodiff` writes it ({what})"
-    ))
-}
-
-fn loop_body(f: &Func, id: OpId) -> &Block {
-    match &f.ops[id].kind {
-        OpKind::Loop { body, .. } => body,
-        _ => unreachable!("invariant: a loop"),
-    }
-}
-
-/// The one op of `block` that `pick` accepts.
-fn only(
-    f: &Func,
-    block: &Block,
-    what: &str,
-    pick: impl Fn(&OpKind) -> bool,
-) -> Result<OpId, Diagnostic> {
-    let mut found = block
-        .ops
-        .iter()
-        .copied()
-        .filter(|&id| pick(&f.ops[id].kind));
-    match (found.next(), found.next()) {
-        (Some(id), None) => Ok(id),
-        _ => Err(unexpected(what)),
-    }
-}
-
-impl Parts {
-    fn find(f: &Func) -> Result<Parts, Diagnostic> {
-        let loops: Vec<OpId> = (f.body.ops.iter().copied())
-            .filter(|&id| matches!(f.ops[id].kind, OpKind::Loop { .. }))
-            .collect();
-        let [forward, backward] = loops[..] else {
-            return Err(unexpected("two loops"));
-        };
-        let l1 = loop_body(f, forward);
-        let [t, _state, outputs, tape] = l1.args[..] else {
-            return Err(unexpected(
-                "the forward loop carries the state, the outputs and one tape",
-            ));
-        };
-        let feed = only(
-            f,
-            l1,
-            "one feed of stage 0",
-            |k| matches!(k, OpKind::Index { index, axis: 0, .. } if *index == t),
-        )?;
-        let write = only(
-            f,
-            l1,
-            "one write of the outputs",
-            |k| matches!(k, OpKind::Update { x, .. } if *x == outputs),
-        )?;
-        let tape_write = only(
-            f,
-            l1,
-            "one tape write",
-            |k| matches!(k, OpKind::Update { x, .. } if *x == tape),
-        )?;
-        let tape_out = f.ops[forward].results[2];
-        let l2 = loop_body(f, backward);
-        let tape_read = only(
-            f,
-            l2,
-            "one tape read",
-            |k| matches!(k, OpKind::Index { x, axis: 0, .. } if *x == tape_out),
-        )?;
-        let OpKind::Loop { inits, .. } = &f.ops[backward].kind else {
-            unreachable!("invariant: a loop")
-        };
-        // The outputs' cotangent: the one the loss (and `@head`) computes after L1.
-        let late = after_forward(f, &f.body.ops, forward).1;
-        let late: HashSet<ValueId> = late
-            .iter()
-            .flat_map(|&id| f.ops[id].results.clone())
-            .collect();
-        let seeded = (inits.iter().enumerate()).filter(|(_, v)| late.contains(v));
-        let [(d_outputs, _)] = seeded.collect::<Vec<_>>()[..] else {
-            return Err(unexpected("one cotangent computed after the forward loop"));
-        };
-        Ok(Parts {
-            forward,
-            backward,
-            feed,
-            write,
-            tape_write,
-            tape_read,
-            d_outputs,
-        })
-    }
 }
 
 /// The tick loop's fixed values: stage indices, the ring's slots, the rank flag.
@@ -234,40 +122,8 @@ fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
     Ok(out)
 }
 
-/// Splits the ops between the two loops into those that do not read the forward loop's
-/// results (they may run before the tick loop) and those that do (after it).
-fn after_forward(f: &Func, between: &[OpId], forward: OpId) -> (Vec<OpId>, Vec<OpId>) {
-    let mut late_values: HashSet<ValueId> = f.ops[forward].results.iter().copied().collect();
-    let (mut early, mut late) = (Vec::new(), Vec::new());
-    for &id in between {
-        let op = &f.ops[id];
-        if op.kind.operands().iter().any(|v| late_values.contains(v)) {
-            late_values.extend(op.results.iter().copied());
-            late.push(id);
-        } else {
-            early.push(id);
-        }
-    }
-    (early, late)
-}
-
 fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {
-    let value = Float(v as f64);
-    b.op(
-        hint,
-        OpKind::Constant { value },
-        Some(Type::scalar(DType::I32)),
-    )
-}
-
-fn bin(
-    b: &mut Builder,
-    hint: &str,
-    op: BinaryOp,
-    lhs: ValueId,
-    rhs: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    b.op(hint, OpKind::Binary { op, lhs, rhs }, None)
+    b.scalar(hint, v as f64, DType::I32)
 }
 
 fn ticks(
@@ -302,26 +158,17 @@ fn ticks(
         ranks => {
             let rank = b.op("tick_rank", OpKind::Rank, None)?;
             let per_rank = int(b, "tick_stages_per_rank", p.stages_per_rank() as i64)?;
-            let first = bin(b, "tick_first_stage", BinaryOp::Mul, rank, per_rank)?;
-            let ids = bin(b, "tick_global_stage_ids", BinaryOp::Add, local, first)?;
+            let first = b.binary("tick_first_stage", BinaryOp::Mul, rank, per_rank)?;
+            let ids = b.binary("tick_global_stage_ids", BinaryOp::Add, local, first)?;
             let last = int(b, "tick_last_rank", ranks as i64 - 1)?;
-            let pred = CmpPred::Eq;
-            let on = b.op(
-                "tick_on_last_rank",
-                OpKind::Compare {
-                    pred,
-                    lhs: rank,
-                    rhs: last,
-                },
-                None,
-            )?;
+            let on = b.compare("tick_on_last_rank", CmpPred::Eq, rank, last)?;
             (ids, Some(on))
         }
     };
     let two = int(b, "two", 2)?;
     let one = int(b, "one", 1)?;
-    let twice = bin(b, "twice_stage", BinaryOp::Mul, stage_ids, two)?;
-    let read_offset = bin(b, "read_offset", BinaryOp::Add, twice, one)?;
+    let twice = b.binary("twice_stage", BinaryOp::Mul, stage_ids, two)?;
+    let read_offset = b.binary("read_offset", BinaryOp::Add, twice, one)?;
     let value = Float(0.0);
     let stage_zeros = b.op("stage_zeros", OpKind::Constant { value }, Some(stage_ty))?;
     let stages = p.stages as i64;
@@ -397,7 +244,7 @@ fn tick_loops(
     let steady = b.loop_op(mbs, inits, &hints, |b, i, c| {
         let mut env = env.clone();
         let offset = int(b, "warm_up", s - 1)?;
-        let tau = bin(b, "tick", BinaryOp::Add, i, offset)?;
+        let tau = b.binary("tick", BinaryOp::Add, i, offset)?;
         let fwd = forward_half(b, m, f, parts, ticks, &mut env, tau, &c[..3])?;
         let mut carried = c[3..].to_vec();
         carried[parts.d_outputs] =
@@ -419,9 +266,9 @@ fn tick_loops(
         let cool = b.loop_op(warm_up, inits, &hints, |b, i, c| {
             let mut env = env.clone();
             let offset = int(b, "steady_end", s - 1 + ticks.microbatches)?;
-            let tau = bin(b, "tick", BinaryOp::Add, i, offset)?;
+            let tau = b.binary("tick", BinaryOp::Add, i, offset)?;
             let mbs = int(b, "microbatches", ticks.microbatches)?;
-            let t_bwd = bin(b, "t_bwd", BinaryOp::Add, i, mbs)?;
+            let t_bwd = b.binary("t_bwd", BinaryOp::Add, i, mbs)?;
             let mut yields = vec![c[0]];
             yields.extend(backward_half(
                 b,
@@ -458,9 +305,9 @@ struct ForwardHalf {
 /// `τ mod K`: the ring slot written at tick `τ`.
 fn write_slot(b: &mut Builder, ticks: &Ticks, tau: ValueId) -> Result<ValueId, Diagnostic> {
     let k = int(b, "ring_len", ticks.ring_len)?;
-    let laps = bin(b, "laps", BinaryOp::Div, tau, k)?;
-    let lapped = bin(b, "lapped", BinaryOp::Mul, laps, k)?;
-    bin(b, "slot", BinaryOp::Sub, tau, lapped)
+    let laps = b.binary("laps", BinaryOp::Div, tau, k)?;
+    let lapped = b.binary("lapped", BinaryOp::Mul, laps, k)?;
+    b.binary("slot", BinaryOp::Sub, tau, lapped)
 }
 
 /// L1's body at tick `τ`, the microbatches entering last first; the stage inputs go to the
@@ -483,18 +330,9 @@ fn forward_half(
     env.insert(l1.args[2], carried[1]);
     // Stage 0 takes microbatch M-1-τ while there is one, then the padding (slot τ).
     let last_mb = int(b, "last_microbatch", ticks.microbatches - 1)?;
-    let reversed = bin(b, "entering", BinaryOp::Sub, last_mb, tau)?;
+    let reversed = b.binary("entering", BinaryOp::Sub, last_mb, tau)?;
     let mbs = int(b, "microbatches", ticks.microbatches)?;
-    let pred = CmpPred::Lt;
-    let real = b.op(
-        "entering_real",
-        OpKind::Compare {
-            pred,
-            lhs: tau,
-            rhs: mbs,
-        },
-        None,
-    )?;
+    let real = b.compare("entering_real", CmpPred::Lt, tau, mbs)?;
     let (on_true, on_false) = (reversed, tau);
     let feed_at = b.op(
         "feed_at",
@@ -508,7 +346,7 @@ fn forward_half(
     // The last stage finishes microbatch M+S-2-τ (out of range, so clamped and then
     // discarded, before the pipe is full).
     let leaving_k = int(b, "leaving_base", ticks.microbatches + ticks.stages - 2)?;
-    let leaving = bin(b, "leaving", BinaryOp::Sub, leaving_k, tau)?;
+    let leaving = b.binary("leaving", BinaryOp::Sub, leaving_k, tau)?;
     let mut last = None;
     for &id in &l1.ops {
         match &f.ops[id].kind {
@@ -522,7 +360,7 @@ fn forward_half(
         }
     }
     let slot = write_slot(b, ticks, tau)?;
-    let slots = bin(b, "write_slots", BinaryOp::Add, ticks.stage_zeros, slot)?;
+    let slots = b.binary("write_slots", BinaryOp::Add, ticks.stage_zeros, slot)?;
     let ring = b.op(
         "ring_written",
         OpKind::Update {
@@ -572,7 +410,7 @@ fn seed_leaving(
     d_outputs: ValueId,
 ) -> Result<ValueId, Diagnostic> {
     let last_mb = int(b, "last_microbatch", ticks.microbatches - 1)?;
-    let mb = bin(b, "left", BinaryOp::Sub, last_mb, i)?;
+    let mb = b.binary("left", BinaryOp::Sub, last_mb, i)?;
     let axis = 0;
     let target = b.op(
         "target_left",
@@ -638,19 +476,10 @@ fn backward_half(
         }
         // Stage s reads slot (τ - 2(S-1-s)) mod K = (τ mod K + 2s + 1) mod K.
         let slot = write_slot(b, ticks, tau)?;
-        let read = bin(b, "read_slot", BinaryOp::Add, ticks.read_offset, slot)?;
+        let read = b.binary("read_slot", BinaryOp::Add, ticks.read_offset, slot)?;
         let k = int(b, "ring_len", ticks.ring_len)?;
-        let pred = CmpPred::Ge;
-        let over = b.op(
-            "lapped_read",
-            OpKind::Compare {
-                pred,
-                lhs: read,
-                rhs: k,
-            },
-            None,
-        )?;
-        let wrapped = bin(b, "wrapped_read", BinaryOp::Sub, read, k)?;
+        let over = b.compare("lapped_read", CmpPred::Ge, read, k)?;
+        let wrapped = b.binary("wrapped_read", BinaryOp::Sub, read, k)?;
         let (on_true, on_false) = (wrapped, read);
         let slots = b.op(
             "read_slots",
