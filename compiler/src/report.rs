@@ -128,7 +128,7 @@ fn tick_loop(f: &Func, stages: u64) -> Option<Value> {
         "steady_ticks": steady,
         "cool_down_ticks": cool_down,
         "bubble_fraction": 1.0 - (2 * steady) as f64 / halves as f64,
-        "ring_slots_per_stage": f.ty(*ring).shape()[1],
+        "ring_slots_per_stage": f.ty(*ring).shape()[0],
         "stage_inputs_live_per_stage": (0..stages).map(|s| 2 * (stages - 1 - s) + 1).collect::<Vec<_>>(),
     }))
 }

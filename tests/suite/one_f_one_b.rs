@@ -164,7 +164,7 @@ fn one_f_one_b_keeps_a_ring_of_2s_minus_1_stage_inputs() {
     );
     let ring = kept(Kind::OneFOneB);
     assert!(
-        !ring.is_empty() && ring.iter().all(|s| s[..2] == [3, 2 * 3 - 1]),
+        !ring.is_empty() && ring.iter().all(|s| s[..2] == [2 * 3 - 1, 3]),
         "1F1B's ring: {ring:?}"
     );
 }
@@ -226,6 +226,7 @@ fn the_report_reads_the_tick_loop_off_the_program() {
     assert_eq!(t["schedule"], "1f1b");
     assert_eq!(gpipe["training"]["schedule"], "gpipe");
     assert_eq!(t["tick_loop"]["ticks"], m + 2 * (s - 1), "{t}");
+    assert_eq!(t["tick_loop"]["ring_slots_per_stage"], 2 * s - 1, "{t}");
     let bubble = t["tick_loop"]["bubble_fraction"].as_f64().unwrap();
     assert!(
         (bubble - (s - 1) as f64 / (m + s - 1) as f64).abs() < 1e-12,

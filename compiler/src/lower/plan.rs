@@ -133,7 +133,9 @@ impl BlockPlan {
             match &op.kind {
                 OpKind::Reshape { .. } => Decision::View,
                 OpKind::Transpose { perm, .. }
-                    if views::swaps_last_two(perm) || strided.contains(&op.results[0]) =>
+                    if views::swaps_last_two(perm)
+                        || strided.contains(&op.results[0])
+                        || only_indexed(f, block, op.results[0]) =>
                 {
                     Decision::View
                 }
@@ -181,4 +183,22 @@ impl BlockPlan {
             decisions,
         }
     }
+}
+
+/// Whether `v` is read only by `index` ops of `block`, which read a strided view as well as a
+/// buffer (the ring of stage inputs of `--schedule 1f1b`, read stage-major).
+fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
+    let mut nested = HashSet::new();
+    for &id in &block.ops {
+        if let OpKind::Loop { body, .. } = &f.ops[id].kind {
+            fuse::used_in(f, body, &mut nested);
+        }
+    }
+    let indexed = |kind: &OpKind| {
+        !kind.operands().contains(&v)
+            || matches!(kind, OpKind::Index { x, index, .. } if *x == v && *index != v)
+    };
+    !nested.contains(&v)
+        && !block.results.contains(&v)
+        && block.ops.iter().all(|&id| indexed(&f.ops[id].kind))
 }

@@ -18,9 +18,9 @@
 //!   backward of the microbatch whose forward it ran `2(S-1-s)` ticks before (the last stage:
 //!   in the same tick). L2's accumulation order, and so every gradient, is unchanged.
 //! - **The tape**: L2 read stage inputs from L1's tape of all `M + S - 1` iterations; here
-//!   each stage keeps a ring of `K = 2S - 1` inputs (`[stages, K, ...]`), written at slot `τ mod
-//!   K` and read by stage `s` at `(τ - 2(S-1-s)) mod K`: stage `s` holds at most `2(S-1-s) + 1`
-//!   live inputs (GPipe: M).
+//!   each stage keeps a ring of `K = 2S - 1` inputs (`[K, stages, ...]`), written at slot `τ mod
+//!   K` (one slice, in place) and read by stage `s` at `(τ - 2(S-1-s)) mod K` (through a
+//!   stage-major view): stage `s` holds at most `2(S-1-s) + 1` live inputs (GPipe: `M + S - 1`).
 //! - **The seed**: L2 started from the loss's cotangent of all outputs, computed after L1.
 //!   Here, in the tick a microbatch leaves the last stage, `@microbatch_loss_vjp` (its `@head`
 //!   and loss; the last rank only) gives that microbatch's cotangent, which is its slice of the
@@ -75,8 +75,6 @@ struct Ticks {
     ring_len: i64,
     /// `2s + 1` per local stage `s` (global index): the read slot is this plus the write slot.
     read_offset: ValueId,
-    /// Zeros over the local stages, to spread a slot to every stage.
-    stage_zeros: ValueId,
     /// Where the loss runs: the last rank (`None` on one rank).
     on_last_rank: Option<ValueId>,
     normalizer: ValueId,
@@ -169,15 +167,12 @@ fn ticks(
     let one = int(b, "one", 1)?;
     let twice = b.binary("twice_stage", BinaryOp::Mul, stage_ids, two)?;
     let read_offset = b.binary("read_offset", BinaryOp::Add, twice, one)?;
-    let value = Float(0.0);
-    let stage_zeros = b.op("stage_zeros", OpKind::Constant { value }, Some(stage_ty))?;
     let stages = p.stages as i64;
     Ok(Ticks {
         microbatches: p.microbatches as i64,
         stages,
         ring_len: 2 * stages - 1,
         read_offset,
-        stage_zeros,
         on_last_rank,
         normalizer,
         target,
@@ -213,7 +208,7 @@ fn tick_loops(
     let l2 = loop_body(f, parts.backward);
     let hint = |v: ValueId| f.values[v].name.as_str();
     let state_ty = f.ty(l1.args[1]).clone();
-    let ring_ty = state_ty.insert(1, Dim::lit(ticks.ring_len as u64));
+    let ring_ty = state_ty.insert(0, Dim::lit(ticks.ring_len as u64));
     let value = Float(-0.0);
     let ring0 = b.op("ring0", OpKind::Constant { value }, Some(ring_ty))?;
     // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
@@ -360,14 +355,13 @@ fn forward_half(
         }
     }
     let slot = write_slot(b, ticks, tau)?;
-    let slots = b.binary("write_slots", BinaryOp::Add, ticks.stage_zeros, slot)?;
     let ring = b.op(
         "ring_written",
         OpKind::Update {
             x: carried[2],
             update: carried[0],
-            index: slots,
-            axis: 1,
+            index: slot,
+            axis: 0,
         },
         None,
     )?;
@@ -490,10 +484,14 @@ fn backward_half(
             },
             None,
         )?;
+        // Stage-major, so that each stage reads its own slot.
+        let rank = b.ty(ring).rank();
+        let perm = [1, 0].into_iter().chain(2..rank).collect();
+        let by_stage = b.op("ring_by_stage", OpKind::Transpose { x: ring, perm }, None)?;
         let input = b.op(
             "kept_input",
             OpKind::Index {
-                x: ring,
+                x: by_stage,
                 index: slots,
                 axis: 1,
             },
