@@ -107,7 +107,7 @@ fn tick_loop(f: &Func, stages: u64) -> Option<Value> {
         .filter(|(_, body, _)| {
             body.args
                 .iter()
-                .any(|&a| f.values[a].name.starts_with("tape_ring"))
+                .any(|&a| names::is_tick_ring(&f.values[a].name))
         })
         .collect();
     let ring = loops
@@ -115,7 +115,7 @@ fn tick_loop(f: &Func, stages: u64) -> Option<Value> {
         .1
         .args
         .iter()
-        .find(|&&a| f.values[a].name.starts_with("tape_ring"))?;
+        .find(|&&a| names::is_tick_ring(&f.values[a].name))?;
     let (warm_up, steady, cool_down) = match loops[..] {
         [(steady, ..)] => (0, steady, 0),
         [(w, ..), (s, ..), (c, ..)] => (w, s, c),

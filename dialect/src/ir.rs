@@ -440,6 +440,15 @@ pub mod names {
     /// once per layer.
     pub const ROOTS: [&str; 3] = [EMBED, LAYER, HEAD];
 
+    /// The ring of stage inputs that the loops over ticks of `--schedule 1f1b` carry (a tape,
+    /// as the report counts it); the lowering numbers those loops' iterations by tick.
+    pub const TICK_RING: &str = "tape_ring";
+
+    /// Whether a value's name is [`TICK_RING`]'s (or its renaming `tape_ring.N`).
+    pub fn is_tick_ring(name: &str) -> bool {
+        name.split('.').next() == Some(TICK_RING)
+    }
+
     /// The reverse-mode gradient of function `f` (`autodiff`): `@f_vjp`.
     pub fn vjp(f: &str) -> String {
         format!("{f}_vjp")

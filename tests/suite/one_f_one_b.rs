@@ -276,3 +276,49 @@ fn schedules_not_built_yet_are_refused_clearly() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// `--trace` numbers the loops over ticks by tick: `M + 2(S-1)` spans "iteration τ" per run of
+/// the program, in order, on every rank, and no "backward iteration" (GPipe's second loop).
+#[test]
+fn traces_number_the_ticks() {
+    let dir = scratch("1f1b-trace");
+    let exe = dir.join("model");
+    build(
+        "examples/mlp.ppc",
+        &exe,
+        2,
+        &["--train", "--schedule", "1f1b"],
+    );
+    let trace = dir.join("trace.json");
+    let trace_s = trace.display().to_string();
+    let l = launch(&exe, Some(2), &["--steps", "2", "--trace", &trace_s], &[]);
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    let text = std::fs::read_to_string(&trace).expect("trace");
+    assert!(
+        !text.contains("backward iteration"),
+        "a tick labelled as GPipe's backward"
+    );
+    let j: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let ticks = 8 + 2 * (4 - 1);
+    for rank in 0..2u64 {
+        let spans: Vec<&serde_json::Value> = (j["traceEvents"].as_array().expect("events"))
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == rank)
+            .filter(|e| {
+                e["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("iteration "))
+            })
+            .collect();
+        // Each step runs the program once, and so does each labelling of a synthetic batch.
+        assert!(
+            spans.len() >= 2 * ticks && spans.len().is_multiple_of(ticks),
+            "rank {rank}: {} spans",
+            spans.len()
+        );
+        for (i, e) in spans.iter().enumerate() {
+            assert_eq!(e["args"]["iteration"], i % ticks, "rank {rank}: {e}");
+        }
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

@@ -10,7 +10,7 @@ use super::fast_math::Numerics;
 use super::params::{ParamId, Params};
 use super::plan::{self, BlockPlan, Decision, Fusion};
 use super::{fuse, in_place, matmul, ops, stage_split, views};
-use ppc_dialect::ir::{Block, Func, FuncId, Module, OpId, ValueId};
+use ppc_dialect::ir::{names, Block, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic, Type};
 use ppc_runtime::abi;
@@ -46,6 +46,8 @@ struct Written {
     folded: HashSet<OpId>,
     /// The GPipe loops written so far (`--trace` spans).
     gpipe_loops: usize,
+    /// The ticks of the loops over ticks (`--schedule 1f1b`) written so far.
+    ticks: u64,
 }
 
 /// The type of `v`'s buffer: its stage's slice inside a stage-parallel loop, its entry's
@@ -433,9 +435,17 @@ impl Walker<'_, '_> {
         // a stage's loop over its layers is not. The training step runs the forward loop, then
         // the backward loop, which takes forward iteration `trips - 1 - t` back at its
         // iteration `t` and is numbered so.
+        // The loops over ticks of `--schedule 1f1b` are numbered by tick, across all three.
         let gpipe = std::ptr::eq(f, self.entry) && std::ptr::eq(s.block, &f.body);
+        let ticking = (body.args[1..].iter()).any(|&a| names::is_tick_ring(&f.values[a].name));
         let span = match (gpipe, st.gpipe_loops) {
             (false, _) => None,
+            (true, _) if ticking => {
+                let before = self.e.constant(st.ticks as f64, DType::I32);
+                st.ticks += *trips;
+                let tick = self.e.let_(&format!("arith.addi {before}, {ti} : i32"));
+                Some((&abi::TRACE_ITERATION, tick))
+            }
             (true, 0) => Some((&abi::TRACE_ITERATION, ti.clone())),
             (true, _) => {
                 for f in &abi::TRACE_BACKWARD {

@@ -225,7 +225,7 @@ fn tick_loops(
     let mut forward = vec![env[&f_inits[0]], env[&f_inits[1]], ring0];
     let warm_up = (s - 1) as u64;
     if warm_up > 0 {
-        let hints = [hint(l1.args[1]), hint(l1.args[2]), "tape_ring"];
+        let hints = [hint(l1.args[1]), hint(l1.args[2]), names::TICK_RING];
         forward = b.loop_op(warm_up, forward, &hints, |b, i, c| {
             let mut env = env.clone();
             let fwd = forward_half(b, m, f, parts, ticks, &mut env, i, c)?;
@@ -234,7 +234,7 @@ fn tick_loops(
     }
     let mut inits = forward.clone();
     inits.extend(backward);
-    let mut hints = vec![hint(l1.args[1]), hint(l1.args[2]), "tape_ring"];
+    let mut hints = vec![hint(l1.args[1]), hint(l1.args[2]), names::TICK_RING];
     hints.extend(l2.args[1..].iter().map(|&a| hint(a)));
     let steady = b.loop_op(mbs, inits, &hints, |b, i, c| {
         let mut env = env.clone();
@@ -255,7 +255,7 @@ fn tick_loops(
     if warm_up > 0 {
         let mut inits = vec![ring];
         inits.extend(backward);
-        let hints: Vec<&str> = std::iter::once("tape_ring")
+        let hints: Vec<&str> = std::iter::once(names::TICK_RING)
             .chain(l2.args[1..].iter().map(|&a| hint(a)))
             .collect();
         let cool = b.loop_op(warm_up, inits, &hints, |b, i, c| {
