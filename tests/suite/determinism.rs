@@ -70,8 +70,8 @@ fn bytes_of(exe: &Path, run: &Run, args: &[&str], out: &Path) -> Vec<u8> {
     std::fs::read(out).unwrap_or_else(|e| panic!("{what}: no {out:?}: {e}"))
 }
 
-/// Forward outputs of the examples, and the checkpoints after 10 training steps, are the same
-/// bytes in every run of [`runs`].
+/// Forward outputs of the examples, and the checkpoints after 10 training steps (GPipe and
+/// `--schedule 1f1b`, the same bytes as each other), are the same bytes in every run of [`runs`].
 #[test]
 fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch() {
     let dir = scratch("determinism");
@@ -86,11 +86,17 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
         "examples/llama.ppc",
     ];
     for model in models {
+        let mut gpipe = None;
         for (mode, args) in [
             ("forward", &forward[..]),
             ("bf16", &forward[..]),
             ("train", &training[..]),
+            ("1f1b", &training[..]),
         ] {
+            // 1F1B on the MLP and GPT-2 (ends, a tied embedding) only, to bound CI's time.
+            if mode == "1f1b" && !["examples/mlp.ppc", "examples/gpt2.ppc"].contains(&model) {
+                continue;
+            }
             let exes: Vec<(u64, PathBuf)> = [1u64, 2, 4]
                 .into_iter()
                 .map(|ranks| {
@@ -98,6 +104,7 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                     let mut flags = vec!["--ranks", r.as_str()];
                     match mode {
                         "train" => flags.push("--train"),
+                        "1f1b" => flags.extend(["--train", "--schedule", "1f1b"]),
                         "bf16" => flags.extend(["--dtype", "bf16"]),
                         _ => {}
                     }
@@ -122,6 +129,12 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                         run.disable
                     ),
                 }
+            }
+            // The 1F1B step gives GPipe's checkpoint.
+            match mode {
+                "train" => gpipe = first.clone(),
+                "1f1b" => assert!(first == gpipe, "{model}: 1F1B's checkpoint is not GPipe's"),
+                _ => {}
             }
             if mode == "train" {
                 // 5 steps on 4 ranks, then 5 more on 2 ranks with 3 threads each.
