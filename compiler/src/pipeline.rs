@@ -4,7 +4,9 @@
 use crate::passes::{Options, PASSES};
 use crate::timing;
 use ppc_dialect::ir::Item;
-use ppc_dialect::{check_model, parse, print, verify, Diagnostic, Diagnostics, Module, Overrides};
+use ppc_dialect::{
+    check_model, parse, print, schedule_check, verify, Diagnostic, Diagnostics, Module, Overrides,
+};
 use std::path::Path;
 
 /// Parses and checks a model file's text, and inlines the functions `@layer` calls
@@ -56,6 +58,7 @@ pub fn compile(
         || until
             .and_then(crate::passes::find)
             .is_some_and(|p| p.training);
+    let mut last = PASSES[0].name;
     for (i, pass) in PASSES.iter().enumerate() {
         if pass.training && !train {
             break;
@@ -69,9 +72,13 @@ pub fn compile(
                 .map_err(|e| PipelineError::Io(path.display().to_string(), e))?;
         }
         if until == Some(pass.name) {
-            break;
+            return Ok(());
         }
+        last = pass.name;
     }
+    // The whole pipeline ran: prove its schedule before anything lowers it.
+    timing::phase("check-schedule", || schedule_check::check(m))
+        .map_err(|d| PipelineError::Invalid(last, vec![d]))?;
     Ok(())
 }
 

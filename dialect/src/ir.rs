@@ -440,6 +440,9 @@ pub mod names {
     /// once per layer.
     pub const ROOTS: [&str; 3] = [EMBED, LAYER, HEAD];
 
+    /// `@stage`'s argument that gives each stage the repeat it runs (circular pipelines).
+    pub const REPEAT: &str = "repeat";
+
     /// The ring of stage inputs that the loops over ticks of `--schedule 1f1b` carry (a tape,
     /// as the report counts it); the lowering numbers those loops' iterations by tick.
     pub const TICK_RING: &str = "tape_ring";

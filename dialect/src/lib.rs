@@ -22,6 +22,8 @@ pub mod model_rules;
 pub mod op;
 pub mod parse;
 pub mod print;
+pub mod provenance;
+pub mod schedule_check;
 pub mod setting;
 pub mod span;
 pub mod types;

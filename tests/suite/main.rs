@@ -25,6 +25,7 @@ mod properties;
 mod residency;
 mod robustness;
 mod roundtrip;
+mod schedule_check;
 mod structure;
 mod timetable;
 mod train;

@@ -62,7 +62,7 @@ fn build_stage(m: &Module, layer: &Func) -> Result<Func, Diagnostic> {
     );
     let active = b.arg("active", Type::new(DType::I1, vec![s_dim.clone()]));
     let repeat =
-        (p.repeats > 1).then(|| b.arg("repeat", Type::new(DType::I32, vec![s_dim.clone()])));
+        (p.repeats > 1).then(|| b.arg(names::REPEAT, Type::new(DType::I32, vec![s_dim.clone()])));
     let depth = p
         .uneven()
         .then(|| b.arg("depth", Type::new(DType::I32, vec![s_dim.clone()])));

@@ -1,0 +1,176 @@
+//! The compile-time proof of a pipeline schedule (`ppc_dialect::schedule_check`): it covers
+//! every forward and backward of every schedule the passes build (random S, M, R, k, ranks;
+//! the examples), and rejects a table broken on purpose with the tick, the rank and the stage.
+
+use crate::common::{load, root};
+use crate::grad::train_opts;
+use crate::properties::{model, pick};
+use ppc::passes::{Options, Remat};
+use ppc::pipeline::compile;
+use ppc::timetable::Kind;
+use ppc_dialect::ir::names;
+use ppc_dialect::op::{Float, OpKind};
+use ppc_dialect::schedule_check::{check, Proof};
+use ppc_dialect::{Module, Overrides};
+use ppc_runtime::Rng;
+
+fn compiled(text: &str, ranks: u64, opts: &Options) -> Module {
+    compiled_with(text, ranks, None, opts)
+}
+
+/// With `layers`, the model's depth: layer slots past it are empty.
+fn compiled_with(text: &str, ranks: u64, layers: Option<u64>, opts: &Options) -> Module {
+    let over = Overrides {
+        ranks: Some(ranks),
+        layers,
+        ..Overrides::default()
+    };
+    let mut m = load(text, &over);
+    compile(&mut m, opts, None, None).unwrap_or_else(|e| panic!("{e:?}"));
+    m
+}
+
+fn proof(m: &Module) -> Proof {
+    check(m)
+        .unwrap_or_else(|d| panic!("{}", d.message))
+        .expect("a pipeline to prove")
+}
+
+fn training(schedule: Kind, remat: Remat) -> Options {
+    Options {
+        schedule,
+        ..train_opts(false, remat)
+    }
+}
+
+/// Every (microbatch, layer group) forward, and in training every backward, is counted once;
+/// ranks exchange in every tick they share a boundary.
+fn assert_covers(p: &Proof, m: &Module, train: bool, what: &str) {
+    let pl = m.pipeline;
+    let items = (pl.microbatches * pl.stages * pl.repeats) as usize;
+    assert_eq!(p.forwards, items, "{what}: forwards");
+    assert_eq!(
+        p.backwards,
+        if train { items } else { 0 },
+        "{what}: backwards"
+    );
+    assert!(
+        p.ticks >= pl.microbatches + pl.stages - 1,
+        "{what}: {} ticks",
+        p.ticks
+    );
+    if pl.ranks > 1 {
+        assert!(
+            p.exchanges as u64 >= p.ticks,
+            "{what}: {} exchanges",
+            p.exchanges
+        );
+    }
+}
+
+#[test]
+fn every_schedule_the_passes_build_is_proved() {
+    let mut rng = Rng::stream(2026, "schedule-check", 0);
+    for case in 0..16u64 {
+        let (s, m, k) = (
+            pick(&mut rng, 1, 5),
+            pick(&mut rng, 1, 6),
+            pick(&mut rng, 1, 2),
+        );
+        // Circular repeats need at least as many microbatches as stages.
+        let (r, m) = match case % 3 {
+            0 => (pick(&mut rng, 2, 3), m.max(s)),
+            _ => (1, m),
+        };
+        let text = model(s, m, r, k, 2, 3, 4);
+        // Every other case one layer short of the slots: the last stage runs fewer.
+        let layers = (case % 2 == 1 && s * r * k > 1).then(|| s * r * k - 1);
+        for ranks in (1..=s.min(4)).filter(|n| s.is_multiple_of(*n)) {
+            let what = format!("case {case}: S={s} M={m} R={r} k={k} {layers:?} ranks={ranks}");
+            let compiled = |opts: &Options| compiled_with(&text, ranks, layers, opts);
+            let forward = compiled(&Options::default());
+            assert_covers(&proof(&forward), &forward, false, &what);
+            let mut kinds = vec![(Kind::Gpipe, Remat::Stage), (Kind::Gpipe, Remat::None)];
+            if r == 1 {
+                kinds.push((Kind::OneFOneB, Remat::Stage));
+            }
+            for (kind, remat) in kinds {
+                let step = compiled(&training(kind, remat));
+                let what = format!("{what} {kind:?} remat {remat:?}");
+                assert_covers(&proof(&step), &step, true, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_examples_schedules_are_proved() {
+    for file in ["mlp", "gpt2", "llama"] {
+        let text = std::fs::read_to_string(root().join(format!("examples/{file}.ppc"))).unwrap();
+        for ranks in [1, 2, 4] {
+            for kind in [Kind::Gpipe, Kind::OneFOneB] {
+                let m = compiled(&text, ranks, &training(kind, Remat::Stage));
+                let what = format!("{file} {kind:?} on {ranks} ranks");
+                assert_covers(&proof(&m), &m, true, &what);
+            }
+        }
+    }
+}
+
+/// Sets the constant that defines value `name` (the first so named) in function `func`.
+fn set_constant(m: &mut Module, func: &str, name: &str, value: f64) {
+    let id = m.func_id(func).expect("function");
+    let f = &mut m.funcs[id];
+    let op = f
+        .ops
+        .iter()
+        .map(|(id, _)| id)
+        .find(|&o| f.values[f.ops[o].results[0]].name == name)
+        .unwrap_or_else(|| panic!("no value %{name} in @{func}"));
+    match &mut f.ops[op].kind {
+        OpKind::Constant { value: v } => *v = Float(value),
+        other => panic!("%{name} is {other:?}, not a constant"),
+    }
+}
+
+fn broken(m: &Module) -> String {
+    check(m).expect_err("a broken schedule is proved").message
+}
+
+/// Breaking the tables on purpose: the error names the tick, the rank and the stage.
+#[test]
+fn a_schedule_broken_on_purpose_is_rejected_with_its_tick_rank_and_stage() {
+    let text = model(4, 5, 1, 1, 2, 3, 4);
+    let train = names::vjp(names::TRAIN);
+
+    // 1F1B's ring read one slot late: stage 2 reads another microbatch's kept input.
+    let mut m = compiled(&text, 2, &training(Kind::OneFOneB, Remat::Stage));
+    set_constant(&mut m, &train, "one", 2.0);
+    let e = broken(&m);
+    assert!(
+        e.contains("tick ") && e.contains("rank ") && e.contains("stage "),
+        "{e}"
+    );
+    assert!(e.contains("backward"), "{e}");
+
+    // The first stage fed the same microbatch twice: its forward runs twice, another's never.
+    let mut m = compiled(&text, 2, &training(Kind::OneFOneB, Remat::Stage));
+    set_constant(&mut m, &train, "microbatches", 1.0);
+    let e = broken(&m);
+    assert!(e.contains("tick ") && e.contains("rank "), "{e}");
+
+    // GPipe's outputs written one slot off.
+    let mut m = compiled(&text, 2, &Options::default());
+    set_constant(&mut m, names::PIPELINE, "last_stage", 2.0);
+    let e = broken(&m);
+    assert!(e.contains("output slot"), "{e}");
+
+    // GPipe's activity mask one tick late: stage 1 runs on a bubble slot.
+    let mut m = compiled(&text, 4, &Options::default());
+    set_constant(&mut m, names::PIPELINE, "zero", -1.0);
+    let e = broken(&m);
+    assert!(
+        e.contains("tick ") && e.contains("rank ") && e.contains("forward"),
+        "{e}"
+    );
+}
