@@ -9,7 +9,7 @@ use crate::lower::Numerics;
 use crate::passes::{self, Options, Remat};
 use crate::timetable::Kind;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ppc_dialect::{DType, Overrides};
+use ppc_dialect::{DType, Module, Overrides};
 use ppc_runtime::manifest::Target;
 use ppc_runtime::run_options::{ParamsFile, RunOptions};
 use std::io::Write;
@@ -71,7 +71,8 @@ pub enum Command {
     /// compare. The last line is JSON; exit status 0 only when they agree.
     Verify(VerifyArgs),
     /// Draw the generated loop's time × stage grid: which microbatch each stage holds at each
-    /// iteration, bubbles marked. With --schedule, a training schedule's timetable instead.
+    /// iteration, bubbles marked. With --schedule (or `schedule = ...` in the model file's
+    /// `pipeline` block), a training schedule's timetable instead.
     Schedule {
         #[command(flatten)]
         model: ModelArgs,
@@ -290,18 +291,20 @@ pub struct PassArgs {
     /// Training: the order of each stage's forwards and backwards. `gpipe`: every forward,
     /// then every backward (each stage keeps all M microbatches' inputs); `1f1b`: one forward,
     /// one backward, in one loop over ticks (stage s keeps at most 2(S-1-s)+1 inputs). The
-    /// same gradients, bit for bit. `ppc schedule --schedule` draws them.
-    #[arg(long = "schedule", value_enum, default_value_t = Kind::Gpipe)]
-    pub train_schedule: Kind,
+    /// same gradients, bit for bit. `ppc schedule --schedule` draws them. Default: the model
+    /// file's `schedule = ...` in its `pipeline` block, else gpipe.
+    #[arg(long = "schedule", value_enum)]
+    pub train_schedule: Option<Kind>,
 }
 
 impl PassArgs {
-    pub fn options(&self, train: bool) -> Options {
+    /// The options for compiling `m`: the schedule is `--schedule`'s, else the model file's.
+    pub fn options(&self, train: bool, m: &Module) -> Options {
         Options {
             poison_bubbles: self.poison_bubbles,
             train,
             remat: self.remat,
-            schedule: self.train_schedule,
+            schedule: self.train_schedule.unwrap_or_else(|| Kind::of(m)),
         }
     }
 }

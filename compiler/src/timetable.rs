@@ -55,6 +55,15 @@ impl Kind {
         }
     }
 
+    /// The schedule `m`'s `pipeline` block names, else GPipe.
+    pub fn of(m: &ppc_dialect::Module) -> Kind {
+        let named = m.schedule.as_deref();
+        named.map_or(Kind::Gpipe, |n| {
+            (Kind::ALL.into_iter().find(|k| k.name() == n))
+                .expect("invariant: the parser accepts only the names of `setting::SCHEDULES`")
+        })
+    }
+
     /// The bubble the literature gives for unit costs: `(S-1)/(M+S-1)` for GPipe and 1F1B,
     /// `(S-1)/(3M+S-1)` for ZB-H1 (where `M >= S`).
     pub fn bubble_formula(self, stages: u64, microbatches: u64) -> f64 {

@@ -35,6 +35,9 @@ pub struct Module {
     pub ignore_index: Option<i32>,
     /// The `train { ... }` block's settings as written (optimizer and its hyper-parameters).
     pub train: Vec<(String, String)>,
+    /// The training schedule the `pipeline` block names (`schedule = 1f1b`), one of
+    /// [`crate::setting::SCHEDULES`]; the command line's `--schedule` overrides it.
+    pub schedule: Option<String>,
     /// In definition order: a function calls only functions before it.
     pub funcs: Arena<Func>,
     /// Spans of module-level items.
@@ -61,6 +64,8 @@ pub enum Item {
     /// The value of a pipeline setting, where the file gives the one in effect (not where
     /// the command line overrides it).
     Setting(Setting),
+    /// The value of the pipeline's `schedule`.
+    Schedule,
     Input,
     Target,
     Loss,
@@ -77,7 +82,7 @@ impl Item {
     pub fn keyword(self) -> &'static str {
         match self {
             Item::Dims | Item::Dim(_) => "dims",
-            Item::Pipeline | Item::Setting(_) => "pipeline",
+            Item::Pipeline | Item::Setting(_) | Item::Schedule => "pipeline",
             Item::Input => "input",
             Item::Target => "target",
             Item::Loss => "loss",

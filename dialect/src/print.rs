@@ -6,6 +6,7 @@
 
 use crate::ir::{Block, Func, Init, Module};
 use crate::op::OpKind;
+use crate::setting::SCHEDULE;
 use std::fmt::Write;
 
 /// The canonical text of `m`.
@@ -24,6 +25,7 @@ pub fn print(m: &Module) -> String {
         .settings()
         .iter()
         .map(|(s, v)| format!("{} = {v}", s.name()))
+        .chain(m.schedule.iter().map(|k| format!("{SCHEDULE} = {k}")))
         .collect();
     let _ = writeln!(out, "pipeline {{ {} }}", settings.join(", "));
     match &m.input_init {

@@ -2,7 +2,13 @@
 //! printer, shapes that use them as dimensions, diagnostics, `--report=json` and the command
 //! line's overrides all name them through [`Setting`].
 
-/// One setting of the `pipeline` block.
+/// The `pipeline` block's setting that names the training schedule, not a number.
+pub const SCHEDULE: &str = "schedule";
+
+/// The schedules `schedule = ...` may name (the compiler's `timetable::Kind`, by name).
+pub const SCHEDULES: [&str; 3] = ["gpipe", "1f1b", "zb-h1"];
+
+/// One numeric setting of the `pipeline` block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Setting {
     Stages,

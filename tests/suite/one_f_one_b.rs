@@ -322,3 +322,36 @@ fn traces_number_the_ticks() {
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+/// `schedule = 1f1b` in the model file's `pipeline` block trains in 1F1B order, `--schedule`
+/// overrides it, `ppc fmt` keeps it and `ppc schedule` draws its timetable.
+#[test]
+fn the_model_file_can_name_the_schedule() {
+    let dir = scratch("1f1b-file");
+    let text = std::fs::read_to_string(root().join("examples/mlp.ppc")).expect("model");
+    let named = text.replace("microbatches = 8 }", "microbatches = 8, schedule = 1f1b }");
+    assert_ne!(named, text, "the pipeline block moved");
+    let file = dir.join("named.ppc");
+    std::fs::write(&file, &named).expect("write");
+    let file = file.display().to_string();
+    let schedule_of = |extra: &[&str]| {
+        let mut args = vec!["compile", file.as_str(), "--train", "--report=json"];
+        args.extend(extra);
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        report["training"]["schedule"]
+            .as_str()
+            .expect("schedule")
+            .to_string()
+    };
+    assert_eq!(schedule_of(&[]), "1f1b");
+    assert_eq!(schedule_of(&["--schedule", "gpipe"]), "gpipe");
+    let (code, printed, err) = ppc(&["fmt", file.as_str()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(printed.contains("schedule = 1f1b }"), "{printed}");
+    let (code, drawn, err) = ppc(&["schedule", file.as_str()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(drawn.contains("1f1b` compiles this order"), "{drawn}");
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

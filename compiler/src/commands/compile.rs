@@ -49,7 +49,7 @@ pub fn compile_command(
     }
     let timer = time_passes.then(crate::timing::start);
     let mut l = crate::timing::phase("parse and check", || load(&model))?;
-    let opts = pass.options(train);
+    let opts = pass.options(train, &l.module);
     let lowering = matches!(emit.as_deref(), Some("mlir" | "llvm" | "asm" | "ptx"))
         || output.is_some()
         || fmt.is_some();
@@ -125,13 +125,13 @@ fn kept_by_remat(
     for remat in [Remat::Stage, Remat::None] {
         let bytes = if remat == pass.remat {
             crate::report::kept_activation_bytes(compiled)
-        } else if pass.train_schedule != Kind::Gpipe {
+        } else if pass.options(true, compiled).schedule != Kind::Gpipe {
             None // only `--remat stage` is built for the schedules beyond GPipe
         } else {
             let mut other = load(model)?;
             let opts = Options {
                 remat,
-                ..pass.options(true)
+                ..pass.options(true, &other.module)
             };
             other.compile(&opts, None, None)?;
             crate::report::kept_activation_bytes(&other.module)

@@ -11,6 +11,7 @@ mod verify;
 use crate::cli::Command;
 use crate::passes::Options;
 use crate::schedule::Schedule;
+use crate::timetable::Kind;
 use compile::compile_command;
 use loaded::{load, load_as_written};
 pub use loaded::{shown, InvalidIr, Rendered};
@@ -52,33 +53,31 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyho
         Command::Schedule {
             model,
             svg,
-            schedule: None,
+            schedule,
         } => {
             let mut l = load(&model)?;
-            l.compile(&Options::default(), None, None)?;
-            let s = Schedule::of(&l.module)?;
-            out.write_all(s.text().as_bytes())?;
-            if let Some(path) = svg {
-                write_file(&path, s.svg().as_bytes())?;
-                writeln!(err, "wrote {}", path.display())?;
-            }
-        }
-        Command::Schedule {
-            model,
-            svg,
-            schedule: Some(kind),
-        } => {
-            let m = load(&model)?.module;
+            let named = l.module.schedule.is_some().then(|| Kind::of(&l.module));
+            let Some(kind) = schedule.or(named) else {
+                l.compile(&Options::default(), None, None)?;
+                let s = Schedule::of(&l.module)?;
+                out.write_all(s.text().as_bytes())?;
+                if let Some(path) = svg {
+                    write_file(&path, s.svg().as_bytes())?;
+                    writeln!(err, "wrote {}", path.display())?;
+                }
+                return Ok(0);
+            };
+            let m = l.module;
             let t = timetable(&m, kind)?;
             out.write_all(t.picture(m.pipeline.ranks).as_bytes())?;
             match kind {
-                crate::timetable::Kind::Gpipe => {}
-                crate::timetable::Kind::OneFOneB => writeln!(
+                Kind::Gpipe => {}
+                Kind::OneFOneB => writeln!(
                     out,
                     "`--train --schedule 1f1b` compiles this order as a lockstep loop over ticks: \
                      the same bubble, 2(S-1-s)+1 stage inputs kept on stage s (`--report=json`: training.tick_loop)"
                 )?,
-                crate::timetable::Kind::ZbH1 => writeln!(
+                Kind::ZbH1 => writeln!(
                     out,
                     "training compiles GPipe's or 1F1B's program; this timetable is checked, not yet compiled"
                 )?,

@@ -74,7 +74,8 @@ fn verify(
     if backend != Backend::Interp {
         one_process(&l, &format!("ppc verify --backend {}", backend.name()))?;
     }
-    l.compile(&pass.options(false), None, None)?;
+    let opts = pass.options(false, &l.module);
+    l.compile(&opts, None, None)?;
     let p = l.module.pipeline;
     let dtype = l.module.output_type().dtype;
     let poison = if pass.poison_bubbles {
@@ -219,7 +220,7 @@ fn verify_grad(
     if check.backend == Backend::Cpu {
         one_process(&l, "ppc verify --grad --backend cpu")?;
     }
-    let opts = pass.options(true);
+    let opts = pass.options(true, &l.module);
     l.compile(&opts, None, None)?;
     let (m, seed) = (&l.module, check.seed);
     let source = param_source(m, seed, check.params.as_deref())?;

@@ -40,6 +40,7 @@ pub fn parse(src: &str, overrides: &Overrides) -> Result<Module, Diagnostics> {
         loss: None,
         ignore_index: None,
         train: None,
+        schedule: None,
         funcs: Default::default(),
         spans: SpanTable::default(),
         resolved: None,

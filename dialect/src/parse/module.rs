@@ -10,6 +10,7 @@ use crate::diag::Diagnostic;
 use crate::expr::{Expr, ExprKind};
 use crate::infer::checked_elements;
 use crate::ir::{Depth, DimDef, Func, Item, Loss, Module, Pipeline, Setting, WrittenInit};
+use crate::setting::{SCHEDULE, SCHEDULES};
 use crate::span::{Span, SpanTable};
 use crate::types::{Axis, DType, Dim, Type};
 use pest::iterators::Pair;
@@ -26,6 +27,7 @@ pub(super) struct ModuleBuilder<'a> {
     pub(super) loss: Option<Loss>,
     pub(super) ignore_index: Option<i32>,
     pub(super) train: Option<Vec<(String, String)>>,
+    pub(super) schedule: Option<String>,
     pub(super) funcs: Arena<Func>,
     pub(super) spans: SpanTable<Item>,
     /// The pipeline, once `dims` and `pipeline` are both known (needed to resolve shapes).
@@ -73,6 +75,17 @@ impl ModuleBuilder<'_> {
                         it.next().expect("setting name"),
                         it.next().expect("setting value"),
                     );
+                    if name.as_str() == SCHEDULE {
+                        self.schedule_setting(&name, &value)?;
+                        continue;
+                    }
+                    if value.as_rule() == Rule::name_value {
+                        return Err(Diagnostic::error(
+                            format!("pipeline setting `{}` is a whole number", name.as_str()),
+                            span_of(&value),
+                            "not a number",
+                        ));
+                    }
                     let v = parse_u64(&value, "setting")?;
                     if self.pipeline.iter().any(|(n, ..)| n == name.as_str()) {
                         return Err(Diagnostic::error(
@@ -293,6 +306,32 @@ impl ModuleBuilder<'_> {
         Ok(value)
     }
 
+    /// `schedule = NAME`: one of [`SCHEDULES`], given once.
+    fn schedule_setting(&mut self, name: &Pair<Rule>, value: &Pair<Rule>) -> PResult<()> {
+        let at = span_of(value);
+        if self.schedule.is_some() {
+            return Err(Diagnostic::error(
+                "pipeline setting `schedule` is given twice",
+                span_of(name),
+                "again here",
+            ));
+        }
+        if !SCHEDULES.contains(&value.as_str()) {
+            return Err(Diagnostic::error(
+                format!("unknown schedule `{}`", value.as_str()),
+                at,
+                "not a schedule",
+            )
+            .with_note(format!(
+                "schedules are {}",
+                SCHEDULES.map(|s| format!("`{s}`")).join(", ")
+            )));
+        }
+        self.schedule = Some(value.as_str().to_string());
+        self.spans.set(Item::Schedule, at);
+        Ok(())
+    }
+
     fn resolve_pipeline(&mut self, block: Span) -> PResult<Pipeline> {
         let get = |setting: Setting| -> PResult<Option<(u64, Span)>> {
             Ok(self
@@ -304,7 +343,7 @@ impl ModuleBuilder<'_> {
         for (name, _, span, _) in &self.pipeline {
             if Setting::from_name(name).is_none() {
                 return Err(Diagnostic::error(format!("unknown pipeline setting `{name}`"), *span, "unknown")
-                    .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches`, `repeats` and `ranks`"));
+                    .with_note("settings are `stages`, `layers` or `layers_per_stage`, `microbatches`, `repeats`, `ranks` and `schedule`"));
             }
         }
         let ov = self.overrides;
@@ -552,6 +591,7 @@ impl ModuleBuilder<'_> {
             loss: self.loss,
             ignore_index: self.ignore_index,
             train: self.train.unwrap_or_default(),
+            schedule: self.schedule,
             funcs: self.funcs,
             spans: self.spans,
         })
