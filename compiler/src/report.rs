@@ -164,6 +164,15 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
         }
     }
     with_settings(&mut r, &p, &Setting::ALL);
+    if let Ok(Some(proof)) = ppc_dialect::schedule_check::check(m) {
+        r["schedule_check"] = json!({
+            "function": proof.func,
+            "forwards_once": proof.forwards,
+            "backwards_once": proof.backwards,
+            "exchanges_per_rank": proof.exchanges,
+            "ticks": proof.ticks,
+        });
+    }
     if let Some(mut t) = training(m, local) {
         if p.repeats == 1 {
             t["timetables"] = timetables(p.stages, p.microbatches, p.ranks, x);

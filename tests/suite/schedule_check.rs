@@ -2,7 +2,7 @@
 //! every forward and backward of every schedule the passes build (random S, M, R, k, ranks;
 //! the examples), and rejects a table broken on purpose with the tick, the rank and the stage.
 
-use crate::common::{load, root};
+use crate::common::{load, ppc, root};
 use crate::grad::train_opts;
 use crate::properties::{model, pick};
 use ppc::passes::{Options, Remat};
@@ -173,4 +173,36 @@ fn a_schedule_broken_on_purpose_is_rejected_with_its_tick_rank_and_stage() {
         e.contains("tick ") && e.contains("rank ") && e.contains("forward"),
         "{e}"
     );
+}
+
+/// `--report=json` gives what the proof covered: for GPT-2 in 1F1B order on 2 ranks, every
+/// (microbatch, stage) forward and backward once, in `M + 2(S-1)` ticks, with one exchange per
+/// tick and direction that has work crossing the ranks.
+#[test]
+fn the_report_says_what_was_proved() {
+    let file = root().join("examples/gpt2.ppc").display().to_string();
+    let args = [
+        "compile",
+        &file,
+        "--train",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--report=json",
+    ];
+    let (code, out, err) = ppc(&args);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let (s, m) = (
+        r["stages"].as_u64().unwrap(),
+        r["microbatches"].as_u64().unwrap(),
+    );
+    let p = &r["schedule_check"];
+    assert_eq!(p["function"], "train_vjp", "{p}");
+    assert_eq!(p["forwards_once"], s * m, "{p}");
+    assert_eq!(p["backwards_once"], s * m, "{p}");
+    assert_eq!(p["ticks"], m + 2 * (s - 1), "{p}");
+    // Warm-up and cool-down ticks exchange one way, steady-state ticks both ways.
+    assert_eq!(p["exchanges_per_rank"], 2 * (s - 1) + 2 * m, "{p}");
 }
