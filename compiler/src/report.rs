@@ -172,6 +172,9 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
             "exchanges_per_rank": proof.exchanges,
             "ticks": proof.ticks,
         });
+        if !proof.inputs_held.is_empty() {
+            r["schedule_check"]["stage_inputs_held_per_stage"] = json!(proof.inputs_held);
+        }
     }
     if let Some(mut t) = training(m, local) {
         if p.repeats == 1 {

@@ -24,6 +24,7 @@ pub mod parse;
 pub mod print;
 pub mod provenance;
 pub mod schedule_check;
+pub mod schedule_memory;
 pub mod setting;
 pub mod span;
 pub mod types;

@@ -20,6 +20,7 @@
 use crate::ir::{names, Block, Func, Module, ValueId};
 use crate::op::OpKind;
 use crate::provenance::{self as p, Abs, Tag, TagSets};
+use crate::schedule_memory;
 use crate::types::{DType, Label};
 use crate::Diagnostic;
 use ppc_tensor::Tensor;
@@ -36,6 +37,9 @@ pub struct Proof {
     /// Exchanges each rank made, and ticks (iterations of the function's outermost loops).
     pub exchanges: usize,
     pub ticks: u64,
+    /// Training: per stage, the most microbatches whose stage input the program holds at the
+    /// end of a tick for a backward still to run ([`crate::schedule_memory`]).
+    pub inputs_held: Vec<usize>,
 }
 
 /// Where a stage call ran.
@@ -91,6 +95,9 @@ struct Lockstep<'m> {
     exchanges: usize,
     forwards: BTreeMap<Tag, Vec<At>>,
     backwards: BTreeMap<Tag, Vec<At>>,
+    /// Whether to measure [`Proof::inputs_held`], and its figures so far.
+    training: bool,
+    inputs_held: Vec<usize>,
 }
 
 /// What a call to a stage function computes.
@@ -115,10 +122,13 @@ impl<'m> Lockstep<'m> {
             exchanges: 0,
             forwards: BTreeMap::new(),
             backwards: BTreeMap::new(),
+            training: false,
+            inputs_held: Vec::new(),
         }
     }
 
     fn function(&mut self, f: &Func) -> Result<Option<Proof>, String> {
+        self.training = f.name == names::vjp(names::TRAIN);
         let mut envs: Vec<Env> = vec![vec![None; f.values.len()]; self.ranks];
         for (i, &a) in f.body.args.iter().enumerate() {
             let ty = f.ty(a);
@@ -147,8 +157,7 @@ impl<'m> Lockstep<'m> {
             return Ok(None);
         }
         self.exactly_once("forward", &self.forwards)?;
-        let training = f.name == names::vjp(names::TRAIN);
-        if training {
+        if self.training {
             self.exactly_once("backward", &self.backwards)?;
         } else {
             self.outputs_in_place(f, &envs)?;
@@ -159,6 +168,7 @@ impl<'m> Lockstep<'m> {
             backwards: self.backwards.len(),
             exchanges: self.exchanges,
             ticks: self.next_tick,
+            inputs_held: std::mem::take(&mut self.inputs_held),
         }))
     }
 
@@ -190,6 +200,9 @@ impl<'m> Lockstep<'m> {
                             }
                         }
                         self.block(f, body, envs, depth + 1)?;
+                        if depth == 0 && self.training {
+                            self.measure_held(f, envs);
+                        }
                         carried = envs
                             .iter()
                             .map(|env| body.results.iter().map(|&v| take(env, v)).collect())
@@ -473,6 +486,23 @@ impl Lockstep<'_> {
         t.data[i * per_row..(i + 1) * per_row]
             .iter()
             .fold(0, |acc, &x| self.sets.union(acc, x as u32))
+    }
+
+    fn measure_held(&mut self, f: &Func, envs: &[Env]) {
+        for (rank, env) in envs.iter().enumerate() {
+            let now = self.tick;
+            let before = |ats: &Vec<At>| ats.iter().any(|a| a.tick < now);
+            let done = |t: &Tag| self.backwards.get(t).is_some_and(before);
+            let held = schedule_memory::held(f, env, &self.sets, done);
+            let first = rank * held.len();
+            if self.inputs_held.len() < first + held.len() {
+                self.inputs_held.resize(first + held.len(), 0);
+            }
+            for (s, n) in held.into_iter().enumerate() {
+                let most = &mut self.inputs_held[first + s];
+                *most = (*most).max(n);
+            }
+        }
     }
 
     fn tick_name(&self) -> String {

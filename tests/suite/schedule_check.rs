@@ -68,6 +68,20 @@ fn assert_covers(p: &Proof, m: &Module, train: bool, what: &str) {
     }
 }
 
+/// The microbatches whose stage input stage `stage` holds in a tape or ring for a pending
+/// backward at most, as each schedule promises: GPipe every microbatch of every repeat, 1F1B in
+/// lockstep `2(S-1-s)+1`, at most `M`. Stage 0 holds none: its backward reads its inputs where
+/// the step holds them anyway (the step's input, and between repeats the outputs buffer), unless
+/// `--remat none` keeps what its forward computed from them.
+fn inputs_held(kind: Kind, remat: Remat, s: u64, m: u64, r: u64, stage: u64) -> usize {
+    let held = match kind {
+        _ if stage == 0 && remat == Remat::Stage => 0,
+        Kind::OneFOneB => (2 * (s - 1 - stage) + 1).min(m),
+        _ => m * r,
+    };
+    held as usize
+}
+
 #[test]
 fn every_schedule_the_passes_build_is_proved() {
     let mut rng = Rng::stream(2026, "schedule-check", 0);
@@ -97,7 +111,12 @@ fn every_schedule_the_passes_build_is_proved() {
             for (kind, remat) in kinds {
                 let step = compiled(&training(kind, remat));
                 let what = format!("{what} {kind:?} remat {remat:?}");
-                assert_covers(&proof(&step), &step, true, &what);
+                let p = proof(&step);
+                assert_covers(&p, &step, true, &what);
+                let held: Vec<usize> = (0..s)
+                    .map(|st| inputs_held(kind, remat, s, m, r, st))
+                    .collect();
+                assert_eq!(p.inputs_held, held, "{what}: stage inputs held per stage");
             }
         }
     }
@@ -177,7 +196,7 @@ fn a_schedule_broken_on_purpose_is_rejected_with_its_tick_rank_and_stage() {
 
 /// `--report=json` gives what the proof covered: for GPT-2 in 1F1B order on 2 ranks, every
 /// (microbatch, stage) forward and backward once, in `M + 2(S-1)` ticks, with one exchange per
-/// tick and direction that has work crossing the ranks.
+/// tick and direction that has work crossing the ranks, and the stage inputs each stage holds.
 #[test]
 fn the_report_says_what_was_proved() {
     let file = root().join("examples/gpt2.ppc").display().to_string();
@@ -205,4 +224,16 @@ fn the_report_says_what_was_proved() {
     assert_eq!(p["ticks"], m + 2 * (s - 1), "{p}");
     // Warm-up and cool-down ticks exchange one way, steady-state ticks both ways.
     assert_eq!(p["exchanges_per_rank"], 2 * (s - 1) + 2 * m, "{p}");
+    // What the ring holds, measured on the program, is what the tick loop's figures promise
+    // (stage 0's inputs are the step's own).
+    let held = p["stage_inputs_held_per_stage"].as_array().expect("held");
+    let live = r["training"]["tick_loop"]["stage_inputs_live_per_stage"]
+        .as_array()
+        .unwrap();
+    assert_eq!(held.len() as u64, s, "{p}");
+    assert_eq!(held[0], 0, "{p}");
+    for st in 1..s as usize {
+        let want = live[st].as_u64().unwrap().min(m);
+        assert_eq!(held[st], want, "stage {st}: {p}");
+    }
 }

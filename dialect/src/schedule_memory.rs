@@ -1,0 +1,49 @@
+//! What a training program keeps for its backwards, read off the program by
+//! [`crate::schedule_check`]: in each tick, per stage, the microbatches whose stage input a
+//! tape or ring holds for a backward that has not run before the tick (the one that runs in it
+//! counts: its input is live until then). The report puts the maximum beside the formula each
+//! schedule promises (GPipe `M`, 1F1B in lockstep `2(S-1-s)+1`). Stage 0 reads its inputs from
+//! the step's own input, so no tape holds them.
+
+use crate::ir::Func;
+use crate::provenance::{Abs, Tag, TagSets};
+use crate::types::Label;
+use std::collections::BTreeSet;
+
+/// Per stage slot of one rank, the microbatches held in values that keep several ticks' stage
+/// inputs (a stage axis after a leading slot axis: GPipe's tapes, 1F1B's ring) whose backward
+/// is not `done`.
+pub fn held(
+    f: &Func,
+    env: &[Option<Abs>],
+    sets: &TagSets,
+    done: impl Fn(&Tag) -> bool,
+) -> Vec<usize> {
+    let mut held: Vec<BTreeSet<Tag>> = Vec::new();
+    for (id, v) in f.values.iter() {
+        let Some(Abs::Tags(t)) = &env[id.index()] else {
+            continue;
+        };
+        let Some(axis) = (v.ty.dims.iter()).position(|d| matches!(d.label, Label::Axis(_))) else {
+            continue;
+        };
+        if axis == 0 {
+            continue;
+        }
+        let per_rank = t.shape[axis];
+        held.resize(held.len().max(per_rank), BTreeSet::new());
+        let (outer, inner) = (
+            t.shape[..axis].iter().product::<usize>(),
+            t.shape[axis + 1..].iter().product::<usize>(),
+        );
+        for (s, kept) in held.iter_mut().enumerate().take(per_rank) {
+            for o in 0..outer {
+                let at = (o * per_rank + s) * inner;
+                for &id in &t.data[at..at + inner] {
+                    kept.extend(sets.get(id as u32).iter().filter(|t| !done(t)));
+                }
+            }
+        }
+    }
+    held.iter().map(BTreeSet::len).collect()
+}
