@@ -142,28 +142,60 @@ pub fn fit(sets: &mut TagSets, x: &Tensor, shape: &[usize]) -> Tensor {
 
 /// The union along `axis`, kept with length 1 (`keep`) or removed.
 pub fn unite_axis(sets: &mut TagSets, x: &Tensor, axis: usize, keep: bool) -> Tensor {
-    let (outer, n, inner) = (
-        x.shape[..axis].iter().product::<usize>(),
-        x.shape[axis],
-        x.shape[axis + 1..].iter().product::<usize>(),
-    );
-    let mut data = vec![0.0; outer * inner];
-    for o in 0..outer {
-        for i in 0..inner {
-            let id = (0..n).fold(0, |acc, j| {
-                sets.union(acc, x.data[(o * n + j) * inner + i] as u32)
-            });
-            data[o * inner + i] = id as f32;
-        }
+    let mut t = fold_axis(x, axis, |ids| {
+        ids.iter().fold(0, |acc, &id| sets.union(acc, id as u32)) as f32
+    });
+    if !keep {
+        t.shape.remove(axis);
     }
+    t
+}
+
+/// `x` with `axis` folded to length 1: each line along it becomes `fold(line)`.
+fn fold_axis(x: &Tensor, axis: usize, mut fold: impl FnMut(&[f32]) -> f32) -> Tensor {
+    let n = x.shape[axis];
+    let inner: usize = x.shape[axis + 1..].iter().product();
     let mut shape = x.shape.clone();
-    match keep {
-        true => shape[axis] = 1,
-        false => {
-            shape.remove(axis);
-        }
-    }
+    shape[axis] = 1;
+    let mut line = Vec::with_capacity(n);
+    let data = (0..x.len() / n.max(1))
+        .map(|flat| {
+            let (o, i) = (flat / inner, flat % inner);
+            line.clear();
+            line.extend((0..n).map(|j| x.data[(o * n + j) * inner + i]));
+            fold(&line)
+        })
+        .collect();
     Tensor::new(DType::F32, shape, data)
+}
+
+/// Where a type has its stage axis (`[k, #stages, ...]` for what a stage of `k` layers keeps).
+pub fn stage_axis(ty: &Type) -> Option<usize> {
+    ty.dims
+        .iter()
+        .position(|d| matches!(d.label, Label::Axis(_)))
+}
+
+/// The offsets of the elements at position `i` of `axis` in a tensor of `shape`.
+pub fn slot(shape: &[usize], axis: usize, i: usize) -> impl Iterator<Item = usize> {
+    let outer: usize = shape[..axis].iter().product();
+    let (n, inner) = (shape[axis], shape[axis + 1..].iter().product::<usize>());
+    (0..outer).flat_map(move |o| {
+        let at = (o * n + i) * inner;
+        at..at + inner
+    })
+}
+
+/// The union of the tags at position `i` of `axis`.
+pub fn slot_union(sets: &mut TagSets, t: &Tensor, axis: usize, i: usize) -> u32 {
+    slot(&t.shape, axis, i).fold(0, |acc, o| sets.union(acc, t.data[o] as u32))
+}
+
+/// Sets the tags at position `i` of `axis` to set `id`.
+pub fn fill_slot(t: &mut Tensor, axis: usize, i: usize, id: u32) {
+    for o in slot(&t.shape.clone(), axis, i) {
+        t.data[o] = id as f32;
+    }
 }
 
 /// The elementwise union of `xs`, each fitted to `shape`.
@@ -231,7 +263,8 @@ pub fn eval(
         },
         OpKind::MatMul { lhs, rhs, mask } => {
             let (l, r) = (tags(sets, *lhs), tags(sets, *rhs));
-            let id = unite(sets, &[l, r], &[1; 0]).data[0] as u32;
+            let (l, r) = (sets.union_all(&l), sets.union_all(&r));
+            let id = sets.union(l, r);
             match mask.map(get) {
                 Some(Abs::Known(m)) => {
                     let c = Tensor::new(m.dtype, lead(&out, m.len()), m.data.clone());
@@ -364,27 +397,12 @@ fn select(sets: &mut TagSets, cond: &Tensor, a: &Tensor, b: &Tensor, out: &[usiz
     Tensor::new(DType::F32, out.to_vec(), data)
 }
 
+/// A mask's `axis` folded to length 1: 1 where it is all true, 0 all false, 0.5 mixed.
 fn fold_mask(c: &Tensor, axis: usize) -> Tensor {
-    let (outer, n, inner) = (
-        c.shape[..axis].iter().product::<usize>(),
-        c.shape[axis],
-        c.shape[axis + 1..].iter().product::<usize>(),
-    );
-    let mut data = vec![0.0; outer * inner];
-    for o in 0..outer {
-        for i in 0..inner {
-            let vals: Vec<f32> = (0..n).map(|j| c.data[(o * n + j) * inner + i]).collect();
-            let first = vals[0];
-            data[o * inner + i] = if vals.iter().all(|&v| v == first) {
-                first
-            } else {
-                0.5
-            };
-        }
-    }
-    let mut shape = c.shape.clone();
-    shape[axis] = 1;
-    Tensor::new(DType::F32, shape, data)
+    fold_axis(c, axis, |line| match line.iter().all(|&v| v == line[0]) {
+        true => line[0],
+        false => 0.5,
+    })
 }
 
 /// An integer or mask op whose operands are all known, computed exactly.

@@ -19,7 +19,7 @@
 
 use crate::ir::{names, Block, Func, Module, ValueId};
 use crate::op::OpKind;
-use crate::provenance::{self as p, Abs, Tag, TagSets};
+use crate::provenance::{self as p, stage_axis, Abs, Tag, TagSets};
 use crate::schedule_memory;
 use crate::types::{DType, Label};
 use crate::Diagnostic;
@@ -136,10 +136,9 @@ impl<'m> Lockstep<'m> {
             let rows = self.microbatch_rows(ty);
             let mut t = p::splat(&shape, 0);
             if i == 0 && rows {
-                let per_row = t.len() / shape[0];
                 for m in 0..shape[0] {
                     let id = self.sets.intern(vec![tag(m as u32, 0)]);
-                    t.data[m * per_row..(m + 1) * per_row].fill(id as f32);
+                    p::fill_slot(&mut t, 0, m, id);
                 }
             }
             for env in &mut envs {
@@ -264,23 +263,6 @@ fn take(env: &Env, v: ValueId) -> Abs {
         .expect("invariant: verified IR defines values before use")
 }
 
-/// Where a type has its stage axis (`[k, #stages, ...]` for what a stage of `k` layers keeps).
-fn stage_axis(ty: &crate::Type) -> Option<usize> {
-    ty.dims
-        .iter()
-        .position(|d| matches!(d.label, Label::Axis(_)))
-}
-
-/// The offsets of the elements of stage slot `s` along `axis` of a tensor of `shape`.
-fn stage_slot(shape: &[usize], axis: usize, s: usize) -> impl Iterator<Item = usize> {
-    let outer: usize = shape[..axis].iter().product();
-    let (n, inner) = (shape[axis], shape[axis + 1..].iter().product::<usize>());
-    (0..outer).flat_map(move |o| {
-        let at = (o * n + s) * inner;
-        at..at + inner
-    })
-}
-
 fn tag(microbatch: u32, groups: u32) -> Tag {
     Tag { microbatch, groups }
 }
@@ -350,10 +332,9 @@ impl Lockstep<'_> {
                 let shape = p::coarse(ty);
                 let mut t = p::splat(&shape, whole);
                 if self.microbatch_rows(ty) && shape[0] == mb {
-                    let per_row = t.len() / mb;
                     for (m, &row) in rows.iter().enumerate() {
-                        let id = self.sets.union(whole, row) as f32;
-                        t.data[m * per_row..(m + 1) * per_row].fill(id);
+                        let id = self.sets.union(whole, row);
+                        p::fill_slot(&mut t, 0, m, id);
                     }
                 }
                 Abs::Tags(t)
@@ -460,10 +441,8 @@ impl Lockstep<'_> {
                             (Role::Forward, _) | (Role::Backward, 0) => *x,
                             (Role::Backward, _) => continue,
                         };
-                        let id = self.sets.intern(vec![made]) as f32;
-                        for i in stage_slot(&t.shape, axis, s) {
-                            t.data[i] = id;
-                        }
+                        let id = self.sets.intern(vec![made]);
+                        p::fill_slot(&mut t, axis, s, id);
                     }
                 }
                 Abs::Tags(t)
@@ -475,17 +454,13 @@ impl Lockstep<'_> {
     fn stage_row(&mut self, a: &Abs, ty: &crate::Type, s: usize) -> Vec<Tag> {
         let t = a.tags(&mut self.sets, &p::coarse(ty));
         let axis = stage_axis(ty).expect("invariant: a value on the stage axis");
-        let id =
-            stage_slot(&t.shape, axis, s).fold(0, |acc, i| self.sets.union(acc, t.data[i] as u32));
+        let id = p::slot_union(&mut self.sets, &t, axis, s);
         self.sets.get(id).to_vec()
     }
 
     /// The union of row `i` (along the first axis) of coarse tags `t`.
     fn row(&mut self, t: &Tensor, i: usize) -> u32 {
-        let per_row = t.len() / t.shape[0];
-        t.data[i * per_row..(i + 1) * per_row]
-            .iter()
-            .fold(0, |acc, &x| self.sets.union(acc, x as u32))
+        p::slot_union(&mut self.sets, t, 0, i)
     }
 
     fn measure_held(&mut self, f: &Func, envs: &[Env]) {

@@ -6,8 +6,7 @@
 //! the step's own input, so no tape holds them.
 
 use crate::ir::Func;
-use crate::provenance::{Abs, Tag, TagSets};
-use crate::types::Label;
+use crate::provenance::{slot, stage_axis, Abs, Tag, TagSets};
 use std::collections::BTreeSet;
 
 /// Per stage slot of one rank, the microbatches held in values that keep several ticks' stage
@@ -24,24 +23,14 @@ pub fn held(
         let Some(Abs::Tags(t)) = &env[id.index()] else {
             continue;
         };
-        let Some(axis) = (v.ty.dims.iter()).position(|d| matches!(d.label, Label::Axis(_))) else {
+        let Some(axis) = stage_axis(&v.ty).filter(|&a| a > 0) else {
             continue;
         };
-        if axis == 0 {
-            continue;
-        }
         let per_rank = t.shape[axis];
         held.resize(held.len().max(per_rank), BTreeSet::new());
-        let (outer, inner) = (
-            t.shape[..axis].iter().product::<usize>(),
-            t.shape[axis + 1..].iter().product::<usize>(),
-        );
         for (s, kept) in held.iter_mut().enumerate().take(per_rank) {
-            for o in 0..outer {
-                let at = (o * per_rank + s) * inner;
-                for &id in &t.data[at..at + inner] {
-                    kept.extend(sets.get(id as u32).iter().filter(|t| !done(t)));
-                }
+            for o in slot(&t.shape, axis, s) {
+                kept.extend(sets.get(t.data[o] as u32).iter().filter(|t| !done(t)));
             }
         }
     }

@@ -23,21 +23,21 @@ struct Run<'a> {
 }
 
 /// The runs every configuration is compared over: 1 rank on 1, 2 and 3 threads; 2 and 4
-/// ranks on 1 to 3 threads each; each also with only the AVX2 path where this CPU has AVX-512
-/// (elsewhere hiding it changes nothing, and those runs would repeat the others).
+/// ranks on 1 to 3 threads each. Where this CPU has AVX-512, also 1, 2 and 4 ranks (on 1, 3
+/// and 2 threads) with only the AVX2 path, as an AVX2-only node runs them; elsewhere hiding it
+/// changes nothing, and those runs would repeat the others.
 fn runs() -> Vec<Run<'static>> {
-    let mut runs = Vec::new();
-    let hidden = std::is_x86_feature_detected!("avx512f").then_some(AVX2_ONLY);
-    for disable in std::iter::once(None).chain(hidden.map(Some)) {
-        for (ranks, threads) in [(1, 1), (1, 2), (1, 3), (2, 1), (2, 3), (4, 1), (4, 2)] {
-            runs.push(Run {
-                ranks,
-                threads,
-                disable,
-            });
-        }
-    }
-    runs
+    let native = [(1, 1), (1, 2), (1, 3), (2, 1), (2, 3), (4, 1), (4, 2)].map(|rt| (rt, None));
+    let avx2 = [(1, 1), (2, 3), (4, 2)].map(|rt| (rt, Some(AVX2_ONLY)));
+    let hides = std::is_x86_feature_detected!("avx512f");
+    (native.into_iter())
+        .chain(avx2.into_iter().filter(|_| hides))
+        .map(|((ranks, threads), disable)| Run {
+            ranks,
+            threads,
+            disable,
+        })
+        .collect()
 }
 
 /// `ppc compile MODEL -o DIR/NAME` with `flags`, at the model file's own dimensions.
