@@ -86,6 +86,11 @@ pub enum Command {
         /// timetable, not yet compiled.
         #[arg(long, value_enum, value_name = "SCHEDULE")]
         schedule: Option<crate::timetable::Kind>,
+        /// Draw the compiled training step instead (with --schedule, that schedule's): the
+        /// forward (F) and backward (B) each stage runs at each tick, read off the generated
+        /// program by the proof that checks it, with the bubble counted from those calls.
+        #[arg(long)]
+        train: bool,
     },
     /// Turn text files into token streams for training language models (`--data`,
     /// `--val-data`): one token per byte (a vocabulary of 256 ids), the files concatenated;

@@ -14,6 +14,7 @@ mod grid;
 pub mod lower;
 pub mod passes;
 pub mod pipeline;
+mod program_picture;
 pub mod reference;
 pub mod report;
 pub mod schedule;

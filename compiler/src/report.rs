@@ -171,6 +171,7 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
             "backwards_once": proof.backwards,
             "exchanges_per_rank": proof.exchanges,
             "ticks": proof.ticks,
+            "bubble_fraction": proof.bubble_fraction(p.stages),
         });
         if !proof.inputs_held.is_empty() {
             r["schedule_check"]["stage_inputs_held_per_stage"] = json!(proof.inputs_held);

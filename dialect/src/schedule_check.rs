@@ -40,6 +40,38 @@ pub struct Proof {
     /// Training: per stage, the most microbatches whose stage input the program holds at the
     /// end of a tick for a backward still to run ([`crate::schedule_memory`]).
     pub inputs_held: Vec<usize>,
+    /// Every stage call the loops over ticks run, in no particular order.
+    pub runs: Vec<StageRun>,
+}
+
+/// One stage's forward or backward of one microbatch in one tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageRun {
+    pub tick: u64,
+    pub stage: u64,
+    pub backward: bool,
+    pub microbatch: u32,
+    /// The layer group it runs: `r·S + stage` in repeat `r`.
+    pub group: u32,
+}
+
+impl Proof {
+    /// The share of stage time idle, with a forward and a backward one unit each: a tick lasts
+    /// as long as its busiest stage's work there, and every stage waits for it (the ranks
+    /// exchange at its end). GPipe's and 1F1B's programs reach `(S-1)/(M+S-1)`.
+    pub fn bubble_fraction(&self, stages: u64) -> f64 {
+        let mut work: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+        for r in &self.runs {
+            *work.entry((r.tick, r.stage)).or_default() += 1;
+        }
+        let mut longest: BTreeMap<u64, u64> = BTreeMap::new();
+        for (&(tick, _), &w) in &work {
+            let l = longest.entry(tick).or_default();
+            *l = (*l).max(w);
+        }
+        let span: u64 = longest.values().sum();
+        1.0 - self.runs.len() as f64 / (stages * span.max(1)) as f64
+    }
 }
 
 /// Where a stage call ran.
@@ -168,6 +200,7 @@ impl<'m> Lockstep<'m> {
             exchanges: self.exchanges,
             ticks: self.next_tick,
             inputs_held: std::mem::take(&mut self.inputs_held),
+            runs: self.runs(),
         }))
     }
 
@@ -461,6 +494,24 @@ impl Lockstep<'_> {
     /// The union of row `i` (along the first axis) of coarse tags `t`.
     fn row(&mut self, t: &Tensor, i: usize) -> u32 {
         p::slot_union(&mut self.sets, t, 0, i)
+    }
+
+    fn runs(&self) -> Vec<StageRun> {
+        let all = [(false, &self.forwards), (true, &self.backwards)];
+        let each = all.into_iter().flat_map(|(backward, events)| {
+            events.iter().flat_map(move |(t, ats)| {
+                ats.iter().filter_map(move |at| {
+                    Some(StageRun {
+                        tick: at.tick?,
+                        stage: at.stage,
+                        backward,
+                        microbatch: t.microbatch,
+                        group: t.groups,
+                    })
+                })
+            })
+        });
+        each.collect()
     }
 
     fn measure_held(&mut self, f: &Func, envs: &[Env]) {

@@ -44,9 +44,16 @@ fn training(schedule: Kind, remat: Remat) -> Options {
 }
 
 /// Every (microbatch, layer group) forward, and in training every backward, is counted once;
-/// ranks exchange in every tick they share a boundary.
+/// ranks exchange in every tick they share a boundary; the bubble read off the program's stage
+/// calls is the formula's, `(S-1)/(R·M+S-1)`.
 fn assert_covers(p: &Proof, m: &Module, train: bool, what: &str) {
     let pl = m.pipeline;
+    let formula = (pl.stages - 1) as f64 / (pl.repeats * pl.microbatches + pl.stages - 1) as f64;
+    let bubble = p.bubble_fraction(pl.stages);
+    assert!(
+        (bubble - formula).abs() < 1e-12,
+        "{what}: bubble {bubble}, formula {formula}"
+    );
     let items = (pl.microbatches * pl.stages * pl.repeats) as usize;
     assert_eq!(p.forwards, items, "{what}: forwards");
     assert_eq!(
@@ -236,4 +243,60 @@ fn the_report_says_what_was_proved() {
         let want = live[st].as_u64().unwrap().min(m);
         assert_eq!(held[st], want, "stage {st}: {p}");
     }
+}
+
+/// `ppc schedule MODEL --train` draws the compiled step as the proof reads it: every stage runs
+/// each microbatch's forward and backward once, in the order of its schedule (1F1B: the last
+/// stage runs a microbatch's backward in the tick of its forward), with the formula's bubble.
+#[test]
+fn schedule_train_draws_the_compiled_step() {
+    let file = root().join("examples/mlp.ppc").display().to_string();
+    let svg = std::env::temp_dir().join(format!("ppc-program-{}.svg", std::process::id()));
+    let svg_s = svg.display().to_string();
+    for kind in ["gpipe", "1f1b"] {
+        let args = [
+            "schedule",
+            &file,
+            "--train",
+            "--schedule",
+            kind,
+            "--svg",
+            &svg_s,
+        ];
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{kind}: {err}");
+        assert!(out.contains("formula (S-1)/(R·M+S-1) = 0.2727"), "{out}");
+        assert!(
+            out.contains("bubble (a forward and a backward one unit each): 0.2727"),
+            "{out}"
+        );
+        let rows: Vec<Vec<&str>> = (out.lines())
+            .filter(|l| l.trim_start().starts_with("stage ") && !l.contains(':'))
+            .map(|l| l.split_whitespace().skip(2).collect())
+            .collect();
+        assert_eq!(rows.len(), 4, "{out}");
+        for (s, row) in rows.iter().enumerate() {
+            let cells = row.join(" ");
+            for m in 0..8 {
+                for phase in ["F", "B"] {
+                    let unit = format!("{phase}{m}");
+                    let n = cells.matches(&unit).count();
+                    assert_eq!(n, 1, "{kind}: stage {s} runs {unit} {n} times\n{out}");
+                }
+            }
+        }
+        let last = rows[3]
+            .iter()
+            .filter(|c| c.starts_with('F') && c.contains('B'));
+        match kind {
+            "1f1b" => assert_eq!(last.count(), 8, "{out}"),
+            _ => assert_eq!(last.count(), 0, "{out}"),
+        }
+        let picture = std::fs::read_to_string(&svg).expect("svg");
+        assert!(
+            picture.starts_with("<svg") && picture.contains("F7"),
+            "{kind}"
+        );
+    }
+    std::fs::remove_file(svg).expect("cleanup");
 }

@@ -54,6 +54,30 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyho
             model,
             svg,
             schedule,
+            train: true,
+        } => {
+            let mut l = load(&model)?;
+            let opts = Options {
+                train: true,
+                schedule: schedule.unwrap_or_else(|| Kind::of(&l.module)),
+                ..Options::default()
+            };
+            l.compile(&opts, None, None)?;
+            let m = &l.module;
+            let proof = ppc_dialect::schedule_check::check(m)
+                .map_err(|d| l.fail(&[d]))?
+                .ok_or_else(|| anyhow::anyhow!("the module has no training step to draw"))?;
+            out.write_all(crate::program_picture::text(&proof, m).as_bytes())?;
+            if let Some(path) = svg {
+                write_file(&path, crate::program_picture::svg(&proof, m).as_bytes())?;
+                writeln!(err, "wrote {}", path.display())?;
+            }
+        }
+        Command::Schedule {
+            model,
+            svg,
+            schedule,
+            train: false,
         } => {
             let mut l = load(&model)?;
             let named = l.module.schedule.is_some().then(|| Kind::of(&l.module));
