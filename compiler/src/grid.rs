@@ -70,7 +70,10 @@ impl Grid {
     }
 
     pub fn svg(&self) -> String {
-        let (cell, left, top) = (36u64, 72u64, 48u64);
+        // Wide enough for the longest label at 12px monospace (about 7.2px a character).
+        let longest = self.cells.iter().flatten().flatten().map(|c| c.label.len());
+        let cell = longest.max().map_or(36, |n| (8 * n as u64 + 6).max(36));
+        let (left, top) = (72u64, 48u64);
         let (steps, stages) = (
             self.cells.len() as u64,
             self.cells.first().map_or(0, Vec::len) as u64,
