@@ -295,7 +295,7 @@ pub struct PassArgs {
     pub remat: Remat,
     /// Training: the order of each stage's forwards and backwards. `gpipe`: every forward,
     /// then every backward (each stage keeps all M microbatches' inputs); `1f1b`: one forward,
-    /// one backward, in one loop over ticks (stage s keeps at most 2(S-1-s)+1 inputs). The
+    /// one backward, in one loop over ticks (stage s keeps at most S-s inputs). The
     /// same gradients, bit for bit. `ppc schedule --schedule` draws them. Default: the model
     /// file's `schedule = ...` in its `pipeline` block, else gpipe.
     #[arg(long = "schedule", value_enum)]

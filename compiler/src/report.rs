@@ -83,7 +83,7 @@ fn training(m: &Module, local: u64) -> Option<Value> {
         .map(|q| 4 * stage.ty(q.value).elements())
         .sum();
     let step = m.func(&names::vjp(names::TRAIN))?;
-    let tick_loop = tick_loop(step, m.pipeline.stages);
+    let tick_loop = tick_loop(step, m.pipeline.microbatches);
     Some(json!({
         "schedule": if tick_loop.is_some() { Kind::OneFOneB } else { Kind::Gpipe }.name(),
         "tick_loop": tick_loop,
@@ -94,42 +94,20 @@ fn training(m: &Module, local: u64) -> Option<Value> {
     }))
 }
 
-/// The loops over ticks of `--schedule 1f1b` (`one_f_one_b.rs`), read off the training step
-/// `f`: those carrying the ring of stage inputs, warm-up (forwards only), steady state and
-/// cool-down (backwards only). With a forward half and a backward half of equal cost, every
-/// stage is busy in `2M` of the `warm-up + 2·steady + cool-down` halves.
-fn tick_loop(f: &Func, stages: u64) -> Option<Value> {
-    let loops: Vec<(u64, &Block, &Vec<ValueId>)> = (f.body.ops.iter())
-        .filter_map(|&id| match &f.ops[id].kind {
-            OpKind::Loop { trips, body, inits } => Some((*trips, body, inits)),
-            _ => None,
-        })
-        .filter(|(_, body, _)| {
-            body.args
-                .iter()
-                .any(|&a| names::is_tick_ring(&f.values[a].name))
-        })
-        .collect();
-    let ring = loops
-        .first()?
-        .1
-        .args
-        .iter()
-        .find(|&&a| names::is_tick_ring(&f.values[a].name))?;
-    let (warm_up, steady, cool_down) = match loops[..] {
-        [(steady, ..)] => (0, steady, 0),
-        [(w, ..), (s, ..), (c, ..)] => (w, s, c),
-        _ => return None,
-    };
-    let halves = warm_up + 2 * steady + cool_down;
+/// The loop over ticks of `--schedule 1f1b` (`one_f_one_b.rs`), read off the training step
+/// `f`: the one carrying the ring of stage inputs. Every stage runs a forward or a backward in
+/// `2M` of its ticks; what the program proves and holds is `schedule_check`'s.
+fn tick_loop(f: &Func, microbatches: u64) -> Option<Value> {
+    let (halves, ring) = (f.body.ops.iter()).find_map(|&id| match &f.ops[id].kind {
+        OpKind::Loop { trips, body, .. } => (body.args.iter())
+            .find(|&&a| names::is_tick_ring(&f.values[a].name))
+            .map(|&ring| (*trips, ring)),
+        _ => None,
+    })?;
     Some(json!({
-        "ticks": warm_up + steady + cool_down,
-        "warm_up_ticks": warm_up,
-        "steady_ticks": steady,
-        "cool_down_ticks": cool_down,
-        "bubble_fraction": 1.0 - (2 * steady) as f64 / halves as f64,
-        "ring_slots_per_stage": f.ty(*ring).shape()[0],
-        "stage_inputs_live_per_stage": (0..stages).map(|s| 2 * (stages - 1 - s) + 1).collect::<Vec<_>>(),
+        "ticks": halves,
+        "bubble_fraction": 1.0 - (2 * microbatches) as f64 / halves as f64,
+        "ring_slots_per_stage": f.ty(ring).shape()[0],
     }))
 }
 
@@ -188,8 +166,8 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
 
 /// Per training schedule, its timetable's figures (`timetable.rs`): ticks, bubble beside the
 /// formula, and the stage inputs (of `input_bytes` each) it keeps per rank. `gpipe` and `1f1b`
-/// are compiled (`1f1b` as a lockstep loop over ticks with GPipe's bubble, whose figures are
-/// `training.tick_loop`'s); `zb-h1` is not yet.
+/// are compiled (`1f1b` as a lockstep loop over ticks with GPipe's bubble, whose figures
+/// are `training.tick_loop`'s and `schedule_check`'s); `zb-h1` is not yet.
 fn timetables(stages: u64, microbatches: u64, ranks: u64, input_bytes: u64) -> Value {
     let mut out = json!({});
     for kind in Kind::ALL {

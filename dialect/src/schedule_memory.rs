@@ -2,7 +2,7 @@
 //! [`crate::schedule_check`]: in each tick, per stage, the microbatches whose stage input a
 //! tape or ring holds for a backward that has not run before the tick (the one that runs in it
 //! counts: its input is live until then). The report puts the maximum beside the formula each
-//! schedule promises (GPipe `M`, 1F1B in lockstep `2(S-1-s)+1`). Stage 0 reads its inputs from
+//! schedule promises (GPipe `M`, 1F1B `S-s`). Stage 0 reads its inputs from
 //! the step's own input, so no tape holds them.
 
 use crate::ir::Func;

@@ -1,7 +1,7 @@
 //! `--schedule 1f1b` (`compiler/src/passes/one_f_one_b.rs`): the training step as one loop over
 //! ticks gives GPipe's loss and every gradient bit for bit (interpreted: random S, M, k, with
 //! and without poisoned bubbles, on every rank count that divides the stages; the language
-//! models on 1, 2 and 4 ranks), and keeps a ring of `2S - 1` stage inputs, not GPipe's tape of
+//! models on 1, 2 and 4 ranks), and keeps a ring of `S` stage inputs, not GPipe's tape of
 //! `M + S - 1`.
 
 use crate::common::{json_losses, load, ppc, root};
@@ -147,7 +147,7 @@ fn kept_inputs(m: &Module) -> Vec<Vec<u64>> {
 }
 
 #[test]
-fn one_f_one_b_keeps_a_ring_of_2s_minus_1_stage_inputs() {
+fn one_f_one_b_keeps_a_ring_of_s_stage_inputs() {
     let (s, m) = (3u64, 8u64);
     let text = model(s, m, 1, 1, 2, 4, 3);
     let kept = |schedule| {
@@ -164,7 +164,7 @@ fn one_f_one_b_keeps_a_ring_of_2s_minus_1_stage_inputs() {
     );
     let ring = kept(Kind::OneFOneB);
     assert!(
-        !ring.is_empty() && ring.iter().all(|s| s[..2] == [2 * 3 - 1, 3]),
+        !ring.is_empty() && ring.iter().all(|s| s[..2] == [3, 3]),
         "1F1B's ring: {ring:?}"
     );
 }
@@ -199,9 +199,8 @@ fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 
-/// `--report=json` reads the tick loop off the program: `M + 2(S-1)` ticks, GPipe's bubble
-/// `(S-1)/(M+S-1)`, and a ring of `2S - 1` stage inputs per stage in place of GPipe's
-/// `M + S - 1`. `ppc schedule` says how the 1F1B order is compiled.
+/// `--report=json` reads the tick loop off the program: `2(M+S-1)` ticks, GPipe's bubble
+/// `(S-1)/(M+S-1)`, and a ring of `S` stage inputs per stage in place of GPipe's `M + S - 1`. `ppc schedule` says how the 1F1B order is compiled.
 #[test]
 fn the_report_reads_the_tick_loop_off_the_program() {
     let mlp = root().join("examples/mlp.ppc").display().to_string();
@@ -225,19 +224,15 @@ fn the_report_reads_the_tick_loop_off_the_program() {
     let t = &one["training"];
     assert_eq!(t["schedule"], "1f1b");
     assert_eq!(gpipe["training"]["schedule"], "gpipe");
-    assert_eq!(t["tick_loop"]["ticks"], m + 2 * (s - 1), "{t}");
-    assert_eq!(t["tick_loop"]["ring_slots_per_stage"], 2 * s - 1, "{t}");
+    assert_eq!(t["tick_loop"]["ticks"], 2 * (m + s - 1), "{t}");
+    assert_eq!(t["tick_loop"]["ring_slots_per_stage"], s, "{t}");
     let bubble = t["tick_loop"]["bubble_fraction"].as_f64().unwrap();
     assert!(
         (bubble - (s - 1) as f64 / (m + s - 1) as f64).abs() < 1e-12,
         "{t}"
     );
     let x = one["microbatch_bytes"].as_u64().unwrap();
-    assert_eq!(
-        t["kept_activation_bytes_per_rank"],
-        (2 * s - 1) * s * x,
-        "{t}"
-    );
+    assert_eq!(t["kept_activation_bytes_per_rank"], s * s * x, "{t}");
     assert_eq!(
         gpipe["training"]["kept_activation_bytes_per_rank"],
         (m + s - 1) * s * x
@@ -277,7 +272,7 @@ fn schedules_not_built_yet_are_refused_clearly() {
     }
 }
 
-/// `--trace` numbers the loops over ticks by tick: `M + 2(S-1)` spans "iteration τ" per run of
+/// `--trace` numbers the loop over ticks: `2(M+S-1)` spans "iteration τ" per run of
 /// the program, in order, on every rank, and no "backward iteration" (GPipe's second loop).
 #[test]
 fn traces_number_the_ticks() {
@@ -299,7 +294,7 @@ fn traces_number_the_ticks() {
         "a tick labelled as GPipe's backward"
     );
     let j: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    let ticks = 8 + 2 * (4 - 1);
+    let ticks = 2 * (8 + 4 - 1);
     for rank in 0..2u64 {
         let spans: Vec<&serde_json::Value> = (j["traceEvents"].as_array().expect("events"))
             .iter()

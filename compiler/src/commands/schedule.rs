@@ -49,9 +49,10 @@ pub(super) fn schedule_command(
             match kind {
                 Kind::Gpipe => {}
                 Kind::OneFOneB => text.push_str(
-                    "`--train --schedule 1f1b` compiles this order as a lockstep loop over ticks: \
-                     the same bubble, 2(S-1-s)+1 stage inputs kept on stage s (`--report=json`: \
-                     training.tick_loop; `ppc schedule --train` draws it)\n",
+                    "`--train --schedule 1f1b` compiles this order as a lockstep loop over ticks \
+                     (in each, the stages of one parity run a forward, the others a backward): \
+                     the same bubble, S-s stage inputs kept on stage s (`--report=json`: \
+                     schedule_check; `ppc schedule --train` draws it)\n",
                 ),
                 Kind::ZbH1 => text.push_str(
                     "training compiles GPipe's or 1F1B's program; this timetable is checked, not yet compiled\n",

@@ -5,8 +5,8 @@
 //! Anything else is refused as not GPipe's step (a compiler error, not a user's).
 
 use ppc_dialect::diag::Diagnostic;
-use ppc_dialect::ir::{Block, Func, OpId, ValueId};
-use ppc_dialect::op::OpKind;
+use ppc_dialect::ir::{names, Block, Func, Module, OpId, ValueId};
+use ppc_dialect::op::{BinaryOp, OpKind};
 use std::collections::HashSet;
 
 /// The ops of GPipe's `@train_vjp` that the tick loop is made of.
@@ -24,6 +24,14 @@ pub(super) struct Parts {
     pub(super) tape_read: OpId,
     /// Which of L2's carried values is the outputs' cotangent.
     pub(super) d_outputs: usize,
+    /// L1's `sub %t, %stage_ids`: the item each stage works on, from which its mask follows.
+    pub(super) forward_item: OpId,
+    /// L2's `sub %t_fwd, %stage_ids` (each stage's microbatch) and `sub %t_fwd, %last_stage`
+    /// (the microbatch whose outputs' cotangent the last stage reads).
+    pub(super) backward_item: OpId,
+    pub(super) backward_done: OpId,
+    /// L2's call of the stage's backward.
+    pub(super) backward_call: OpId,
 }
 
 pub(super) fn unexpected(what: &str) -> Diagnostic {
@@ -58,7 +66,7 @@ fn only(
 }
 
 impl Parts {
-    pub(super) fn find(f: &Func) -> Result<Parts, Diagnostic> {
+    pub(super) fn find(m: &Module, f: &Func) -> Result<Parts, Diagnostic> {
         let loops: Vec<OpId> = (f.body.ops.iter().copied())
             .filter(|&id| matches!(f.ops[id].kind, OpKind::Loop { .. }))
             .collect();
@@ -89,8 +97,28 @@ impl Parts {
             "one tape write",
             |k| matches!(k, OpKind::Update { x, .. } if *x == tape),
         )?;
+        // `sub %a, %b` with `%b` of rank `rank`.
+        let minus = |k: &OpKind, a: ValueId, rank: usize| matches!(k, OpKind::Binary { op: BinaryOp::Sub, lhs, rhs } if *lhs == a && f.ty(*rhs).rank() == rank);
+        let forward_item = only(f, l1, "one item per stage", |k| minus(k, t, 1))?;
         let tape_out = f.ops[forward].results[2];
         let l2 = loop_body(f, backward);
+        let t_back = l2.args[0];
+        let reversed = only(
+            f,
+            l2,
+            "one reversed iteration",
+            |k| matches!(k, OpKind::Binary { op: BinaryOp::Sub, rhs, .. } if *rhs == t_back),
+        )?;
+        let t_fwd = f.ops[reversed].results[0];
+        let backward_item = only(f, l2, "one item per stage", |k| minus(k, t_fwd, 1))?;
+        let backward_done = only(f, l2, "one microbatch leaving", |k| minus(k, t_fwd, 0))?;
+        let vjp = m.func_id(&names::vjp(names::STAGE));
+        let backward_call = only(
+            f,
+            l2,
+            "one backward of the stage",
+            |k| matches!(k, OpKind::Call { callee, .. } if Some(*callee) == vjp),
+        )?;
         let tape_read = only(
             f,
             l2,
@@ -118,6 +146,10 @@ impl Parts {
             tape_write,
             tape_read,
             d_outputs,
+            forward_item,
+            backward_item,
+            backward_done,
+            backward_call,
         })
     }
 }

@@ -1,34 +1,42 @@
-//! `1f1b`: the training step under `--schedule 1f1b`, one SPMD loop over ticks in which every
-//! stage runs the forward of one microbatch and the backward of another (1F1B, as in
-//! PipeDream-Flush and Megatron), so that a stage keeps a few microbatches' inputs, not all M.
+//! `1f1b`: the training step under `--schedule 1f1b`, one SPMD loop in which every stage runs
+//! the forward of one microbatch and the backward of another in each tick (1F1B, as in
+//! PipeDream-Flush and Megatron), so that stage `s` keeps `S - s` microbatches' inputs, not M.
 //!
 //! Preconditions: `autodiff` has run on GPipe's `@train` with `--remat stage` and `R = 1`, and
 //! `loss` has built `@microbatch_loss` and `@loss_normalizer`. Postconditions: `@train_vjp`
-//! computes the same loss and gradients, bit for bit, in one loop of `M + 2(S-1)` ticks, split
-//! into warm-up (forwards only, `S-1` ticks), steady state (`M`) and cool-down (backwards only,
-//! `S-1`), so that no tick tests which halves run.
+//! computes the same loss and gradients, bit for bit, in one loop of `2(M+S-1)` ticks.
 //!
-//! How it is made from GPipe's step, whose forward loop L1 runs iteration `t` with stage `s` on
-//! microbatch `t - s`, and whose backward loop L2 (L1 reversed) runs iteration `t'` with stage `s`
-//! on microbatch `M + S - 2 - t' - s`, so the weight gradients add up from the last microbatch:
-//! - **Forward half of tick `τ`**: L1's body with the microbatches entering last first (stage
-//!   `s` on microbatch `M - 1 - (τ - s)`). Each microbatch's values are computed by the same
-//!   ops, so they are the same bytes in another tick.
-//! - **Backward half of tick `τ`**: L2's body at `t' = τ - (S-1)`: stage `s` then runs the
-//!   backward of the microbatch whose forward it ran `2(S-1-s)` ticks before (the last stage:
-//!   in the same tick). L2's accumulation order, and so every gradient, is unchanged.
-//! - **The tape**: L2 read stage inputs from L1's tape of all `M + S - 1` iterations; here
-//!   each stage keeps a ring of `K = 2S - 1` inputs (`[K, stages, ...]`), written at slot `τ mod
-//!   K` (one slice, in place) and read by stage `s` at `(τ - 2(S-1-s)) mod K` (through a
-//!   stage-major view): stage `s` holds at most `2(S-1-s) + 1` live inputs (GPipe: `M + S - 1`).
+//! **The order** (`pipeline-schedules.md` §5): in tick `h`, the stages of parity `h mod 2` run
+//! a forward and the others a backward, so a tick is one forward call and one backward call
+//! over complementary stage masks, and a microbatch moves one stage per tick each way:
+//! - stage `g` runs the forward of entering microbatch `n` (the last microbatch first) in tick
+//!   `g + 2n`, and its backward in tick `2S - 1 - g + 2n`; the last stage's backward of a
+//!   microbatch follows its forward;
+//! - so in each pair of ticks `τ = ⌊h/2⌋` even stages run F then B, odd stages B then F, and
+//!   stage `g` holds at most `S - g` inputs (the same order on every stage would hold
+//!   `2(S-1-g) + 1`); the bubble is GPipe's `(S-1)/(M+S-1)`.
+//!
+//! How it is made from GPipe's step, whose forward loop L1 runs stage `s` on item `t - s` and
+//! whose backward loop L2 (L1 reversed) runs it on microbatch `t_fwd - s`:
+//! - **Forward half** of a tick: L1's body with each stage's item replaced by its entering microbatch in
+//!   the stages of this parity (`-1`, no work, elsewhere), stage 0 fed microbatch `M-1-τ`, and
+//!   the outputs written where the last stage finished one. Each microbatch's values are
+//!   computed by the same ops, so they are the same bytes in another tick.
+//! - **Backward half**: L2's body with each stage's microbatch replaced likewise, and the
+//!   cotangent masked to `-0.0` where a stage does not run, as GPipe's bubbles see it (there
+//!   the slot holds a cotangent of another tick). Every stage still meets its microbatches in
+//!   GPipe's backward order, so every gradient adds up in the same order.
+//! - **The ring**: each stage keeps its inputs in a ring of `S` slots (`[S, stages, ...]`): in
+//!   the tick it runs a forward, at slot `τ mod S` (the other parity's entries kept, one slice
+//!   written in place); it reads them back `d = S-1-g` (even `g`) or `S-g` (odd)
+//!   pairs of ticks later, through a stage-major view. GPipe's tape holds `M + S - 1`.
 //! - **The seed**: L2 started from the loss's cotangent of all outputs, computed after L1.
 //!   Here, in the tick a microbatch leaves the last stage, `@microbatch_loss_vjp` (its `@head`
 //!   and loss; the last rank only) gives that microbatch's cotangent, which is its slice of the
 //!   whole one bit for bit (`loss.rs`). The loss itself, `@head`'s weight gradients and the
 //!   rest of what ran between L1 and L2 run after the loop on all microbatches, as in GPipe.
 //!
-//! Alternating the two halves' order by stage parity would bring stage `s` to `S - s` inputs
-//! (`pipeline-schedules.md` §5); that, interleaved repeats and ZB-H1 are not built yet.
+//! Interleaved repeats and ZB-H1 are not built yet.
 
 use super::gpipe_step::{after_forward, loop_body, unexpected, Parts};
 use super::options::Options;
@@ -67,13 +75,16 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     Ok(())
 }
 
-/// The tick loop's fixed values: stage indices, the ring's slots, the rank flag.
+/// The tick loop's fixed values: the stages' indices, parities and ring offsets, where the loss
+/// runs, and what seeds the backward.
 struct Ticks {
-    /// `M`, `S` and the ring's length `K = 2S - 1`.
+    /// `M` and `S`; the ring has `S` slots.
     microbatches: i64,
     stages: i64,
-    ring_len: i64,
-    /// `2s + 1` per local stage `s` (global index): the read slot is this plus the write slot.
+    /// Per local stage: its global index `g`, `g mod 2`, and `2⌊g/2⌋ + 1`, the distance in
+    /// slots from the ring slot written to the one its backward reads.
+    stage_ids: ValueId,
+    parity: ValueId,
     read_offset: ValueId,
     /// Where the loss runs: the last rank (`None` on one rank).
     on_last_rank: Option<ValueId>,
@@ -87,7 +98,7 @@ struct Ticks {
 
 fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
     let f = &m.funcs[id];
-    let parts = Parts::find(f)?;
+    let parts = Parts::find(m, f)?;
     let mut b = Builder::new(&f.name);
     b.span = f.op_spans.get(&parts.forward);
     let mut env = HashMap::new();
@@ -106,7 +117,7 @@ fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
     b.copy_ops(m, f, &f.body.ops[..first], &mut env)?;
     b.copy_ops(m, f, &early, &mut env)?;
     let ticks = ticks(&mut b, m, f, parts.forward, &env)?;
-    let results = tick_loops(&mut b, m, f, &parts, &ticks, &env)?;
+    let results = tick_loop(&mut b, m, f, &parts, &ticks, &env)?;
     let l1 = &f.ops[parts.forward].results;
     env.insert(l1[0], results.state);
     env.insert(l1[1], results.outputs);
@@ -163,15 +174,16 @@ fn ticks(
             (ids, Some(on))
         }
     };
-    let two = int(b, "two", 2)?;
-    let one = int(b, "one", 1)?;
-    let twice = b.binary("twice_stage", BinaryOp::Mul, stage_ids, two)?;
-    let read_offset = b.binary("read_offset", BinaryOp::Add, twice, one)?;
-    let stages = p.stages as i64;
+    let (one, two) = (int(b, "one", 1)?, int(b, "two", 2)?);
+    let pair = b.binary("stage_pair", BinaryOp::Div, stage_ids, two)?;
+    let evens = b.binary("even_below", BinaryOp::Mul, pair, two)?;
+    let parity = b.binary("stage_parity", BinaryOp::Sub, stage_ids, evens)?;
+    let read_offset = b.binary("read_offset", BinaryOp::Add, evens, one)?;
     Ok(Ticks {
         microbatches: p.microbatches as i64,
-        stages,
-        ring_len: 2 * stages - 1,
+        stages: p.stages as i64,
+        stage_ids,
+        parity,
         read_offset,
         on_last_rank,
         normalizer,
@@ -182,7 +194,7 @@ fn ticks(
     })
 }
 
-/// What the tick loops leave: the forward loop's state and outputs, the backward loop's
+/// What the tick loop leaves: the forward loop's state and outputs, the backward loop's
 /// carried values.
 struct LoopResults {
     state: ValueId,
@@ -190,7 +202,24 @@ struct LoopResults {
     backward: Vec<ValueId>,
 }
 
-fn tick_loops(
+/// The scalars of tick `h`: its pair `τ = ⌊h/2⌋` and which of the two it is, `h mod 2`.
+struct Tick {
+    h: ValueId,
+    pair: ValueId,
+    odd: ValueId,
+}
+
+impl Tick {
+    fn new(b: &mut Builder, h: ValueId) -> Result<Tick, Diagnostic> {
+        let two = int(b, "two", 2)?;
+        let pair = b.binary("pair", BinaryOp::Div, h, two)?;
+        let even = b.binary("even_tick", BinaryOp::Mul, pair, two)?;
+        let odd = b.binary("odd_tick", BinaryOp::Sub, h, even)?;
+        Ok(Tick { h, pair, odd })
+    }
+}
+
+fn tick_loop(
     b: &mut Builder,
     m: &Module,
     f: &Func,
@@ -208,105 +237,126 @@ fn tick_loops(
     let l2 = loop_body(f, parts.backward);
     let hint = |v: ValueId| f.values[v].name.as_str();
     let state_ty = f.ty(l1.args[1]).clone();
-    let ring_ty = state_ty.insert(0, Dim::lit(ticks.ring_len as u64));
+    let ring_ty = state_ty.insert(0, Dim::lit(ticks.stages as u64));
     let value = Float(-0.0);
     let ring0 = b.op("ring0", OpKind::Constant { value }, Some(ring_ty))?;
     // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
     let d_outputs_ty = f.ty(l2.args[1 + parts.d_outputs]).clone();
     let d_outputs = b.op("d_outputs0", OpKind::Constant { value }, Some(d_outputs_ty))?;
-    let backward = b_inits
-        .iter()
-        .enumerate()
-        .map(|(j, v)| match j == parts.d_outputs {
-            true => d_outputs,
-            false => env[v],
-        });
-    let (s, mbs) = (ticks.stages, ticks.microbatches as u64);
-    let mut forward = vec![env[&f_inits[0]], env[&f_inits[1]], ring0];
-    let warm_up = (s - 1) as u64;
-    if warm_up > 0 {
-        let hints = [hint(l1.args[1]), hint(l1.args[2]), names::TICK_RING];
-        forward = b.loop_op(warm_up, forward, &hints, |b, i, c| {
-            let mut env = env.clone();
-            let fwd = forward_half(b, m, f, parts, ticks, &mut env, i, c)?;
-            Ok(vec![fwd.state, fwd.outputs, fwd.ring])
-        })?;
-    }
-    let mut inits = forward.clone();
-    inits.extend(backward);
+    let mut inits = vec![env[&f_inits[0]], env[&f_inits[1]], ring0];
+    inits.extend(
+        b_inits
+            .iter()
+            .enumerate()
+            .map(|(j, v)| match j == parts.d_outputs {
+                true => d_outputs,
+                false => env[v],
+            }),
+    );
     let mut hints = vec![hint(l1.args[1]), hint(l1.args[2]), names::TICK_RING];
     hints.extend(l2.args[1..].iter().map(|&a| hint(a)));
-    let steady = b.loop_op(mbs, inits, &hints, |b, i, c| {
+    let halves = 2 * (ticks.microbatches + ticks.stages - 1) as u64;
+    let out = b.loop_op(halves, inits, &hints, |b, h, c| {
         let mut env = env.clone();
-        let offset = int(b, "warm_up", s - 1)?;
-        let tau = b.binary("tick", BinaryOp::Add, i, offset)?;
-        let fwd = forward_half(b, m, f, parts, ticks, &mut env, tau, &c[..3])?;
+        let tick = Tick::new(b, h)?;
         let mut carried = c[3..].to_vec();
-        carried[parts.d_outputs] =
-            seed_leaving(b, m, ticks, i, fwd.last, carried[parts.d_outputs])?;
+        let fwd = forward_half(b, m, f, parts, ticks, &mut env, &tick, &c[..3])?;
+        carried[parts.d_outputs] = seed_leaving(b, m, ticks, &fwd, carried[parts.d_outputs])?;
         let mut yields = vec![fwd.state, fwd.outputs, fwd.ring];
         yields.extend(backward_half(
-            b, m, f, parts, ticks, &mut env, tau, i, fwd.ring, &carried,
+            b, m, f, parts, ticks, &mut env, &tick, fwd.ring, &carried,
         )?);
         Ok(yields)
     })?;
-    let (state, outputs, ring) = (steady[0], steady[1], steady[2]);
-    let mut backward = steady[3..].to_vec();
-    if warm_up > 0 {
-        let mut inits = vec![ring];
-        inits.extend(backward);
-        let hints: Vec<&str> = std::iter::once(names::TICK_RING)
-            .chain(l2.args[1..].iter().map(|&a| hint(a)))
-            .collect();
-        let cool = b.loop_op(warm_up, inits, &hints, |b, i, c| {
-            let mut env = env.clone();
-            let offset = int(b, "steady_end", s - 1 + ticks.microbatches)?;
-            let tau = b.binary("tick", BinaryOp::Add, i, offset)?;
-            let mbs = int(b, "microbatches", ticks.microbatches)?;
-            let t_bwd = b.binary("t_bwd", BinaryOp::Add, i, mbs)?;
-            let mut yields = vec![c[0]];
-            yields.extend(backward_half(
-                b,
-                m,
-                f,
-                parts,
-                ticks,
-                &mut env,
-                tau,
-                t_bwd,
-                c[0],
-                &c[1..],
-            )?);
-            Ok(yields)
-        })?;
-        backward = cool[1..].to_vec();
-    }
     Ok(LoopResults {
-        state,
-        outputs,
-        backward,
+        state: out[0],
+        outputs: out[1],
+        backward: out[3..].to_vec(),
     })
 }
 
 /// What a forward half leaves: the state and outputs to carry, the ring with this tick's
-/// stage inputs, and the value that left the last stage.
+/// stage inputs, and the microbatch that left the last stage (`leaving`, valid where `left`).
 struct ForwardHalf {
     state: ValueId,
     outputs: ValueId,
     ring: ValueId,
     last: ValueId,
+    leaving: ValueId,
+    left: ValueId,
 }
 
-/// `τ mod K`: the ring slot written at tick `τ`.
-fn write_slot(b: &mut Builder, ticks: &Ticks, tau: ValueId) -> Result<ValueId, Diagnostic> {
-    let k = int(b, "ring_len", ticks.ring_len)?;
-    let laps = b.binary("laps", BinaryOp::Div, tau, k)?;
+/// `lo <= x < hi`, for a scalar or a vector `x`.
+fn within(b: &mut Builder, x: ValueId, lo: i64, hi: i64) -> Result<ValueId, Diagnostic> {
+    let (lo, hi) = (int(b, "lo", lo)?, int(b, "hi", hi)?);
+    let above = b.compare("from_lo", CmpPred::Ge, x, lo)?;
+    let below = b.compare("below_hi", CmpPred::Lt, x, hi)?;
+    and(b, "within", above, below)
+}
+
+fn and(b: &mut Builder, hint: &str, x: ValueId, y: ValueId) -> Result<ValueId, Diagnostic> {
+    let (cond, on_true, on_false) = (x, y, x);
+    b.op(
+        hint,
+        OpKind::Select {
+            cond,
+            on_true,
+            on_false,
+        },
+        None,
+    )
+}
+
+fn select(
+    b: &mut Builder,
+    hint: &str,
+    cond: ValueId,
+    on_true: ValueId,
+    on_false: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let kind = OpKind::Select {
+        cond,
+        on_true,
+        on_false,
+    };
+    b.op(hint, kind, None)
+}
+
+/// The microbatch (in entering order, the last microbatch first) that a stage reaching it `at`
+/// ticks after it entered works on in tick `h`: `(h - at) / 2`, where `here` (the stages whose
+/// parity runs this half), and `-1` (no microbatch) elsewhere.
+fn entering(
+    b: &mut Builder,
+    tick: &Tick,
+    at: ValueId,
+    here: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let since = b.binary("since", BinaryOp::Sub, tick.h, at)?;
+    let two = int(b, "two", 2)?;
+    let n = b.binary("entered", BinaryOp::Div, since, two)?;
+    let none = int(b, "none", -1)?;
+    select(b, "entering", here, n, none)
+}
+
+/// A stage mask shaped to select between values of type `like` (`[stages, 1, ...]`).
+fn stage_mask(b: &mut Builder, mask: ValueId, like: &Type) -> Result<ValueId, Diagnostic> {
+    let mut dims = vec![like.dims[0].clone()];
+    dims.extend((1..like.rank()).map(|_| Dim::lit(1)));
+    let ty = Type::new(DType::I1, dims);
+    b.op("stage_mask", OpKind::Reshape { x: mask }, Some(ty))
+}
+
+/// `τ mod S`: the ring slot written in pair `τ`.
+fn write_slot(b: &mut Builder, ticks: &Ticks, tick: ValueId) -> Result<ValueId, Diagnostic> {
+    let k = int(b, "ring_len", ticks.stages)?;
+    let laps = b.binary("laps", BinaryOp::Div, tick, k)?;
     let lapped = b.binary("lapped", BinaryOp::Mul, laps, k)?;
-    b.binary("slot", BinaryOp::Sub, tau, lapped)
+    b.binary("slot", BinaryOp::Sub, tick, lapped)
 }
 
-/// L1's body at tick `τ`, the microbatches entering last first; the stage inputs go to the
-/// ring instead of the tape.
+/// L1's body in tick `h`, on the stages of parity `h mod 2`: stage `g` runs the forward
+/// of entering microbatch `(h - g) / 2`; their stage inputs go to the ring instead of the
+/// tape.
 #[allow(clippy::too_many_arguments)]
 fn forward_half(
     b: &mut Builder,
@@ -315,61 +365,72 @@ fn forward_half(
     parts: &Parts,
     ticks: &Ticks,
     env: &mut HashMap<ValueId, ValueId>,
-    tau: ValueId,
+    tick: &Tick,
     carried: &[ValueId],
 ) -> Result<ForwardHalf, Diagnostic> {
     let l1 = loop_body(f, parts.forward);
     let (t, state) = (l1.args[0], l1.args[1]);
-    env.insert(t, tau);
+    env.insert(t, tick.pair);
     env.insert(state, carried[0]);
     env.insert(l1.args[2], carried[1]);
+    let (mbs, stages) = (ticks.microbatches, ticks.stages);
+    let here = b.compare("forward_here", CmpPred::Eq, ticks.parity, tick.odd)?;
+    let item = entering(b, tick, ticks.stage_ids, here)?;
     // Stage 0 takes microbatch M-1-τ while there is one, then the padding (slot τ).
-    let last_mb = int(b, "last_microbatch", ticks.microbatches - 1)?;
-    let reversed = b.binary("entering", BinaryOp::Sub, last_mb, tau)?;
-    let mbs = int(b, "microbatches", ticks.microbatches)?;
-    let real = b.compare("entering_real", CmpPred::Lt, tau, mbs)?;
-    let (on_true, on_false) = (reversed, tau);
-    let feed_at = b.op(
-        "feed_at",
-        OpKind::Select {
-            cond: real,
-            on_true,
-            on_false,
-        },
-        None,
-    )?;
-    // The last stage finishes microbatch M+S-2-τ (out of range, so clamped and then
-    // discarded, before the pipe is full).
-    let leaving_k = int(b, "leaving_base", ticks.microbatches + ticks.stages - 2)?;
-    let leaving = b.binary("leaving", BinaryOp::Sub, leaving_k, tau)?;
-    let mut last = None;
+    let last_mb = int(b, "last_microbatch", mbs - 1)?;
+    let reversed = b.binary("entering_mb", BinaryOp::Sub, last_mb, tick.pair)?;
+    let real = within(b, tick.pair, 0, mbs)?;
+    let feed_at = select(b, "feed_at", real, reversed, tick.pair)?;
+    // The last stage finishes its microbatch in the ticks of its parity.
+    let last_stage = int(b, "last_stage", stages - 1)?;
+    let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
+    let last_here = b.compare("last_here", CmpPred::Eq, tick.odd, last_parity)?;
+    let n = entering(b, tick, last_stage, last_here)?;
+    let leaving = b.binary("leaving", BinaryOp::Sub, last_mb, n)?;
+    let real = within(b, n, 0, mbs)?;
+    let left = and(b, "left", last_here, real)?;
+    let (mut last, mut written) = (None, None);
     for &id in &l1.ops {
         match &f.ops[id].kind {
             _ if id == parts.tape_write => {}
+            _ if id == parts.forward_item => {
+                env.insert(f.ops[id].results[0], item);
+            }
             _ if id == parts.feed => copy_with(b, m, f, id, env, t, feed_at)?,
             OpKind::Update { update, index, .. } if id == parts.write => {
                 last = Some(env[update]);
-                copy_with(b, m, f, id, env, *index, leaving)?
+                copy_with(b, m, f, id, env, *index, leaving)?;
+                written = Some(env[&f.ops[id].results[0]]);
             }
             _ => b.copy_ops(m, f, &[id], env)?,
         }
     }
-    let slot = write_slot(b, ticks, tau)?;
+    let written = written.expect("invariant: the write is in L1");
+    let outputs = select(b, "outputs_left", left, written, carried[1])?;
+    // The stages of this parity keep their inputs in slot τ mod S.
+    let slot = write_slot(b, ticks, tick.pair)?;
+    let ring = carried[2];
+    let (x, index, axis) = (ring, slot, 0);
+    let kept = b.op("ring_slot", OpKind::Index { x, index, axis }, None)?;
+    let mask = stage_mask(b, here, &b.ty(carried[0]).clone())?;
+    let update = select(b, "ring_entry", mask, carried[0], kept)?;
     let ring = b.op(
         "ring_written",
         OpKind::Update {
-            x: carried[2],
-            update: carried[0],
-            index: slot,
-            axis: 0,
+            x: ring,
+            update,
+            index,
+            axis,
         },
         None,
     )?;
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
-        outputs: env[&l1.results[1]],
+        outputs,
         ring,
         last: last.expect("invariant: the write is in L1"),
+        leaving,
+        left,
     })
 }
 
@@ -392,20 +453,17 @@ fn copy_with(
     Ok(())
 }
 
-/// Writes the cotangent of the microbatch that left the last stage in steady tick `i`
-/// (microbatch `M-1-i`, its stage output `y`) into its slot of the outputs' cotangent: the VJP
-/// of `@microbatch_loss`, seeded with `d_loss` and its slice of the outputs' seed.
+/// Writes the cotangent of the microbatch that left the last stage in this tick (if one did)
+/// into its slot of the outputs' cotangent: the VJP of `@microbatch_loss` (on the last rank),
+/// seeded with `d_loss` and its slice of the outputs' seed.
 fn seed_leaving(
     b: &mut Builder,
     m: &Module,
     ticks: &Ticks,
-    i: ValueId,
-    y: ValueId,
+    fwd: &ForwardHalf,
     d_outputs: ValueId,
 ) -> Result<ValueId, Diagnostic> {
-    let last_mb = int(b, "last_microbatch", ticks.microbatches - 1)?;
-    let mb = b.binary("left", BinaryOp::Sub, last_mb, i)?;
-    let axis = 0;
+    let (mb, axis) = (fwd.leaving, 0);
     let target = b.op(
         "target_left",
         OpKind::Index {
@@ -424,17 +482,15 @@ fn seed_leaving(
         },
         None,
     )?;
-    let args = vec![y, target, ticks.normalizer, ticks.d_loss, seed];
-    let vjp = b.call_if(
-        "microbatch_loss",
-        m,
-        ticks.microbatch_loss,
-        args,
-        ticks.on_last_rank,
-    )?;
+    let on = match ticks.on_last_rank {
+        Some(rank) => and(b, "seed_here", rank, fwd.left)?,
+        None => fwd.left,
+    };
+    let args = vec![fwd.last, target, ticks.normalizer, ticks.d_loss, seed];
+    let vjp = b.call_if("microbatch_loss", m, ticks.microbatch_loss, args, Some(on))?;
     // The results are the loss, the outputs, then the cotangent of `y`.
     let d_y = vjp[2];
-    b.op(
+    let seeded = b.op(
         "d_outputs_seeded",
         OpKind::Update {
             x: d_outputs,
@@ -443,10 +499,13 @@ fn seed_leaving(
             axis,
         },
         None,
-    )
+    )?;
+    select(b, "d_outputs_left", fwd.left, seeded, d_outputs)
 }
 
-/// L2's body at iteration `t_bwd`, in tick `τ`: each stage's input read from the ring.
+/// L2's body in tick `h`, on the stages of the other parity: stage `g` runs the backward
+/// of entering microbatch `(h - (2S-1-g)) / 2`, its input read from the ring and its
+/// cotangent masked to `-0.0` where it does not run (there the slot holds another tick's).
 #[allow(clippy::too_many_arguments)]
 fn backward_half(
     b: &mut Builder,
@@ -455,49 +514,85 @@ fn backward_half(
     parts: &Parts,
     ticks: &Ticks,
     env: &mut HashMap<ValueId, ValueId>,
-    tau: ValueId,
-    t_bwd: ValueId,
+    tick: &Tick,
     ring: ValueId,
     carried: &[ValueId],
 ) -> Result<Vec<ValueId>, Diagnostic> {
     let l2 = loop_body(f, parts.backward);
-    env.insert(l2.args[0], t_bwd);
+    // L2's iteration t reads forward iteration M+S-2-t: stage 0's microbatch when it runs.
+    env.insert(l2.args[0], tick.pair);
     env.extend(l2.args[1..].iter().copied().zip(carried.iter().copied()));
+    let (mbs, stages) = (ticks.microbatches, ticks.stages);
+    let here = b.compare("backward_here", CmpPred::Ne, ticks.parity, tick.odd)?;
+    // L2 names each stage's microbatch in GPipe's order: `M - 1 - n`.
+    let last_mb = int(b, "last_microbatch", mbs - 1)?;
+    let turn = int(b, "turn", 2 * stages - 1)?;
+    let waited = b.binary("waited", BinaryOp::Sub, turn, ticks.stage_ids)?;
+    let n = entering(b, tick, waited, here)?;
+    let item = b.binary("backward_mb", BinaryOp::Sub, last_mb, n)?;
+    let out_of_order = int(b, "no_microbatch", -1)?;
+    let item = select(b, "backward_item", here, item, out_of_order)?;
+    let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
+    let last_here = b.compare("last_here", CmpPred::Ne, tick.odd, last_parity)?;
+    let at = int(b, "last_turn", stages)?;
+    let n = entering(b, tick, at, last_here)?;
+    let real = within(b, n, 0, mbs)?;
+    let done = b.binary("done_mb", BinaryOp::Sub, last_mb, n)?;
+    let done = select(b, "done_item", real, done, out_of_order)?;
     for &id in &l2.ops {
-        if id != parts.tape_read {
-            b.copy_ops(m, f, &[id], env)?;
-            continue;
+        let result = f.ops[id].results.first().copied();
+        match &f.ops[id].kind {
+            _ if id == parts.backward_item => {
+                env.insert(result.expect("a result"), item);
+            }
+            _ if id == parts.backward_done => {
+                env.insert(result.expect("a result"), done);
+            }
+            OpKind::Call { args, .. } if id == parts.backward_call => {
+                let cotangent = *args.last().expect("the cotangent");
+                let d_y = env[&cotangent];
+                let active = (args.iter()).find(|&&a| f.ty(a).dtype == DType::I1);
+                let active = env[active.expect("the stage mask")];
+                let mask = stage_mask(b, active, &b.ty(d_y).clone())?;
+                let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
+                let masked = select(b, "cotangent_here", mask, d_y, zero)?;
+                copy_with(b, m, f, id, env, cotangent, masked)?;
+            }
+            _ if id == parts.tape_read => {
+                let input = ring_read(b, ticks, tick, ring)?;
+                env.insert(result.expect("a result"), input);
+            }
+            _ => b.copy_ops(m, f, &[id], env)?,
         }
-        // Stage s reads slot (τ - 2(S-1-s)) mod K = (τ mod K + 2s + 1) mod K.
-        let slot = write_slot(b, ticks, tau)?;
-        let read = b.binary("read_slot", BinaryOp::Add, ticks.read_offset, slot)?;
-        let k = int(b, "ring_len", ticks.ring_len)?;
-        let over = b.compare("lapped_read", CmpPred::Ge, read, k)?;
-        let wrapped = b.binary("wrapped_read", BinaryOp::Sub, read, k)?;
-        let (on_true, on_false) = (wrapped, read);
-        let slots = b.op(
-            "read_slots",
-            OpKind::Select {
-                cond: over,
-                on_true,
-                on_false,
-            },
-            None,
-        )?;
-        // Stage-major, so that each stage reads its own slot.
-        let rank = b.ty(ring).rank();
-        let perm = [1, 0].into_iter().chain(2..rank).collect();
-        let by_stage = b.op("ring_by_stage", OpKind::Transpose { x: ring, perm }, None)?;
-        let input = b.op(
-            "kept_input",
-            OpKind::Index {
-                x: by_stage,
-                index: slots,
-                axis: 1,
-            },
-            None,
-        )?;
-        env.insert(f.ops[id].results[0], input);
     }
     Ok(l2.results.iter().map(|v| env[v]).collect())
+}
+
+/// Each stage's kept input: stage `g` reads slot `(τ - d) mod S`, `d` pairs after its forward
+/// (`d = S-1-g` for even `g`, `S-g` for odd), `= (τ mod S + 2⌊g/2⌋ + 1) mod S`.
+fn ring_read(
+    b: &mut Builder,
+    ticks: &Ticks,
+    tick: &Tick,
+    ring: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let slot = write_slot(b, ticks, tick.pair)?;
+    let read = b.binary("read_slot", BinaryOp::Add, ticks.read_offset, slot)?;
+    let k = int(b, "ring_len", ticks.stages)?;
+    let over = b.compare("lapped_read", CmpPred::Ge, read, k)?;
+    let wrapped = b.binary("wrapped_read", BinaryOp::Sub, read, k)?;
+    let slots = select(b, "read_slots", over, wrapped, read)?;
+    // Stage-major, so that each stage reads its own slot.
+    let rank = b.ty(ring).rank();
+    let perm = [1, 0].into_iter().chain(2..rank).collect();
+    let by_stage = b.op("ring_by_stage", OpKind::Transpose { x: ring, perm }, None)?;
+    b.op(
+        "kept_input",
+        OpKind::Index {
+            x: by_stage,
+            index: slots,
+            axis: 1,
+        },
+        None,
+    )
 }
