@@ -98,12 +98,7 @@ fn training(m: &Module, local: u64) -> Option<Value> {
 /// `f`: the one carrying the ring of stage inputs. Every stage runs a forward or a backward in
 /// `2M` of its ticks; what the program proves and holds is `schedule_check`'s.
 fn tick_loop(f: &Func, microbatches: u64) -> Option<Value> {
-    let (halves, ring) = (f.body.ops.iter()).find_map(|&id| match &f.ops[id].kind {
-        OpKind::Loop { trips, body, .. } => (body.args.iter())
-            .find(|&&a| names::is_tick_ring(&f.values[a].name))
-            .map(|&ring| (*trips, ring)),
-        _ => None,
-    })?;
+    let (halves, ring) = f.tick_loop()?;
     Some(json!({
         "ticks": halves,
         "bubble_fraction": 1.0 - (2 * microbatches) as f64 / halves as f64,

@@ -263,6 +263,17 @@ impl Func {
         out
     }
 
+    /// The loop over ticks of `--schedule 1f1b` among the top-level ops (the one carrying
+    /// [`names::TICK_RING`]): its trip count and the ring.
+    pub fn tick_loop(&self) -> Option<(u64, ValueId)> {
+        (self.body.ops.iter()).find_map(|&id| match &self.ops[id].kind {
+            OpKind::Loop { trips, body, .. } => (body.args.iter())
+                .find(|&&a| names::is_tick_ring(&self.values[a].name))
+                .map(|&ring| (*trips, ring)),
+            _ => None,
+        })
+    }
+
     pub fn new(name: &str) -> Func {
         Func {
             name: name.to_string(),

@@ -101,6 +101,12 @@ pub const RANK: EntryPoint = entry!("ppc_rank"("") -> "i32", crate::comm::ppc_ra
 /// Generated host code is about to touch a buffer the GPU may be writing.
 pub const GPU_SYNC: EntryPoint = entry!("ppc_gpu_sync"(""), crate::cuda::abi::ppc_gpu_sync);
 
+/// A stage call of a pipeline loop offers its stages a slot (`bubble.rs`).
+pub const COUNT_STAGE_SLOTS: EntryPoint = entry!(
+    c_interface "ppc_count_stage_slots"("memref<*xi1>"),
+    crate::bubble::_mlir_ciface_ppc_count_stage_slots
+);
+
 /// `--trace` spans: a loop nest by number, a GPipe iteration, a backward iteration.
 pub const TRACE_GROUP: [EntryPoint; 2] = [
     entry!(
@@ -205,7 +211,7 @@ pub fn matmul(d: DType, accumulate: bool, masked: bool) -> &'static EntryPoint {
 
 /// Every entry point, for registering with a JIT.
 pub fn all() -> impl Iterator<Item = &'static EntryPoint> {
-    static SINGLES: [EntryPoint; 2] = [RANK, GPU_SYNC];
+    static SINGLES: [EntryPoint; 3] = [RANK, GPU_SYNC, COUNT_STAGE_SLOTS];
     static TRACES: [[EntryPoint; 2]; 3] = [TRACE_GROUP, TRACE_ITERATION, TRACE_BACKWARD];
     static EXCHANGES: [[EntryPoint; 2]; 3] = EXCHANGE;
     static MATMULS: [[[EntryPoint; 2]; 2]; 3] = MATMUL;

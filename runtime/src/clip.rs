@@ -81,6 +81,7 @@ mod tests {
             ranks: 1,
             replicas: 1,
             flops: 0,
+            calls_per_slot: 1,
             target: None,
             gpu: None,
             args: Vec::new(),

@@ -402,7 +402,7 @@ pub fn drive(
 /// Warms up (pages in weights, fills caches), times `n` calls of `step` on every rank, and
 /// prints on rank 0 one JSON line: the job's median step (the slowest rank's), throughput
 /// (`flops` per step; for a GPU program also without its copies between host and GPU), and per rank the time computing, the time waiting in exchanges and the
-/// bubble the masked GEMMs met. Errors are `step`'s, or writing the line's.
+/// bubble the stage calls' masks met. Errors are `step`'s, or writing the line's.
 pub fn bench<E: From<std::io::Error>>(
     m: &Manifest,
     flops: u64,
@@ -414,7 +414,7 @@ pub fn bench<E: From<std::io::Error>>(
         step()?;
     }
     comm::take_exchange_seconds();
-    crate::gemm::take_measured_bubble();
+    crate::bubble::take_measured_bubble(m.calls_per_slot);
     crate::cuda::resident::take_copy_seconds();
     let (mut steps, mut waits, mut copies) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n.max(1) {
@@ -424,7 +424,7 @@ pub fn bench<E: From<std::io::Error>>(
         waits.push(comm::take_exchange_seconds());
         copies.push(crate::cuda::resident::take_copy_seconds());
     }
-    let bubble = crate::gemm::take_measured_bubble().unwrap_or(f64::NAN);
+    let bubble = crate::bubble::take_measured_bubble(m.calls_per_slot).unwrap_or(f64::NAN);
     let wait = median(&waits);
     let mine = [
         median(&steps),

@@ -15,19 +15,6 @@ use crate::memref::Unranked;
 use crate::sgemm::Operand;
 use crate::trace;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Stage slots seen by masked GEMMs, and those that were active (not in a bubble).
-static SLOTS_ALL: AtomicU64 = AtomicU64::new(0);
-static SLOTS_BUSY: AtomicU64 = AtomicU64::new(0);
-
-/// The share of stage slots that masked GEMMs skipped since the last call: the bubble as the
-/// running program met it. `None` if no masked GEMM ran (`--exact`).
-pub fn take_measured_bubble() -> Option<f64> {
-    let all = SLOTS_ALL.swap(0, Ordering::Relaxed);
-    let busy = SLOTS_BUSY.swap(0, Ordering::Relaxed);
-    (all > 0).then(|| (all - busy) as f64 / all as f64)
-}
 
 /// The element types of `matmul` operands: f32 on the CPU (other dtypes are converted to f32
 /// first); bf16 and f16 operands also go straight to the GPU's tensor cores (`--target cuda`),
@@ -227,21 +214,9 @@ unsafe fn masked(
     };
     // On a GPU, the host computed the mask, or generated code waited for the GPU before this
     // call (`residency.rs` of the compiler).
-    // SAFETY: forwarded from this function's contract; i1 memrefs hold one byte per element.
+    // SAFETY: forwarded from this function's contract.
     unsafe {
-        let words = (*mask).descriptor.cast::<i64>();
-        let (ptr, offset, n, stride) = (
-            *words.add(1) as *const u8,
-            *words.add(2) as isize,
-            *words.add(3) as usize,
-            *words.add(4) as isize,
-        );
-        let active: Vec<bool> = (0..n)
-            .map(|i| *ptr.offset(offset + i as isize * stride) & 1 == 1)
-            .collect();
-        let busy = active.iter().filter(|&&a| a).count() as u64;
-        SLOTS_BUSY.fetch_add(busy, Ordering::Relaxed);
-        SLOTS_ALL.fetch_add(n as u64, Ordering::Relaxed);
+        let active = crate::bubble::read_mask(mask);
         matmul(a, b, c, Some(&active), elem, accumulate)
     }
 }

@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod bubble;
 pub mod checkpoint;
 pub mod clip;
 pub mod comm;

@@ -86,6 +86,11 @@ pub struct Manifest {
     pub replicas: u64,
     /// Floating-point operations of one forward step of the sequential model (no bubbles).
     pub flops: u64,
+    /// How many stage calls offer each (tick, stage) slot its work: 1, or 2 in the training
+    /// step of `--schedule 1f1b`, whose every tick calls the stages' forward and their backward
+    /// and each stage takes one of the two. The measured bubble counts busy slots over this.
+    #[serde(default = "one")]
+    pub calls_per_slot: u64,
     pub target: Option<Target>,
     /// `--target cuda`: the GPU architecture of the kernels (`sm_90`); `None` for the CPU.
     pub gpu: Option<String>,
@@ -107,6 +112,10 @@ pub struct Target {
     pub cpu: String,
     /// Instruction-set features the code may use ([`crate::cpu::KNOWN`] names).
     pub features: Vec<String>,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl Manifest {
@@ -202,6 +211,7 @@ mod tests {
             ranks: 2,
             replicas: 3,
             flops: 123,
+            calls_per_slot: 2,
             target: Some(Target {
                 cpu: "x86-64-v3".into(),
                 features: vec!["avx2".into(), "fma".into()],

@@ -92,7 +92,7 @@ fn launch_with(
 }
 
 /// Rank 0's benchmark line.
-fn bench_json(stdout: &str) -> serde_json::Value {
+pub fn bench_json(stdout: &str) -> serde_json::Value {
     let line = stdout
         .lines()
         .find(|l| l.starts_with('{'))

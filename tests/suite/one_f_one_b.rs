@@ -6,7 +6,7 @@
 
 use crate::common::{json_losses, load, ppc, root};
 use crate::grad::train_opts;
-use crate::mpirun::{build, launch, scratch};
+use crate::mpirun::{bench_json, build, launch, scratch};
 use crate::passes::assert_bits_eq;
 use crate::properties::{model, pick};
 use ppc::passes::{Options, Remat};
@@ -171,7 +171,7 @@ fn one_f_one_b_keeps_a_ring_of_s_stage_inputs() {
 
 /// Compiled: a few training steps of `--schedule 1f1b` on 1, 2 and 4 ranks give the losses and
 /// the checkpoint of GPipe on one rank, byte for byte (MLP with mse, GPT-2 with a tied
-/// embedding and cross entropy).
+/// embedding and cross entropy), and every rank's `--bench` measures GPipe's bubble.
 #[test]
 fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
     let dir = scratch("1f1b");
@@ -194,6 +194,15 @@ fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
             let (what, losses, got) = run("1f1b", ranks);
             assert_eq!(want_losses, losses, "{what}: losses");
             assert!(want == got, "{what}: the checkpoint differs from GPipe's");
+            let exe = dir.join(format!("model_1f1b_{ranks}"));
+            let l = launch(&exe, Some(ranks), &["--bench", "1"], &[]);
+            assert_eq!(l.code, 0, "{what}\n{}", l.stderr);
+            let j = bench_json(&l.stdout);
+            let formula = j["bubble_fraction"].as_f64().expect("formula");
+            for r in j["per_rank"].as_array().expect("per_rank") {
+                let measured = r["measured_bubble"].as_f64().expect("measured");
+                assert!((measured - formula).abs() < 1e-12, "{what}: {j}");
+            }
         }
     }
     std::fs::remove_dir_all(dir).expect("cleanup");

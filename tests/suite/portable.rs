@@ -334,6 +334,7 @@ fn what_the_jit_says_reaches_the_user() {
         ranks: 1,
         replicas: 1,
         flops: 0,
+        calls_per_slot: 1,
         target: None,
         gpu: None,
         args: vec![

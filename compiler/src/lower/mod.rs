@@ -129,6 +129,8 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         ranks: p.ranks,
         replicas: opts.replicas,
         flops: m.flops(),
+        // Each tick of 1F1B's loop offers every stage a forward and a backward; it takes one.
+        calls_per_slot: if f.tick_loop().is_some() { 2 } else { 1 },
         target: opts.target.clone(),
         gpu: opts.gpu.clone(),
         args: args.iter().map(entry::Argument::manifest).collect(),

@@ -324,6 +324,9 @@ impl Walker<'_, '_> {
                 .collect(),
             None => HashMap::new(),
         };
+        if self.calls == 0 && self.e.nest.loops > 0 {
+            self.count_stage_slots(*callee, &ins);
+        }
         if let Some(flag) = &guard {
             self.e.begin_if(flag);
         }
@@ -401,6 +404,26 @@ impl Walker<'_, '_> {
         Ok(())
     }
 
+    /// A pipeline loop's call of a stage function tells the runtime which of its stages have
+    /// work (`--bench`'s measured bubble): the callee's `i1` argument with the stage axis.
+    fn count_stage_slots(&mut self, callee: FuncId, ins: &[Buf]) {
+        let g = &self.m.funcs[callee];
+        let mask = (g.body.args.iter().zip(ins)).find_map(|(&a, buf)| {
+            let t = g.ty(a);
+            (t.dtype == DType::I1 && t.rank() == 1 && t.stage_axis().is_some()).then_some(buf)
+        });
+        let Some(mask) = mask else { return };
+        let entry = &abi::COUNT_STAGE_SLOTS;
+        self.e.declare(entry);
+        self.e.host_reads(mask);
+        let cast = self.e.let_(&format!(
+            "memref.cast {} : {} to memref<*xi1>",
+            mask.name,
+            mask.mty()
+        ));
+        self.e.op(&entry.call(&[&cast]));
+    }
+
     /// A loop: `scf.for` over host code, its carried values in buffers of their own (copied in
     /// unless the body overwrites them first), its body's yields computed in place where
     /// `in_place.rs` allows.
@@ -435,7 +458,7 @@ impl Walker<'_, '_> {
         // a stage's loop over its layers is not. The training step runs the forward loop, then
         // the backward loop, which takes forward iteration `trips - 1 - t` back at its
         // iteration `t` and is numbered so.
-        // The loops over ticks of `--schedule 1f1b` are numbered by tick, across all three.
+        // The loop over ticks of `--schedule 1f1b` is numbered by tick.
         let gpipe = std::ptr::eq(f, self.entry) && std::ptr::eq(s.block, &f.body);
         let ticking = (body.args[1..].iter()).any(|&a| names::is_tick_ring(&f.values[a].name));
         let span = match (gpipe, st.gpipe_loops) {
