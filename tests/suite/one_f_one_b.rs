@@ -27,10 +27,16 @@ fn compiled(text: &str, over: &Overrides, opts: &Options) -> Module {
 }
 
 /// One interpreted training step of `text` under `schedule`.
-fn step(text: &str, over: &Overrides, poison: bool, schedule: Kind, seed: u64) -> Step {
+fn step(
+    text: &str,
+    over: &Overrides,
+    poison: bool,
+    (schedule, remat): (Kind, Remat),
+    seed: u64,
+) -> Step {
     let opts = Options {
         schedule,
-        ..train_opts(poison, Remat::Stage)
+        ..train_opts(poison, remat)
     };
     let m = compiled(text, over, &opts);
     let inputs = Interp::new(&m, seed).synthetic_inputs();
@@ -80,14 +86,16 @@ fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
         );
         let text = model(s, m, 1, k, b, d, h);
         let poison = case % 2 == 1;
+        let remat = [Remat::Stage, Remat::None][usize::from(case % 3 == 2)];
         let ranks = (1..=s.min(4)).filter(|r| s.is_multiple_of(*r));
         for ranks in ranks {
             let what = format!(
-                "case {case}: S={s} M={m} k={k} b={b} d={d} h={h} poison={poison} ranks={ranks}"
+                "case {case}: S={s} M={m} k={k} b={b} d={d} h={h} poison={poison} ranks={ranks} remat={}",
+                remat.name()
             );
             let over = over_ranks(ranks);
-            let want = step(&text, &over, poison, Kind::Gpipe, case);
-            let got = step(&text, &over, poison, Kind::OneFOneB, case);
+            let want = step(&text, &over, poison, (Kind::Gpipe, remat), case);
+            let got = step(&text, &over, poison, (Kind::OneFOneB, remat), case);
             assert!(
                 want.grads
                     .params
@@ -104,16 +112,23 @@ fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
 }
 
 /// GPT-2 (a tied embedding, cross entropy) and Llama: the head and the loss run per microbatch
-/// inside the tick loop, yet the step is GPipe's, bit for bit, on 1, 2 and 4 ranks.
+/// inside the tick loop, yet the step is GPipe's, bit for bit, on 1, 2 and 4 ranks, with
+/// either `--remat`.
 #[test]
 fn the_language_models_train_with_gpipes_bytes_on_1_2_and_4_ranks() {
     for file in ["examples/gpt2.ppc", "examples/llama.ppc"] {
         let text = std::fs::read_to_string(root().join(file)).expect("model");
-        for ranks in [1, 2, 4] {
-            let what = format!("{file} on {ranks} ranks");
+        let runs = [
+            (1, Remat::Stage),
+            (2, Remat::Stage),
+            (4, Remat::Stage),
+            (4, Remat::None),
+        ];
+        for (ranks, remat) in runs {
+            let what = format!("{file} on {ranks} ranks, --remat {}", remat.name());
             let over = over_ranks(ranks);
-            let want = step(&text, &over, true, Kind::Gpipe, 5);
-            let got = step(&text, &over, true, Kind::OneFOneB, 5);
+            let want = step(&text, &over, true, (Kind::Gpipe, remat), 5);
+            let got = step(&text, &over, true, (Kind::OneFOneB, remat), 5);
             assert!(
                 !want.grads.held_once.is_empty(),
                 "{what}: no @embed or @head gradients"
@@ -146,27 +161,34 @@ fn kept_inputs(m: &Module) -> Vec<Vec<u64>> {
     out
 }
 
+/// `--remat stage` keeps one tape (the stage inputs), `none` one per activation the backward
+/// reads: 1F1B keeps a ring of `S` slots in place of each.
 #[test]
 fn one_f_one_b_keeps_a_ring_of_s_stage_inputs() {
     let (s, m) = (3u64, 8u64);
     let text = model(s, m, 1, 1, 2, 4, 3);
-    let kept = |schedule| {
-        let opts = Options {
-            schedule,
-            ..train_opts(false, Remat::Stage)
+    for remat in [Remat::Stage, Remat::None] {
+        let kept = |schedule| {
+            let opts = Options {
+                schedule,
+                ..train_opts(false, remat)
+            };
+            kept_inputs(&compiled(&text, &Overrides::default(), &opts))
         };
-        kept_inputs(&compiled(&text, &Overrides::default(), &opts))
-    };
-    let gpipe = kept(Kind::Gpipe);
-    assert!(
-        gpipe.iter().any(|s| s[..2] == [8 + 3 - 1, 3]),
-        "GPipe's tape: {gpipe:?}"
-    );
-    let ring = kept(Kind::OneFOneB);
-    assert!(
-        !ring.is_empty() && ring.iter().all(|s| s[..2] == [3, 3]),
-        "1F1B's ring: {ring:?}"
-    );
+        let gpipe = kept(Kind::Gpipe);
+        let tapes = gpipe.iter().filter(|s| s[..2] == [8 + 3 - 1, 3]).count();
+        let want = match remat {
+            Remat::Stage => tapes == 1,
+            Remat::None => tapes > 1,
+        };
+        assert!(want, "GPipe's tapes, --remat {}: {gpipe:?}", remat.name());
+        let rings = kept(Kind::OneFOneB);
+        assert!(
+            rings.len() == tapes && rings.iter().all(|s| s[..2] == [3, 3]),
+            "1F1B's rings, --remat {}: {rings:?}",
+            remat.name()
+        );
+    }
 }
 
 /// Compiled: a few training steps of `--schedule 1f1b` on 1, 2 and 4 ranks give the losses and
@@ -175,11 +197,16 @@ fn one_f_one_b_keeps_a_ring_of_s_stage_inputs() {
 #[test]
 fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
     let dir = scratch("1f1b");
-    for file in ["examples/mlp.ppc", "examples/gpt2.ppc"] {
+    for (file, remat) in [
+        ("examples/mlp.ppc", "stage"),
+        ("examples/gpt2.ppc", "stage"),
+        ("examples/mlp.ppc", "none"),
+    ] {
         let run = |schedule: &str, ranks: u64| {
-            let what = format!("{file} --schedule {schedule} on {ranks} ranks");
+            let what = format!("{file} --schedule {schedule} --remat {remat} on {ranks} ranks");
             let exe = dir.join(format!("model_{schedule}_{ranks}"));
-            build(file, &exe, ranks, &["--train", "--schedule", schedule]);
+            let flags = ["--train", "--schedule", schedule, "--remat", remat];
+            build(file, &exe, ranks, &flags);
             let ckpt = dir.join(format!("model_{schedule}_{ranks}.safetensors"));
             let ckpt_s = ckpt.display().to_string();
             let args = ["--steps", "4", "--json", "--save", &ckpt_s];
@@ -213,19 +240,17 @@ fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
 #[test]
 fn the_report_reads_the_tick_loop_off_the_program() {
     let mlp = root().join("examples/mlp.ppc").display().to_string();
-    let report = |schedule: &str| {
-        let (code, out, err) = ppc(&[
-            "compile",
-            &mlp,
-            "--train",
-            "--report=json",
-            "--schedule",
-            schedule,
-        ]);
+    let report = |flags: &[&str]| {
+        let mut args = vec!["compile", &mlp, "--train", "--report=json"];
+        args.extend(flags);
+        let (code, out, err) = ppc(&args);
         assert_eq!(code, 0, "{err}");
         serde_json::from_str::<serde_json::Value>(&out).expect("JSON")
     };
-    let (gpipe, one) = (report("gpipe"), report("1f1b"));
+    let (gpipe, one) = (
+        report(&["--schedule", "gpipe"]),
+        report(&["--schedule", "1f1b"]),
+    );
     let (s, m) = (
         one["stages"].as_u64().unwrap(),
         one["microbatches"].as_u64().unwrap(),
@@ -246,6 +271,20 @@ fn the_report_reads_the_tick_loop_off_the_program() {
         gpipe["training"]["kept_activation_bytes_per_rank"],
         (m + s - 1) * s * x
     );
+    // `--remat none`: GPipe's tapes hold M+S-1 slots of every activation the backward reads
+    // and of the stage mask (a byte per stage), 1F1B's rings S slots of the activations.
+    let kept = |flags: &[&str]| {
+        let r = report(&[flags, &["--remat", "none"]].concat());
+        r["training"]["kept_activation_bytes_per_rank"]
+            .as_u64()
+            .expect("bytes")
+    };
+    let (gpipe, one) = (
+        kept(&["--schedule", "gpipe"]),
+        kept(&["--schedule", "1f1b"]),
+    );
+    assert!(gpipe > (m + s - 1) * s * x, "{gpipe}");
+    assert_eq!(one * (m + s - 1), (gpipe - (m + s - 1) * s) * s);
 
     let (code, out, err) = ppc(&["schedule", &mlp, "--schedule", "1f1b"]);
     assert_eq!(code, 0, "{err}");
@@ -267,10 +306,6 @@ fn schedules_not_built_yet_are_refused_clearly() {
         (
             &["--schedule", "1f1b", "--repeats", "2"][..],
             "interleaved 1F1B) is not compiled yet",
-        ),
-        (
-            &["--schedule", "1f1b", "--remat", "none"][..],
-            "use `--remat stage`",
         ),
     ] {
         let mut args = vec!["compile", &mlp, "--train"];

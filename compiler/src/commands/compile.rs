@@ -5,7 +5,6 @@ use crate::backend::{self};
 use crate::cli::{CompileArgs, Device, ModelArgs, PassArgs, ReportFormat};
 use crate::passes::{Options, Remat};
 use crate::report::report;
-use crate::timetable::Kind;
 use anyhow::bail;
 use ppc_dialect::{print, Module};
 use std::io::Write;
@@ -114,8 +113,7 @@ pub fn compile_command(
 }
 
 /// What the training step keeps for its backward under each `--remat`, from the program each
-/// generates (`compiled` is the one for `pass.remat`); `null` where the schedule does not
-/// build that `--remat`.
+/// generates (`compiled` is the one for `pass.remat`).
 fn kept_by_remat(
     model: &ModelArgs,
     pass: &PassArgs,
@@ -125,8 +123,6 @@ fn kept_by_remat(
     for remat in [Remat::Stage, Remat::None] {
         let bytes = if remat == pass.remat {
             crate::report::kept_activation_bytes(compiled)
-        } else if pass.options(true, compiled).schedule != Kind::Gpipe {
-            None // only `--remat stage` is built for the schedules beyond GPipe
         } else {
             let mut other = load(model)?;
             let opts = Options {

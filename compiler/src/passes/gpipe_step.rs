@@ -1,17 +1,19 @@
 //! The parts of GPipe's training step, `@train_vjp` as `autodiff` writes it, that other
 //! schedules are built from (`one_f_one_b.rs`): the forward loop L1 and the backward loop L2,
-//! and in them where stage 0 is fed, where the outputs are written, where the tape of stage
-//! inputs is written and read, and which of L2's carried values is the outputs' cotangent.
+//! and in them where stage 0 is fed, where the outputs are written, where each tape (the stage
+//! inputs under `--remat stage`; every activation the backward reads, and the stage mask, under
+//! `none`) is written and read, and which of L2's carried values is the outputs' cotangent.
 //! Anything else is refused as not GPipe's step (a compiler error, not a user's).
 
 use ppc_dialect::diag::Diagnostic;
 use ppc_dialect::ir::{names, Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::{BinaryOp, OpKind};
+use ppc_dialect::DType;
 use std::collections::HashSet;
 
 /// The ops of GPipe's `@train_vjp` that the tick loop is made of.
 pub(super) struct Parts {
-    /// The forward loop L1 (carrying the state, the outputs and the tape) and the backward
+    /// The forward loop L1 (carrying the state, the outputs and the tapes) and the backward
     /// loop L2.
     pub(super) forward: OpId,
     pub(super) backward: OpId,
@@ -19,19 +21,38 @@ pub(super) struct Parts {
     pub(super) feed: OpId,
     /// L1's `update %outputs, %last, %done_item`: the last stage's result written.
     pub(super) write: OpId,
-    /// L1's tape write and L2's tape read.
-    pub(super) tape_write: OpId,
-    pub(super) tape_read: OpId,
+    /// L1's tapes, in the order it carries them.
+    pub(super) tapes: Vec<Tape>,
     /// Which of L2's carried values is the outputs' cotangent.
     pub(super) d_outputs: usize,
     /// L1's `sub %t, %stage_ids`: the item each stage works on, from which its mask follows.
     pub(super) forward_item: OpId,
-    /// L2's `sub %t_fwd, %stage_ids` (each stage's microbatch) and `sub %t_fwd, %last_stage`
-    /// (the microbatch whose outputs' cotangent the last stage reads).
-    pub(super) backward_item: OpId,
+    /// L2's `sub %t_fwd, %stage_ids` (each stage's microbatch; `--remat stage` only, where the
+    /// backward recomputes the stage mask) and `sub %t_fwd, %last_stage` (the microbatch whose
+    /// outputs' cotangent the last stage reads).
+    pub(super) backward_item: Option<OpId>,
     pub(super) backward_done: OpId,
     /// L2's call of the stage's backward.
     pub(super) backward_call: OpId,
+}
+
+/// One of L1's tapes: what each iteration keeps for the backward loop.
+pub(super) struct Tape {
+    /// L1's `update %tape, %value, %t`, and L2's `index %tape_out, %t_fwd`.
+    pub(super) write: OpId,
+    pub(super) read: OpId,
+    pub(super) kept: Kept,
+}
+
+/// What a tape keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kept {
+    /// A value of each stage (with the stage axis).
+    Staged,
+    /// The stage mask the backward call takes (`--remat none`).
+    Mask,
+    /// A value without the stage axis: the same in every iteration (a causal mask).
+    Same,
 }
 
 pub(super) fn unexpected(what: &str) -> Diagnostic {
@@ -54,13 +75,23 @@ fn only(
     what: &str,
     pick: impl Fn(&OpKind) -> bool,
 ) -> Result<OpId, Diagnostic> {
+    at_most_one(f, block, what, pick)?.ok_or_else(|| unexpected(what))
+}
+
+/// The op of `block` that `pick` accepts, if there is one.
+fn at_most_one(
+    f: &Func,
+    block: &Block,
+    what: &str,
+    pick: impl Fn(&OpKind) -> bool,
+) -> Result<Option<OpId>, Diagnostic> {
     let mut found = block
         .ops
         .iter()
         .copied()
         .filter(|&id| pick(&f.ops[id].kind));
     match (found.next(), found.next()) {
-        (Some(id), None) => Ok(id),
+        (found, None) => Ok(found),
         _ => Err(unexpected(what)),
     }
 }
@@ -74,11 +105,14 @@ impl Parts {
             return Err(unexpected("two loops"));
         };
         let l1 = loop_body(f, forward);
-        let [t, _state, outputs, tape] = l1.args[..] else {
+        let [t, _state, outputs, ref tapes @ ..] = l1.args[..] else {
             return Err(unexpected(
-                "the forward loop carries the state, the outputs and one tape",
+                "the forward loop carries the state, the outputs and the tapes",
             ));
         };
+        if tapes.is_empty() {
+            return Err(unexpected("the forward loop carries a tape"));
+        }
         let feed = only(
             f,
             l1,
@@ -91,16 +125,9 @@ impl Parts {
             "one write of the outputs",
             |k| matches!(k, OpKind::Update { x, .. } if *x == outputs),
         )?;
-        let tape_write = only(
-            f,
-            l1,
-            "one tape write",
-            |k| matches!(k, OpKind::Update { x, .. } if *x == tape),
-        )?;
         // `sub %a, %b` with `%b` of rank `rank`.
         let minus = |k: &OpKind, a: ValueId, rank: usize| matches!(k, OpKind::Binary { op: BinaryOp::Sub, lhs, rhs } if *lhs == a && f.ty(*rhs).rank() == rank);
         let forward_item = only(f, l1, "one item per stage", |k| minus(k, t, 1))?;
-        let tape_out = f.ops[forward].results[2];
         let l2 = loop_body(f, backward);
         let t_back = l2.args[0];
         let reversed = only(
@@ -110,21 +137,38 @@ impl Parts {
             |k| matches!(k, OpKind::Binary { op: BinaryOp::Sub, rhs, .. } if *rhs == t_back),
         )?;
         let t_fwd = f.ops[reversed].results[0];
-        let backward_item = only(f, l2, "one item per stage", |k| minus(k, t_fwd, 1))?;
+        let backward_item = at_most_one(f, l2, "one item per stage", |k| minus(k, t_fwd, 1))?;
         let backward_done = only(f, l2, "one microbatch leaving", |k| minus(k, t_fwd, 0))?;
-        let vjp = m.func_id(&names::vjp(names::STAGE));
+        let backwards = [names::vjp(names::STAGE), names::bwd(names::STAGE)].map(|n| m.func_id(&n));
         let backward_call = only(
             f,
             l2,
             "one backward of the stage",
-            |k| matches!(k, OpKind::Call { callee, .. } if Some(*callee) == vjp),
+            |k| matches!(k, OpKind::Call { callee, .. } if backwards.contains(&Some(*callee))),
         )?;
-        let tape_read = only(
-            f,
-            l2,
-            "one tape read",
-            |k| matches!(k, OpKind::Index { x, axis: 0, .. } if *x == tape_out),
-        )?;
+        let tapes = (tapes.iter().zip(&f.ops[forward].results[2..]))
+            .map(|(&tape, &out)| {
+                let write = only(
+                    f,
+                    l1,
+                    "one write of each tape",
+                    |k| matches!(k, OpKind::Update { x, .. } if *x == tape),
+                )?;
+                let read = only(
+                    f,
+                    l2,
+                    "one read of each tape",
+                    |k| matches!(k, OpKind::Index { x, axis: 0, .. } if *x == out),
+                )?;
+                let value = f.ops[read].results[0];
+                let kept = match &f.ops[backward_call].kind {
+                    OpKind::Call { args, .. } if mask_of(f, args) == Some(value) => Kept::Mask,
+                    _ if f.ty(value).stage_axis().is_none() => Kept::Same,
+                    _ => Kept::Staged,
+                };
+                Ok(Tape { write, read, kept })
+            })
+            .collect::<Result<_, Diagnostic>>()?;
         let OpKind::Loop { inits, .. } = &f.ops[backward].kind else {
             unreachable!("invariant: a loop")
         };
@@ -143,8 +187,7 @@ impl Parts {
             backward,
             feed,
             write,
-            tape_write,
-            tape_read,
+            tapes,
             d_outputs,
             forward_item,
             backward_item,
@@ -152,6 +195,11 @@ impl Parts {
             backward_call,
         })
     }
+}
+
+/// The stage mask among a stage call's arguments: its one `i1` argument.
+pub(super) fn mask_of(f: &Func, args: &[ValueId]) -> Option<ValueId> {
+    args.iter().copied().find(|&a| f.ty(a).dtype == DType::I1)
 }
 
 /// Splits the ops between the two loops into those that do not read the forward loop's

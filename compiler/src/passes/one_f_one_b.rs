@@ -2,7 +2,7 @@
 //! the forward of one microbatch and the backward of another in each tick (1F1B, as in
 //! PipeDream-Flush and Megatron), so that stage `s` keeps `S - s` microbatches' inputs, not M.
 //!
-//! Preconditions: `autodiff` has run on GPipe's `@train` with `--remat stage` and `R = 1`, and
+//! Preconditions: `autodiff` has run on GPipe's `@train` with `R = 1` (either `--remat`), and
 //! `loss` has built `@microbatch_loss` and `@loss_normalizer`. Postconditions: `@train_vjp`
 //! computes the same loss and gradients, bit for bit, in one loop of `2(M+S-1)` ticks.
 //!
@@ -26,10 +26,13 @@
 //!   cotangent masked to `-0.0` where a stage does not run, as GPipe's bubbles see it (there
 //!   the slot holds a cotangent of another tick). Every stage still meets its microbatches in
 //!   GPipe's backward order, so every gradient adds up in the same order.
-//! - **The ring**: each stage keeps its inputs in a ring of `S` slots (`[S, stages, ...]`): in
-//!   the tick it runs a forward, at slot `τ mod S` (the other parity's entries kept, one slice
-//!   written in place); it reads them back `d = S-1-g` (even `g`) or `S-g` (odd)
-//!   pairs of ticks later, through a stage-major view. GPipe's tape holds `M + S - 1`.
+//! - **The rings**: each stage keeps what GPipe's tapes keep (its inputs under `--remat stage`,
+//!   every activation its backward reads under `none`) in rings of `S` slots
+//!   (`[S, stages, ...]`): in the tick it runs a forward, at slot `τ mod S` (the other
+//!   parity's entries kept, one slice written in place); it reads them back `d = S-1-g` (even
+//!   `g`) or `S-g` (odd) pairs of ticks later, through a stage-major view. GPipe's tapes hold
+//!   `M + S - 1`. Its tape of stage masks (`none`) has no ring: the backward's mask is where a
+//!   microbatch runs in the tick.
 //! - **The seed**: L2 started from the loss's cotangent of all outputs, computed after L1.
 //!   Here, in the tick a microbatch leaves the last stage, `@microbatch_loss_vjp` (its `@head`
 //!   and loss; the last rank only) gives that microbatch's cotangent, which is its slice of the
@@ -38,9 +41,8 @@
 //!
 //! Interleaved repeats and ZB-H1 are not built yet.
 
-use super::gpipe_step::{after_forward, loop_body, unexpected, Parts};
+use super::gpipe_step::{after_forward, loop_body, mask_of, unexpected, Kept, Parts};
 use super::options::Options;
-use super::remat::Remat;
 use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
@@ -62,9 +64,6 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     }
     if m.pipeline.repeats > 1 {
         return refuse("`--schedule 1f1b` with `repeats` > 1 (interleaved 1F1B) is not compiled yet: train circular pipelines with `gpipe`");
-    }
-    if opts.remat != Remat::Stage {
-        return refuse("`--schedule 1f1b` keeps each stage's inputs and recomputes the stage in its backward: use `--remat stage`");
     }
     let train = names::vjp(names::TRAIN);
     let Some(id) = m.func_id(&train) else {
@@ -236,14 +235,22 @@ fn tick_loop(
     let l1 = loop_body(f, parts.forward);
     let l2 = loop_body(f, parts.backward);
     let hint = |v: ValueId| f.values[v].name.as_str();
-    let state_ty = f.ty(l1.args[1]).clone();
-    let ring_ty = state_ty.insert(0, Dim::lit(ticks.stages as u64));
     let value = Float(-0.0);
-    let ring0 = b.op("ring0", OpKind::Constant { value }, Some(ring_ty))?;
+    // A ring of `S` slots in place of each tape of `M + S - 1` of stage values (the tape of
+    // stage masks, under `--remat none`, has none: the backward's mask follows from the tick;
+    // nor a value the same in every tick, which the backward reads as this tick computed it).
+    let mut inits = vec![env[&f_inits[0]], env[&f_inits[1]]];
+    for (&tape, t) in l1.args[3..].iter().zip(&parts.tapes) {
+        if t.kept == Kept::Staged {
+            let mut ty = f.ty(tape).clone();
+            ty.dims[0] = Dim::lit(ticks.stages as u64);
+            inits.push(b.op("ring0", OpKind::Constant { value }, Some(ty))?);
+        }
+    }
+    let rings = inits.len() - 2;
     // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
     let d_outputs_ty = f.ty(l2.args[1 + parts.d_outputs]).clone();
     let d_outputs = b.op("d_outputs0", OpKind::Constant { value }, Some(d_outputs_ty))?;
-    let mut inits = vec![env[&f_inits[0]], env[&f_inits[1]], ring0];
     inits.extend(
         b_inits
             .iter()
@@ -253,34 +260,39 @@ fn tick_loop(
                 false => env[v],
             }),
     );
-    let mut hints = vec![hint(l1.args[1]), hint(l1.args[2]), names::TICK_RING];
+    let mut hints = vec![hint(l1.args[1]), hint(l1.args[2])];
+    hints.extend((0..rings).map(|_| names::TICK_RING));
     hints.extend(l2.args[1..].iter().map(|&a| hint(a)));
     let halves = 2 * (ticks.microbatches + ticks.stages - 1) as u64;
     let out = b.loop_op(halves, inits, &hints, |b, h, c| {
         let mut env = env.clone();
         let tick = Tick::new(b, h)?;
-        let mut carried = c[3..].to_vec();
-        let fwd = forward_half(b, m, f, parts, ticks, &mut env, &tick, &c[..3])?;
+        let mut carried = c[2 + rings..].to_vec();
+        let fwd = forward_half(b, m, f, parts, ticks, &mut env, &tick, &c[..2 + rings])?;
         carried[parts.d_outputs] = seed_leaving(b, m, ticks, &fwd, carried[parts.d_outputs])?;
-        let mut yields = vec![fwd.state, fwd.outputs, fwd.ring];
+        let mut yields = vec![fwd.state, fwd.outputs];
+        yields.extend(&fwd.rings);
         yields.extend(backward_half(
-            b, m, f, parts, ticks, &mut env, &tick, fwd.ring, &carried,
+            b, m, f, parts, ticks, &mut env, &tick, &fwd, &carried,
         )?);
         Ok(yields)
     })?;
     Ok(LoopResults {
         state: out[0],
         outputs: out[1],
-        backward: out[3..].to_vec(),
+        backward: out[2 + rings..].to_vec(),
     })
 }
 
-/// What a forward half leaves: the state and outputs to carry, the ring with this tick's
-/// stage inputs, and the microbatch that left the last stage (`leaving`, valid where `left`).
+/// What a forward half leaves: the state and outputs to carry, the rings with what this
+/// tick's forwards keep, and the microbatch that left the last stage (`leaving`, valid where
+/// `left`).
 struct ForwardHalf {
     state: ValueId,
     outputs: ValueId,
-    ring: ValueId,
+    rings: Vec<ValueId>,
+    /// The values kept the same in every tick, by the op of L2 that reads them.
+    same: HashMap<OpId, ValueId>,
     last: ValueId,
     leaving: ValueId,
     left: ValueId,
@@ -338,10 +350,22 @@ fn entering(
     select(b, "entering", here, n, none)
 }
 
-/// A stage mask shaped to select between values of type `like` (`[stages, 1, ...]`).
+/// Where the stage axis of a value the rings keep is: first, or after the layer axis of a
+/// stage's layers (`--remat none` with several layers per stage).
+fn stage_axis(ty: &Type) -> usize {
+    ty.stage_axis().map_or(0, |(at, _)| at)
+}
+
+/// A stage mask shaped to select between values of type `like` (`[stages, 1, ...]`, or
+/// `[1, stages, 1, ...]`).
 fn stage_mask(b: &mut Builder, mask: ValueId, like: &Type) -> Result<ValueId, Diagnostic> {
-    let mut dims = vec![like.dims[0].clone()];
-    dims.extend((1..like.rank()).map(|_| Dim::lit(1)));
+    let at = stage_axis(like);
+    let dims = (0..like.rank())
+        .map(|i| match i == at {
+            true => like.dims[at].clone(),
+            false => Dim::lit(1),
+        })
+        .collect();
     let ty = Type::new(DType::I1, dims);
     b.op("stage_mask", OpKind::Reshape { x: mask }, Some(ty))
 }
@@ -355,8 +379,8 @@ fn write_slot(b: &mut Builder, ticks: &Ticks, tick: ValueId) -> Result<ValueId, 
 }
 
 /// L1's body in tick `h`, on the stages of parity `h mod 2`: stage `g` runs the forward
-/// of entering microbatch `(h - g) / 2`; their stage inputs go to the ring instead of the
-/// tape.
+/// of entering microbatch `(h - g) / 2`; what they keep goes to the rings instead of the
+/// tapes.
 #[allow(clippy::too_many_arguments)]
 fn forward_half(
     b: &mut Builder,
@@ -390,9 +414,10 @@ fn forward_half(
     let real = within(b, n, 0, mbs)?;
     let left = and(b, "left", last_here, real)?;
     let (mut last, mut written) = (None, None);
+    let tape_writes: Vec<OpId> = parts.tapes.iter().map(|t| t.write).collect();
     for &id in &l1.ops {
         match &f.ops[id].kind {
-            _ if id == parts.tape_write => {}
+            _ if tape_writes.contains(&id) => {}
             _ if id == parts.forward_item => {
                 env.insert(f.ops[id].results[0], item);
             }
@@ -407,27 +432,35 @@ fn forward_half(
     }
     let written = written.expect("invariant: the write is in L1");
     let outputs = select(b, "outputs_left", left, written, carried[1])?;
-    // The stages of this parity keep their inputs in slot τ mod S.
+    // The stages of this parity keep what the tapes kept in slot τ mod S of the rings.
     let slot = write_slot(b, ticks, tick.pair)?;
-    let ring = carried[2];
-    let (x, index, axis) = (ring, slot, 0);
-    let kept = b.op("ring_slot", OpKind::Index { x, index, axis }, None)?;
-    let mask = stage_mask(b, here, &b.ty(carried[0]).clone())?;
-    let update = select(b, "ring_entry", mask, carried[0], kept)?;
-    let ring = b.op(
-        "ring_written",
-        OpKind::Update {
+    let kept = |kind: Kept| {
+        (parts.tapes.iter().filter(move |t| t.kept == kind)).map(|t| match &f.ops[t.write].kind {
+            OpKind::Update { update, .. } => (t.read, env[update]),
+            _ => unreachable!("invariant: a tape write"),
+        })
+    };
+    let same = kept(Kept::Same).collect();
+    let staged: Vec<_> = kept(Kept::Staged).map(|(_, v)| v).collect();
+    let mut rings = Vec::new();
+    for (value, &ring) in staged.into_iter().zip(&carried[2..]) {
+        let (x, index, axis) = (ring, slot, 0);
+        let kept = b.op("ring_slot", OpKind::Index { x, index, axis }, None)?;
+        let mask = stage_mask(b, here, &b.ty(value).clone())?;
+        let update = select(b, "ring_entry", mask, value, kept)?;
+        let kind = OpKind::Update {
             x: ring,
             update,
             index,
             axis,
-        },
-        None,
-    )?;
+        };
+        rings.push(b.op("ring_written", kind, None)?);
+    }
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
         outputs,
-        ring,
+        rings,
+        same,
         last: last.expect("invariant: the write is in L1"),
         leaving,
         left,
@@ -515,7 +548,7 @@ fn backward_half(
     ticks: &Ticks,
     env: &mut HashMap<ValueId, ValueId>,
     tick: &Tick,
-    ring: ValueId,
+    fwd: &ForwardHalf,
     carried: &[ValueId],
 ) -> Result<Vec<ValueId>, Diagnostic> {
     let l2 = loop_body(f, parts.backward);
@@ -532,6 +565,8 @@ fn backward_half(
     let item = b.binary("backward_mb", BinaryOp::Sub, last_mb, n)?;
     let out_of_order = int(b, "no_microbatch", -1)?;
     let item = select(b, "backward_item", here, item, out_of_order)?;
+    // Under `--remat none` the stage mask was a tape: here it is where a microbatch runs.
+    let active = within(b, item, 0, mbs)?;
     let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
     let last_here = b.compare("last_here", CmpPred::Ne, tick.odd, last_parity)?;
     let at = int(b, "last_turn", stages)?;
@@ -539,10 +574,21 @@ fn backward_half(
     let real = within(b, n, 0, mbs)?;
     let done = b.binary("done_mb", BinaryOp::Sub, last_mb, n)?;
     let done = select(b, "done_item", real, done, out_of_order)?;
+    // Each read of a tape of stage values, in the order of L1's tapes: its ring.
+    let staged = parts.tapes.iter().filter(|t| t.kept == Kept::Staged);
+    let ring_of: HashMap<OpId, ValueId> = staged
+        .map(|t| t.read)
+        .zip(fwd.rings.iter().copied())
+        .collect();
+    let mask = parts
+        .tapes
+        .iter()
+        .find(|t| t.kept == Kept::Mask)
+        .map(|t| t.read);
     for &id in &l2.ops {
         let result = f.ops[id].results.first().copied();
         match &f.ops[id].kind {
-            _ if id == parts.backward_item => {
+            _ if Some(id) == parts.backward_item => {
                 env.insert(result.expect("a result"), item);
             }
             _ if id == parts.backward_done => {
@@ -551,16 +597,21 @@ fn backward_half(
             OpKind::Call { args, .. } if id == parts.backward_call => {
                 let cotangent = *args.last().expect("the cotangent");
                 let d_y = env[&cotangent];
-                let active = (args.iter()).find(|&&a| f.ty(a).dtype == DType::I1);
-                let active = env[active.expect("the stage mask")];
+                let active = env[&mask_of(f, args).expect("the stage mask")];
                 let mask = stage_mask(b, active, &b.ty(d_y).clone())?;
                 let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
                 let masked = select(b, "cotangent_here", mask, d_y, zero)?;
                 copy_with(b, m, f, id, env, cotangent, masked)?;
             }
-            _ if id == parts.tape_read => {
-                let input = ring_read(b, ticks, tick, ring)?;
-                env.insert(result.expect("a result"), input);
+            _ if Some(id) == mask => {
+                env.insert(result.expect("a result"), active);
+            }
+            _ if fwd.same.contains_key(&id) => {
+                env.insert(result.expect("a result"), fwd.same[&id]);
+            }
+            _ if ring_of.contains_key(&id) => {
+                let kept = ring_read(b, ticks, tick, ring_of[&id])?;
+                env.insert(result.expect("a result"), kept);
             }
             _ => b.copy_ops(m, f, &[id], env)?,
         }
@@ -582,17 +633,25 @@ fn ring_read(
     let over = b.compare("lapped_read", CmpPred::Ge, read, k)?;
     let wrapped = b.binary("wrapped_read", BinaryOp::Sub, read, k)?;
     let slots = select(b, "read_slots", over, wrapped, read)?;
-    // Stage-major, so that each stage reads its own slot.
-    let rank = b.ty(ring).rank();
-    let perm = [1, 0].into_iter().chain(2..rank).collect();
+    // Stage-major, so that each stage reads its own slot, then back in the kept value's order.
+    let ty = b.ty(ring).clone();
+    let (rank, at) = (ty.rank(), stage_axis(&ty));
+    let perm = [at, 0]
+        .into_iter()
+        .chain((1..at).chain(at + 1..rank))
+        .collect();
     let by_stage = b.op("ring_by_stage", OpKind::Transpose { x: ring, perm }, None)?;
-    b.op(
-        "kept_input",
-        OpKind::Index {
-            x: by_stage,
-            index: slots,
-            axis: 1,
-        },
-        None,
-    )
+    let index = OpKind::Index {
+        x: by_stage,
+        index: slots,
+        axis: 1,
+    };
+    let kept = b.op("kept_input", index, None)?;
+    match at - 1 {
+        0 => Ok(kept),
+        at => {
+            let perm = (1..=at).chain([0]).chain(at + 1..rank - 1).collect();
+            b.op("kept_in_order", OpKind::Transpose { x: kept, perm }, None)
+        }
+    }
 }
