@@ -16,6 +16,7 @@ mod options;
 mod remat;
 mod scatter_add;
 mod shard_stages;
+mod tick_ring;
 mod vjp;
 mod vmap_stages;
 

@@ -43,6 +43,7 @@
 
 use super::gpipe_step::{after_forward, loop_body, mask_of, unexpected, Kept, Parts};
 use super::options::Options;
+use super::tick_ring::{stage_mask, Rings};
 use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
@@ -74,17 +75,16 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     Ok(())
 }
 
-/// The tick loop's fixed values: the stages' indices, parities and ring offsets, where the loss
+/// The tick loop's fixed values: the stages' indices and parities, the rings, where the loss
 /// runs, and what seeds the backward.
 struct Ticks {
-    /// `M` and `S`; the ring has `S` slots.
+    /// `M` and `S`.
     microbatches: i64,
     stages: i64,
-    /// Per local stage: its global index `g`, `g mod 2`, and `2⌊g/2⌋ + 1`, the distance in
-    /// slots from the ring slot written to the one its backward reads.
+    /// Per local stage: its global index `g` and `g mod 2`.
     stage_ids: ValueId,
     parity: ValueId,
-    read_offset: ValueId,
+    rings: Rings,
     /// Where the loss runs: the last rank (`None` on one rank).
     on_last_rank: Option<ValueId>,
     normalizer: ValueId,
@@ -183,7 +183,10 @@ fn ticks(
         stages: p.stages as i64,
         stage_ids,
         parity,
-        read_offset,
+        rings: Rings {
+            slots: p.stages as i64,
+            read_offset,
+        },
         on_last_rank,
         normalizer,
         target,
@@ -350,34 +353,6 @@ fn entering(
     select(b, "entering", here, n, none)
 }
 
-/// Where the stage axis of a value the rings keep is: first, or after the layer axis of a
-/// stage's layers (`--remat none` with several layers per stage).
-fn stage_axis(ty: &Type) -> usize {
-    ty.stage_axis().map_or(0, |(at, _)| at)
-}
-
-/// A stage mask shaped to select between values of type `like` (`[stages, 1, ...]`, or
-/// `[1, stages, 1, ...]`).
-fn stage_mask(b: &mut Builder, mask: ValueId, like: &Type) -> Result<ValueId, Diagnostic> {
-    let at = stage_axis(like);
-    let dims = (0..like.rank())
-        .map(|i| match i == at {
-            true => like.dims[at].clone(),
-            false => Dim::lit(1),
-        })
-        .collect();
-    let ty = Type::new(DType::I1, dims);
-    b.op("stage_mask", OpKind::Reshape { x: mask }, Some(ty))
-}
-
-/// `τ mod S`: the ring slot written in pair `τ`.
-fn write_slot(b: &mut Builder, ticks: &Ticks, tick: ValueId) -> Result<ValueId, Diagnostic> {
-    let k = int(b, "ring_len", ticks.stages)?;
-    let laps = b.binary("laps", BinaryOp::Div, tick, k)?;
-    let lapped = b.binary("lapped", BinaryOp::Mul, laps, k)?;
-    b.binary("slot", BinaryOp::Sub, tick, lapped)
-}
-
 /// L1's body in tick `h`, on the stages of parity `h mod 2`: stage `g` runs the forward
 /// of entering microbatch `(h - g) / 2`; what they keep goes to the rings instead of the
 /// tapes.
@@ -433,7 +408,7 @@ fn forward_half(
     let written = written.expect("invariant: the write is in L1");
     let outputs = select(b, "outputs_left", left, written, carried[1])?;
     // The stages of this parity keep what the tapes kept in slot τ mod S of the rings.
-    let slot = write_slot(b, ticks, tick.pair)?;
+    let slot = ticks.rings.write_slot(b, tick.pair)?;
     let kept = |kind: Kept| {
         (parts.tapes.iter().filter(move |t| t.kept == kind)).map(|t| match &f.ops[t.write].kind {
             OpKind::Update { update, .. } => (t.read, env[update]),
@@ -444,17 +419,7 @@ fn forward_half(
     let staged: Vec<_> = kept(Kept::Staged).map(|(_, v)| v).collect();
     let mut rings = Vec::new();
     for (value, &ring) in staged.into_iter().zip(&carried[2..]) {
-        let (x, index, axis) = (ring, slot, 0);
-        let kept = b.op("ring_slot", OpKind::Index { x, index, axis }, None)?;
-        let mask = stage_mask(b, here, &b.ty(value).clone())?;
-        let update = select(b, "ring_entry", mask, value, kept)?;
-        let kind = OpKind::Update {
-            x: ring,
-            update,
-            index,
-            axis,
-        };
-        rings.push(b.op("ring_written", kind, None)?);
+        rings.push(ticks.rings.write(b, ring, value, here, slot)?);
     }
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
@@ -610,48 +575,11 @@ fn backward_half(
                 env.insert(result.expect("a result"), fwd.same[&id]);
             }
             _ if ring_of.contains_key(&id) => {
-                let kept = ring_read(b, ticks, tick, ring_of[&id])?;
+                let kept = ticks.rings.read(b, ring_of[&id], tick.pair)?;
                 env.insert(result.expect("a result"), kept);
             }
             _ => b.copy_ops(m, f, &[id], env)?,
         }
     }
     Ok(l2.results.iter().map(|v| env[v]).collect())
-}
-
-/// Each stage's kept input: stage `g` reads slot `(τ - d) mod S`, `d` pairs after its forward
-/// (`d = S-1-g` for even `g`, `S-g` for odd), `= (τ mod S + 2⌊g/2⌋ + 1) mod S`.
-fn ring_read(
-    b: &mut Builder,
-    ticks: &Ticks,
-    tick: &Tick,
-    ring: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    let slot = write_slot(b, ticks, tick.pair)?;
-    let read = b.binary("read_slot", BinaryOp::Add, ticks.read_offset, slot)?;
-    let k = int(b, "ring_len", ticks.stages)?;
-    let over = b.compare("lapped_read", CmpPred::Ge, read, k)?;
-    let wrapped = b.binary("wrapped_read", BinaryOp::Sub, read, k)?;
-    let slots = select(b, "read_slots", over, wrapped, read)?;
-    // Stage-major, so that each stage reads its own slot, then back in the kept value's order.
-    let ty = b.ty(ring).clone();
-    let (rank, at) = (ty.rank(), stage_axis(&ty));
-    let perm = [at, 0]
-        .into_iter()
-        .chain((1..at).chain(at + 1..rank))
-        .collect();
-    let by_stage = b.op("ring_by_stage", OpKind::Transpose { x: ring, perm }, None)?;
-    let index = OpKind::Index {
-        x: by_stage,
-        index: slots,
-        axis: 1,
-    };
-    let kept = b.op("kept_input", index, None)?;
-    match at - 1 {
-        0 => Ok(kept),
-        at => {
-            let perm = (1..=at).chain([0]).chain(at + 1..rank - 1).collect();
-            b.op("kept_in_order", OpKind::Transpose { x: kept, perm }, None)
-        }
-    }
 }
