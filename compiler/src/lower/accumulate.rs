@@ -68,11 +68,9 @@ pub fn find(
         for (acc, d) in [(lhs, rhs), (rhs, lhs)] {
             let Some(call_at) = position(d) else { continue };
             let call = block.ops[call_at];
-            // A `call_if` that does not run adds nothing, so nothing folds into it.
-            let OpKind::Call {
-                callee, on: None, ..
-            } = &f.ops[call].kind
-            else {
+            // A `call_if` folds too: the walk copies the accumulator before its test, so where
+            // the call is skipped the sum is the accumulator (its result would be -0.0).
+            let OpKind::Call { callee, .. } = &f.ops[call].kind else {
                 continue;
             };
             let g = &m.funcs[*callee];

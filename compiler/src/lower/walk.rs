@@ -327,11 +327,9 @@ impl Walker<'_, '_> {
         if self.calls == 0 && self.e.nest.loops > 0 {
             self.count_stage_slots(*callee, &ins);
         }
-        if let Some(flag) = &guard {
-            self.e.begin_if(flag);
-        }
         // The adds this call's results fold into: into the accumulator's own buffer, or a
-        // fresh one holding a copy of it.
+        // fresh one holding a copy of it (made before a `call_if`'s test: where the call is
+        // skipped, the sum is the accumulator).
         let accumulations = match split {
             Some(_) => &s.plan.stage_accumulations,
             None => &s.plan.gemm_accumulations,
@@ -352,6 +350,9 @@ impl Walker<'_, '_> {
             adds.insert(a.result, (a.add, out));
         }
         let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
+        if let Some(flag) = &guard {
+            self.e.begin_if(flag);
+        }
         // The calls the pipeline's loops make (a stage's body) are functions of their own on
         // the CPU; the calls inside them are inlined, as are those outside every loop (the
         // model's ends, the loss), which run once.
@@ -369,10 +370,14 @@ impl Walker<'_, '_> {
         };
         self.calls -= 1;
         // Copied where the plan could not compute a result into its buffer (a view, an
-        // argument), inside the region, which may define the view.
-        let outs = match guard {
+        // argument), inside the region, which may define the view. A result added into its
+        // accumulator stays there: where a `call_if` is skipped, the sum is the accumulator.
+        let outs: Vec<Buf> = match guard {
             Some(_) => (outs.iter().enumerate())
                 .map(|(i, out)| {
+                    if adds.contains_key(&i) {
+                        return out.clone();
+                    }
                     if out.name != finals[&i].name {
                         self.e.copy(out, &finals[&i]);
                     }
@@ -389,7 +394,8 @@ impl Walker<'_, '_> {
         }
         if guard.is_some() {
             self.e.begin_else();
-            for out in &outs {
+            let unfolded = (outs.iter().enumerate()).filter(|(i, _)| !adds.contains_key(i));
+            for (_, out) in unfolded {
                 let zero = if out.ty.dtype.is_float() { -0.0 } else { 0.0 };
                 let zero = self.e.constant(zero, out.ty.dtype);
                 self.e.fill(&zero, out);

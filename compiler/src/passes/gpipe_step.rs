@@ -32,7 +32,8 @@ pub(super) struct Parts {
     /// outputs' cotangent the last stage reads).
     pub(super) backward_item: Option<OpId>,
     pub(super) backward_done: OpId,
-    /// L2's call of the stage's backward.
+    /// L1's call of the stage (or its forward half), and L2's of its backward.
+    pub(super) forward_call: OpId,
     pub(super) backward_call: OpId,
 }
 
@@ -128,6 +129,13 @@ impl Parts {
         // `sub %a, %b` with `%b` of rank `rank`.
         let minus = |k: &OpKind, a: ValueId, rank: usize| matches!(k, OpKind::Binary { op: BinaryOp::Sub, lhs, rhs } if *lhs == a && f.ty(*rhs).rank() == rank);
         let forward_item = only(f, l1, "one item per stage", |k| minus(k, t, 1))?;
+        let forwards = [names::STAGE.to_string(), names::fwd(names::STAGE)].map(|n| m.func_id(&n));
+        let forward_call = only(
+            f,
+            l1,
+            "one forward of the stage",
+            |k| matches!(k, OpKind::Call { callee, .. } if forwards.contains(&Some(*callee))),
+        )?;
         let l2 = loop_body(f, backward);
         let t_back = l2.args[0];
         let reversed = only(
@@ -192,6 +200,7 @@ impl Parts {
             forward_item,
             backward_item,
             backward_done,
+            forward_call,
             backward_call,
         })
     }

@@ -87,6 +87,9 @@ struct Ticks {
     rings: Rings,
     /// Where the loss runs: the last rank (`None` on one rank).
     on_last_rank: Option<ValueId>,
+    /// One stage per rank: a stage call whose stage does not run is skipped (`call_if`), so a
+    /// rank runs one body per tick, not the forward's and the backward's.
+    one_stage_per_rank: bool,
     normalizer: ValueId,
     target: ValueId,
     /// The seeds of the VJP: the loss's and the outputs' cotangents.
@@ -188,6 +191,7 @@ fn ticks(
             read_offset,
         },
         on_last_rank,
+        one_stage_per_rank: p.stages_per_rank() == 1,
         normalizer,
         target,
         d_loss,
@@ -239,18 +243,29 @@ fn tick_loop(
     let l2 = loop_body(f, parts.backward);
     let hint = |v: ValueId| f.values[v].name.as_str();
     let value = Float(-0.0);
-    // A ring of `S` slots in place of each tape of `M + S - 1` of stage values (the tape of
-    // stage masks, under `--remat none`, has none: the backward's mask follows from the tick;
-    // nor a value the same in every tick, which the backward reads as this tick computed it).
+    // A ring of `S` slots in place of each tape of `M + S - 1` of stage values, then one slot
+    // for each value the same in every tick (the tape of stage masks, under `--remat none`,
+    // has none: the backward's mask follows from the tick).
     let mut inits = vec![env[&f_inits[0]], env[&f_inits[1]]];
-    for (&tape, t) in l1.args[3..].iter().zip(&parts.tapes) {
-        if t.kept == Kept::Staged {
+    let mut hints = vec![hint(l1.args[1]), hint(l1.args[2])];
+    for kept in [Kept::Staged, Kept::Same] {
+        for (&tape, t) in l1.args[3..].iter().zip(&parts.tapes) {
             let mut ty = f.ty(tape).clone();
-            ty.dims[0] = Dim::lit(ticks.stages as u64);
-            inits.push(b.op("ring0", OpKind::Constant { value }, Some(ty))?);
+            match t.kept {
+                Kept::Staged if kept == Kept::Staged => {
+                    ty.dims[0] = Dim::lit(ticks.stages as u64);
+                    hints.push(names::TICK_RING);
+                }
+                Kept::Same if kept == Kept::Same => {
+                    ty = ty.remove(0);
+                    hints.push(hint(tape));
+                }
+                _ => continue,
+            }
+            inits.push(b.op("kept0", OpKind::Constant { value }, Some(ty))?);
         }
     }
-    let rings = inits.len() - 2;
+    let kept = inits.len() - 2;
     // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
     let d_outputs_ty = f.ty(l2.args[1 + parts.d_outputs]).clone();
     let d_outputs = b.op("d_outputs0", OpKind::Constant { value }, Some(d_outputs_ty))?;
@@ -263,18 +278,17 @@ fn tick_loop(
                 false => env[v],
             }),
     );
-    let mut hints = vec![hint(l1.args[1]), hint(l1.args[2])];
-    hints.extend((0..rings).map(|_| names::TICK_RING));
     hints.extend(l2.args[1..].iter().map(|&a| hint(a)));
     let halves = 2 * (ticks.microbatches + ticks.stages - 1) as u64;
     let out = b.loop_op(halves, inits, &hints, |b, h, c| {
         let mut env = env.clone();
         let tick = Tick::new(b, h)?;
-        let mut carried = c[2 + rings..].to_vec();
-        let fwd = forward_half(b, m, f, parts, ticks, &mut env, &tick, &c[..2 + rings])?;
+        let mut carried = c[2 + kept..].to_vec();
+        let fwd = forward_half(b, m, f, parts, ticks, &mut env, &tick, &c[..2 + kept])?;
         carried[parts.d_outputs] = seed_leaving(b, m, ticks, &fwd, carried[parts.d_outputs])?;
         let mut yields = vec![fwd.state, fwd.outputs];
         yields.extend(&fwd.rings);
+        yields.extend(fwd.same.iter().map(|&(_, v)| v));
         yields.extend(backward_half(
             b, m, f, parts, ticks, &mut env, &tick, &fwd, &carried,
         )?);
@@ -283,7 +297,7 @@ fn tick_loop(
     Ok(LoopResults {
         state: out[0],
         outputs: out[1],
-        backward: out[2 + rings..].to_vec(),
+        backward: out[2 + kept..].to_vec(),
     })
 }
 
@@ -294,8 +308,9 @@ struct ForwardHalf {
     state: ValueId,
     outputs: ValueId,
     rings: Vec<ValueId>,
-    /// The values kept the same in every tick, by the op of L2 that reads them.
-    same: HashMap<OpId, ValueId>,
+    /// The values the same in every tick, as the last forward on the rank computed them, with
+    /// the op of L2 that reads them.
+    same: Vec<(OpId, ValueId)>,
     last: ValueId,
     leaving: ValueId,
     left: ValueId,
@@ -388,7 +403,7 @@ fn forward_half(
     let leaving = b.binary("leaving", BinaryOp::Sub, last_mb, n)?;
     let real = within(b, n, 0, mbs)?;
     let left = and(b, "left", last_here, real)?;
-    let (mut last, mut written) = (None, None);
+    let (mut last, mut written, mut ran) = (None, None, None);
     let tape_writes: Vec<OpId> = parts.tapes.iter().map(|t| t.write).collect();
     for &id in &l1.ops {
         match &f.ops[id].kind {
@@ -397,6 +412,7 @@ fn forward_half(
                 env.insert(f.ops[id].results[0], item);
             }
             _ if id == parts.feed => copy_with(b, m, f, id, env, t, feed_at)?,
+            _ if id == parts.forward_call => ran = stage_call(b, m, f, id, env, ticks)?,
             OpKind::Update { update, index, .. } if id == parts.write => {
                 last = Some(env[update]);
                 copy_with(b, m, f, id, env, *index, leaving)?;
@@ -415,12 +431,19 @@ fn forward_half(
             _ => unreachable!("invariant: a tape write"),
         })
     };
-    let same = kept(Kept::Same).collect();
     let staged: Vec<_> = kept(Kept::Staged).map(|(_, v)| v).collect();
+    let same: Vec<_> = kept(Kept::Same).collect();
+    let (carried_rings, carried_same) = carried[2..].split_at(staged.len());
     let mut rings = Vec::new();
-    for (value, &ring) in staged.into_iter().zip(&carried[2..]) {
+    for (value, &ring) in staged.into_iter().zip(carried_rings) {
         rings.push(ticks.rings.write(b, ring, value, here, slot)?);
     }
+    let same = (same.into_iter().zip(carried_same))
+        .map(|((read, value), &before)| match ran {
+            Some(ran) => Ok((read, select(b, "same_kept", ran, value, before)?)),
+            None => Ok((read, value)),
+        })
+        .collect::<Result<_, Diagnostic>>()?;
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
         outputs,
@@ -430,6 +453,36 @@ fn forward_half(
         leaving,
         left,
     })
+}
+
+/// Copies the stage call `id`; with one stage per rank, as a `call_if` on its stage's mask (the
+/// flag it returns):
+/// where the stage does not run it computes nothing, and its results are `-0.0`, as a stage
+/// function's where its mask is false (a forward's feed only stages that do not run either).
+fn stage_call(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    id: OpId,
+    env: &mut HashMap<ValueId, ValueId>,
+    ticks: &Ticks,
+) -> Result<Option<ValueId>, Diagnostic> {
+    let OpKind::Call { callee, args, .. } = &f.ops[id].kind else {
+        unreachable!("invariant: a stage call")
+    };
+    let on = match ticks.one_stage_per_rank {
+        true => {
+            let mask = env[&mask_of(f, args).expect("the stage mask")];
+            let flag = Type::new(DType::I1, vec![]);
+            Some(b.op("stage_runs", OpKind::Reshape { x: mask }, Some(flag))?)
+        }
+        false => None,
+    };
+    let hint = &f.values[f.ops[id].results[0]].name;
+    let args = args.iter().map(|a| env[a]).collect();
+    let results = b.call_if(hint, m, *callee, args, on)?;
+    env.extend(f.ops[id].results.iter().copied().zip(results));
+    Ok(on)
 }
 
 /// Copies op `id` with `from` read as `to`.
@@ -550,6 +603,7 @@ fn backward_half(
         .iter()
         .find(|t| t.kept == Kept::Mask)
         .map(|t| t.read);
+    let same: HashMap<OpId, ValueId> = fwd.same.iter().copied().collect();
     for &id in &l2.ops {
         let result = f.ops[id].results.first().copied();
         match &f.ops[id].kind {
@@ -566,13 +620,18 @@ fn backward_half(
                 let mask = stage_mask(b, active, &b.ty(d_y).clone())?;
                 let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
                 let masked = select(b, "cotangent_here", mask, d_y, zero)?;
-                copy_with(b, m, f, id, env, cotangent, masked)?;
+                let saved = env.insert(cotangent, masked);
+                stage_call(b, m, f, id, env, ticks)?;
+                env.insert(
+                    cotangent,
+                    saved.expect("invariant: defined before the call"),
+                );
             }
             _ if Some(id) == mask => {
                 env.insert(result.expect("a result"), active);
             }
-            _ if fwd.same.contains_key(&id) => {
-                env.insert(result.expect("a result"), fwd.same[&id]);
+            _ if same.contains_key(&id) => {
+                env.insert(result.expect("a result"), same[&id]);
             }
             _ if ring_of.contains_key(&id) => {
                 let kept = ticks.rings.read(b, ring_of[&id], tick.pair)?;
