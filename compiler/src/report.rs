@@ -74,6 +74,9 @@ pub fn kept_activation_bytes(m: &Module) -> Option<u64> {
 /// backward loop, per rank, and the sizes of all values of one stage's backward (a bound on
 /// what it holds at once).
 fn training(m: &Module, local: u64) -> Option<Value> {
+    // `--remat none` keeps the residuals of `@stage_fwd`; under `stage` the backward either
+    // recomputes inside `@stage_vjp` or calls `@stage_recompute` before `@stage_bwd` (1F1B).
+    let kept_all = m.func(&names::fwd(names::STAGE)).is_some();
     let split = m.func(&names::bwd(names::STAGE));
     let stage_vjp = split.or(m.func(&names::vjp(names::STAGE)))?;
     let stage = m.func(names::STAGE)?;
@@ -87,7 +90,7 @@ fn training(m: &Module, local: u64) -> Option<Value> {
     Some(json!({
         "schedule": if tick_loop.is_some() { Kind::OneFOneB } else { Kind::Gpipe }.name(),
         "tick_loop": tick_loop,
-        "remat": if split.is_some() { "none" } else { "stage" },
+        "remat": if kept_all { "none" } else { "stage" },
         "kept_activation_bytes_per_rank": kept_activation_bytes(m)?,
         "stage_backward_value_bytes_per_stage": result_bytes(stage_vjp, &stage_vjp.body) / local,
         "gradient_bytes_per_stage": grads / local,

@@ -463,6 +463,15 @@ pub mod names {
     /// as the report counts it); the lowering numbers those loops' iterations by tick.
     pub const TICK_RING: &str = "tape_ring";
 
+    /// The residuals of `@stage_recompute` that the loop over ticks carries for one tick, to
+    /// the backward of the next (a tape, as the report counts what the step keeps).
+    pub const RECOMPUTED: &str = "tape_recomputed";
+
+    /// Whether a value's name is [`RECOMPUTED`]'s (or a renaming `tape_recomputed.N`).
+    pub fn is_recomputed(name: &str) -> bool {
+        name.split('.').next() == Some(RECOMPUTED)
+    }
+
     /// Whether a value's name is [`TICK_RING`]'s (or its renaming `tape_ring.N`).
     pub fn is_tick_ring(name: &str) -> bool {
         name.split('.').next() == Some(TICK_RING)
@@ -481,6 +490,12 @@ pub mod names {
     /// `@f`'s backward from what `@f_fwd` kept (`autodiff --remat=none`): `@f_bwd`.
     pub fn bwd(f: &str) -> String {
         format!("{f}_bwd")
+    }
+
+    /// `@f_fwd` run again for `@f_bwd`, not as a forward (`autodiff --remat=stage` for
+    /// `--schedule 1f1b`, which runs it a tick before the backward): `@f_recompute`.
+    pub fn recompute(f: &str) -> String {
+        format!("{f}_recompute")
     }
 }
 

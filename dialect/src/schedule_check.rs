@@ -7,7 +7,8 @@
 //!   place requires: stage `s` in repeat `r` runs layer group `r·S + s`, so its input must be
 //!   that microbatch after `r·S + s` groups; a backward's kept inputs and its cotangent must be
 //!   the same microbatch's, the cotangent one group later;
-//! - every (microbatch, layer group) forward runs exactly once, and so does every backward;
+//! - every (microbatch, layer group) forward runs exactly once, and so does every backward
+//!   (and every recomputation of a forward for a backward's residuals, where there are some);
 //! - the forward program's output slot `m` holds microbatch `m` after all groups.
 //!
 //! Exchanges need no search for a matching partner: the verifier already requires that every
@@ -127,6 +128,7 @@ struct Lockstep<'m> {
     exchanges: usize,
     forwards: BTreeMap<Tag, Vec<At>>,
     backwards: BTreeMap<Tag, Vec<At>>,
+    recomputations: BTreeMap<Tag, Vec<At>>,
     /// Whether to measure [`Proof::inputs_held`], and its figures so far.
     training: bool,
     inputs_held: Vec<usize>,
@@ -137,6 +139,8 @@ struct Lockstep<'m> {
 enum Role {
     Forward,
     Backward,
+    /// A forward again, for the residuals a backward reads (`@stage_recompute`).
+    Recompute,
 }
 
 impl<'m> Lockstep<'m> {
@@ -154,6 +158,7 @@ impl<'m> Lockstep<'m> {
             exchanges: 0,
             forwards: BTreeMap::new(),
             backwards: BTreeMap::new(),
+            recomputations: BTreeMap::new(),
             training: false,
             inputs_held: Vec::new(),
         }
@@ -190,6 +195,9 @@ impl<'m> Lockstep<'m> {
         self.exactly_once("forward", &self.forwards)?;
         if self.training {
             self.exactly_once("backward", &self.backwards)?;
+            if !self.recomputations.is_empty() {
+                self.exactly_once("recomputation", &self.recomputations)?;
+            }
         } else {
             self.outputs_in_place(f, &envs)?;
         }
@@ -327,6 +335,7 @@ impl Lockstep<'_> {
         let role = match g.name.as_str() {
             n if n == stage || n == names::fwd(stage) => Some(Role::Forward),
             n if n == names::vjp(stage) || n == names::bwd(stage) => Some(Role::Backward),
+            n if n == names::recompute(stage) => Some(Role::Recompute),
             _ => None,
         };
         let mut out = match role {
@@ -455,6 +464,7 @@ impl Lockstep<'_> {
             let events = match role {
                 Role::Forward => &mut self.forwards,
                 Role::Backward => &mut self.backwards,
+                Role::Recompute => &mut self.recomputations,
             };
             events.entry(input).or_default().push(at);
             ran[s] = Some(input);
@@ -471,7 +481,7 @@ impl Lockstep<'_> {
                         let Some(x) = input else { continue };
                         let made = match (role, j) {
                             (Role::Forward, 0) => tag(x.microbatch, x.groups + 1),
-                            (Role::Forward, _) | (Role::Backward, 0) => *x,
+                            (Role::Forward, _) | (Role::Backward, 0) | (Role::Recompute, _) => *x,
                             (Role::Backward, _) => continue,
                         };
                         let id = self.sets.intern(vec![made]);
@@ -589,6 +599,7 @@ impl Role {
         match self {
             Role::Forward => "forward",
             Role::Backward => "backward",
+            Role::Recompute => "recomputation for the backward",
         }
     }
 }

@@ -3,9 +3,11 @@
 //! tape or ring holds for a backward that has not run before the tick (the one that runs in it
 //! counts: its input is live until then). The report puts the maximum beside the formula each
 //! schedule promises (GPipe `M`, 1F1B `S-s`). Stage 0 reads its inputs from
-//! the step's own input, so no tape holds them.
+//! the step's own input, so no tape holds them. The residuals 1F1B recomputes a tick before
+//! their backward (`names::RECOMPUTED`) are that backward's working set, held one tick, not a
+//! kept input: the report counts their bytes with what the step keeps.
 
-use crate::ir::Func;
+use crate::ir::{names, Func};
 use crate::provenance::{slot, stage_axis, Abs, Tag, TagSets};
 use std::collections::BTreeSet;
 
@@ -23,6 +25,9 @@ pub fn held(
         let Some(Abs::Tags(t)) = &env[id.index()] else {
             continue;
         };
+        if names::is_recomputed(&v.name) {
+            continue;
+        }
         let Some(axis) = stage_axis(&v.ty).filter(|&a| a > 0) else {
             continue;
         };

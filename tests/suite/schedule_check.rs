@@ -179,6 +179,16 @@ fn a_schedule_broken_on_purpose_is_rejected_with_its_tick_rank_and_stage() {
     );
     assert!(e.contains("backward"), "{e}");
 
+    // The recomputation for the backward run for the tick after next: the backward reads
+    // another microbatch's residuals.
+    let mut m = compiled(&text, 2, &training(Kind::OneFOneB, Remat::Stage));
+    set_constant(&mut m, &train, "tick_ahead", 3.0);
+    let e = broken(&m);
+    assert!(
+        e.contains("tick ") && e.contains("rank ") && e.contains("backward"),
+        "{e}"
+    );
+
     // The microbatches numbered one off where they enter and leave: the first stage runs
     // microbatch 0 twice, and the last stage's backward finds no cotangent seeded.
     let mut m = compiled(&text, 2, &training(Kind::OneFOneB, Remat::Stage));

@@ -411,9 +411,13 @@ impl Walker<'_, '_> {
     }
 
     /// A pipeline loop's call of a stage function tells the runtime which of its stages have
-    /// work (`--bench`'s measured bubble): the callee's `i1` argument with the stage axis.
+    /// work (`--bench`'s measured bubble): the callee's `i1` argument with the stage axis. A
+    /// recomputation (`@stage_recompute`, 1F1B) is part of its backward's work, not a slot's.
     fn count_stage_slots(&mut self, callee: FuncId, ins: &[Buf]) {
         let g = &self.m.funcs[callee];
+        if g.name == names::recompute(names::STAGE) {
+            return;
+        }
         let mask = (g.body.args.iter().zip(ins)).find_map(|(&a, buf)| {
             let t = g.ty(a);
             (t.dtype == DType::I1 && t.rank() == 1 && t.stage_axis().is_some()).then_some(buf)

@@ -17,7 +17,9 @@
 //!   returns what the backward reads, and the backward `@g_bwd` on those residuals. Inside a
 //!   called function (a stage) nothing is recomputed in either mode (`remat_of`), and the
 //!   results of `@g_vjp` that no caller reads (the stage's output) are dropped, with what only
-//!   they needed.
+//!   they needed. For `--schedule 1f1b` under `--remat=stage`, the backward of a stage call
+//!   is `@g_recompute` (`@g_fwd` by the name of what it does there) then `@g_bwd`, the same
+//!   ops as `@g_vjp`, which `1f1b` runs a tick apart.
 //! - **loop** into a reverse loop of the same trip count. The forward loop keeps, per
 //!   iteration, only the carried values the backward reads (a "tape" `[trips, ...]`); the
 //!   reverse body recomputes from them what the rules need. For the GPipe loop that is the state
@@ -38,6 +40,7 @@ use super::differ::{Cots, Diff, Split};
 use super::options::Options;
 use super::remat::{recomputable, Remat};
 use super::vjp::{self, bin, select, zeros, Env};
+use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, Op, OpId, ValueId};
@@ -76,8 +79,13 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         };
         let vjp = diff.build().map_err(|d| vec![d])?;
         let keeps = opts.remat == Remat::None || nested.contains(&id) || once.contains(&id);
-        let split = if called.contains(&id) && keeps {
-            let fwd = diff.build_fwd().map_err(|d| vec![d])?;
+        let recomputed = !keeps && opts.schedule == Kind::OneFOneB;
+        let split = if called.contains(&id) && (keeps || recomputed) {
+            let name = match recomputed {
+                true => names::recompute(&m.funcs[id].name),
+                false => names::fwd(&m.funcs[id].name),
+            };
+            let fwd = diff.build_fwd(&name).map_err(|d| vec![d])?;
             Some((fwd, diff.build_bwd().map_err(|d| vec![d])?))
         } else {
             None
@@ -96,6 +104,7 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
                     fwd: push(fwd),
                     bwd: push(bwd),
                     once: once.contains(&id),
+                    recomputed,
                 },
             );
         }
@@ -195,10 +204,11 @@ impl Diff<'_> {
         Ok(b.finish(outs))
     }
 
-    /// `@f_fwd(args...) -> (results..., kept...)`: `@f`, also returning what `@f_bwd` reads.
-    fn build_fwd(&self) -> Result<Func, Diagnostic> {
+    /// `@f_fwd(args...) -> (results..., kept...)` (or named `name`): `@f`, also returning what
+    /// `@f_bwd` reads.
+    fn build_fwd(&self, name: &str) -> Result<Func, Diagnostic> {
         let f = self.f;
-        let mut b = Builder::new(&names::fwd(&f.name));
+        let mut b = Builder::new(name);
         let mut env = self.args(&mut b);
         self.params(&mut b, &mut env);
         let residues = self.forward(&mut b, &f.body, &mut env, None)?;
@@ -413,9 +423,19 @@ impl Diff<'_> {
         if op.results.iter().all(|r| !cots.values.contains_key(r)) {
             return Ok(());
         }
-        let (vjp, mut vjp_args, results) = match self.split(*callee) {
-            Some(s) => (s.bwd, residuals.to_vec(), 0),
-            None => {
+        let g = &self.m.funcs[*callee];
+        // A `call_if`'s backward runs where its forward did; elsewhere its cotangents are
+        // -0.0 and add nothing.
+        let on = on.map(|c| env[&c]);
+        let recomputed = self.splits.get(callee).filter(|s| s.recomputed);
+        let (vjp, mut vjp_args, results) = match (self.split(*callee), recomputed) {
+            (Some(s), _) => (s.bwd, residuals.to_vec(), 0),
+            (None, Some(s)) => {
+                let args = args.iter().map(|a| env[a]).collect();
+                let mut outs = b.call_if(names::RECOMPUTED, self.m, s.fwd, args, on)?;
+                (s.bwd, outs.split_off(op.results.len()), 0)
+            }
+            (None, None) => {
                 let args = args.iter().map(|a| env[a]).collect();
                 (self.vjps[callee], args, op.results.len())
             }
@@ -426,10 +446,6 @@ impl Diff<'_> {
                 None => zeros(b, self.f.ty(r))?,
             });
         }
-        let g = &self.m.funcs[*callee];
-        // A `call_if`'s backward runs where its forward did; elsewhere its cotangents are
-        // -0.0 and add nothing.
-        let on = on.map(|c| env[&c]);
         let outs = b.call_if(&format!("vjp_{}", g.name), self.m, vjp, vjp_args, on)?;
         let mut outs = outs[results..].iter().copied();
         for &a in args.iter().filter(|&&a| self.is_float(a)) {

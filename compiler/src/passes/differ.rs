@@ -17,13 +17,17 @@ pub(super) struct Cots {
 }
 
 /// The functions `@g_fwd` and `@g_bwd` of a function `@g` (`--remat=none`, and in every
-/// mode where `once`).
+/// mode where `once`), or `@g_recompute` and `@g_bwd` (`recomputed`).
 pub(super) struct Split {
     pub(super) fwd: FuncId,
     pub(super) bwd: FuncId,
     /// `@g` is called outside every loop (a model's ends, the loss): its callers keep its
     /// residuals whatever `--remat` says, as they would had it been inlined.
     pub(super) once: bool,
+    /// `@g` is the stage under `--remat=stage --schedule 1f1b`: the backward calls `@g_fwd`
+    /// (named `@g_recompute`) for the residuals, then `@g_bwd`, where `@g_vjp` would do both,
+    /// so that `1f1b` can run the recomputation a tick before the backward.
+    pub(super) recomputed: bool,
 }
 
 /// One function being differentiated, with what the module already has: the VJPs of its

@@ -2,7 +2,8 @@
 //! schedules are built from (`one_f_one_b.rs`): the forward loop L1 and the backward loop L2,
 //! and in them where stage 0 is fed, where the outputs are written, where each tape (the stage
 //! inputs under `--remat stage`; every activation the backward reads, and the stage mask, under
-//! `none`) is written and read, and which of L2's carried values is the outputs' cotangent.
+//! `none`) is written and read, which of L2's carried values is the outputs' cotangent, and
+//! whether L2 recomputes the stage's residuals before its backward.
 //! Anything else is refused as not GPipe's step (a compiler error, not a user's).
 
 use ppc_dialect::diag::Diagnostic;
@@ -35,6 +36,9 @@ pub(super) struct Parts {
     /// L1's call of the stage (or its forward half), and L2's of its backward.
     pub(super) forward_call: OpId,
     pub(super) backward_call: OpId,
+    /// L2's call of `@stage_recompute`, whose residuals its backward reads (`--remat stage`
+    /// under `1f1b`, see `autodiff`).
+    pub(super) recompute_call: Option<OpId>,
 }
 
 /// One of L1's tapes: what each iteration keeps for the backward loop.
@@ -154,6 +158,13 @@ impl Parts {
             "one backward of the stage",
             |k| matches!(k, OpKind::Call { callee, .. } if backwards.contains(&Some(*callee))),
         )?;
+        let recompute = m.func_id(&names::recompute(names::STAGE));
+        let recompute_call = at_most_one(
+            f,
+            l2,
+            "one recomputation of the stage",
+            |k| matches!(k, OpKind::Call { callee, .. } if Some(*callee) == recompute),
+        )?;
         let tapes = (tapes.iter().zip(&f.ops[forward].results[2..]))
             .map(|(&tape, &out)| {
                 let write = only(
@@ -202,6 +213,7 @@ impl Parts {
             backward_done,
             forward_call,
             backward_call,
+            recompute_call,
         })
     }
 }

@@ -16,6 +16,8 @@ mod options;
 mod remat;
 mod scatter_add;
 mod shard_stages;
+mod tick;
+mod tick_backward;
 mod tick_ring;
 mod vjp;
 mod vmap_stages;

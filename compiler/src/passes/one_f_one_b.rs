@@ -25,7 +25,9 @@
 //! - **Backward half**: L2's body with each stage's microbatch replaced likewise, and the
 //!   cotangent masked to `-0.0` where a stage does not run, as GPipe's bubbles see it (there
 //!   the slot holds a cotangent of another tick). Every stage still meets its microbatches in
-//!   GPipe's backward order, so every gradient adds up in the same order.
+//!   GPipe's backward order, so every gradient adds up in the same order. Under `--remat
+//!   stage` its recomputation (`@stage_recompute`) runs a tick earlier, in the stage's forward
+//!   tick, so that a forward tick and a backward tick cost about the same (`tick_backward.rs`).
 //! - **The rings**: each stage keeps what GPipe's tapes keep (its inputs under `--remat stage`,
 //!   every activation its backward reads under `none`) in rings of `S` slots
 //!   (`[S, stages, ...]`): in the tick it runs a forward, at slot `τ mod S` (the other
@@ -41,9 +43,11 @@
 //!
 //! Interleaved repeats and ZB-H1 are not built yet.
 
-use super::gpipe_step::{after_forward, loop_body, mask_of, unexpected, Kept, Parts};
+use super::gpipe_step::{after_forward, loop_body, unexpected, Kept, Parts};
 use super::options::Options;
-use super::tick_ring::{stage_mask, Rings};
+use super::tick::{and, entering, int, select, stage_call, within, Held, Tick, Ticks};
+use super::tick_backward::{backward_half, recompute_ahead};
+use super::tick_ring::Rings;
 use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
@@ -73,29 +77,6 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let f = build(m, id).map_err(|d| vec![d])?;
     m.funcs[id] = f;
     Ok(())
-}
-
-/// The tick loop's fixed values: the stages' indices and parities, the rings, where the loss
-/// runs, and what seeds the backward.
-struct Ticks {
-    /// `M` and `S`.
-    microbatches: i64,
-    stages: i64,
-    /// Per local stage: its global index `g` and `g mod 2`.
-    stage_ids: ValueId,
-    parity: ValueId,
-    rings: Rings,
-    /// Where the loss runs: the last rank (`None` on one rank).
-    on_last_rank: Option<ValueId>,
-    /// One stage per rank: a stage call whose stage does not run is skipped (`call_if`), so a
-    /// rank runs one body per tick, not the forward's and the backward's.
-    one_stage_per_rank: bool,
-    normalizer: ValueId,
-    target: ValueId,
-    /// The seeds of the VJP: the loss's and the outputs' cotangents.
-    d_loss: ValueId,
-    d_outputs: ValueId,
-    microbatch_loss: FuncId,
 }
 
 fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
@@ -131,10 +112,6 @@ fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
     let mut out = b.finish(returned);
     out.remove_dead_ops();
     Ok(out)
-}
-
-fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {
-    b.scalar(hint, v as f64, DType::I32)
 }
 
 fn ticks(
@@ -208,23 +185,6 @@ struct LoopResults {
     backward: Vec<ValueId>,
 }
 
-/// The scalars of tick `h`: its pair `τ = ⌊h/2⌋` and which of the two it is, `h mod 2`.
-struct Tick {
-    h: ValueId,
-    pair: ValueId,
-    odd: ValueId,
-}
-
-impl Tick {
-    fn new(b: &mut Builder, h: ValueId) -> Result<Tick, Diagnostic> {
-        let two = int(b, "two", 2)?;
-        let pair = b.binary("pair", BinaryOp::Div, h, two)?;
-        let even = b.binary("even_tick", BinaryOp::Mul, pair, two)?;
-        let odd = b.binary("odd_tick", BinaryOp::Sub, h, even)?;
-        Ok(Tick { h, pair, odd })
-    }
-}
-
 fn tick_loop(
     b: &mut Builder,
     m: &Module,
@@ -266,6 +226,17 @@ fn tick_loop(
         }
     }
     let kept = inits.len() - 2;
+    // Under `--remat stage`, the residuals one tick recomputes for the next tick's backwards.
+    let recomputed = parts
+        .recompute_call
+        .map_or(&[][..], |id| &f.ops[id].results[..]);
+    for &r in recomputed {
+        let ty = f.ty(r).clone();
+        let value = Float(if ty.dtype.is_float() { -0.0 } else { 0.0 });
+        inits.push(b.op("recomputed0", OpKind::Constant { value }, Some(ty))?);
+        hints.push(names::RECOMPUTED);
+    }
+    let carries = kept + recomputed.len();
     // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
     let d_outputs_ty = f.ty(l2.args[1 + parts.d_outputs]).clone();
     let d_outputs = b.op("d_outputs0", OpKind::Constant { value }, Some(d_outputs_ty))?;
@@ -283,21 +254,26 @@ fn tick_loop(
     let out = b.loop_op(halves, inits, &hints, |b, h, c| {
         let mut env = env.clone();
         let tick = Tick::new(b, h)?;
-        let mut carried = c[2 + kept..].to_vec();
+        let recomputed = &c[2 + kept..2 + carries];
+        let mut carried = c[2 + carries..].to_vec();
+        let base = env.clone();
         let fwd = forward_half(b, m, f, parts, ticks, &mut env, &tick, &c[..2 + kept])?;
         carried[parts.d_outputs] = seed_leaving(b, m, ticks, &fwd, carried[parts.d_outputs])?;
         let mut yields = vec![fwd.state, fwd.outputs];
-        yields.extend(&fwd.rings);
-        yields.extend(fwd.same.iter().map(|&(_, v)| v));
+        yields.extend(&fwd.held.rings);
+        yields.extend(fwd.held.same.iter().map(|&(_, v)| v));
+        yields.extend(recompute_ahead(
+            b, m, f, parts, ticks, base, &tick, &fwd.held,
+        )?);
         yields.extend(backward_half(
-            b, m, f, parts, ticks, &mut env, &tick, &fwd, &carried,
+            b, m, f, parts, ticks, &mut env, &tick, &fwd.held, &carried, recomputed,
         )?);
         Ok(yields)
     })?;
     Ok(LoopResults {
         state: out[0],
         outputs: out[1],
-        backward: out[2 + kept..].to_vec(),
+        backward: out[2 + carries..].to_vec(),
     })
 }
 
@@ -307,65 +283,10 @@ fn tick_loop(
 struct ForwardHalf {
     state: ValueId,
     outputs: ValueId,
-    rings: Vec<ValueId>,
-    /// The values the same in every tick, as the last forward on the rank computed them, with
-    /// the op of L2 that reads them.
-    same: Vec<(OpId, ValueId)>,
+    held: Held,
     last: ValueId,
     leaving: ValueId,
     left: ValueId,
-}
-
-/// `lo <= x < hi`, for a scalar or a vector `x`.
-fn within(b: &mut Builder, x: ValueId, lo: i64, hi: i64) -> Result<ValueId, Diagnostic> {
-    let (lo, hi) = (int(b, "lo", lo)?, int(b, "hi", hi)?);
-    let above = b.compare("from_lo", CmpPred::Ge, x, lo)?;
-    let below = b.compare("below_hi", CmpPred::Lt, x, hi)?;
-    and(b, "within", above, below)
-}
-
-fn and(b: &mut Builder, hint: &str, x: ValueId, y: ValueId) -> Result<ValueId, Diagnostic> {
-    let (cond, on_true, on_false) = (x, y, x);
-    b.op(
-        hint,
-        OpKind::Select {
-            cond,
-            on_true,
-            on_false,
-        },
-        None,
-    )
-}
-
-fn select(
-    b: &mut Builder,
-    hint: &str,
-    cond: ValueId,
-    on_true: ValueId,
-    on_false: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    let kind = OpKind::Select {
-        cond,
-        on_true,
-        on_false,
-    };
-    b.op(hint, kind, None)
-}
-
-/// The microbatch (in entering order, the last microbatch first) that a stage reaching it `at`
-/// ticks after it entered works on in tick `h`: `(h - at) / 2`, where `here` (the stages whose
-/// parity runs this half), and `-1` (no microbatch) elsewhere.
-fn entering(
-    b: &mut Builder,
-    tick: &Tick,
-    at: ValueId,
-    here: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    let since = b.binary("since", BinaryOp::Sub, tick.h, at)?;
-    let two = int(b, "two", 2)?;
-    let n = b.binary("entered", BinaryOp::Div, since, two)?;
-    let none = int(b, "none", -1)?;
-    select(b, "entering", here, n, none)
 }
 
 /// L1's body in tick `h`, on the stages of parity `h mod 2`: stage `g` runs the forward
@@ -447,42 +368,11 @@ fn forward_half(
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
         outputs,
-        rings,
-        same,
+        held: Held { rings, same },
         last: last.expect("invariant: the write is in L1"),
         leaving,
         left,
     })
-}
-
-/// Copies the stage call `id`; with one stage per rank, as a `call_if` on its stage's mask (the
-/// flag it returns):
-/// where the stage does not run it computes nothing, and its results are `-0.0`, as a stage
-/// function's where its mask is false (a forward's feed only stages that do not run either).
-fn stage_call(
-    b: &mut Builder,
-    m: &Module,
-    f: &Func,
-    id: OpId,
-    env: &mut HashMap<ValueId, ValueId>,
-    ticks: &Ticks,
-) -> Result<Option<ValueId>, Diagnostic> {
-    let OpKind::Call { callee, args, .. } = &f.ops[id].kind else {
-        unreachable!("invariant: a stage call")
-    };
-    let on = match ticks.one_stage_per_rank {
-        true => {
-            let mask = env[&mask_of(f, args).expect("the stage mask")];
-            let flag = Type::new(DType::I1, vec![]);
-            Some(b.op("stage_runs", OpKind::Reshape { x: mask }, Some(flag))?)
-        }
-        false => None,
-    };
-    let hint = &f.values[f.ops[id].results[0]].name;
-    let args = args.iter().map(|a| env[a]).collect();
-    let results = b.call_if(hint, m, *callee, args, on)?;
-    env.extend(f.ops[id].results.iter().copied().zip(results));
-    Ok(on)
 }
 
 /// Copies op `id` with `from` read as `to`.
@@ -552,93 +442,4 @@ fn seed_leaving(
         None,
     )?;
     select(b, "d_outputs_left", fwd.left, seeded, d_outputs)
-}
-
-/// L2's body in tick `h`, on the stages of the other parity: stage `g` runs the backward
-/// of entering microbatch `(h - (2S-1-g)) / 2`, its input read from the ring and its
-/// cotangent masked to `-0.0` where it does not run (there the slot holds another tick's).
-#[allow(clippy::too_many_arguments)]
-fn backward_half(
-    b: &mut Builder,
-    m: &Module,
-    f: &Func,
-    parts: &Parts,
-    ticks: &Ticks,
-    env: &mut HashMap<ValueId, ValueId>,
-    tick: &Tick,
-    fwd: &ForwardHalf,
-    carried: &[ValueId],
-) -> Result<Vec<ValueId>, Diagnostic> {
-    let l2 = loop_body(f, parts.backward);
-    // L2's iteration t reads forward iteration M+S-2-t: stage 0's microbatch when it runs.
-    env.insert(l2.args[0], tick.pair);
-    env.extend(l2.args[1..].iter().copied().zip(carried.iter().copied()));
-    let (mbs, stages) = (ticks.microbatches, ticks.stages);
-    let here = b.compare("backward_here", CmpPred::Ne, ticks.parity, tick.odd)?;
-    // L2 names each stage's microbatch in GPipe's order: `M - 1 - n`.
-    let last_mb = int(b, "last_microbatch", mbs - 1)?;
-    let turn = int(b, "turn", 2 * stages - 1)?;
-    let waited = b.binary("waited", BinaryOp::Sub, turn, ticks.stage_ids)?;
-    let n = entering(b, tick, waited, here)?;
-    let item = b.binary("backward_mb", BinaryOp::Sub, last_mb, n)?;
-    let out_of_order = int(b, "no_microbatch", -1)?;
-    let item = select(b, "backward_item", here, item, out_of_order)?;
-    // Under `--remat none` the stage mask was a tape: here it is where a microbatch runs.
-    let active = within(b, item, 0, mbs)?;
-    let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
-    let last_here = b.compare("last_here", CmpPred::Ne, tick.odd, last_parity)?;
-    let at = int(b, "last_turn", stages)?;
-    let n = entering(b, tick, at, last_here)?;
-    let real = within(b, n, 0, mbs)?;
-    let done = b.binary("done_mb", BinaryOp::Sub, last_mb, n)?;
-    let done = select(b, "done_item", real, done, out_of_order)?;
-    // Each read of a tape of stage values, in the order of L1's tapes: its ring.
-    let staged = parts.tapes.iter().filter(|t| t.kept == Kept::Staged);
-    let ring_of: HashMap<OpId, ValueId> = staged
-        .map(|t| t.read)
-        .zip(fwd.rings.iter().copied())
-        .collect();
-    let mask = parts
-        .tapes
-        .iter()
-        .find(|t| t.kept == Kept::Mask)
-        .map(|t| t.read);
-    let same: HashMap<OpId, ValueId> = fwd.same.iter().copied().collect();
-    for &id in &l2.ops {
-        let result = f.ops[id].results.first().copied();
-        match &f.ops[id].kind {
-            _ if Some(id) == parts.backward_item => {
-                env.insert(result.expect("a result"), item);
-            }
-            _ if id == parts.backward_done => {
-                env.insert(result.expect("a result"), done);
-            }
-            OpKind::Call { args, .. } if id == parts.backward_call => {
-                let cotangent = *args.last().expect("the cotangent");
-                let d_y = env[&cotangent];
-                let active = env[&mask_of(f, args).expect("the stage mask")];
-                let mask = stage_mask(b, active, &b.ty(d_y).clone())?;
-                let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
-                let masked = select(b, "cotangent_here", mask, d_y, zero)?;
-                let saved = env.insert(cotangent, masked);
-                stage_call(b, m, f, id, env, ticks)?;
-                env.insert(
-                    cotangent,
-                    saved.expect("invariant: defined before the call"),
-                );
-            }
-            _ if Some(id) == mask => {
-                env.insert(result.expect("a result"), active);
-            }
-            _ if same.contains_key(&id) => {
-                env.insert(result.expect("a result"), same[&id]);
-            }
-            _ if ring_of.contains_key(&id) => {
-                let kept = ticks.rings.read(b, ring_of[&id], tick.pair)?;
-                env.insert(result.expect("a result"), kept);
-            }
-            _ => b.copy_ops(m, f, &[id], env)?,
-        }
-    }
-    Ok(l2.results.iter().map(|v| env[v]).collect())
 }

@@ -1,0 +1,151 @@
+//! The tick loop of `--schedule 1f1b` (`one_f_one_b.rs`): its fixed values, the scalars of
+//! each tick, which microbatch a stage meets in it, and how a tick calls a stage function;
+//! what the forward half (`one_f_one_b.rs`) and the backward half (`tick_backward.rs`) share.
+
+use super::gpipe_step::mask_of;
+use super::tick_ring::Rings;
+use ppc_dialect::build::Builder;
+use ppc_dialect::diag::Diagnostic;
+use ppc_dialect::ir::{Func, FuncId, Module, OpId, ValueId};
+use ppc_dialect::op::{BinaryOp, CmpPred, OpKind};
+use ppc_dialect::{DType, Type};
+use std::collections::HashMap;
+
+/// The tick loop's fixed values: the stages' indices and parities, the rings, where the loss
+/// runs, and what seeds the backward.
+pub(super) struct Ticks {
+    /// `M` and `S`.
+    pub(super) microbatches: i64,
+    pub(super) stages: i64,
+    /// Per local stage: its global index `g` and `g mod 2`.
+    pub(super) stage_ids: ValueId,
+    pub(super) parity: ValueId,
+    pub(super) rings: Rings,
+    /// Where the loss runs: the last rank (`None` on one rank).
+    pub(super) on_last_rank: Option<ValueId>,
+    /// One stage per rank: a stage call whose stage does not run is skipped (`call_if`), so a
+    /// rank runs one body per tick, not the forward's and the backward's.
+    pub(super) one_stage_per_rank: bool,
+    pub(super) normalizer: ValueId,
+    pub(super) target: ValueId,
+    /// The seeds of the VJP: the loss's and the outputs' cotangents.
+    pub(super) d_loss: ValueId,
+    pub(super) d_outputs: ValueId,
+    pub(super) microbatch_loss: FuncId,
+}
+
+pub(super) fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {
+    b.scalar(hint, v as f64, DType::I32)
+}
+
+/// The scalars of tick `h`: its pair `τ = ⌊h/2⌋` and which of the two it is, `h mod 2`.
+pub(super) struct Tick {
+    pub(super) h: ValueId,
+    pub(super) pair: ValueId,
+    pub(super) odd: ValueId,
+}
+
+impl Tick {
+    pub(super) fn new(b: &mut Builder, h: ValueId) -> Result<Tick, Diagnostic> {
+        let two = int(b, "two", 2)?;
+        let pair = b.binary("pair", BinaryOp::Div, h, two)?;
+        let even = b.binary("even_tick", BinaryOp::Mul, pair, two)?;
+        let odd = b.binary("odd_tick", BinaryOp::Sub, h, even)?;
+        Ok(Tick { h, pair, odd })
+    }
+}
+
+/// `lo <= x < hi`, for a scalar or a vector `x`.
+pub(super) fn within(b: &mut Builder, x: ValueId, lo: i64, hi: i64) -> Result<ValueId, Diagnostic> {
+    let (lo, hi) = (int(b, "lo", lo)?, int(b, "hi", hi)?);
+    let above = b.compare("from_lo", CmpPred::Ge, x, lo)?;
+    let below = b.compare("below_hi", CmpPred::Lt, x, hi)?;
+    and(b, "within", above, below)
+}
+
+pub(super) fn and(
+    b: &mut Builder,
+    hint: &str,
+    x: ValueId,
+    y: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let (cond, on_true, on_false) = (x, y, x);
+    b.op(
+        hint,
+        OpKind::Select {
+            cond,
+            on_true,
+            on_false,
+        },
+        None,
+    )
+}
+
+pub(super) fn select(
+    b: &mut Builder,
+    hint: &str,
+    cond: ValueId,
+    on_true: ValueId,
+    on_false: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let kind = OpKind::Select {
+        cond,
+        on_true,
+        on_false,
+    };
+    b.op(hint, kind, None)
+}
+
+/// The microbatch (in entering order, the last microbatch first) that a stage reaching it `at`
+/// ticks after it entered works on in tick `h`: `(h - at) / 2`, where `here` (the stages whose
+/// parity runs this half), and `-1` (no microbatch) elsewhere.
+pub(super) fn entering(
+    b: &mut Builder,
+    tick: &Tick,
+    at: ValueId,
+    here: ValueId,
+) -> Result<ValueId, Diagnostic> {
+    let since = b.binary("since", BinaryOp::Sub, tick.h, at)?;
+    let two = int(b, "two", 2)?;
+    let n = b.binary("entered", BinaryOp::Div, since, two)?;
+    let none = int(b, "none", -1)?;
+    select(b, "entering", here, n, none)
+}
+
+/// Copies the stage call `id`; with one stage per rank, as a `call_if` on its stage's mask (the
+/// flag it returns):
+/// where the stage does not run it computes nothing, and its results are `-0.0`, as a stage
+/// function's where its mask is false (a forward's feed only stages that do not run either).
+pub(super) fn stage_call(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    id: OpId,
+    env: &mut HashMap<ValueId, ValueId>,
+    ticks: &Ticks,
+) -> Result<Option<ValueId>, Diagnostic> {
+    let OpKind::Call { callee, args, .. } = &f.ops[id].kind else {
+        unreachable!("invariant: a stage call")
+    };
+    let on = match ticks.one_stage_per_rank {
+        true => {
+            let mask = env[&mask_of(f, args).expect("the stage mask")];
+            let flag = Type::new(DType::I1, vec![]);
+            Some(b.op("stage_runs", OpKind::Reshape { x: mask }, Some(flag))?)
+        }
+        false => None,
+    };
+    let hint = &f.values[f.ops[id].results[0]].name;
+    let args = args.iter().map(|a| env[a]).collect();
+    let results = b.call_if(hint, m, *callee, args, on)?;
+    env.extend(f.ops[id].results.iter().copied().zip(results));
+    Ok(on)
+}
+
+/// What a stage keeps for its backward after a tick's forwards: the rings, and the values the
+/// same in every tick (as the last forward on the rank computed them, with the op of L2 that
+/// reads them).
+pub(super) struct Held {
+    pub(super) rings: Vec<ValueId>,
+    pub(super) same: Vec<(OpId, ValueId)>,
+}

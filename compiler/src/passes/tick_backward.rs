@@ -1,0 +1,220 @@
+//! The backward half of a 1F1B tick (`one_f_one_b.rs`): GPipe's backward loop body L2 on the
+//! stages whose parity does not run a forward, and, under `--remat stage`, the recomputation
+//! one tick ahead.
+//!
+//! **Why recompute ahead**: with one stage per rank, neighbouring ranks run a forward and a
+//! backward in the same tick and meet in the exchange that ends it, so a tick costs the slower
+//! of the two. `@stage_vjp` recomputes the forward inside the backward (`T_F + 2 T_F` against
+//! the forward's `T_F`); here a stage recomputes, in the tick of its forward, the residuals
+//! of the microbatch it takes back in the next tick (`@stage_recompute`), and the backward
+//! tick runs `@stage_bwd` on them: both ticks cost about `2 T_F`, as GPipe's steps do. The
+//! residuals of one microbatch per stage are carried for one tick; the same ops compute them,
+//! so the bytes are GPipe's.
+
+use super::gpipe_step::{loop_body, mask_of, Kept, Parts};
+use super::tick::{entering, int, select, stage_call, within, Held, Tick, Ticks};
+use super::tick_ring::stage_mask;
+use ppc_dialect::build::Builder;
+use ppc_dialect::diag::Diagnostic;
+use ppc_dialect::ir::{Func, Module, OpId, ValueId};
+use ppc_dialect::op::{BinaryOp, CmpPred, OpKind};
+use ppc_dialect::DType;
+use std::collections::{HashMap, HashSet};
+
+/// What L2's ops read in one tick in place of GPipe's tapes and items.
+struct Backward<'a> {
+    /// Each stage's microbatch (`-1` where it runs none), where one runs, and the microbatch
+    /// whose outputs' cotangent the last stage reads.
+    item: ValueId,
+    active: ValueId,
+    done: ValueId,
+    /// The tick's pair `τ`, at which the rings are read.
+    pair: ValueId,
+    rings: HashMap<OpId, ValueId>,
+    same: HashMap<OpId, ValueId>,
+    parts: &'a Parts,
+    ticks: &'a Ticks,
+}
+
+impl<'a> Backward<'a> {
+    /// L2's iteration in tick `h`, on the stages of the other parity: stage `g` runs the
+    /// backward of entering microbatch `(h - (2S-1-g)) / 2`.
+    fn new(
+        b: &mut Builder,
+        parts: &'a Parts,
+        ticks: &'a Ticks,
+        tick: &Tick,
+        held: &Held,
+    ) -> Result<Backward<'a>, Diagnostic> {
+        let (mbs, stages) = (ticks.microbatches, ticks.stages);
+        let here = b.compare("backward_here", CmpPred::Ne, ticks.parity, tick.odd)?;
+        // L2 names each stage's microbatch in GPipe's order: `M - 1 - n`.
+        let last_mb = int(b, "last_microbatch", mbs - 1)?;
+        let turn = int(b, "turn", 2 * stages - 1)?;
+        let waited = b.binary("waited", BinaryOp::Sub, turn, ticks.stage_ids)?;
+        let n = entering(b, tick, waited, here)?;
+        let item = b.binary("backward_mb", BinaryOp::Sub, last_mb, n)?;
+        let out_of_order = int(b, "no_microbatch", -1)?;
+        let item = select(b, "backward_item", here, item, out_of_order)?;
+        // Under `--remat none` the stage mask was a tape: here it is where a microbatch runs.
+        let active = within(b, item, 0, mbs)?;
+        let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
+        let last_here = b.compare("last_here", CmpPred::Ne, tick.odd, last_parity)?;
+        let at = int(b, "last_turn", stages)?;
+        let n = entering(b, tick, at, last_here)?;
+        let real = within(b, n, 0, mbs)?;
+        let done = b.binary("done_mb", BinaryOp::Sub, last_mb, n)?;
+        let done = select(b, "done_item", real, done, out_of_order)?;
+        // Each read of a tape of stage values, in the order of L1's tapes: its ring.
+        let staged = parts.tapes.iter().filter(|t| t.kept == Kept::Staged);
+        Ok(Backward {
+            item,
+            active,
+            done,
+            pair: tick.pair,
+            rings: staged
+                .map(|t| t.read)
+                .zip(held.rings.iter().copied())
+                .collect(),
+            same: held.same.iter().copied().collect(),
+            parts,
+            ticks,
+        })
+    }
+
+    /// Copies L2's op `id`, reading this tick's items, rings and masks for GPipe's.
+    fn copy(
+        &self,
+        b: &mut Builder,
+        m: &Module,
+        f: &Func,
+        env: &mut HashMap<ValueId, ValueId>,
+        id: OpId,
+    ) -> Result<(), Diagnostic> {
+        let result = || f.ops[id].results[0];
+        let mask = (self.parts.tapes.iter())
+            .find(|t| t.kept == Kept::Mask)
+            .map(|t| t.read);
+        let value = match id {
+            _ if Some(id) == self.parts.backward_item => self.item,
+            _ if id == self.parts.backward_done => self.done,
+            _ if Some(id) == mask => self.active,
+            _ if self.same.contains_key(&id) => self.same[&id],
+            _ if self.rings.contains_key(&id) => {
+                self.ticks.rings.read(b, self.rings[&id], self.pair)?
+            }
+            _ => return b.copy_ops(m, f, &[id], env),
+        };
+        env.insert(result(), value);
+        Ok(())
+    }
+}
+
+/// L2's body in tick `h`, its cotangent masked to `-0.0` where a stage does not run (there
+/// the slot holds another tick's). Under `--remat stage` its recomputation's residuals are
+/// `recomputed`, which the previous tick left ([`recompute_ahead`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward_half(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    parts: &Parts,
+    ticks: &Ticks,
+    env: &mut HashMap<ValueId, ValueId>,
+    tick: &Tick,
+    held: &Held,
+    carried: &[ValueId],
+    recomputed: &[ValueId],
+) -> Result<Vec<ValueId>, Diagnostic> {
+    let l2 = loop_body(f, parts.backward);
+    // L2's iteration t reads forward iteration M+S-2-t: stage 0's microbatch when it runs.
+    env.insert(l2.args[0], tick.pair);
+    env.extend(l2.args[1..].iter().copied().zip(carried.iter().copied()));
+    let bw = Backward::new(b, parts, ticks, tick, held)?;
+    let OpKind::Call { args, .. } = &f.ops[parts.backward_call].kind else {
+        unreachable!("invariant: a stage call")
+    };
+    let mask = mask_of(f, args).expect("the stage mask");
+    for &id in &l2.ops {
+        if Some(id) == parts.recompute_call {
+            env.extend(
+                f.ops[id]
+                    .results
+                    .iter()
+                    .copied()
+                    .zip(recomputed.iter().copied()),
+            );
+            // The mask it passes on is where a microbatch runs in this tick.
+            if f.ops[id].results.contains(&mask) {
+                env.insert(mask, bw.active);
+            }
+        } else if id == parts.backward_call {
+            let cotangent = *args.last().expect("the cotangent");
+            let d_y = env[&cotangent];
+            let here = stage_mask(b, env[&mask], &b.ty(d_y).clone())?;
+            let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
+            let masked = select(b, "cotangent_here", here, d_y, zero)?;
+            let saved = env.insert(cotangent, masked);
+            stage_call(b, m, f, id, env, ticks)?;
+            env.insert(
+                cotangent,
+                saved.expect("invariant: defined before the call"),
+            );
+        } else {
+            bw.copy(b, m, f, env, id)?;
+        }
+    }
+    Ok(l2.results.iter().map(|v| env[v]).collect())
+}
+
+/// The residuals of the backwards of tick `h + 1`, computed in tick `h` by L2's recomputation
+/// (`@stage_recompute`) and the ops that give it its arguments, as in that tick: the stages
+/// that run a forward in tick `h` run their backward in tick `h + 1`. Empty unless L2
+/// recomputes (`--remat stage`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn recompute_ahead(
+    b: &mut Builder,
+    m: &Module,
+    f: &Func,
+    parts: &Parts,
+    ticks: &Ticks,
+    mut env: HashMap<ValueId, ValueId>,
+    tick: &Tick,
+    held: &Held,
+) -> Result<Vec<ValueId>, Diagnostic> {
+    let Some(call) = parts.recompute_call else {
+        return Ok(Vec::new());
+    };
+    let ahead = int(b, "tick_ahead", 1)?;
+    let next = b.binary("next_tick", BinaryOp::Add, tick.h, ahead)?;
+    let next = Tick::new(b, next)?;
+    let l2 = loop_body(f, parts.backward);
+    env.insert(l2.args[0], next.pair);
+    let bw = Backward::new(b, parts, ticks, &next, held)?;
+    let carried: HashSet<ValueId> = l2.args[1..].iter().copied().collect();
+    for id in feeding(f, &l2.ops, call) {
+        if (f.ops[id].kind.operands().iter()).any(|v| carried.contains(v)) {
+            return Err(super::gpipe_step::unexpected(
+                "a recomputation that reads no cotangent",
+            ));
+        }
+        bw.copy(b, m, f, &mut env, id)?;
+    }
+    stage_call(b, m, f, call, &mut env, ticks)?;
+    Ok(f.ops[call].results.iter().map(|r| env[r]).collect())
+}
+
+/// The ops of `ops` before `target` whose results it reads, directly or not, in order.
+fn feeding(f: &Func, ops: &[OpId], target: OpId) -> Vec<OpId> {
+    let at = ops.iter().position(|&o| o == target).expect("in the block");
+    let mut needed: HashSet<ValueId> = f.ops[target].kind.operands().into_iter().collect();
+    let mut out = Vec::new();
+    for &id in ops[..at].iter().rev() {
+        if f.ops[id].results.iter().any(|r| needed.contains(r)) {
+            needed.extend(f.ops[id].kind.operands());
+            out.push(id);
+        }
+    }
+    out.reverse();
+    out
+}
