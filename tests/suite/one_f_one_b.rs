@@ -191,6 +191,65 @@ fn one_f_one_b_keeps_a_ring_of_s_stage_inputs() {
     }
 }
 
+/// A tick's stage calls all run between its two exchanges (the cotangents' first, the
+/// activations' last), so that ranks running a forward and a backward side by side wait for
+/// each other once per tick; under `--remat stage` the backward's recomputation runs in the
+/// forward tick (`@stage_recompute`), not inside the backward (`@stage_vjp`).
+#[test]
+fn every_stage_call_of_a_tick_runs_between_its_two_exchanges() {
+    let text = model(4, 5, 1, 2, 2, 4, 3);
+    for ranks in [2, 4] {
+        let opts = Options {
+            schedule: Kind::OneFOneB,
+            ..train_opts(false, Remat::Stage)
+        };
+        let m = compiled(&text, &over_ranks(ranks), &opts);
+        let f = m.func(&names::vjp(names::TRAIN)).expect("@train_vjp");
+        let body = (f.body.ops.iter())
+            .find_map(|&id| match &f.ops[id].kind {
+                OpKind::Loop { body, .. }
+                    if body
+                        .args
+                        .iter()
+                        .any(|&a| names::is_tick_ring(&f.values[a].name)) =>
+                {
+                    Some(body)
+                }
+                _ => None,
+            })
+            .expect("the loop over ticks");
+        let at = |pick: &dyn Fn(&OpKind) -> bool| -> Vec<usize> {
+            (body.ops.iter().enumerate())
+                .filter(|(_, &id)| pick(&f.ops[id].kind))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let callee = |k: &OpKind| match k {
+            OpKind::Call { callee, .. } => Some(m.funcs[*callee].name.clone()),
+            _ => None,
+        };
+        let stage = names::STAGE.to_string();
+        let stage_fns = [
+            stage.clone(),
+            names::recompute(&stage),
+            names::bwd(&stage),
+            names::vjp(&stage),
+        ];
+        let exchanges = at(&|k| matches!(k, OpKind::Exchange { .. }));
+        let calls = at(&|k| callee(k).is_some_and(|c| stage_fns.contains(&c)));
+        let named = |name: String| at(&|k| callee(k) == Some(name.clone())).len();
+        let what = format!("{ranks} ranks: exchanges at {exchanges:?}, stage calls at {calls:?}");
+        assert_eq!(exchanges.len(), 2, "{what}");
+        assert_eq!(calls.len(), 3, "{what}");
+        assert!(
+            calls.iter().all(|&c| exchanges[0] < c && c < exchanges[1]),
+            "{what}"
+        );
+        assert_eq!(named(names::recompute(&stage)), 1, "{what}");
+        assert_eq!(named(names::vjp(&stage)), 0, "{what}");
+    }
+}
+
 /// Compiled: a few training steps of `--schedule 1f1b` on 1, 2 and 4 ranks give the losses and
 /// the checkpoint of GPipe on one rank, byte for byte (MLP with mse, GPT-2 with a tied
 /// embedding and cross entropy), and every rank's `--bench` measures GPipe's bubble.

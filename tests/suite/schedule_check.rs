@@ -181,7 +181,7 @@ fn a_schedule_broken_on_purpose_is_rejected_with_its_tick_rank_and_stage() {
 
     // The recomputation for the backward run for the tick after next: the backward reads
     // another microbatch's residuals.
-    let mut m = compiled(&text, 2, &training(Kind::OneFOneB, Remat::Stage));
+    let mut m = compiled(&text, 4, &training(Kind::OneFOneB, Remat::Stage));
     set_constant(&mut m, &train, "tick_ahead", 3.0);
     let e = broken(&m);
     assert!(

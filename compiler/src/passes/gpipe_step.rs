@@ -239,3 +239,19 @@ pub(super) fn after_forward(f: &Func, between: &[OpId], forward: OpId) -> (Vec<O
     }
     (early, late)
 }
+
+/// The ops of `ops` that run an exchange or read what one received, directly or not: in a
+/// tick, they wait for the neighbouring rank, so the tick computes everything else first.
+pub(super) fn exchanging(f: &Func, ops: &[OpId]) -> HashSet<OpId> {
+    let mut received: HashSet<ValueId> = HashSet::new();
+    let mut out = HashSet::new();
+    for &id in ops {
+        let op = &f.ops[id];
+        let reads = op.kind.operands().iter().any(|v| received.contains(v));
+        if reads || matches!(op.kind, OpKind::Exchange { .. }) {
+            received.extend(op.results.iter().copied());
+            out.insert(id);
+        }
+    }
+    out
+}

@@ -28,6 +28,10 @@
 //!   GPipe's backward order, so every gradient adds up in the same order. Under `--remat
 //!   stage` its recomputation (`@stage_recompute`) runs a tick earlier, in the stage's forward
 //!   tick, so that a forward tick and a backward tick cost about the same (`tick_backward.rs`).
+//! - **Within a tick**, the backward half comes first: it starts with the exchange that brings
+//!   its cotangents, and the forward half ends with the one that sends its activations, so
+//!   every stage call runs between the two and neighbouring ranks wait for each other once per
+//!   tick, not once per half.
 //! - **The rings**: each stage keeps what GPipe's tapes keep (its inputs under `--remat stage`,
 //!   every activation its backward reads under `none`) in rings of `S` slots
 //!   (`[S, stages, ...]`): in the tick it runs a forward, at slot `τ mod S` (the other
@@ -43,7 +47,7 @@
 //!
 //! Interleaved repeats and ZB-H1 are not built yet.
 
-use super::gpipe_step::{after_forward, loop_body, unexpected, Kept, Parts};
+use super::gpipe_step::{after_forward, exchanging, loop_body, unexpected, Kept, Parts};
 use super::options::Options;
 use super::tick::{and, entering, int, select, stage_call, within, Held, Tick, Ticks};
 use super::tick_backward::{backward_half, recompute_ahead};
@@ -54,6 +58,7 @@ use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
 use ppc_dialect::{DType, Dim, Type};
+use std::cell::Cell;
 use std::collections::HashMap;
 
 pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
@@ -226,6 +231,7 @@ fn tick_loop(
         }
     }
     let kept = inits.len() - 2;
+    let fwd_rings = hints.iter().filter(|&&h| h == names::TICK_RING).count();
     // Under `--remat stage`, the residuals one tick recomputes for the next tick's backwards.
     let recomputed = parts
         .recompute_call
@@ -254,20 +260,46 @@ fn tick_loop(
     let out = b.loop_op(halves, inits, &hints, |b, h, c| {
         let mut env = env.clone();
         let tick = Tick::new(b, h)?;
+        // The backward half first: it starts with the exchange that brings this tick's
+        // cotangents, and the forward half ends with the one that sends its activations, so
+        // that every stage call of the tick runs between the two.
+        let (rings, same) = c[2..2 + kept].split_at(fwd_rings);
+        let same_reads = parts.tapes.iter().filter(|t| t.kept == Kept::Same);
+        let held = Held {
+            rings: rings.to_vec(),
+            same: same_reads
+                .map(|t| t.read)
+                .zip(same.iter().copied())
+                .collect(),
+        };
         let recomputed = &c[2 + kept..2 + carries];
-        let mut carried = c[2 + carries..].to_vec();
+        let carried = &c[2 + carries..];
         let base = env.clone();
-        let fwd = forward_half(b, m, f, parts, ticks, &mut env, &tick, &c[..2 + kept])?;
-        carried[parts.d_outputs] = seed_leaving(b, m, ticks, &fwd, carried[parts.d_outputs])?;
+        let mut backward = backward_half(
+            b, m, f, parts, ticks, &mut env, &tick, &held, carried, recomputed,
+        )?;
+        let ahead = |b: &mut Builder, held: &Held| {
+            recompute_ahead(b, m, f, parts, ticks, base, &tick, held)
+        };
+        let fwd = forward_half(
+            b,
+            m,
+            f,
+            parts,
+            ticks,
+            &mut env,
+            &tick,
+            &c[..2 + kept],
+            ahead,
+        )?;
+        // A microbatch's backward starts in the tick after it left the last stage.
+        let d_outputs = &mut backward[parts.d_outputs];
+        *d_outputs = seed_leaving(b, m, ticks, &fwd, *d_outputs)?;
         let mut yields = vec![fwd.state, fwd.outputs];
         yields.extend(&fwd.held.rings);
         yields.extend(fwd.held.same.iter().map(|&(_, v)| v));
-        yields.extend(recompute_ahead(
-            b, m, f, parts, ticks, base, &tick, &fwd.held,
-        )?);
-        yields.extend(backward_half(
-            b, m, f, parts, ticks, &mut env, &tick, &fwd.held, &carried, recomputed,
-        )?);
+        yields.extend(fwd.recomputed);
+        yields.extend(backward);
         Ok(yields)
     })?;
     Ok(LoopResults {
@@ -284,6 +316,8 @@ struct ForwardHalf {
     state: ValueId,
     outputs: ValueId,
     held: Held,
+    /// What the recomputation for the next tick's backwards left.
+    recomputed: Vec<ValueId>,
     last: ValueId,
     leaving: ValueId,
     left: ValueId,
@@ -302,6 +336,7 @@ fn forward_half(
     env: &mut HashMap<ValueId, ValueId>,
     tick: &Tick,
     carried: &[ValueId],
+    recompute: impl FnOnce(&mut Builder, &Held) -> Result<Vec<ValueId>, Diagnostic>,
 ) -> Result<ForwardHalf, Diagnostic> {
     let l1 = loop_body(f, parts.forward);
     let (t, state) = (l1.args[0], l1.args[1]);
@@ -324,26 +359,34 @@ fn forward_half(
     let leaving = b.binary("leaving", BinaryOp::Sub, last_mb, n)?;
     let real = within(b, n, 0, mbs)?;
     let left = and(b, "left", last_here, real)?;
-    let (mut last, mut written, mut ran) = (None, None, None);
+    // Set by `copy`, which runs in two passes: `Cell`s, read between them.
+    let (last, written, ran) = (Cell::new(None), Cell::new(None), Cell::new(None));
     let tape_writes: Vec<OpId> = parts.tapes.iter().map(|t| t.write).collect();
-    for &id in &l1.ops {
+    let copy = |b: &mut Builder, env: &mut HashMap<ValueId, ValueId>, id: OpId| {
         match &f.ops[id].kind {
             _ if tape_writes.contains(&id) => {}
             _ if id == parts.forward_item => {
                 env.insert(f.ops[id].results[0], item);
             }
             _ if id == parts.feed => copy_with(b, m, f, id, env, t, feed_at)?,
-            _ if id == parts.forward_call => ran = stage_call(b, m, f, id, env, ticks)?,
+            _ if id == parts.forward_call => ran.set(stage_call(b, m, f, id, env, ticks)?),
             OpKind::Update { update, index, .. } if id == parts.write => {
-                last = Some(env[update]);
+                last.set(Some(env[update]));
                 copy_with(b, m, f, id, env, *index, leaving)?;
-                written = Some(env[&f.ops[id].results[0]]);
+                written.set(Some(env[&f.ops[id].results[0]]));
             }
             _ => b.copy_ops(m, f, &[id], env)?,
         }
+        Ok::<_, Diagnostic>(())
+    };
+    // What waits for the neighbour (the state's exchange) goes last, after the recomputation.
+    let late = exchanging(f, &l1.ops);
+    for &id in l1.ops.iter().filter(|id| !late.contains(id)) {
+        copy(b, env, id)?;
     }
-    let written = written.expect("invariant: the write is in L1");
-    let outputs = select(b, "outputs_left", left, written, carried[1])?;
+    if tape_writes.iter().any(|w| late.contains(w)) {
+        return Err(unexpected("tapes that keep nothing received"));
+    }
     // The stages of this parity keep what the tapes kept in slot τ mod S of the rings.
     let slot = ticks.rings.write_slot(b, tick.pair)?;
     let kept = |kind: Kept| {
@@ -360,16 +403,24 @@ fn forward_half(
         rings.push(ticks.rings.write(b, ring, value, here, slot)?);
     }
     let same = (same.into_iter().zip(carried_same))
-        .map(|((read, value), &before)| match ran {
+        .map(|((read, value), &before)| match ran.get() {
             Some(ran) => Ok((read, select(b, "same_kept", ran, value, before)?)),
             None => Ok((read, value)),
         })
         .collect::<Result<_, Diagnostic>>()?;
+    let held = Held { rings, same };
+    let recomputed = recompute(b, &held)?;
+    for &id in l1.ops.iter().filter(|id| late.contains(id)) {
+        copy(b, env, id)?;
+    }
+    let written = written.get().expect("invariant: the write is in L1");
+    let outputs = select(b, "outputs_left", left, written, carried[1])?;
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
         outputs,
-        held: Held { rings, same },
-        last: last.expect("invariant: the write is in L1"),
+        held,
+        recomputed,
+        last: last.get().expect("invariant: the write is in L1"),
         leaving,
         left,
     })
