@@ -289,8 +289,11 @@ pub struct PassArgs {
     pub poison_bubbles: bool,
     /// Training: what the backward recomputes. `stage` (GPipe's choice): keep each
     /// iteration's stage input and recompute the stage in the backward loop, the least memory;
-    /// `none`: keep every activation the backward reads, so no matmul runs twice (see
-    /// `--report=json` for the memory of both).
+    /// `tick` (`--schedule 1f1b` only): as `stage`, but recompute in the tick before the
+    /// backward, holding one microbatch's activations per stage for a tick, so that with one
+    /// stage per rank forward and backward ticks cost the same and ranks do not wait on each
+    /// other; `none`: keep every activation the backward reads, so no matmul runs twice (see
+    /// `--report=json` for the memory of each).
     #[arg(long, value_enum, default_value_t = Remat::Stage)]
     pub remat: Remat,
     /// Training: the order of each stage's forwards and backwards. `gpipe`: every forward,

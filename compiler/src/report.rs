@@ -3,6 +3,7 @@
 //! the training step keeps for its backward loop), and the work of a step, `@embed`'s and
 //! `@head`'s apart.
 
+use crate::passes::Remat;
 use crate::schedule::{Schedule, ScheduleError};
 use crate::timetable::{Kind, Timetable};
 use ppc_dialect::ir::{names, Block, Func, Module, Pipeline, Setting, ValueId};
@@ -74,9 +75,13 @@ pub fn kept_activation_bytes(m: &Module) -> Option<u64> {
 /// backward loop, per rank, and the sizes of all values of one stage's backward (a bound on
 /// what it holds at once).
 fn training(m: &Module, local: u64) -> Option<Value> {
-    // `--remat none` keeps the residuals of `@stage_fwd`; under `stage` the backward either
-    // recomputes inside `@stage_vjp` or calls `@stage_recompute` before `@stage_bwd` (1F1B).
-    let kept_all = m.func(&names::fwd(names::STAGE)).is_some();
+    // `--remat none` keeps the residuals of `@stage_fwd`; `tick` calls `@stage_recompute`
+    // before `@stage_bwd`; `stage` recomputes inside `@stage_vjp`.
+    let remat = match () {
+        _ if m.func(&names::fwd(names::STAGE)).is_some() => Remat::None,
+        _ if m.func(&names::recompute(names::STAGE)).is_some() => Remat::Tick,
+        _ => Remat::Stage,
+    };
     let split = m.func(&names::bwd(names::STAGE));
     let stage_vjp = split.or(m.func(&names::vjp(names::STAGE)))?;
     let stage = m.func(names::STAGE)?;
@@ -90,7 +95,7 @@ fn training(m: &Module, local: u64) -> Option<Value> {
     Some(json!({
         "schedule": if tick_loop.is_some() { Kind::OneFOneB } else { Kind::Gpipe }.name(),
         "tick_loop": tick_loop,
-        "remat": if kept_all { "none" } else { "stage" },
+        "remat": remat.name(),
         "kept_activation_bytes_per_rank": kept_activation_bytes(m)?,
         "stage_backward_value_bytes_per_stage": result_bytes(stage_vjp, &stage_vjp.body) / local,
         "gradient_bytes_per_stage": grads / local,

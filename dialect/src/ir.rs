@@ -492,7 +492,7 @@ pub mod names {
         format!("{f}_bwd")
     }
 
-    /// `@f_fwd` run again for `@f_bwd`, not as a forward (`autodiff --remat=stage` for
+    /// `@f_fwd` run again for `@f_bwd`, not as a forward (`autodiff --remat=tick`, for
     /// `--schedule 1f1b`, which runs it a tick before the backward): `@f_recompute`.
     pub fn recompute(f: &str) -> String {
         format!("{f}_recompute")

@@ -62,6 +62,15 @@ fn assert_same_step(want: &Step, got: &Step, what: &str) {
     }
 }
 
+/// The `--remat` of GPipe's step that 1F1B's under `remat` must equal: `tick` is `stage`
+/// recomputing a tick earlier, which GPipe has no tick for.
+fn gpipes(remat: Remat) -> Remat {
+    match remat {
+        Remat::Tick => Remat::Stage,
+        remat => remat,
+    }
+}
+
 fn over_ranks(ranks: u64) -> Overrides {
     Overrides {
         ranks: Some(ranks),
@@ -86,7 +95,7 @@ fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
         );
         let text = model(s, m, 1, k, b, d, h);
         let poison = case % 2 == 1;
-        let remat = [Remat::Stage, Remat::None][usize::from(case % 3 == 2)];
+        let remat = [Remat::Stage, Remat::Tick, Remat::None][case as usize % 3];
         let ranks = (1..=s.min(4)).filter(|r| s.is_multiple_of(*r));
         for ranks in ranks {
             let what = format!(
@@ -94,7 +103,7 @@ fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
                 remat.name()
             );
             let over = over_ranks(ranks);
-            let want = step(&text, &over, poison, (Kind::Gpipe, remat), case);
+            let want = step(&text, &over, poison, (Kind::Gpipe, gpipes(remat)), case);
             let got = step(&text, &over, poison, (Kind::OneFOneB, remat), case);
             assert!(
                 want.grads
@@ -122,12 +131,14 @@ fn the_language_models_train_with_gpipes_bytes_on_1_2_and_4_ranks() {
             (1, Remat::Stage),
             (2, Remat::Stage),
             (4, Remat::Stage),
+            (2, Remat::Tick),
+            (4, Remat::Tick),
             (4, Remat::None),
         ];
         for (ranks, remat) in runs {
             let what = format!("{file} on {ranks} ranks, --remat {}", remat.name());
             let over = over_ranks(ranks);
-            let want = step(&text, &over, true, (Kind::Gpipe, remat), 5);
+            let want = step(&text, &over, true, (Kind::Gpipe, gpipes(remat)), 5);
             let got = step(&text, &over, true, (Kind::OneFOneB, remat), 5);
             assert!(
                 !want.grads.held_once.is_empty(),
@@ -178,8 +189,8 @@ fn one_f_one_b_keeps_a_ring_of_s_stage_inputs() {
         let gpipe = kept(Kind::Gpipe);
         let tapes = gpipe.iter().filter(|s| s[..2] == [8 + 3 - 1, 3]).count();
         let want = match remat {
-            Remat::Stage => tapes == 1,
             Remat::None => tapes > 1,
+            _ => tapes == 1,
         };
         assert!(want, "GPipe's tapes, --remat {}: {gpipe:?}", remat.name());
         let rings = kept(Kind::OneFOneB);
@@ -193,15 +204,17 @@ fn one_f_one_b_keeps_a_ring_of_s_stage_inputs() {
 
 /// A tick's stage calls all run between its two exchanges (the cotangents' first, the
 /// activations' last), so that ranks running a forward and a backward side by side wait for
-/// each other once per tick; under `--remat stage` the backward's recomputation runs in the
-/// forward tick (`@stage_recompute`), not inside the backward (`@stage_vjp`).
+/// each other once per tick; under `--remat tick` the backward's recomputation runs in the
+/// forward tick (`@stage_recompute`, then `@stage_bwd`), under `stage` inside the backward
+/// (`@stage_vjp`).
 #[test]
 fn every_stage_call_of_a_tick_runs_between_its_two_exchanges() {
     let text = model(4, 5, 1, 2, 2, 4, 3);
-    for ranks in [2, 4] {
+    let stage = names::STAGE.to_string();
+    for (ranks, remat) in [(2, Remat::Tick), (4, Remat::Tick), (4, Remat::Stage)] {
         let opts = Options {
             schedule: Kind::OneFOneB,
-            ..train_opts(false, Remat::Stage)
+            ..train_opts(false, remat)
         };
         let m = compiled(&text, &over_ranks(ranks), &opts);
         let f = m.func(&names::vjp(names::TRAIN)).expect("@train_vjp");
@@ -228,25 +241,23 @@ fn every_stage_call_of_a_tick_runs_between_its_two_exchanges() {
             OpKind::Call { callee, .. } => Some(m.funcs[*callee].name.clone()),
             _ => None,
         };
-        let stage = names::STAGE.to_string();
-        let stage_fns = [
-            stage.clone(),
-            names::recompute(&stage),
-            names::bwd(&stage),
-            names::vjp(&stage),
-        ];
+        let calls_of = |names: &[String]| at(&|k| callee(k).is_some_and(|c| names.contains(&c)));
+        let backward = match remat {
+            Remat::Tick => vec![names::recompute(&stage), names::bwd(&stage)],
+            _ => vec![names::vjp(&stage)],
+        };
         let exchanges = at(&|k| matches!(k, OpKind::Exchange { .. }));
-        let calls = at(&|k| callee(k).is_some_and(|c| stage_fns.contains(&c)));
-        let named = |name: String| at(&|k| callee(k) == Some(name.clone())).len();
-        let what = format!("{ranks} ranks: exchanges at {exchanges:?}, stage calls at {calls:?}");
+        let calls = calls_of(&[[stage.clone()].as_slice(), &backward].concat());
+        let what = format!(
+            "{ranks} ranks, --remat {}: exchanges at {exchanges:?}, stage calls at {calls:?}",
+            remat.name()
+        );
         assert_eq!(exchanges.len(), 2, "{what}");
-        assert_eq!(calls.len(), 3, "{what}");
+        assert_eq!(calls.len(), 1 + backward.len(), "{what}");
         assert!(
             calls.iter().all(|&c| exchanges[0] < c && c < exchanges[1]),
             "{what}"
         );
-        assert_eq!(named(names::recompute(&stage)), 1, "{what}");
-        assert_eq!(named(names::vjp(&stage)), 0, "{what}");
     }
 }
 
@@ -259,9 +270,14 @@ fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
     for (file, remat) in [
         ("examples/mlp.ppc", "stage"),
         ("examples/gpt2.ppc", "stage"),
+        ("examples/gpt2.ppc", "tick"),
         ("examples/mlp.ppc", "none"),
     ] {
         let run = |schedule: &str, ranks: u64| {
+            let remat = match (schedule, remat) {
+                ("gpipe", "tick") => "stage",
+                _ => remat,
+            };
             let what = format!("{file} --schedule {schedule} --remat {remat} on {ranks} ranks");
             let exe = dir.join(format!("model_{schedule}_{ranks}"));
             let flags = ["--train", "--schedule", schedule, "--remat", remat];
@@ -325,6 +341,7 @@ fn the_report_reads_the_tick_loop_off_the_program() {
         "{t}"
     );
     let x = one["microbatch_bytes"].as_u64().unwrap();
+    assert_eq!(t["kept_activation_bytes_per_rank"], s * s * x, "{t}");
     assert_eq!(
         gpipe["training"]["kept_activation_bytes_per_rank"],
         (m + s - 1) * s * x
@@ -343,14 +360,22 @@ fn the_report_reads_the_tick_loop_off_the_program() {
     );
     assert!(gpipe > (m + s - 1) * s * x, "{gpipe}");
     assert_eq!(one * (m + s - 1), (gpipe - (m + s - 1) * s) * s);
-    // `--remat stage`: the ring of S stage inputs, and the residuals a stage recomputes in
-    // its forward tick for the next tick's backward: one slot of `none`'s rings, and the stage
+    // `--remat tick`: the ring of S stage inputs, and the residuals a stage recomputes in its
+    // forward tick for the next tick's backward: one slot of `none`'s rings, and the stage
     // mask (a byte per stage).
+    let tick = report(&["--schedule", "1f1b", "--remat", "tick"]);
+    let t = &tick["training"];
+    assert_eq!(t["remat"], "tick", "{t}");
     assert_eq!(
         t["kept_activation_bytes_per_rank"],
         s * s * x + one / s + s,
         "{t}"
     );
+    let by = &t["kept_activation_bytes_per_rank_by_remat"];
+    assert_eq!(by["tick"], t["kept_activation_bytes_per_rank"], "{t}");
+    assert_eq!(by["stage"], s * s * x, "{t}");
+    let (code, _, err) = ppc(&["compile", &mlp, "--train", "--remat", "tick"]);
+    assert!(code != 0 && err.contains("only `--schedule 1f1b`"), "{err}");
 
     let (code, out, err) = ppc(&["schedule", &mlp, "--schedule", "1f1b"]);
     assert_eq!(code, 0, "{err}");

@@ -82,7 +82,7 @@ fn assert_covers(p: &Proof, m: &Module, train: bool, what: &str) {
 /// `--remat none` keeps what its forward computed from them.
 fn inputs_held(kind: Kind, remat: Remat, s: u64, m: u64, r: u64, stage: u64) -> usize {
     let held = match kind {
-        _ if stage == 0 && remat == Remat::Stage => 0,
+        _ if stage == 0 && remat != Remat::None => 0,
         Kind::OneFOneB => (s - stage).min(m),
         _ => m * r,
     };
@@ -114,6 +114,7 @@ fn every_schedule_the_passes_build_is_proved() {
             let mut kinds = vec![(Kind::Gpipe, Remat::Stage), (Kind::Gpipe, Remat::None)];
             if r == 1 {
                 kinds.push((Kind::OneFOneB, Remat::Stage));
+                kinds.push((Kind::OneFOneB, Remat::Tick));
             }
             for (kind, remat) in kinds {
                 let step = compiled(&training(kind, remat));
@@ -134,9 +135,14 @@ fn the_examples_schedules_are_proved() {
     for file in ["mlp", "gpt2", "llama"] {
         let text = std::fs::read_to_string(root().join(format!("examples/{file}.ppc"))).unwrap();
         for ranks in [1, 2, 4] {
-            for kind in [Kind::Gpipe, Kind::OneFOneB] {
-                let m = compiled(&text, ranks, &training(kind, Remat::Stage));
-                let what = format!("{file} {kind:?} on {ranks} ranks");
+            let runs = [
+                (Kind::Gpipe, Remat::Stage),
+                (Kind::OneFOneB, Remat::Stage),
+                (Kind::OneFOneB, Remat::Tick),
+            ];
+            for (kind, remat) in runs {
+                let m = compiled(&text, ranks, &training(kind, remat));
+                let what = format!("{file} {kind:?} --remat {} on {ranks} ranks", remat.name());
                 assert_covers(&proof(&m), &m, true, &what);
             }
         }
@@ -181,7 +187,7 @@ fn a_schedule_broken_on_purpose_is_rejected_with_its_tick_rank_and_stage() {
 
     // The recomputation for the backward run for the tick after next: the backward reads
     // another microbatch's residuals.
-    let mut m = compiled(&text, 4, &training(Kind::OneFOneB, Remat::Stage));
+    let mut m = compiled(&text, 4, &training(Kind::OneFOneB, Remat::Tick));
     set_constant(&mut m, &train, "tick_ahead", 3.0);
     let e = broken(&m);
     assert!(

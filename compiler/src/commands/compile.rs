@@ -5,6 +5,7 @@ use crate::backend::{self};
 use crate::cli::{CompileArgs, Device, ModelArgs, PassArgs, ReportFormat};
 use crate::passes::{Options, Remat};
 use crate::report::report;
+use crate::timetable::Kind;
 use anyhow::bail;
 use ppc_dialect::{print, Module};
 use std::io::Write;
@@ -120,7 +121,13 @@ fn kept_by_remat(
     compiled: &Module,
 ) -> anyhow::Result<serde_json::Value> {
     let mut by = serde_json::Map::new();
-    for remat in [Remat::Stage, Remat::None] {
+    // `tick` exists for 1F1B only.
+    let one_f_one_b = pass.options(true, compiled).schedule == Kind::OneFOneB;
+    let remats = [Remat::Stage, Remat::Tick, Remat::None];
+    for remat in remats
+        .into_iter()
+        .filter(|&r| r != Remat::Tick || one_f_one_b)
+    {
         let bytes = if remat == pass.remat {
             crate::report::kept_activation_bytes(compiled)
         } else {

@@ -8,6 +8,9 @@
 //! it is an `update` of one slice of it (a gradient accumulator's): then only that slice is
 //! written.
 //!
+//! A `call_if` (1F1B's recomputation) writes a result into the carried buffer on the same
+//! terms, reading no view of it.
+//!
 //! [`overwritten`]: a carried value that each iteration `t` of `trips` only updates at slice `t`
 //! (the training step's tapes of what the forward keeps for the backward) never has its
 //! initial value read: it needs none, and the constant it starts from is not written either
@@ -42,7 +45,7 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
     let Some(pos) = body
         .ops
         .iter()
-        .position(|&id| f.ops[id].results.first() == Some(&y))
+        .position(|&id| f.ops[id].results.contains(&y))
     else {
         return false; // a block argument or a value from outside
     };
@@ -61,6 +64,15 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
         return *x == arg
             && views::uniform(f, *index).is_some()
             && aliases(f, body, arg).iter().all(|v| !later.contains(v));
+    }
+    // A `call_if` computes its results into the buffers it is given (1F1B's recomputed
+    // residuals): into `arg`'s if it reads no view of `arg`, which nothing reads afterwards.
+    if let OpKind::Call {
+        args, on: Some(_), ..
+    } = kind
+    {
+        let views = aliases(f, body, arg);
+        return args.iter().all(|a| !views.contains(a)) && views.iter().all(|v| !later.contains(v));
     }
     if !kind.is_elementwise() && !matches!(kind, OpKind::Shift { .. }) {
         return false;

@@ -315,12 +315,16 @@ impl Walker<'_, '_> {
             unreachable!("invariant: planned for calls")
         };
         let mut ins = ins;
-        // `call_if`: the callee computes into buffers allocated outside the `scf.if`, which
-        // its `else` fills with -0.0.
+        // `call_if`: the callee computes into buffers allocated outside the `scf.if` (or the
+        // loop's carried buffers, where `in_place.rs` allows), which its `else` fills with
+        // -0.0.
         let guard = on.map(|_| ins.remove(0));
         let finals: HashMap<usize, Buf> = match guard {
             Some(_) => (op.results.iter().enumerate())
-                .map(|(i, &r)| (i, self.e.alloc(&value_type(&self.e, f, r))))
+                .map(|(i, &r)| match s.into.get(&r) {
+                    Some(b) => (i, b.clone()),
+                    None => (i, self.e.alloc(&value_type(&self.e, f, r))),
+                })
                 .collect(),
             None => HashMap::new(),
         };

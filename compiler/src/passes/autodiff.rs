@@ -17,7 +17,7 @@
 //!   returns what the backward reads, and the backward `@g_bwd` on those residuals. Inside a
 //!   called function (a stage) nothing is recomputed in either mode (`remat_of`), and the
 //!   results of `@g_vjp` that no caller reads (the stage's output) are dropped, with what only
-//!   they needed. For `--schedule 1f1b` under `--remat=stage`, the backward of a stage call
+//!   they needed. Under `--remat=tick` (`--schedule 1f1b`), the backward of a stage call
 //!   is `@g_recompute` (`@g_fwd` by the name of what it does there) then `@g_bwd`, the same
 //!   ops as `@g_vjp`, which `1f1b` runs a tick apart.
 //! - **loop** into a reverse loop of the same trip count. The forward loop keeps, per
@@ -40,7 +40,6 @@ use super::differ::{Cots, Diff, Split};
 use super::options::Options;
 use super::remat::{recomputable, Remat};
 use super::vjp::{self, bin, select, zeros, Env};
-use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, Op, OpId, ValueId};
@@ -79,7 +78,7 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         };
         let vjp = diff.build().map_err(|d| vec![d])?;
         let keeps = opts.remat == Remat::None || nested.contains(&id) || once.contains(&id);
-        let recomputed = !keeps && opts.schedule == Kind::OneFOneB;
+        let recomputed = !keeps && opts.remat == Remat::Tick;
         let split = if called.contains(&id) && (keeps || recomputed) {
             let name = match recomputed {
                 true => names::recompute(&m.funcs[id].name),
@@ -119,12 +118,13 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
 /// keep what their backward reads while it runs, in every mode, since that backward runs
 /// within one iteration of their caller's reverse loop; `--remat` decides for the loops of
 /// the functions nothing calls (the GPipe loop), so that `stage` recomputes each stage's
-/// forward once, in its backward (GPipe's choice), not once more per layer inside it.
+/// forward once, in its backward (GPipe's choice), not once more per layer inside it; `tick`
+/// is `stage` for the loops (only where the stage's backward runs differs).
 fn remat_of(option: Remat, called: bool) -> Remat {
-    if called {
-        Remat::None
-    } else {
-        option
+    match option {
+        _ if called => Remat::None,
+        Remat::Tick => Remat::Stage,
+        option => option,
     }
 }
 

@@ -26,7 +26,7 @@ impl Diff<'_> {
     /// arguments the backward has anyway (a loop's iteration number).
     pub(super) fn kept(&self, block: &Block, available: &[ValueId]) -> Vec<Kept> {
         let args = block.args.iter().filter(|a| !available.contains(a));
-        if self.remat == Remat::Stage {
+        if self.remat != Remat::None {
             // The carried values the recomputation starts from.
             let (_, needed) = needed(self.f, block);
             return args

@@ -24,7 +24,7 @@ pub(super) struct Split {
     /// `@g` is called outside every loop (a model's ends, the loss): its callers keep its
     /// residuals whatever `--remat` says, as they would had it been inlined.
     pub(super) once: bool,
-    /// `@g` is the stage under `--remat=stage --schedule 1f1b`: the backward calls `@g_fwd`
+    /// `@g` is the stage under `--remat=tick`: the backward calls `@g_fwd`
     /// (named `@g_recompute`) for the residuals, then `@g_bwd`, where `@g_vjp` would do both,
     /// so that `1f1b` can run the recomputation a tick before the backward.
     pub(super) recomputed: bool,

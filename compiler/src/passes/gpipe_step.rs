@@ -36,8 +36,8 @@ pub(super) struct Parts {
     /// L1's call of the stage (or its forward half), and L2's of its backward.
     pub(super) forward_call: OpId,
     pub(super) backward_call: OpId,
-    /// L2's call of `@stage_recompute`, whose residuals its backward reads (`--remat stage`
-    /// under `1f1b`, see `autodiff`).
+    /// L2's call of `@stage_recompute`, whose residuals its backward reads (`--remat tick`,
+    /// see `autodiff`).
     pub(super) recompute_call: Option<OpId>,
 }
 

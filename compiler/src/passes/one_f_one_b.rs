@@ -26,7 +26,7 @@
 //!   cotangent masked to `-0.0` where a stage does not run, as GPipe's bubbles see it (there
 //!   the slot holds a cotangent of another tick). Every stage still meets its microbatches in
 //!   GPipe's backward order, so every gradient adds up in the same order. Under `--remat
-//!   stage` its recomputation (`@stage_recompute`) runs a tick earlier, in the stage's forward
+//!   tick` its recomputation (`@stage_recompute`) runs a tick earlier, in the stage's forward
 //!   tick, so that a forward tick and a backward tick cost about the same (`tick_backward.rs`).
 //! - **Within a tick**, the backward half comes first: it starts with the exchange that brings
 //!   its cotangents, and the forward half ends with the one that sends its activations, so
@@ -49,6 +49,7 @@
 
 use super::gpipe_step::{after_forward, exchanging, loop_body, unexpected, Kept, Parts};
 use super::options::Options;
+use super::remat::Remat;
 use super::tick::{and, entering, int, select, stage_call, within, Held, Tick, Ticks};
 use super::tick_backward::{backward_half, recompute_ahead};
 use super::tick_ring::Rings;
@@ -64,6 +65,9 @@ use std::collections::HashMap;
 pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let refuse = |what: &str| Err(vec![Diagnostic::plain(what)]);
     match opts.schedule {
+        Kind::Gpipe if opts.remat == Remat::Tick => {
+            return refuse("`--remat tick` recomputes a stage's forward in the tick before its backward, which only `--schedule 1f1b` has: train GPipe with `--remat stage`")
+        }
         Kind::Gpipe => return Ok(()),
         Kind::ZbH1 => {
             return refuse(

@@ -5,6 +5,10 @@
 //!   backward reads (for the GPipe loop: each iteration's stage input) and the backward
 //!   recomputes the rest, each stage's forward included (`@g_vjp` recomputes `@g`), once: the
 //!   stage's own loops (its layers) keep their activations while its backward runs.
+//! - `--remat=tick` (`--schedule 1f1b` only): as `stage`, but a stage recomputes its forward
+//!   one tick before its backward, in the tick of its own forward (`one_f_one_b.rs`), and holds
+//!   what the backward reads (one microbatch's activations) for that tick: with one stage per
+//!   rank a forward tick and a backward tick then cost about the same.
 //! - `--remat=none`: the forward keeps every value the backward reads (JAX's default for a
 //!   scan): each loop a tape per value, each call the residuals of `@g_fwd` for `@g_bwd`. No
 //!   matmul runs twice, at the cost of the activations of every iteration. Values that cost
@@ -23,6 +27,9 @@ pub enum Remat {
     /// Keep each loop iteration's carried inputs (each stage's input) and recompute the rest.
     #[default]
     Stage,
+    /// As `stage`, recomputing a tick before the backward (`--schedule 1f1b`), which holds one
+    /// microbatch's activations per stage for that tick.
+    Tick,
     /// Keep everything the backward reads; recompute nothing that costs a pass over memory.
     None,
 }
@@ -31,6 +38,7 @@ impl Remat {
     pub fn name(self) -> &'static str {
         match self {
             Remat::Stage => "stage",
+            Remat::Tick => "tick",
             Remat::None => "none",
         }
     }

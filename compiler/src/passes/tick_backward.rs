@@ -1,5 +1,5 @@
 //! The backward half of a 1F1B tick (`one_f_one_b.rs`): GPipe's backward loop body L2 on the
-//! stages whose parity does not run a forward, and, under `--remat stage`, the recomputation
+//! stages whose parity does not run a forward, and, under `--remat tick`, the recomputation
 //! one tick ahead.
 //!
 //! **Why recompute ahead**: with one stage per rank, neighbouring ranks run a forward and a
@@ -112,7 +112,7 @@ impl<'a> Backward<'a> {
 
 /// L2's body in tick `h`, its cotangent masked to `-0.0` where a stage does not run (there
 /// the slot holds another tick's). Under `--remat stage` its recomputation's residuals are
-/// `recomputed`, which the previous tick left ([`recompute_ahead`]).
+/// `recomputed`, which the previous tick left ([`recompute_ahead`]; `--remat tick`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward_half(
     b: &mut Builder,
@@ -170,7 +170,7 @@ pub(super) fn backward_half(
 /// The residuals of the backwards of tick `h + 1`, computed in tick `h` by L2's recomputation
 /// (`@stage_recompute`) and the ops that give it its arguments, as in that tick: the stages
 /// that run a forward in tick `h` run their backward in tick `h + 1`. Empty unless L2
-/// recomputes (`--remat stage`).
+/// recomputes (`--remat tick`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn recompute_ahead(
     b: &mut Builder,
