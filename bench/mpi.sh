@@ -2,8 +2,8 @@
 # `make bench-mpi`: the same model on 1 rank and on 2 ranks (mpirun.mpich, stages split by
 # `ppc compile --ranks`), mlp and its wider variant. Prints throughput, the ratio 2 ranks / 1
 # rank, and where each rank's step went (computing, waiting in exchanges, measured bubble).
-# Then the MLP's training step under each compiled schedule (gpipe, 1f1b), against GPipe on
-# 1 rank on the same cores.
+# Then the MLP's training step under each compiled schedule (gpipe; 1f1b with --remat stage
+# and tick), against GPipe on 1 rank on the same cores.
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,14 +35,15 @@ for cfg in "256 1024" "512 2048"; do
   done
 done
 
-for schedule in gpipe 1f1b; do
+for schedule in gpipe:stage 1f1b:stage 1f1b:tick; do
+  remat=${schedule#*:}; schedule=${schedule%:*}
   for ranks in 1 2; do
-    exe="$OUT/train_${schedule}_$ranks"
-    $PPC compile examples/mlp.ppc --train --schedule $schedule --dim d=256 --dim h=1024 \
-      --ranks $ranks -o "$exe" 2>/dev/null
+    exe="$OUT/train_${schedule}_${remat}_$ranks"
+    $PPC compile examples/mlp.ppc --train --schedule $schedule --remat $remat \
+      --dim d=256 --dim h=1024 --ranks $ranks -o "$exe" 2>/dev/null
     read -r gflops step rest < <(mpirun.mpich -n $ranks "$exe" --bench "$STEPS" | summary)
     train_base=${train_base:-$gflops}
     ratio=$(python3 -c "print(f'{$gflops/$train_base:.2f}x')")
-    printf '%-20s %6s %12s %10s %8s  %s\n' "train $schedule" "$ranks" "$gflops" "$step" "$ratio" "$rest"
+    printf '%-20s %6s %12s %10s %8s  %s\n' "train $schedule $remat" "$ranks" "$gflops" "$step" "$ratio" "$rest"
   done
 done
