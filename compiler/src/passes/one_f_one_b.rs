@@ -32,8 +32,8 @@
 //!   its cotangents, and the forward half ends with the one that sends its activations, so
 //!   every stage call runs between the two and neighbouring ranks wait for each other once per
 //!   tick, not once per half.
-//! - **The rings**: each stage keeps what GPipe's tapes keep (its inputs under `--remat stage`,
-//!   every activation its backward reads under `none`) in rings of `S` slots
+//! - **The rings**: each stage keeps what GPipe's tapes keep (its inputs under `--remat stage`
+//!   and `tick`, every activation its backward reads under `none`) in rings of `S` slots
 //!   (`[S, stages, ...]`): in the tick it runs a forward, at slot `τ mod S` (the other
 //!   parity's entries kept, one slice written in place); it reads them back `d = S-1-g` (even
 //!   `g`) or `S-g` (odd) pairs of ticks later, through a stage-major view. GPipe's tapes hold
@@ -236,7 +236,7 @@ fn tick_loop(
     }
     let kept = inits.len() - 2;
     let fwd_rings = hints.iter().filter(|&&h| h == names::TICK_RING).count();
-    // Under `--remat stage`, the residuals one tick recomputes for the next tick's backwards.
+    // Under `--remat tick`, the residuals one tick recomputes for the next tick's backwards.
     let recomputed = parts
         .recompute_call
         .map_or(&[][..], |id| &f.ops[id].results[..]);

@@ -111,8 +111,8 @@ impl<'a> Backward<'a> {
 }
 
 /// L2's body in tick `h`, its cotangent masked to `-0.0` where a stage does not run (there
-/// the slot holds another tick's). Under `--remat stage` its recomputation's residuals are
-/// `recomputed`, which the previous tick left ([`recompute_ahead`]; `--remat tick`).
+/// the slot holds another tick's). Under `--remat tick` its recomputation's residuals are
+/// `recomputed`, which the previous tick left ([`recompute_ahead`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward_half(
     b: &mut Builder,
