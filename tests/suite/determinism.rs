@@ -77,7 +77,7 @@ fn bytes_of(exe: &Path, run: &Run, args: &[&str], out: &Path) -> Vec<u8> {
 }
 
 /// Forward outputs of the examples, and the checkpoints after 10 training steps (GPipe and
-/// `--schedule 1f1b`, the same bytes as each other), are the same bytes in every run of [`runs`].
+/// `--schedule 1f1b` under `--remat stage` and `tick`, the same bytes as each other), are the same bytes in every run of [`runs`].
 #[test]
 fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch() {
     let dir = scratch("determinism");
@@ -98,9 +98,17 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
             ("bf16", &forward[..]),
             ("train", &training[..]),
             ("1f1b", &training[..]),
+            ("1f1b_tick", &training[..]),
         ] {
-            // 1F1B on the MLP and GPT-2 (ends, a tied embedding) only, to bound CI's time.
-            if mode == "1f1b" && !["examples/mlp.ppc", "examples/gpt2.ppc"].contains(&model) {
+            // 1F1B on the MLP and GPT-2 (ends, a tied embedding) only, and with `--remat tick`
+            // (its recomputation's residuals carried in place) on GPT-2, to bound CI's time.
+            let one_f_one_b = ["examples/mlp.ppc", "examples/gpt2.ppc"].contains(&model);
+            let skip = match mode {
+                "1f1b" => !one_f_one_b,
+                "1f1b_tick" => model != "examples/gpt2.ppc",
+                _ => false,
+            };
+            if skip {
                 continue;
             }
             let exes: Vec<(u64, PathBuf)> = [1u64, 2, 4]
@@ -111,6 +119,9 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                     match mode {
                         "train" => flags.push("--train"),
                         "1f1b" => flags.extend(["--train", "--schedule", "1f1b"]),
+                        "1f1b_tick" => {
+                            flags.extend(["--train", "--schedule", "1f1b", "--remat", "tick"])
+                        }
                         "bf16" => flags.extend(["--dtype", "bf16"]),
                         _ => {}
                     }
@@ -139,7 +150,12 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
             // The 1F1B step gives GPipe's checkpoint.
             match mode {
                 "train" => gpipe = first.clone(),
-                "1f1b" => assert!(first == gpipe, "{model}: 1F1B's checkpoint is not GPipe's"),
+                "1f1b" | "1f1b_tick" => {
+                    assert!(
+                        first == gpipe,
+                        "{model} {mode}: the checkpoint is not GPipe's"
+                    )
+                }
                 _ => {}
             }
             if mode == "train" {
