@@ -184,6 +184,22 @@ impl Builder {
         self.op(hint, OpKind::Compare { pred, lhs, rhs }, None)
     }
 
+    /// `on_true` where `cond`, else `on_false`, elementwise (a scalar `cond` broadcast).
+    pub fn select(
+        &mut self,
+        hint: &str,
+        cond: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    ) -> Result<ValueId, Diagnostic> {
+        let kind = OpKind::Select {
+            cond,
+            on_true,
+            on_false,
+        };
+        self.op(hint, kind, None)
+    }
+
     /// The scalar constant `value` of `dtype`.
     pub fn scalar(
         &mut self,

@@ -50,7 +50,7 @@
 use super::gpipe_step::{after_forward, exchanging, loop_body, unexpected, Kept, Parts};
 use super::options::Options;
 use super::remat::Remat;
-use super::tick::{and, entering, int, select, stage_call, within, Held, Tick, Ticks};
+use super::tick::{and, entering, int, stage_call, within, Held, Step, Tick, Ticks};
 use super::tick_backward::{backward_half, recompute_ahead};
 use super::tick_ring::Rings;
 use crate::timetable::Kind;
@@ -261,6 +261,7 @@ fn tick_loop(
     );
     hints.extend(l2.args[1..].iter().map(|&a| hint(a)));
     let halves = 2 * (ticks.microbatches + ticks.stages - 1) as u64;
+    let st = Step { m, f, parts, ticks };
     let out = b.loop_op(halves, inits, &hints, |b, h, c| {
         let mut env = env.clone();
         let tick = Tick::new(b, h)?;
@@ -279,23 +280,9 @@ fn tick_loop(
         let recomputed = &c[2 + kept..2 + carries];
         let carried = &c[2 + carries..];
         let base = env.clone();
-        let mut backward = backward_half(
-            b, m, f, parts, ticks, &mut env, &tick, &held, carried, recomputed,
-        )?;
-        let ahead = |b: &mut Builder, held: &Held| {
-            recompute_ahead(b, m, f, parts, ticks, base, &tick, held)
-        };
-        let fwd = forward_half(
-            b,
-            m,
-            f,
-            parts,
-            ticks,
-            &mut env,
-            &tick,
-            &c[..2 + kept],
-            ahead,
-        )?;
+        let mut backward = backward_half(b, &st, &mut env, &tick, &held, carried, recomputed)?;
+        let ahead = |b: &mut Builder, held: &Held| recompute_ahead(b, &st, base, &tick, held);
+        let fwd = forward_half(b, &st, &mut env, &tick, &c[..2 + kept], ahead)?;
         // A microbatch's backward starts in the tick after it left the last stage.
         let d_outputs = &mut backward[parts.d_outputs];
         *d_outputs = seed_leaving(b, m, ticks, &fwd, *d_outputs)?;
@@ -330,18 +317,15 @@ struct ForwardHalf {
 /// L1's body in tick `h`, on the stages of parity `h mod 2`: stage `g` runs the forward
 /// of entering microbatch `(h - g) / 2`; what they keep goes to the rings instead of the
 /// tapes.
-#[allow(clippy::too_many_arguments)]
 fn forward_half(
     b: &mut Builder,
-    m: &Module,
-    f: &Func,
-    parts: &Parts,
-    ticks: &Ticks,
+    st: &Step,
     env: &mut HashMap<ValueId, ValueId>,
     tick: &Tick,
     carried: &[ValueId],
     recompute: impl FnOnce(&mut Builder, &Held) -> Result<Vec<ValueId>, Diagnostic>,
 ) -> Result<ForwardHalf, Diagnostic> {
+    let (m, f, parts, ticks) = (st.m, st.f, st.parts, st.ticks);
     let l1 = loop_body(f, parts.forward);
     let (t, state) = (l1.args[0], l1.args[1]);
     env.insert(t, tick.pair);
@@ -354,7 +338,7 @@ fn forward_half(
     let last_mb = int(b, "last_microbatch", mbs - 1)?;
     let reversed = b.binary("entering_mb", BinaryOp::Sub, last_mb, tick.pair)?;
     let real = within(b, tick.pair, 0, mbs)?;
-    let feed_at = select(b, "feed_at", real, reversed, tick.pair)?;
+    let feed_at = b.select("feed_at", real, reversed, tick.pair)?;
     // The last stage finishes its microbatch in the ticks of its parity.
     let last_stage = int(b, "last_stage", stages - 1)?;
     let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
@@ -373,7 +357,7 @@ fn forward_half(
                 env.insert(f.ops[id].results[0], item);
             }
             _ if id == parts.feed => copy_with(b, m, f, id, env, t, feed_at)?,
-            _ if id == parts.forward_call => ran.set(stage_call(b, m, f, id, env, ticks)?),
+            _ if id == parts.forward_call => ran.set(stage_call(b, st, id, env)?),
             OpKind::Update { update, index, .. } if id == parts.write => {
                 last.set(Some(env[update]));
                 copy_with(b, m, f, id, env, *index, leaving)?;
@@ -408,7 +392,7 @@ fn forward_half(
     }
     let same = (same.into_iter().zip(carried_same))
         .map(|((read, value), &before)| match ran.get() {
-            Some(ran) => Ok((read, select(b, "same_kept", ran, value, before)?)),
+            Some(ran) => Ok((read, b.select("same_kept", ran, value, before)?)),
             None => Ok((read, value)),
         })
         .collect::<Result<_, Diagnostic>>()?;
@@ -418,7 +402,7 @@ fn forward_half(
         copy(b, env, id)?;
     }
     let written = written.get().expect("invariant: the write is in L1");
-    let outputs = select(b, "outputs_left", left, written, carried[1])?;
+    let outputs = b.select("outputs_left", left, written, carried[1])?;
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
         outputs,
@@ -496,5 +480,5 @@ fn seed_leaving(
         },
         None,
     )?;
-    select(b, "d_outputs_left", fwd.left, seeded, d_outputs)
+    b.select("d_outputs_left", fwd.left, seeded, d_outputs)
 }

@@ -2,7 +2,7 @@
 //! each tick, which microbatch a stage meets in it, and how a tick calls a stage function;
 //! what the forward half (`one_f_one_b.rs`) and the backward half (`tick_backward.rs`) share.
 
-use super::gpipe_step::mask_of;
+use super::gpipe_step::{mask_of, Parts};
 use super::tick_ring::Rings;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
@@ -69,31 +69,7 @@ pub(super) fn and(
     x: ValueId,
     y: ValueId,
 ) -> Result<ValueId, Diagnostic> {
-    let (cond, on_true, on_false) = (x, y, x);
-    b.op(
-        hint,
-        OpKind::Select {
-            cond,
-            on_true,
-            on_false,
-        },
-        None,
-    )
-}
-
-pub(super) fn select(
-    b: &mut Builder,
-    hint: &str,
-    cond: ValueId,
-    on_true: ValueId,
-    on_false: ValueId,
-) -> Result<ValueId, Diagnostic> {
-    let kind = OpKind::Select {
-        cond,
-        on_true,
-        on_false,
-    };
-    b.op(hint, kind, None)
+    b.select(hint, x, y, x)
 }
 
 /// The microbatch (in entering order, the last microbatch first) that a stage reaching it `at`
@@ -109,7 +85,16 @@ pub(super) fn entering(
     let two = int(b, "two", 2)?;
     let n = b.binary("entered", BinaryOp::Div, since, two)?;
     let none = int(b, "none", -1)?;
-    select(b, "entering", here, n, none)
+    b.select("entering", here, n, none)
+}
+
+/// GPipe's step that the tick loop is written from: its module, `@train_vjp`, the parts the
+/// loop is made of, and the loop's fixed values.
+pub(super) struct Step<'a> {
+    pub(super) m: &'a Module,
+    pub(super) f: &'a Func,
+    pub(super) parts: &'a Parts,
+    pub(super) ticks: &'a Ticks,
 }
 
 /// Copies the stage call `id`; with one stage per rank, as a `call_if` on its stage's mask (the
@@ -118,16 +103,15 @@ pub(super) fn entering(
 /// function's where its mask is false (a forward's feed only stages that do not run either).
 pub(super) fn stage_call(
     b: &mut Builder,
-    m: &Module,
-    f: &Func,
+    st: &Step,
     id: OpId,
     env: &mut HashMap<ValueId, ValueId>,
-    ticks: &Ticks,
 ) -> Result<Option<ValueId>, Diagnostic> {
+    let (m, f) = (st.m, st.f);
     let OpKind::Call { callee, args, .. } = &f.ops[id].kind else {
         unreachable!("invariant: a stage call")
     };
-    let on = match ticks.one_stage_per_rank {
+    let on = match st.ticks.one_stage_per_rank {
         true => {
             let mask = env[&mask_of(f, args).expect("the stage mask")];
             let flag = Type::new(DType::I1, vec![]);

@@ -11,12 +11,12 @@
 //! residuals of one microbatch per stage are carried for one tick; the same ops compute them,
 //! so the bytes are GPipe's.
 
-use super::gpipe_step::{loop_body, mask_of, Kept, Parts};
-use super::tick::{entering, int, select, stage_call, within, Held, Tick, Ticks};
+use super::gpipe_step::{loop_body, mask_of, Kept};
+use super::tick::{entering, int, stage_call, within, Held, Step, Tick};
 use super::tick_ring::stage_mask;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
-use ppc_dialect::ir::{Func, Module, OpId, ValueId};
+use ppc_dialect::ir::{Func, OpId, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, OpKind};
 use ppc_dialect::DType;
 use std::collections::{HashMap, HashSet};
@@ -32,8 +32,7 @@ struct Backward<'a> {
     pair: ValueId,
     rings: HashMap<OpId, ValueId>,
     same: HashMap<OpId, ValueId>,
-    parts: &'a Parts,
-    ticks: &'a Ticks,
+    st: &'a Step<'a>,
 }
 
 impl<'a> Backward<'a> {
@@ -41,11 +40,11 @@ impl<'a> Backward<'a> {
     /// backward of entering microbatch `(h - (2S-1-g)) / 2`.
     fn new(
         b: &mut Builder,
-        parts: &'a Parts,
-        ticks: &'a Ticks,
+        st: &'a Step<'a>,
         tick: &Tick,
         held: &Held,
     ) -> Result<Backward<'a>, Diagnostic> {
+        let (parts, ticks) = (st.parts, st.ticks);
         let (mbs, stages) = (ticks.microbatches, ticks.stages);
         let here = b.compare("backward_here", CmpPred::Ne, ticks.parity, tick.odd)?;
         // L2 names each stage's microbatch in GPipe's order: `M - 1 - n`.
@@ -55,7 +54,7 @@ impl<'a> Backward<'a> {
         let n = entering(b, tick, waited, here)?;
         let item = b.binary("backward_mb", BinaryOp::Sub, last_mb, n)?;
         let out_of_order = int(b, "no_microbatch", -1)?;
-        let item = select(b, "backward_item", here, item, out_of_order)?;
+        let item = b.select("backward_item", here, item, out_of_order)?;
         // Under `--remat none` the stage mask was a tape: here it is where a microbatch runs.
         let active = within(b, item, 0, mbs)?;
         let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
@@ -64,7 +63,7 @@ impl<'a> Backward<'a> {
         let n = entering(b, tick, at, last_here)?;
         let real = within(b, n, 0, mbs)?;
         let done = b.binary("done_mb", BinaryOp::Sub, last_mb, n)?;
-        let done = select(b, "done_item", real, done, out_of_order)?;
+        let done = b.select("done_item", real, done, out_of_order)?;
         // Each read of a tape of stage values, in the order of L1's tapes: its ring.
         let staged = parts.tapes.iter().filter(|t| t.kept == Kept::Staged);
         Ok(Backward {
@@ -77,8 +76,7 @@ impl<'a> Backward<'a> {
                 .zip(held.rings.iter().copied())
                 .collect(),
             same: held.same.iter().copied().collect(),
-            parts,
-            ticks,
+            st,
         })
     }
 
@@ -86,24 +84,23 @@ impl<'a> Backward<'a> {
     fn copy(
         &self,
         b: &mut Builder,
-        m: &Module,
-        f: &Func,
         env: &mut HashMap<ValueId, ValueId>,
         id: OpId,
     ) -> Result<(), Diagnostic> {
+        let (f, parts) = (self.st.f, self.st.parts);
         let result = || f.ops[id].results[0];
-        let mask = (self.parts.tapes.iter())
+        let mask = (parts.tapes.iter())
             .find(|t| t.kept == Kept::Mask)
             .map(|t| t.read);
         let value = match id {
-            _ if Some(id) == self.parts.backward_item => self.item,
-            _ if id == self.parts.backward_done => self.done,
+            _ if Some(id) == parts.backward_item => self.item,
+            _ if id == parts.backward_done => self.done,
             _ if Some(id) == mask => self.active,
             _ if self.same.contains_key(&id) => self.same[&id],
             _ if self.rings.contains_key(&id) => {
-                self.ticks.rings.read(b, self.rings[&id], self.pair)?
+                self.st.ticks.rings.read(b, self.rings[&id], self.pair)?
             }
-            _ => return b.copy_ops(m, f, &[id], env),
+            _ => return b.copy_ops(self.st.m, f, &[id], env),
         };
         env.insert(result(), value);
         Ok(())
@@ -113,24 +110,21 @@ impl<'a> Backward<'a> {
 /// L2's body in tick `h`, its cotangent masked to `-0.0` where a stage does not run (there
 /// the slot holds another tick's). Under `--remat tick` its recomputation's residuals are
 /// `recomputed`, which the previous tick left ([`recompute_ahead`]).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn backward_half(
     b: &mut Builder,
-    m: &Module,
-    f: &Func,
-    parts: &Parts,
-    ticks: &Ticks,
+    st: &Step,
     env: &mut HashMap<ValueId, ValueId>,
     tick: &Tick,
     held: &Held,
     carried: &[ValueId],
     recomputed: &[ValueId],
 ) -> Result<Vec<ValueId>, Diagnostic> {
+    let (f, parts) = (st.f, st.parts);
     let l2 = loop_body(f, parts.backward);
     // L2's iteration t reads forward iteration M+S-2-t: stage 0's microbatch when it runs.
     env.insert(l2.args[0], tick.pair);
     env.extend(l2.args[1..].iter().copied().zip(carried.iter().copied()));
-    let bw = Backward::new(b, parts, ticks, tick, held)?;
+    let bw = Backward::new(b, st, tick, held)?;
     let OpKind::Call { args, .. } = &f.ops[parts.backward_call].kind else {
         unreachable!("invariant: a stage call")
     };
@@ -153,15 +147,15 @@ pub(super) fn backward_half(
             let d_y = env[&cotangent];
             let here = stage_mask(b, env[&mask], &b.ty(d_y).clone())?;
             let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
-            let masked = select(b, "cotangent_here", here, d_y, zero)?;
+            let masked = b.select("cotangent_here", here, d_y, zero)?;
             let saved = env.insert(cotangent, masked);
-            stage_call(b, m, f, id, env, ticks)?;
+            stage_call(b, st, id, env)?;
             env.insert(
                 cotangent,
                 saved.expect("invariant: defined before the call"),
             );
         } else {
-            bw.copy(b, m, f, env, id)?;
+            bw.copy(b, env, id)?;
         }
     }
     Ok(l2.results.iter().map(|v| env[v]).collect())
@@ -171,17 +165,14 @@ pub(super) fn backward_half(
 /// (`@stage_recompute`) and the ops that give it its arguments, as in that tick: the stages
 /// that run a forward in tick `h` run their backward in tick `h + 1`. Empty unless L2
 /// recomputes (`--remat tick`).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn recompute_ahead(
     b: &mut Builder,
-    m: &Module,
-    f: &Func,
-    parts: &Parts,
-    ticks: &Ticks,
+    st: &Step,
     mut env: HashMap<ValueId, ValueId>,
     tick: &Tick,
     held: &Held,
 ) -> Result<Vec<ValueId>, Diagnostic> {
+    let (f, parts) = (st.f, st.parts);
     let Some(call) = parts.recompute_call else {
         return Ok(Vec::new());
     };
@@ -190,7 +181,7 @@ pub(super) fn recompute_ahead(
     let next = Tick::new(b, next)?;
     let l2 = loop_body(f, parts.backward);
     env.insert(l2.args[0], next.pair);
-    let bw = Backward::new(b, parts, ticks, &next, held)?;
+    let bw = Backward::new(b, st, &next, held)?;
     let carried: HashSet<ValueId> = l2.args[1..].iter().copied().collect();
     for id in feeding(f, &l2.ops, call) {
         if (f.ops[id].kind.operands().iter()).any(|v| carried.contains(v)) {
@@ -198,9 +189,9 @@ pub(super) fn recompute_ahead(
                 "a recomputation that reads no cotangent",
             ));
         }
-        bw.copy(b, m, f, &mut env, id)?;
+        bw.copy(b, &mut env, id)?;
     }
-    stage_call(b, m, f, call, &mut env, ticks)?;
+    stage_call(b, st, call, &mut env)?;
     Ok(f.ops[call].results.iter().map(|r| env[r]).collect())
 }
 

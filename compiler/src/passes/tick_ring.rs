@@ -38,13 +38,7 @@ impl Rings {
         let (x, index, axis) = (ring, slot, 0);
         let kept = b.op("ring_slot", OpKind::Index { x, index, axis }, None)?;
         let mask = stage_mask(b, here, &b.ty(value).clone())?;
-        let (cond, on_true, on_false) = (mask, value, kept);
-        let select = OpKind::Select {
-            cond,
-            on_true,
-            on_false,
-        };
-        let update = b.op("ring_entry", select, None)?;
+        let update = b.select("ring_entry", mask, value, kept)?;
         let kind = OpKind::Update {
             x: ring,
             update,
@@ -67,13 +61,7 @@ impl Rings {
         let k = b.scalar("ring_len", self.slots as f64, DType::I32)?;
         let over = b.compare("lapped_read", CmpPred::Ge, read, k)?;
         let wrapped = b.binary("wrapped_read", BinaryOp::Sub, read, k)?;
-        let (cond, on_true, on_false) = (over, wrapped, read);
-        let select = OpKind::Select {
-            cond,
-            on_true,
-            on_false,
-        };
-        let slots = b.op("read_slots", select, None)?;
+        let slots = b.select("read_slots", over, wrapped, read)?;
         // Stage-major, so that each stage reads its own slot, then back in the kept value's order.
         let ty = b.ty(ring).clone();
         let (rank, at) = (ty.rank(), stage_axis(&ty));

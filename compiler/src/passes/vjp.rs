@@ -549,15 +549,7 @@ pub fn select(
     on_true: ValueId,
     on_false: ValueId,
 ) -> Result<ValueId, Diagnostic> {
-    b.op(
-        "d",
-        OpKind::Select {
-            cond,
-            on_true,
-            on_false,
-        },
-        None,
-    )
+    b.select("d", cond, on_true, on_false)
 }
 
 fn unary(b: &mut Builder, hint: &str, op: UnaryOp, x: ValueId) -> Result<ValueId, Diagnostic> {
