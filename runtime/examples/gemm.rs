@@ -1,7 +1,9 @@
 //! Single-thread GEMM rates on pipeline-stage shapes: ppc's own GEMM (`sgemm.rs`, whose
 //! results do not depend on how a product is cut) against OpenBLAS, with the weight as it is
-//! (`A · B`, the forward) and used transposed (`A · Bᵀ`, the input gradient), and the AVX-512
-//! few-row kernel where the CPU has it. BENCHMARKS.md has the figures:
+//! (`A · B`, the forward), used transposed (`A · Bᵀ`, the input gradient), and with the
+//! activations read transposed (`Aᵀ · B`, the weight gradient), and the AVX-512 few-row kernel
+//! where the CPU has it. ppc runs its widest register block; `PPC_CPU_DISABLE=avx512f` shows
+//! the AVX2 block's. BENCHMARKS.md has the figures:
 //! `cargo run --release -p ppc-runtime --example gemm`.
 
 use ppc_runtime::sgemm::{self, Operand};
@@ -40,6 +42,11 @@ mod openblas {
     /// The operands cover their elements.
     pub unsafe fn sgemm(m: usize, k: usize, n: usize, a: Operand, b: Operand, c: Operand) {
         const ROW_MAJOR: i32 = 101;
+        let (trans_a, lda) = if a.col_stride == 1 {
+            (111, a.row_stride)
+        } else {
+            (112, a.col_stride)
+        };
         let (trans_b, ldb) = if b.col_stride == 1 {
             (111, b.row_stride)
         } else {
@@ -50,14 +57,14 @@ mod openblas {
             openblas_set_num_threads(1);
             cblas_sgemm(
                 ROW_MAJOR,
-                111,
+                trans_a,
                 trans_b,
                 m as i32,
                 n as i32,
                 k as i32,
                 1.0,
                 a.ptr,
-                a.row_stride as i32,
+                lda as i32,
                 b.ptr,
                 ldb as i32,
                 0.0,
@@ -76,11 +83,37 @@ enum Kernel {
     SmallM,
 }
 
+/// How the operands are stored: as the forward's `X · W`, the input gradient's `dY · Wᵀ` (the
+/// weight read transposed), or the weight gradient's `Xᵀ · dY` (the activations read
+/// transposed).
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    Forward,
+    WeightTransposed,
+    InputTransposed,
+}
+
+/// The columns printed: a kernel on a layout each.
+const COLUMNS: [(&str, Kernel, Layout); 7] = [
+    ("ppc", Kernel::Ppc, Layout::Forward),
+    ("OpenBLAS", Kernel::OpenBlas, Layout::Forward),
+    ("small_m", Kernel::SmallM, Layout::Forward),
+    ("ppc ·Bᵀ", Kernel::Ppc, Layout::WeightTransposed),
+    ("OpenBLAS ·Bᵀ", Kernel::OpenBlas, Layout::WeightTransposed),
+    ("ppc Aᵀ·", Kernel::Ppc, Layout::InputTransposed),
+    ("OpenBLAS Aᵀ·", Kernel::OpenBlas, Layout::InputTransposed),
+];
+
 fn main() {
     println!(
-        "{:>16} {:>10} {:>10} {:>10} {:>12} {:>12}",
-        "m x k x n", "ppc", "OpenBLAS", "small_m", "ppc ·Bᵀ", "OpenBLAS ·Bᵀ"
+        "ppc's register block: {:?} (PPC_CPU_DISABLE=avx512f for AVX2's)",
+        sgemm::Isa::here()
     );
+    print!("{:>16}", "m x k x n");
+    for (name, _, _) in COLUMNS {
+        print!(" {name:>13}");
+    }
+    println!();
     for (m, k, n) in [
         (16usize, 256usize, 1024usize),
         (16, 1024, 256),
@@ -102,7 +135,12 @@ fn main() {
         (1024, 256, 1024),
         (1024, 1024, 256),
         (256, 1024, 256),
+        // The transformer at d = 1024 (#34): a microbatch's 1024 rows, its projections and MLP.
+        (1024, 1024, 1024),
+        (1024, 1024, 4096),
+        (1024, 4096, 1024),
     ] {
+        // A is m×k (or, transposed, stored k×m); B k×n (or stored n×k).
         let a = vec![1.0f32; m * k];
         // Four weight matrices in turn, as four stages would use them, so B is not cache-hot.
         let bs: Vec<Vec<f32>> = (0..4).map(|_| vec![0.5f32; k * n]).collect();
@@ -113,19 +151,21 @@ fn main() {
         // noise only ever slows a round down).
         let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); 5];
         for round in rounds.iter_mut() {
-            for (kernel, transposed) in [
-                (Kernel::Ppc, false),
-                (Kernel::OpenBlas, false),
-                (Kernel::SmallM, false),
-                (Kernel::Ppc, true),
-                (Kernel::OpenBlas, true),
-            ] {
+            for (_, kernel, layout) in COLUMNS {
                 if kernel == Kernel::SmallM && !small_m::available() {
                     round.push(f64::NAN);
                     continue;
                 }
-                // B is k rows of n, or (transposed) n rows of k.
-                let (b_rows, b_cols) = if transposed { (1, k) } else { (n, 1) };
+                let (a_rows, a_cols) = if layout == Layout::InputTransposed {
+                    (1, m)
+                } else {
+                    (k, 1)
+                };
+                let (b_rows, b_cols) = if layout == Layout::WeightTransposed {
+                    (1, k)
+                } else {
+                    (n, 1)
+                };
                 let t = Instant::now();
                 for r in 0..reps {
                     let b = bs[r % 4].as_ptr();
@@ -133,8 +173,8 @@ fn main() {
                     let operands = (
                         Operand {
                             ptr: ap,
-                            row_stride: k as isize,
-                            col_stride: 1,
+                            row_stride: a_rows as isize,
+                            col_stride: a_cols as isize,
                         },
                         Operand {
                             ptr: b,
@@ -163,25 +203,17 @@ fn main() {
                 round.push(flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9);
             }
         }
-        let rates: Vec<String> = (0..5)
-            .map(|i| {
-                let mut v: Vec<f64> = rounds.iter().map(|r| r[i]).collect();
-                v.sort_by(f64::total_cmp);
-                if v[4].is_nan() {
-                    "-".to_string()
-                } else {
-                    format!("{:.1}", v[4])
-                }
-            })
-            .collect();
-        println!(
-            "{:>16} {:>10} {:>10} {:>10} {:>12} {:>12}",
-            format!("{m}x{k}x{n}"),
-            rates[0],
-            rates[1],
-            rates[2],
-            rates[3],
-            rates[4]
-        );
+        print!("{:>16}", format!("{m}x{k}x{n}"));
+        for i in 0..COLUMNS.len() {
+            let mut v: Vec<f64> = rounds.iter().map(|r| r[i]).collect();
+            v.sort_by(f64::total_cmp);
+            let best = if v[4].is_nan() {
+                "-".to_string()
+            } else {
+                format!("{:.1}", v[4])
+            };
+            print!(" {best:>13}");
+        }
+        println!();
     }
 }

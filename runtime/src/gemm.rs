@@ -1,6 +1,7 @@
 //! The GEMM that generated CPU code calls for f32 `matmul`: `C = A · B` over any batch axes,
 //! with NumPy broadcasting of the batch axes: the few-row kernel of `small_m.rs` for the
-//! few-row products of pipeline stages with wide weights on AVX-512 CPUs, `sgemm.rs` otherwise.
+//! few-row products of pipeline stages with wide weights on AVX-512 CPUs, `sgemm.rs` (AVX-512
+//! or AVX2 register blocks) otherwise.
 //!
 //! Both compute every element as the same chain of fused multiply-adds in k order, so how a
 //! product is cut into tasks here (from the shapes and the thread count, for speed) never
@@ -490,10 +491,12 @@ fn few_row_kernel_wins(m: usize, k: usize, n: usize) -> bool {
 
 /// The kernels this CPU runs, as `--bench` reports them.
 pub fn kernels() -> &'static str {
-    match (small_m_available(), crate::sgemm::fma_available()) {
+    use crate::sgemm::Isa;
+    match (small_m_available(), Isa::here()) {
+        (true, Some(Isa::Avx512)) => "avx512 (few-row kernel, 12x32 blocks)",
         (true, _) => "avx512 few-row + avx2/fma",
-        (false, true) => "avx2/fma",
-        (false, false) => "portable",
+        (false, Some(_)) => "avx2/fma",
+        (false, None) => "portable",
     }
 }
 

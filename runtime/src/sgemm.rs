@@ -16,6 +16,7 @@
 //! (6 × 16: twelve ymm accumulators, two loads of `B` and six broadcasts of `A` per twelve
 //! multiply-adds). Between `KC` blocks the running sums go to `C` and come back, which keeps
 //! the chain exact. Padding (rows past `m`, columns past `n`) computes values that are dropped.
+//! On AVX-512 CPUs the register block is `12 × 32` (`zmm.rs`) over the same packed operands.
 //! [`crate::small_m`]'s AVX-512 few-row kernel sums in the same order; without FMA the portable
 //! path is `f32::mul_add` in the same order, so every CPU gives the same bits.
 
@@ -67,12 +68,41 @@ pub unsafe fn sgemm(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if fma_available() && k > 0 {
-        // SAFETY: the caller's contract; AVX2 and FMA were checked.
-        return unsafe { blocked(m, k, n, a, b, c, accumulate) };
+    if let Some(isa) = Isa::here().filter(|_| k > 0) {
+        // SAFETY: the caller's contract; the CPU has `isa`.
+        return unsafe { blocked(isa, m, k, n, a, b, c, accumulate) };
     }
     // SAFETY: the caller's contract.
     unsafe { portable(m, k, n, a, b, c, accumulate) }
+}
+
+/// The register blocks of the blocked loop nest: AVX2's `MR × NR`, or AVX-512's twice as tall
+/// and twice as wide (`zmm.rs`). Both give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    /// The widest this CPU runs (looked up once; `PPC_CPU_DISABLE` can hide features), or
+    /// `None` without AVX2 and FMA.
+    pub fn here() -> Option<Isa> {
+        static HERE: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        *HERE.get_or_init(|| match (fma_available(), crate::cpu::has("avx512f")) {
+            (true, true) => Some(Isa::Avx512),
+            (true, false) => Some(Isa::Avx2),
+            (false, _) => None,
+        })
+    }
+
+    /// Rows and columns of `C` per register block.
+    fn block(self) -> (usize, usize) {
+        match self {
+            Isa::Avx2 => (MR, NR),
+            Isa::Avx512 => (zmm::ROWS, zmm::COLS),
+        }
+    }
 }
 
 /// Whether the AVX2/FMA kernel can run here (looked up once; `PPC_CPU_DISABLE` can hide it).
@@ -117,13 +147,16 @@ const MR: usize = 6;
 /// Columns of `C` per register block: two ymm vectors.
 const NR: usize = 16;
 
-/// The AVX2/FMA loop nest: `k` in blocks of `KC`, columns in blocks of `NC` (each packs its
-/// `B`), rows in blocks of `MC` (each packs its `A`), then register blocks of `MR × NR`.
+/// The blocked loop nest: `k` in blocks of `KC`, columns in blocks of `NC` (each packs its
+/// `B` in `NR`-column panels), rows in blocks of `MC` (each packs its `A` in `MR`-row
+/// slivers), then register blocks of `isa`'s size.
 ///
 /// # Safety
-/// As [`sgemm`], `k > 0`, and the CPU has AVX2 and FMA.
+/// As [`sgemm`], `k > 0`, and the CPU has `isa`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn blocked(
+#[allow(clippy::too_many_arguments)] // a product's sizes, operands and mode, and the kernel
+pub(crate) unsafe fn blocked(
+    isa: Isa,
     m: usize,
     k: usize,
     n: usize,
@@ -152,31 +185,50 @@ unsafe fn blocked(
                 // The first block of `k` starts each chain at 0 (or at `c`); later ones go on
                 // from the sums the previous block stored in `c`.
                 let load = accumulate || l0 > 0;
+                let (mr, nr) = isa.block();
                 for i0 in (0..m).step_by(MC) {
                     let mc = MC.min(m - i0);
                     // SAFETY: AVX2 is there (this function's contract).
                     unsafe { pack(a, i0, mc, l0, kc, MR, packed_a) };
-                    for jr in (0..nc).step_by(NR) {
-                        let cols = NR.min(nc - jr);
-                        let panel = &mut packed_b[jr * kc..(jr + NR) * kc];
+                    for jr in (0..nc).step_by(nr) {
+                        let cols = nr.min(nc - jr);
                         if i0 == 0 && !by_rows {
-                            // SAFETY: AVX2 is there (this function's contract).
-                            unsafe {
-                                pack_sliver(b.transposed(), j0 + jr, cols, l0, kc, NR, panel)
-                            };
+                            for p in (jr..jr + cols).step_by(NR) {
+                                let panel = &mut packed_b[p * kc..(p + NR) * kc];
+                                let width = NR.min(nc - p);
+                                // SAFETY: AVX2 is there (this function's contract).
+                                unsafe {
+                                    pack_sliver(b.transposed(), j0 + p, width, l0, kc, NR, panel)
+                                };
+                            }
                         }
-                        for ir in (0..mc).step_by(MR) {
+                        let panels = packed_b[jr * kc..].as_ptr();
+                        for ir in (0..mc).step_by(mr) {
                             let ap = packed_a[ir * kc..].as_ptr();
-                            let rows = MR.min(mc - ir);
+                            let rows = mr.min(mc - ir);
                             let cp = c.at(i0 + ir, j0 + jr).cast_mut();
-                            if ir + MR < mc {
+                            if ir + mr < mc {
                                 // The next block of `c` (its sums, which its first step reads,
                                 // or lines it will write) is fetched while this one runs.
-                                prefetch_block(c, i0 + ir + MR, j0 + jr, MR.min(mc - ir - MR));
+                                prefetch_block(
+                                    c,
+                                    i0 + ir + mr,
+                                    j0 + jr,
+                                    mr.min(mc - ir - mr),
+                                    cols,
+                                );
                             }
-                            // SAFETY: the sliver and the panel hold `kc` steps of MR and NR
-                            // values; the block of `c` is inside it (the caller's contract).
-                            unsafe { block(kc, ap, panel.as_ptr(), cp, c, rows, cols, load) };
+                            // SAFETY: the slivers and panels hold `kc` steps of MR and NR
+                            // values each, as many as `rows` and `cols` reach; the block of
+                            // `c` is inside it (the caller's contract).
+                            unsafe {
+                                match isa {
+                                    Isa::Avx2 => block(kc, ap, panels, cp, c, rows, cols, load),
+                                    Isa::Avx512 => {
+                                        zmm::block(kc, ap, panels, cp, c, rows, cols, load)
+                                    }
+                                }
+                            };
                         }
                     }
                 }
@@ -233,11 +285,13 @@ fn pack_rows(b: Operand, l0: usize, kc: usize, j0: usize, nc: usize, out: &mut [
     }
 }
 
-/// Asks for the cache lines of `rows` rows of `NR` elements of `c` from `(i, j)`.
-fn prefetch_block(c: Operand, i: usize, j: usize, rows: usize) {
+/// Asks for the cache lines of `rows` rows of `cols` elements of `c` from `(i, j)`.
+fn prefetch_block(c: Operand, i: usize, j: usize, rows: usize, cols: usize) {
     for r in 0..rows {
-        prefetch(c.at(i + r, j));
-        prefetch(c.at(i + r, j + NR - 1));
+        for q in (0..cols).step_by(16) {
+            prefetch(c.at(i + r, j + q));
+        }
+        prefetch(c.at(i + r, j + cols - 1));
     }
 }
 
@@ -402,6 +456,15 @@ unsafe fn pack_sliver(
         // Each row contiguous along the steps (a row-major `A`, a transposed weight).
         // SAFETY: the contract.
         unsafe { transpose_into(x, i, count, l0, kc, width, out) };
+    } else if x.row_stride == 1 {
+        // The values of one step contiguous (a transposed `A`: the weight gradient's
+        // activations, `Xᵀ · dY`).
+        for (l, step) in out[..kc * width].chunks_exact_mut(width).enumerate() {
+            // SAFETY: `count` elements from row `i`, column `l0 + l`, are inside `x`.
+            let src = unsafe { std::slice::from_raw_parts(x.at(i, l0 + l), count) };
+            step[..count].copy_from_slice(src);
+            step[count..].fill(src[count - 1]);
+        }
     } else {
         for r in 0..width {
             for l in 0..kc {
@@ -482,6 +545,9 @@ unsafe fn transpose_into(
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+mod zmm;
 
 #[cfg(test)]
 mod tests;

@@ -28,55 +28,81 @@ fn stored(rows: usize, cols: usize, transposed: bool, seed: u64) -> Stored {
     Stored { values, operand }
 }
 
-/// The blocked kernel gives the portable chains' bits on ragged shapes (every edge of
-/// `MR`, `NR`, `KC`, `MC`, `NC`), with either operand transposed, with and without
-/// accumulation, and on a strided `c`.
+/// The register blocks this CPU runs: AVX2's, and AVX-512's where it has it.
+fn isas() -> Vec<Isa> {
+    match Isa::here() {
+        Some(Isa::Avx512) => vec![Isa::Avx2, Isa::Avx512],
+        Some(Isa::Avx2) => {
+            eprintln!("sgemm: this CPU has no AVX-512 (or PPC_CPU_DISABLE hides it): AVX2 only");
+            vec![Isa::Avx2]
+        }
+        None => {
+            eprintln!("SKIPPED sgemm: this CPU has no AVX2/FMA (or PPC_CPU_DISABLE hides it)");
+            vec![]
+        }
+    }
+}
+
+/// Both register blocks give the portable chains' bits on ragged shapes (every edge of
+/// `MR`, `NR`, `KC`, `MC`, `NC` and of the AVX-512 block's 12 rows and 32 columns), with
+/// either operand transposed, with and without accumulation, and on a strided `c`.
 #[test]
 fn every_shape_and_layout_gives_the_portable_bits() {
-    if !fma_available() {
-        eprintln!("SKIPPED sgemm: this CPU has no AVX2/FMA (or PPC_CPU_DISABLE hides it)");
-        return;
-    }
     let shapes = [
         (1, 1, 1),
         (6, 256, 16),
         (7, 257, 17),
+        (12, 64, 32),
+        (25, 40, 49),
+        (150, 70, 100),
         (16, 300, 1030),
         (73, 513, 40),
         (5, 3, 2),
         (13, 0, 9),
     ];
-    for (m, k, n) in shapes {
-        for (ta, tb, accumulate) in [
-            (false, false, false),
-            (false, true, false),
-            (true, false, true),
-            (true, true, true),
-        ] {
-            let (a, b) = (stored(m, k, ta, 1), stored(k, n, tb, 2));
-            let ldc = n + 5;
-            let start = Rng::stream(3, "sgemm", 0).fill(Init::Uniform(-1.0, 1.0), m * ldc);
-            let (mut want, mut got) = (start.clone(), start);
-            let at = |v: &mut Vec<f32>| Operand {
-                ptr: v.as_mut_ptr(),
-                row_stride: ldc as isize,
-                col_stride: 1,
-            };
-            // SAFETY: the buffers hold the shapes at the strides given.
-            unsafe {
-                portable(m, k, n, a.operand, b.operand, at(&mut want), accumulate);
-                sgemm(m, k, n, a.operand, b.operand, at(&mut got), accumulate);
-            }
-            let same = want
-                .iter()
-                .zip(&got)
-                .all(|(w, g)| w.to_bits() == g.to_bits());
-            assert!(
-                same,
-                "{m}×{k}×{n} (A transposed {ta}, B transposed {tb}, accumulate {accumulate})"
-            );
-            drop((a.values, b.values));
+    for isa in isas() {
+        for (m, k, n) in shapes {
+            same_bits_as_portable(isa, m, k, n);
         }
+    }
+}
+
+/// `isa`'s blocked product of `m × k × n` against the portable chains, bit for bit, in four
+/// layouts and modes.
+fn same_bits_as_portable(isa: Isa, m: usize, k: usize, n: usize) {
+    for (ta, tb, accumulate) in [
+        (false, false, false),
+        (false, true, false),
+        (true, false, true),
+        (true, true, true),
+    ] {
+        let (a, b) = (stored(m, k, ta, 1), stored(k, n, tb, 2));
+        let ldc = n + 5;
+        let start = Rng::stream(3, "sgemm", 0).fill(Init::Uniform(-1.0, 1.0), m * ldc);
+        let (mut want, mut got) = (start.clone(), start);
+        let at = |v: &mut Vec<f32>| Operand {
+            ptr: v.as_mut_ptr(),
+            row_stride: ldc as isize,
+            col_stride: 1,
+        };
+        // SAFETY: the buffers hold the shapes at the strides given; the CPU has `isa`.
+        unsafe {
+            portable(m, k, n, a.operand, b.operand, at(&mut want), accumulate);
+            if k == 0 {
+                sgemm(m, k, n, a.operand, b.operand, at(&mut got), accumulate);
+            } else {
+                blocked(isa, m, k, n, a.operand, b.operand, at(&mut got), accumulate);
+            }
+        }
+        let same = want
+            .iter()
+            .zip(&got)
+            .all(|(w, g)| w.to_bits() == g.to_bits());
+        assert!(
+            same,
+            "{isa:?}: {m}×{k}×{n} (A transposed {ta}, B transposed {tb}, accumulate {accumulate})"
+        );
+        drop((a.values, b.values));
     }
 }
 

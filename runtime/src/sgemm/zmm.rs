@@ -1,0 +1,132 @@
+//! The AVX-512 register block of [`super::blocked`]: a `12 × 32` block of `C` in 24 zmm
+//! accumulators, read from the same packed operands as the AVX2 block (two consecutive
+//! `MR`-row slivers of `A`, two consecutive `NR`-column panels of `B`), so packing does not
+//! change with the instruction set. Per step of `k`: two loads of `B`, twelve broadcasts of
+//! `A`, 24 fused multiply-adds, twice the AVX2 block's work per load.
+//!
+//! Each element's chain is the AVX2 block's (module doc of `sgemm.rs`): the same bits on either
+//! path, only twice the width at a time.
+
+use super::{Operand, MR, NR};
+
+/// Rows of `C` per AVX-512 register block.
+pub(super) const ROWS: usize = 2 * MR;
+/// Columns of `C` per AVX-512 register block: two zmm vectors.
+pub(super) const COLS: usize = 2 * NR;
+
+/// One `rows × cols` block of `C` (at most [`ROWS`] × [`COLS`]) at `cp`: blocks of at most
+/// `NR` columns go to the AVX2 block sliver by sliver; wider ones to a kernel for their rows,
+/// in place when their columns are whole and contiguous, else through a local tile.
+///
+/// # Safety
+/// `ap` holds `kc` steps of `MR` values, followed by a second sliver where `rows > MR`; `bp`
+/// `kc` steps of `NR`, followed by a second panel where `cols > NR`; `cp` is the block's first
+/// element in `c`, with `rows × cols` elements inside `c`; the CPU has AVX-512F, AVX2 and FMA.
+#[allow(clippy::too_many_arguments)] // a block's sizes, operands and mode, as `super::block`
+pub(super) unsafe fn block(
+    kc: usize,
+    ap: *const f32,
+    bp: *const f32,
+    cp: *mut f32,
+    c: Operand,
+    rows: usize,
+    cols: usize,
+    load: bool,
+) {
+    // SAFETY: the contract, sliver by sliver.
+    unsafe {
+        if cols <= NR {
+            for s in (0..rows).step_by(MR) {
+                let (a, out) = (ap.add(s * kc), cp.offset(s as isize * c.row_stride));
+                super::block(kc, a, bp, out, c, MR.min(rows - s), cols, load);
+            }
+            return;
+        }
+    }
+    let kernel = match rows {
+        12 => kernel::<12>,
+        11 => kernel::<11>,
+        10 => kernel::<10>,
+        9 => kernel::<9>,
+        8 => kernel::<8>,
+        7 => kernel::<7>,
+        6 => kernel::<6>,
+        5 => kernel::<5>,
+        4 => kernel::<4>,
+        3 => kernel::<3>,
+        2 => kernel::<2>,
+        _ => kernel::<1>,
+    };
+    // SAFETY: the kernel reads `kc` packed steps of its slivers and panels and `rows × COLS`
+    // elements at `cp` (or the tile) with row stride `ldc`.
+    unsafe {
+        if cols == COLS && c.col_stride == 1 {
+            return kernel(kc, ap, bp, cp, c.row_stride as usize, load);
+        }
+        let mut tile = [0.0f32; ROWS * COLS];
+        let at =
+            |i: usize, j: usize| cp.offset(i as isize * c.row_stride + j as isize * c.col_stride);
+        if load {
+            for i in 0..rows {
+                for j in 0..cols {
+                    tile[i * COLS + j] = *at(i, j);
+                }
+            }
+        }
+        kernel(kc, ap, bp, tile.as_mut_ptr(), COLS, load);
+        for i in 0..rows {
+            for j in 0..cols {
+                *at(i, j) = tile[i * COLS + j];
+            }
+        }
+    }
+}
+
+/// `R × COLS` sums of `kc` steps into the block at `cp` (row stride `ldc`): from zero, or with
+/// `load` on from the block's values. Rows below `MR` come from the sliver at `ap`, the others
+/// from the next one.
+///
+/// # Safety
+/// `ap` holds `kc` steps of `MR` values and, where `R > MR`, a second sliver after them; `bp`
+/// two panels of `kc` steps of `NR` values; `cp` covers `R` rows of `COLS` at `ldc`.
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel<const R: usize>(
+    kc: usize,
+    ap: *const f32,
+    bp: *const f32,
+    cp: *mut f32,
+    ldc: usize,
+    load: bool,
+) {
+    use std::arch::x86_64::*;
+    // The second sliver and panel (never read past their steps where they do not exist).
+    let (ap1, bp1) = (ap.wrapping_add(kc * MR), bp.wrapping_add(kc * NR));
+    // SAFETY: the contract's extents.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        if load {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm512_loadu_ps(cp.add(r * ldc));
+                acc[1] = _mm512_loadu_ps(cp.add(r * ldc + NR));
+            }
+        }
+        for l in 0..kc {
+            let b0 = _mm512_loadu_ps(bp.add(l * NR));
+            let b1 = _mm512_loadu_ps(bp1.add(l * NR));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = if r < MR {
+                    *ap.add(l * MR + r)
+                } else {
+                    *ap1.add(l * MR + r - MR)
+                };
+                let av = _mm512_set1_ps(a);
+                acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(cp.add(r * ldc), acc[0]);
+            _mm512_storeu_ps(cp.add(r * ldc + NR), acc[1]);
+        }
+    }
+}
