@@ -254,9 +254,11 @@ pub fn train(
         let flops = 3 * m.flops;
         let mut step = optimizer.step;
         let mut bench_opt = optimizer.clone();
-        // Every batch labelled first, so that no timed step labels one.
-        for b in 0..crate::data::SYNTHETIC_BATCHES {
-            data.prepare(program, &mut bufs, b)?;
+        // The batches the timed steps train on, labelled first, so that no timed step labels
+        // one (and no batch they do not use is labelled: at d = 1024 a labelling is a step).
+        let timed = (step + 1..=step + u64::from(n)).take(crate::data::SYNTHETIC_BATCHES as usize);
+        for s in timed {
+            data.prepare(program, &mut bufs, batch_of(s))?;
         }
         bench(m, flops, n, out, &mut || {
             step += 1;

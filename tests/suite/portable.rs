@@ -57,7 +57,7 @@ fn functions_using_zmm(exe: &Path) -> Vec<String> {
     for line in text.lines() {
         if line.ends_with(">:") {
             current = line.to_string();
-        } else if line.contains("zmm") && found.last() != Some(&current) {
+        } else if line.contains("%zmm") && found.last() != Some(&current) {
             found.push(current.clone());
         }
     }
@@ -70,6 +70,7 @@ fn dispatched_at_run_time(function: &str) -> bool {
         "kernel_target_avx512",
         "core::core_arch::x86::avx512",
         "ppc_runtime::small_m::",
+        "ppc_runtime::sgemm::zmm::kernel",
     ]
     .iter()
     .any(|k| function.contains(k))
