@@ -3,7 +3,7 @@
 # (the MLP at two widths, the transformer at the example's and a larger shape; the training
 # step of the MLP, of the transformer example and of GPT-2 at a size a user trains on a CPU
 # (d = 256, 4 heads, 8 layers, t = 256, byte vocabulary; embedding and head outside the loop),
-# with each rematerialization), in one run:
+# with each rematerialization; and at d = 1024, 8 layers, one round each, with peak RSS), in one run:
 # ROUNDS rounds of each, interleaved (the machine is noisy). Prints the median throughput of
 # each, their ratio, the ratio of every round, and compile times; training rows also the memory
 # each keeps for the backward (ppc: the activations its report counts in the generated program;
@@ -99,6 +99,45 @@ print(f"{name:40s} {st.median(ppc):12.2f} {st.median(jax):12.2f} "
 PY
 }
 
+# run_rss CMD...: runs CMD, prints its last line of output, then its peak RSS in MB.
+run_rss() {
+  python3 - "$@" <<'PY'
+import resource, subprocess, sys
+out = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, check=True).stdout.decode()
+print(out.strip().splitlines()[-1])
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e3)
+PY
+}
+
+# at_scale NAME MODEL "PPC DIMS" "JAX ARGS" [REMAT]: as `compare`, for sizes whose steps take
+# seconds to a minute here: one round of SCALE_STEPS steps of each, one compile, and each
+# program's peak RSS (ppc's includes labelling its training batches, JAX's its runtime).
+SCALE_STEPS=${SCALE_STEPS:-2}
+at_scale() {
+  local name=$1 model=$2 dims=$3 jax_args=$4 remat=${5:-}
+  [[ $name =~ $ONLY ]] || return 0
+  local exe="$OUT/model" ppc_flags="" run_flags="" t0 t1 ppc jax
+  if [ -n "$remat" ]; then
+    ppc_flags="--train --remat $remat" run_flags="--steps 0" jax_args="$jax_args --train --remat $remat"
+  fi
+  t0=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  $PPC compile "$model" $dims $ppc_flags -o "$exe" 2>/dev/null
+  t1=$(date +%s.%N)
+  # shellcheck disable=SC2086
+  ppc=$(run_rss "${PPC_ENV[@]}" "$exe" $run_flags --bench "$SCALE_STEPS")
+  # shellcheck disable=SC2086
+  jax=$(run_rss "$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$SCALE_STEPS")
+  python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$ppc" "$jax" "$SCALE_STEPS" <<'PY'
+import json, sys
+name, compile_s, ppc, jax, steps = sys.argv[1], float(sys.argv[2]), *sys.argv[3:5], sys.argv[5]
+(p, p_rss), (j, j_rss) = ppc.splitlines(), jax.splitlines()
+p, j = json.loads(p)["useful_gflops"], json.loads(j)
+print(f"{name:40s} {p:12.2f} {j['useful_gflops']:12.2f} {p / j['useful_gflops']:7.2f}x {'1 round':>16s} "
+      f"{compile_s:14.2f} {j['jit_s']:12.2f} {steps:>6s} peak RSS MB {float(p_rss):.0f} / {float(j_rss):.0f}")
+PY
+}
+
 for cfg in "256 1024" "512 2048"; do
   set -- $cfg
   compare "mlp d=$1 h=$2" examples/mlp.ppc "--dim d=$1 --dim h=$2" "--d $1 --h $2"
@@ -114,6 +153,13 @@ for remat in stage none; do
   compare "train --remat=$remat: gpt2 d=256 t=256 L=8" examples/gpt2.ppc \
     "--dim t=256 --dim heads=4 --dim dh=64 --layers 8" \
     "--model gpt2 --b 2 --t 256 --heads 4 --dh 64 --microbatches 4" $remat
+done
+# The issue's size (#34): d = 1024, 8 layers, 101 M parameters, 8 microbatches of 4 × 256.
+scale_dims="--dim b=4 --dim t=256 --dim heads=16 --dim dh=64"
+scale_jax="--model transformer --b 4 --t 256 --heads 16 --dh 64"
+at_scale "transformer d=1024" examples/transformer.ppc "$scale_dims" "$scale_jax"
+for remat in none stage; do
+  at_scale "train --remat=$remat: transformer d=1024" examples/transformer.ppc "$scale_dims" "$scale_jax" $remat
 done
 echo
 echo "compile time of every example (ppc compile -o, release build):"

@@ -399,6 +399,9 @@ pub fn drive(
     Ok(output)
 }
 
+/// The untimed calls [`bench`] makes before it times.
+pub const BENCH_WARMUP: u32 = 2;
+
 /// Warms up (pages in weights, fills caches), times `n` calls of `step` on every rank, and
 /// prints on rank 0 one JSON line: the job's median step (the slowest rank's), throughput
 /// (`flops` per step; for a GPU program also without its copies between host and GPU), and per rank the time computing, the time waiting in exchanges and the
@@ -410,7 +413,7 @@ pub fn bench<E: From<std::io::Error>>(
     out: &mut dyn Write,
     step: &mut dyn FnMut() -> Result<(), E>,
 ) -> Result<(), E> {
-    for _ in 0..2 {
+    for _ in 0..BENCH_WARMUP {
         step()?;
     }
     comm::take_exchange_seconds();

@@ -181,12 +181,7 @@ pub fn train(
             labelling += took;
             if speaks && !opts.json {
                 let end = if terminal && s > 0 { "\n" } else { "" };
-                let b = batch_of(step) % crate::data::SYNTHETIC_BATCHES + 1;
-                let all = crate::data::SYNTHETIC_BATCHES;
-                writeln!(
-                    err,
-                    "{end}labelled synthetic batch {b}/{all} in {took:.2} s"
-                )?;
+                writeln!(err, "{end}{}", labelled(batch_of(step), took))?;
             }
         }
         let t = Instant::now();
@@ -254,11 +249,16 @@ pub fn train(
         let flops = 3 * m.flops;
         let mut step = optimizer.step;
         let mut bench_opt = optimizer.clone();
-        // The batches the timed steps train on, labelled first, so that no timed step labels
+        // The batches the bench's steps train on, labelled first, so that no timed step labels
         // one (and no batch they do not use is labelled: at d = 1024 a labelling is a step).
-        let timed = (step + 1..=step + u64::from(n)).take(crate::data::SYNTHETIC_BATCHES as usize);
-        for s in timed {
-            data.prepare(program, &mut bufs, batch_of(s))?;
+        let calls = u64::from(n.max(1) + crate::exec::BENCH_WARMUP);
+        let used = (step + 1..=step + calls).take(crate::data::SYNTHETIC_BATCHES as usize);
+        for s in used {
+            if let Some(took) = data.prepare(program, &mut bufs, batch_of(s))? {
+                if speaks && !opts.json {
+                    writeln!(err, "{}", labelled(batch_of(s), took))?;
+                }
+            }
         }
         bench(m, flops, n, out, &mut || {
             step += 1;
@@ -266,6 +266,15 @@ pub fn train(
         })?;
     }
     Ok(Trained { losses, optimizer })
+}
+
+/// What is said when synthetic batch `batch` was labelled, in `took` seconds.
+fn labelled(batch: u64, took: f64) -> String {
+    let all = crate::data::SYNTHETIC_BATCHES;
+    format!(
+        "labelled synthetic batch {}/{all} in {took:.2} s",
+        batch % all + 1
+    )
 }
 
 /// `[#####.....]`: `done` of `total`.

@@ -349,7 +349,8 @@ fn tapes_are_not_filled_before_the_loop_writes_them() {
 }
 
 /// The synthetic task labels each of its 8 batches when training first reaches it: nothing
-/// before `--steps 0` ends, one labelling before the first step, eight at most. (That the
+/// before `--steps 0` ends, one labelling before the first step, eight at most; `--bench`
+/// labels the batches its steps use, before it times them. (That the
 /// batches do not depend on when they are labelled, `executables_train_and_resume_…` shows: a
 /// resumed run labels its batches at other steps than the run it continues.)
 #[test]
@@ -362,13 +363,13 @@ fn the_synthetic_task_labels_each_batch_when_training_first_reaches_it() {
         "compile", &model, "--dim", "d=32", "--dim", "h=64", "--train", "-o", &exe_s,
     ]);
     assert_eq!(code, 0, "{err}");
-    let labelled = |steps: &str| {
+    let labelled_by = |args: &[&str]| {
         let o = std::process::Command::new(&exe)
-            .args(["--steps", steps])
+            .args(args)
             .output()
             .expect("runs");
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert!(o.status.success(), "--steps {steps}: {err}");
+        assert!(o.status.success(), "{args:?}: {err}");
         let lines: Vec<String> = err
             .lines()
             .filter(|l| l.starts_with("labelled synthetic batch"))
@@ -376,6 +377,7 @@ fn the_synthetic_task_labels_each_batch_when_training_first_reaches_it() {
             .collect();
         (lines, err)
     };
+    let labelled = |steps: &str| labelled_by(&["--steps", steps]);
     let (none, err) = labelled("0");
     assert!(none.is_empty(), "{err}");
     assert!(err.contains("when training first reaches it"), "{err}");
@@ -390,6 +392,17 @@ fn the_synthetic_task_labels_each_batch_when_training_first_reaches_it() {
         .map(|b| format!("labelled synthetic batch {b}/8"))
         .collect();
     let got: Vec<&str> = all.iter().map(|l| &l[..l.find(" in ").unwrap()]).collect();
+    assert_eq!(got, expected, "{err}");
+    // `--bench 1` after no step labels the batches of its two warm-up steps and its timed one
+    // (steps 2 to 4), and no other.
+    let (bench, err) = labelled_by(&["--steps", "0", "--bench", "1"]);
+    let got: Vec<&str> = bench
+        .iter()
+        .map(|l| &l[..l.find(" in ").unwrap()])
+        .collect();
+    let expected: Vec<String> = (2..=4)
+        .map(|b| format!("labelled synthetic batch {b}/8"))
+        .collect();
     assert_eq!(got, expected, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
