@@ -313,7 +313,7 @@ unsafe fn block(
     cols: usize,
     load: bool,
 ) {
-    let kernel = match rows {
+    let kernel: Kernel = match rows {
         6 => kernel::<6>,
         5 => kernel::<5>,
         4 => kernel::<4>,
@@ -321,26 +321,55 @@ unsafe fn block(
         2 => kernel::<2>,
         _ => kernel::<1>,
     };
-    // SAFETY: the kernel reads `kc` packed steps and `rows × NR` elements at `cp` (or the
+    // SAFETY: the contract, which `in_place_or_tiled` asks for with a width of `NR`.
+    unsafe { in_place_or_tiled(kernel, NR, kc, ap, bp, cp, c, rows, cols, load) }
+}
+
+/// A register block's kernel: `kc` steps from packed `A` and `B` into a block of `C` with a
+/// row stride, from zero or (`load`) from the block's values.
+type Kernel = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool);
+
+/// Runs `kernel`, which writes rows of `width` columns, on the `rows × cols` block of `c` at
+/// `cp` (`cols ≤ width`): in place where the block's columns are `width` and contiguous, else
+/// through a local tile.
+///
+/// # Safety
+/// `kernel` may read `kc` steps at `ap` and `bp`; `cp` is the block's first element in `c`,
+/// with `rows × cols` elements inside `c`; `rows × width` fits the tile (the AVX-512 block's).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // the kernel, its width, a block's sizes, operands and mode
+unsafe fn in_place_or_tiled(
+    kernel: Kernel,
+    width: usize,
+    kc: usize,
+    ap: *const f32,
+    bp: *const f32,
+    cp: *mut f32,
+    c: Operand,
+    rows: usize,
+    cols: usize,
+    load: bool,
+) {
+    // SAFETY: the kernel reads `kc` packed steps and `rows × width` elements at `cp` (or the
     // tile) with row stride `ldc`.
     unsafe {
-        if cols == NR && c.col_stride == 1 {
+        if cols == width && c.col_stride == 1 {
             return kernel(kc, ap, bp, cp, c.row_stride as usize, load);
         }
-        let mut tile = [0.0f32; MR * NR];
+        let mut tile = [0.0f32; zmm::ROWS * zmm::COLS];
         let at =
             |i: usize, j: usize| cp.offset(i as isize * c.row_stride + j as isize * c.col_stride);
         if load {
             for i in 0..rows {
                 for j in 0..cols {
-                    tile[i * NR + j] = *at(i, j);
+                    tile[i * width + j] = *at(i, j);
                 }
             }
         }
-        kernel(kc, ap, bp, tile.as_mut_ptr(), NR, load);
+        kernel(kc, ap, bp, tile.as_mut_ptr(), width, load);
         for i in 0..rows {
             for j in 0..cols {
-                *at(i, j) = tile[i * NR + j];
+                *at(i, j) = tile[i * width + j];
             }
         }
     }

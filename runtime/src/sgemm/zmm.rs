@@ -15,8 +15,8 @@ pub(super) const ROWS: usize = 2 * MR;
 pub(super) const COLS: usize = 2 * NR;
 
 /// One `rows × cols` block of `C` (at most [`ROWS`] × [`COLS`]) at `cp`: blocks of at most
-/// `NR` columns go to the AVX2 block sliver by sliver; wider ones to a kernel for their rows,
-/// in place when their columns are whole and contiguous, else through a local tile.
+/// `NR` columns go to the AVX2 block sliver by sliver; wider ones to a kernel for their rows
+/// ([`super::in_place_or_tiled`]).
 ///
 /// # Safety
 /// `ap` holds `kc` steps of `MR` values, followed by a second sliver where `rows > MR`; `bp`
@@ -43,7 +43,7 @@ pub(super) unsafe fn block(
             return;
         }
     }
-    let kernel = match rows {
+    let kernel: super::Kernel = match rows {
         12 => kernel::<12>,
         11 => kernel::<11>,
         10 => kernel::<10>,
@@ -57,29 +57,8 @@ pub(super) unsafe fn block(
         2 => kernel::<2>,
         _ => kernel::<1>,
     };
-    // SAFETY: the kernel reads `kc` packed steps of its slivers and panels and `rows × COLS`
-    // elements at `cp` (or the tile) with row stride `ldc`.
-    unsafe {
-        if cols == COLS && c.col_stride == 1 {
-            return kernel(kc, ap, bp, cp, c.row_stride as usize, load);
-        }
-        let mut tile = [0.0f32; ROWS * COLS];
-        let at =
-            |i: usize, j: usize| cp.offset(i as isize * c.row_stride + j as isize * c.col_stride);
-        if load {
-            for i in 0..rows {
-                for j in 0..cols {
-                    tile[i * COLS + j] = *at(i, j);
-                }
-            }
-        }
-        kernel(kc, ap, bp, tile.as_mut_ptr(), COLS, load);
-        for i in 0..rows {
-            for j in 0..cols {
-                *at(i, j) = tile[i * COLS + j];
-            }
-        }
-    }
+    // SAFETY: the contract, which `in_place_or_tiled` asks for with a width of `COLS`.
+    unsafe { super::in_place_or_tiled(kernel, COLS, kc, ap, bp, cp, c, rows, cols, load) }
 }
 
 /// `R × COLS` sums of `kc` steps into the block at `cp` (row stride `ldc`): from zero, or with
