@@ -1,5 +1,5 @@
 //! [`ppc_runtime::heap::keep_freed_memory`] on the main thread, where a generated step
-//! allocates its buffers: a 3 GiB block (more than glibc's largest mmap threshold, and than
+//! allocates its buffers: a 2.25 GiB block (more than glibc's largest mmap threshold, and than
 //! its largest `int` trim threshold) comes from the heap, and freeing it leaves the heap its
 //! size, so the next step reuses the pages instead of faulting fresh ones in. The block's
 //! pages are never touched.
@@ -26,13 +26,13 @@ extern "C" {
 
 fn main() {
     ppc_runtime::heap::keep_freed_memory();
-    const SIZE: usize = 3 << 30;
+    const SIZE: usize = 9 << 28;
     // SAFETY: a plain allocation and its free; nothing is read or written.
     let (before, held, after) = unsafe {
         let before = mallinfo2();
         // `black_box`: LLVM removes a `malloc` whose block nothing uses.
         let p = std::hint::black_box(malloc(SIZE));
-        assert!(!p.is_null(), "3 GiB of address space");
+        assert!(!p.is_null(), "2.25 GiB of address space");
         let held = mallinfo2();
         free(p);
         (before, held, mallinfo2())
@@ -40,5 +40,5 @@ fn main() {
     assert_eq!(held.hblks, before.hblks, "the block was mapped by itself");
     assert!(held.arena >= SIZE, "the heap holds the block");
     assert!(after.arena >= SIZE, "freeing the block trimmed the heap");
-    println!("test heap: a freed 3 GiB block stays in the heap ... ok");
+    println!("test heap: a freed 2.25 GiB block stays in the heap ... ok");
 }
