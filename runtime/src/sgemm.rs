@@ -218,15 +218,23 @@ pub(crate) unsafe fn blocked(
                                     cols,
                                 );
                             }
+                            let at = Block {
+                                kc,
+                                ap,
+                                bp: panels,
+                                cp,
+                                c,
+                                rows,
+                                cols,
+                                load,
+                            };
                             // SAFETY: the slivers and panels hold `kc` steps of MR and NR
                             // values each, as many as `rows` and `cols` reach; the block of
                             // `c` is inside it (the caller's contract).
                             unsafe {
                                 match isa {
-                                    Isa::Avx2 => block(kc, ap, panels, cp, c, rows, cols, load),
-                                    Isa::Avx512 => {
-                                        zmm::block(kc, ap, panels, cp, c, rows, cols, load)
-                                    }
+                                    Isa::Avx2 => block(at),
+                                    Isa::Avx512 => zmm::block(at),
                                 }
                             };
                         }
@@ -295,15 +303,11 @@ fn prefetch_block(c: Operand, i: usize, j: usize, rows: usize, cols: usize) {
     }
 }
 
-/// One `rows × cols` block of `C` (at most `MR × NR`) at `cp`: a kernel for its rows, in
-/// place when its columns are whole and contiguous, else through a local tile.
-///
-/// # Safety
-/// `ap` holds `kc` steps of `MR` values, `bp` `kc` steps of `NR`; `cp` is the block's first
-/// element in `c`, with `rows × cols` elements inside `c`; AVX2 and FMA are there.
+/// One register block's work: `kc` steps of packed `A` at `ap` and packed `B` at `bp` into the
+/// `rows × cols` block of `c` whose first element is `cp`, from zero or (`load`) from its sums.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)] // a block's sizes, operands and mode
-unsafe fn block(
+#[derive(Clone, Copy)]
+struct Block {
     kc: usize,
     ap: *const f32,
     bp: *const f32,
@@ -312,8 +316,16 @@ unsafe fn block(
     rows: usize,
     cols: usize,
     load: bool,
-) {
-    let kernel: Kernel = match rows {
+}
+
+/// One block of `C` (at most `MR × NR`): a kernel for its rows ([`in_place_or_tiled`]).
+///
+/// # Safety
+/// `at.ap` holds `kc` steps of `MR` values, `at.bp` `kc` steps of `NR`; the block's
+/// `rows × cols` elements are inside `c`; AVX2 and FMA are there.
+#[cfg(target_arch = "x86_64")]
+unsafe fn block(at: Block) {
+    let kernel: Kernel = match at.rows {
         6 => kernel::<6>,
         5 => kernel::<5>,
         4 => kernel::<4>,
@@ -322,34 +334,31 @@ unsafe fn block(
         _ => kernel::<1>,
     };
     // SAFETY: the contract, which `in_place_or_tiled` asks for with a width of `NR`.
-    unsafe { in_place_or_tiled(kernel, NR, kc, ap, bp, cp, c, rows, cols, load) }
+    unsafe { in_place_or_tiled(kernel, NR, at) }
 }
 
 /// A register block's kernel: `kc` steps from packed `A` and `B` into a block of `C` with a
 /// row stride, from zero or (`load`) from the block's values.
 type Kernel = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool);
 
-/// Runs `kernel`, which writes rows of `width` columns, on the `rows × cols` block of `c` at
-/// `cp` (`cols ≤ width`): in place where the block's columns are `width` and contiguous, else
-/// through a local tile.
+/// Runs `kernel`, which writes rows of `width` columns, on block `at` (`cols ≤ width`): in
+/// place where the block's columns are `width` and contiguous, else through a local tile.
 ///
 /// # Safety
-/// `kernel` may read `kc` steps at `ap` and `bp`; `cp` is the block's first element in `c`,
-/// with `rows × cols` elements inside `c`; `rows × width` fits the tile (the AVX-512 block's).
+/// `kernel` may read `kc` steps at `ap` and `bp`; the block's `rows × cols` elements are
+/// inside `c`; `rows × width` fits the tile (the AVX-512 block's).
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)] // the kernel, its width, a block's sizes, operands and mode
-unsafe fn in_place_or_tiled(
-    kernel: Kernel,
-    width: usize,
-    kc: usize,
-    ap: *const f32,
-    bp: *const f32,
-    cp: *mut f32,
-    c: Operand,
-    rows: usize,
-    cols: usize,
-    load: bool,
-) {
+unsafe fn in_place_or_tiled(kernel: Kernel, width: usize, at: Block) {
+    let Block {
+        kc,
+        ap,
+        bp,
+        cp,
+        c,
+        rows,
+        cols,
+        load,
+    } = at;
     // SAFETY: the kernel reads `kc` packed steps and `rows × width` elements at `cp` (or the
     // tile) with row stride `ldc`.
     unsafe {

@@ -7,43 +7,37 @@
 //! Each element's chain is the AVX2 block's (module doc of `sgemm.rs`): the same bits on either
 //! path, only twice the width at a time.
 
-use super::{Operand, MR, NR};
+use super::{Block, MR, NR};
 
 /// Rows of `C` per AVX-512 register block.
 pub(super) const ROWS: usize = 2 * MR;
 /// Columns of `C` per AVX-512 register block: two zmm vectors.
 pub(super) const COLS: usize = 2 * NR;
 
-/// One `rows × cols` block of `C` (at most [`ROWS`] × [`COLS`]) at `cp`: blocks of at most
-/// `NR` columns go to the AVX2 block sliver by sliver; wider ones to a kernel for their rows
+/// One block of `C` (at most [`ROWS`] × [`COLS`]): blocks of at most `NR` columns go to the
+/// AVX2 block sliver by sliver; wider ones to a kernel for their rows
 /// ([`super::in_place_or_tiled`]).
 ///
 /// # Safety
-/// `ap` holds `kc` steps of `MR` values, followed by a second sliver where `rows > MR`; `bp`
-/// `kc` steps of `NR`, followed by a second panel where `cols > NR`; `cp` is the block's first
-/// element in `c`, with `rows × cols` elements inside `c`; the CPU has AVX-512F, AVX2 and FMA.
-#[allow(clippy::too_many_arguments)] // a block's sizes, operands and mode, as `super::block`
-pub(super) unsafe fn block(
-    kc: usize,
-    ap: *const f32,
-    bp: *const f32,
-    cp: *mut f32,
-    c: Operand,
-    rows: usize,
-    cols: usize,
-    load: bool,
-) {
+/// `at.ap` holds `kc` steps of `MR` values, followed by a second sliver where `rows > MR`;
+/// `at.bp` `kc` steps of `NR`, followed by a second panel where `cols > NR`; the block's
+/// `rows × cols` elements are inside `c`; the CPU has AVX-512F, AVX2 and FMA.
+pub(super) unsafe fn block(at: Block) {
     // SAFETY: the contract, sliver by sliver.
     unsafe {
-        if cols <= NR {
-            for s in (0..rows).step_by(MR) {
-                let (a, out) = (ap.add(s * kc), cp.offset(s as isize * c.row_stride));
-                super::block(kc, a, bp, out, c, MR.min(rows - s), cols, load);
+        if at.cols <= NR {
+            for s in (0..at.rows).step_by(MR) {
+                super::block(Block {
+                    ap: at.ap.add(s * at.kc),
+                    cp: at.cp.offset(s as isize * at.c.row_stride),
+                    rows: MR.min(at.rows - s),
+                    ..at
+                });
             }
             return;
         }
     }
-    let kernel: super::Kernel = match rows {
+    let kernel: super::Kernel = match at.rows {
         12 => kernel::<12>,
         11 => kernel::<11>,
         10 => kernel::<10>,
@@ -58,7 +52,7 @@ pub(super) unsafe fn block(
         _ => kernel::<1>,
     };
     // SAFETY: the contract, which `in_place_or_tiled` asks for with a width of `COLS`.
-    unsafe { super::in_place_or_tiled(kernel, COLS, kc, ap, bp, cp, c, rows, cols, load) }
+    unsafe { super::in_place_or_tiled(kernel, COLS, at) }
 }
 
 /// `R × COLS` sums of `kc` steps into the block at `cp` (row stride `ldc`): from zero, or with
