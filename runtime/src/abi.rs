@@ -68,6 +68,9 @@ impl EntryPoint {
 
 /// Generated code defines `ppc_forward(...)`, the step the executable's driver runs.
 pub const FORWARD: &str = "ppc_forward";
+/// A training executable's generated code also defines `ppc_evaluate(...)`: the step without
+/// its gradients (the manifest's `evaluate` arguments).
+pub const EVALUATE: &str = "ppc_evaluate";
 /// Generated code defines `ppc_manifest() -> ptr`, the program's manifest as text.
 pub const MANIFEST: &str = "ppc_manifest";
 /// The executable's runtime defines `ppc_main(argc, argv) -> i32`, which generated `main` calls.

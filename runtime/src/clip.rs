@@ -85,6 +85,7 @@ mod tests {
             target: None,
             gpu: None,
             args: Vec::new(),
+            evaluate: Vec::new(),
             groups: Vec::new(),
             kernels: Vec::new(),
             train: Vec::new(),

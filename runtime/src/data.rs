@@ -57,8 +57,9 @@ impl Data {
         }
     }
 
-    /// Makes batch `b` ready: a synthetic batch not labelled yet is labelled now, by a run of
-    /// the teacher in `bufs` (the training's own buffers: no second set is held); returns the
+    /// Makes batch `b` ready: a synthetic batch not labelled yet is labelled now, by a forward
+    /// run of the teacher in `bufs` (the training's own buffers: no second set is held; the
+    /// whole step where the program has no forward-only entry, `--target cuda`); returns the
     /// seconds that took, if it ran. Other data is always ready.
     pub(crate) fn prepare(
         &mut self,
@@ -88,7 +89,7 @@ impl Data {
             .as_mut()
             .expect("invariant: a batch is unlabelled");
         let zero = HostBuffer::zeros(target.dtype, &target.shape);
-        bufs.run(program, x.clone(), zero, teacher)?;
+        bufs.evaluate(program, x.clone(), zero, teacher)?;
         let y = bufs.output.to_tensor();
         let t = match target.dtype {
             DType::I32 => argmax_last(&y, target),
@@ -164,9 +165,8 @@ impl Data {
         if let Some(w) = progress {
             writeln!(
                 w,
-                "the synthetic task: {SYNTHETIC_BATCHES} batches, each labelled by a forward and \
-                 backward pass of a teacher model when training first reaches it (--data FILE \
-                 trains on your data)"
+                "the synthetic task: {SYNTHETIC_BATCHES} batches, each labelled by a teacher model \
+                 when training first reaches it (--data FILE trains on your data)"
             )?;
         }
         Ok(Data::Synthetic(Synthetic {

@@ -78,6 +78,8 @@ pub type PackedFn = unsafe extern "C" fn(*mut *mut c_void);
 pub struct Program {
     pub manifest: Manifest,
     entry: PackedFn,
+    /// `ppc_evaluate`, where the manifest lists its arguments.
+    evaluate: Option<PackedFn>,
     /// A CUDA program's arguments on the GPU.
     resident: crate::cuda::resident::Resident,
 }
@@ -90,8 +92,64 @@ impl Program {
         Program {
             manifest,
             entry,
+            evaluate: None,
             resident: Default::default(),
         }
+    }
+
+    /// The program with its training step's evaluation, where the manifest lists its
+    /// arguments (else it has none, and `evaluate` is never called).
+    ///
+    /// # Safety
+    /// `evaluate` must be the packed C-interface wrapper of an entry function whose memref
+    /// arguments are exactly the manifest's `evaluate` arguments, in order.
+    pub unsafe fn with_evaluate(mut self, evaluate: PackedFn) -> Program {
+        if !self.manifest.evaluate.is_empty() {
+            self.evaluate = Some(evaluate);
+        }
+        self
+    }
+
+    /// Runs the training step without its gradients, `loss, output = f(input, target,
+    /// params)` (`params` as the step takes them); `Ok(false)` where the program has no such
+    /// entry and nothing ran.
+    pub fn evaluate(
+        &self,
+        input: &mut HostBuffer,
+        target: &mut HostBuffer,
+        params: &mut [HostBuffer],
+        loss: &mut HostBuffer,
+        output: &mut HostBuffer,
+    ) -> Result<bool, CallError> {
+        let Some(entry) = self.evaluate else {
+            return Ok(false);
+        };
+        let names = self.manifest.args.iter().filter(|a| a.role == Role::Param);
+        let mut params: Vec<(&str, Option<&mut HostBuffer>)> = names
+            .map(|a| a.name.as_str())
+            .zip(params.iter_mut().map(Some))
+            .collect();
+        let (mut input, mut target) = (Some(input), Some(target));
+        let (mut loss, mut output) = (Some(loss), Some(output));
+        let mut bufs = Vec::with_capacity(self.manifest.evaluate.len());
+        for a in &self.manifest.evaluate {
+            let b = match a.role {
+                Role::Input => input.take(),
+                Role::Target => target.take(),
+                Role::Param => (params.iter_mut())
+                    .find(|(name, _)| *name == a.name)
+                    .and_then(|(_, b)| b.take()),
+                Role::Loss => loss.take(),
+                Role::Output => output.take(),
+                Role::Grad => None,
+            }
+            .ok_or_else(|| CallError::MissingBuffer {
+                name: a.name.clone(),
+            })?;
+            bufs.push(b);
+        }
+        self.call_entry(&self.manifest.evaluate, entry, bufs)?;
+        Ok(true)
     }
 
     /// This rank's parameters from `source`, in manifest order.
@@ -198,14 +256,24 @@ impl Program {
     }
 
     /// Calls the generated code on `bufs`, one per manifest argument, in order (checked).
-    pub fn call(&self, mut bufs: Vec<&mut HostBuffer>) -> Result<(), CallError> {
-        if bufs.len() != self.manifest.args.len() {
+    pub fn call(&self, bufs: Vec<&mut HostBuffer>) -> Result<(), CallError> {
+        self.call_entry(&self.manifest.args, self.entry, bufs)
+    }
+
+    /// Calls `entry`, which takes `args`, on `bufs`, one per argument, in order (checked).
+    fn call_entry(
+        &self,
+        args: &[crate::manifest::Arg],
+        entry: PackedFn,
+        mut bufs: Vec<&mut HostBuffer>,
+    ) -> Result<(), CallError> {
+        if bufs.len() != args.len() {
             return Err(CallError::Arity {
-                want: self.manifest.args.len(),
+                want: args.len(),
                 got: bufs.len(),
             });
         }
-        for (a, b) in self.manifest.args.iter().zip(&bufs) {
+        for (a, b) in args.iter().zip(&bufs) {
             if b.dtype != a.dtype || b.shape != a.shape {
                 return Err(CallError::Argument {
                     name: a.name.clone(),
@@ -218,12 +286,7 @@ impl Program {
         }
         // A CUDA program's kernels address only GPU memory: its arguments are kept there.
         let gpu = crate::cuda::active();
-        let fills: Vec<bool> = self
-            .manifest
-            .args
-            .iter()
-            .map(|a| a.role.is_result())
-            .collect();
+        let fills: Vec<bool> = args.iter().map(|a| a.role.is_result()).collect();
         let mut descriptors: Vec<Vec<i64>> = if gpu {
             crate::cuda::bind_this_thread();
             self.resident.stage(&bufs, &fills)
@@ -239,10 +302,10 @@ impl Program {
         if crate::trace::enabled() {
             crate::trace::name_groups(&self.manifest.groups);
         }
-        // SAFETY: `Program::new`'s contract says `entry` takes exactly these memrefs; each packed
-        // slot points to a pointer to a descriptor of a live buffer with the checked dtype and
-        // shape, and all of them outlive the call.
-        unsafe { (self.entry)(packed.as_mut_ptr()) };
+        // SAFETY: `Program::new`'s and `with_evaluate`'s contracts say `entry` takes exactly
+        // these memrefs; each packed slot points to a pointer to a descriptor of a live buffer
+        // with the checked dtype and shape, and all of them outlive the call.
+        unsafe { entry(packed.as_mut_ptr()) };
         if gpu {
             self.resident.fetch(&mut bufs, &fills);
         }

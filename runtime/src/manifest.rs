@@ -95,6 +95,11 @@ pub struct Manifest {
     /// `--target cuda`: the GPU architecture of the kernels (`sm_90`); `None` for the CPU.
     pub gpu: Option<String>,
     pub args: Vec<Arg>,
+    /// Training programs for the CPU: the arguments of `ppc_evaluate`, the step without its
+    /// gradients (`loss, output = f(input, target, params)`), which labels the synthetic task
+    /// and validates; empty where it is not built (forward programs, `--target cuda`).
+    #[serde(default)]
+    pub evaluate: Vec<Arg>,
     /// Names of the traced loop nests (`ppc_trace_group_begin`'s numbers index them).
     pub groups: Vec<String>,
     /// `--target cuda`: where each kernel module comes from in the model file (`file:line:col`),
@@ -264,6 +269,15 @@ mod tests {
                     shard_axis: None,
                 },
             ],
+            evaluate: vec![Arg {
+                role: Role::Loss,
+                name: "loss".into(),
+                dtype: DType::F32,
+                shape: vec![],
+                init: Init::Zeros,
+                layer_axes: 0,
+                shard_axis: None,
+            }],
             groups: vec!["gelu+add, line 60".into(), "softmax, line 39".into()],
             kernels: vec!["examples/mlp.ppc:14:9".into()],
             train: vec![

@@ -424,9 +424,27 @@ impl Buffers {
         program.call(bufs)?;
         Ok(self.loss.to_tensor().data[0])
     }
+
+    /// Runs the step without its gradients where the program has that entry
+    /// ([`Program::evaluate`]: the forward and the loss, a third of the step's work), else the
+    /// whole step; returns the loss.
+    pub(crate) fn evaluate(
+        &mut self,
+        program: &Program,
+        mut input: HostBuffer,
+        mut target: HostBuffer,
+        params: &mut [HostBuffer],
+    ) -> Result<f32, CallError> {
+        let (loss, output) = (&mut self.loss, &mut self.output);
+        if !program.evaluate(&mut input, &mut target, params, loss, output)? {
+            return self.run(program, input, target, params);
+        }
+        Ok(self.loss.to_tensor().data[0])
+    }
 }
 
-/// The mean loss of the first [`VAL_BATCHES`] batches of `val` (the step without the update).
+/// The mean loss of the first [`VAL_BATCHES`] batches of `val` (the step without the update,
+/// and without the gradients where the program can leave them out).
 fn validate(
     program: &Program,
     val: &Data,
@@ -436,7 +454,7 @@ fn validate(
     let mut sum = 0.0f64;
     for b in 0..VAL_BATCHES {
         let (input, target) = val.batch(&program.manifest, b);
-        let loss = bufs.run(program, input, target, params)?;
+        let loss = bufs.evaluate(program, input, target, params)?;
         sum += f64::from(shared_loss(loss));
     }
     Ok((sum / VAL_BATCHES as f64) as f32)

@@ -342,6 +342,7 @@ fn what_the_jit_says_reaches_the_user() {
             arg(ppc_runtime::manifest::Role::Input, "x"),
             arg(ppc_runtime::manifest::Role::Output, "y"),
         ],
+        evaluate: vec![],
         groups: vec![],
         kernels: Vec::new(),
         train: vec![],

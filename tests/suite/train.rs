@@ -117,6 +117,33 @@ pub(crate) fn compiled_gradients_match(
         }
         let c = compare(&want.grads.outputs, &got.outputs);
         assert!(c.max_rel <= tolerance(DType::F32), "{what}: outputs");
+        // The step without its gradients (`ppc_evaluate`, which labels the synthetic task and
+        // validates; CPU programs only): the step's loss and outputs, bit for bit.
+        let (mut x, mut y) = (
+            HostBuffer::from_tensor(&inputs),
+            HostBuffer::from_tensor(&t),
+        );
+        let (mut loss, mut outputs) = (HostBuffer::zeros(DType::F32, &[]), program.output_buffer());
+        let ran = program
+            .evaluate(&mut x, &mut y, &mut params, &mut loss, &mut outputs)
+            .expect("evaluates");
+        assert_eq!(
+            ran,
+            program.manifest.gpu.is_none(),
+            "{what}: an evaluate entry"
+        );
+        if ran {
+            assert_eq!(
+                loss.to_tensor().data[0].to_bits(),
+                got_loss.to_bits(),
+                "{what}: the evaluated loss"
+            );
+            let bits = |t: &Tensor| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&outputs.to_tensor()) == bits(&got.outputs),
+                "{what}: the evaluated outputs differ from the step's"
+            );
+        }
     }
 }
 
@@ -350,7 +377,7 @@ fn tapes_are_not_filled_before_the_loop_writes_them() {
 
 /// The synthetic task labels each of its 8 batches when training first reaches it: nothing
 /// before `--steps 0` ends, one labelling before the first step, eight at most; `--bench`
-/// labels the batches its steps use, before it times them. (That the
+/// labels the batches its steps use, before it times them, each by a forward pass. (That the
 /// batches do not depend on when they are labelled, `executables_train_and_resume_…` shows: a
 /// resumed run labels its batches at other steps than the run it continues.)
 #[test]
@@ -404,5 +431,19 @@ fn the_synthetic_task_labels_each_batch_when_training_first_reaches_it() {
         .map(|b| format!("labelled synthetic batch {b}/8"))
         .collect();
     assert_eq!(got, expected, "{err}");
+    // The labels come from the step without its gradients (`ppc_evaluate`, a third of the
+    // step's work), which the executable defines; `compiled_gradients_match` shows that it
+    // gives the step's outputs, bit for bit.
+    let o = std::process::Command::new("nm")
+        .args(["--defined-only", &exe_s])
+        .output()
+        .expect("nm runs");
+    let symbols = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        symbols
+            .lines()
+            .any(|l| l.ends_with(" _mlir_ciface_ppc_evaluate")),
+        "the executable has no forward-only entry"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,6 +1,7 @@
-//! The entry function `@ppc_forward`: which function it runs ([`Entry`]), its arguments in the
-//! order the manifest lists them (inputs, then parameters in first-use order, then outputs),
-//! and the code around the walk of that function that binds them.
+//! The entry functions (`@ppc_forward`, and a training executable's `@ppc_evaluate`): which
+//! function each runs ([`Entry`]), its arguments in the order the manifest lists them (inputs,
+//! then parameters in first-use order, then outputs), and the code around the walk of that
+//! function that binds them.
 
 use super::buf::Buf;
 use super::emit::Emitter;
@@ -19,6 +20,10 @@ pub enum Entry {
     /// `@train_vjp` (after `loss` and `autodiff`): `loss, output, grads = f(input, target,
     /// params)`, the gradients in f32, one per parameter.
     Train,
+    /// `@train` (after `loss`): `loss, output = f(input, target, params)`, the training step
+    /// without its gradients: a third of its work, which labels the synthetic task and
+    /// validates.
+    Evaluate,
 }
 
 impl Entry {
@@ -29,6 +34,16 @@ impl Entry {
             Entry::Train
         } else {
             Entry::Forward
+        }
+    }
+
+    /// The name of the function the entry runs in `m`.
+    pub fn func(self, m: &Module) -> String {
+        match self {
+            Entry::Forward if m.func(names::MODEL).is_some() => names::MODEL.to_string(),
+            Entry::Forward => names::PIPELINE.to_string(),
+            Entry::Train => names::vjp(names::TRAIN),
+            Entry::Evaluate => names::TRAIN.to_string(),
         }
     }
 }
@@ -93,11 +108,13 @@ pub fn write(w: &mut Walker, id: FuncId, entry: Entry) -> Result<Vec<Argument>, 
         argument_buf(&mut w.e, "input", f.ty(f.body.args[0])),
     )];
     let mut args: Vec<Buf> = vec![inputs[0].buf.clone()];
-    if entry == Entry::Train {
-        // (x, target, d_loss, d_outputs): the loss's cotangent is 1, the outputs' zero.
+    if entry != Entry::Forward {
         let target = argument_buf(&mut w.e, "target", f.ty(f.body.args[1]));
         args.push(target.clone());
         inputs.push(argument(Role::Target, "target", target));
+    }
+    if entry == Entry::Train {
+        // (x, target, d_loss, d_outputs): the loss's cotangent is 1, the outputs' zero.
         w.e.at(m.spans.get(&Item::Pipeline));
         for (&a, v) in f.body.args[2..].iter().zip([1.0, -0.0]) {
             let b = w.e.alloc(f.ty(a));
@@ -111,21 +128,23 @@ pub fn write(w: &mut Walker, id: FuncId, entry: Entry) -> Result<Vec<Argument>, 
     let mut outputs: Vec<(Role, String, usize)> = Vec::new();
     match entry {
         Entry::Forward => outputs.push((Role::Output, "output".into(), 0)),
-        Entry::Train => {
+        Entry::Evaluate | Entry::Train => {
             outputs.push((Role::Loss, "loss".into(), 0));
             outputs.push((Role::Output, "output".into(), 1));
-            // Then the inputs' (and float targets') cotangents, then one per trainable
-            // parameter (`@train`'s own, then `@stage`'s), named as the parameter.
-            let train = m
-                .func_id(names::TRAIN)
-                .ok_or_else(|| Diagnostic::plain("no `@train`"))?;
-            let slots = crate::passes::trainables(m, train);
-            let first = results.len() - slots.len();
-            for (i, (g, p)) in slots.into_iter().enumerate() {
-                let f = &m.funcs[g];
-                let name = f.values[f.params[p].value].name.clone();
-                outputs.push((Role::Grad, name, first + i));
-            }
+        }
+    }
+    if entry == Entry::Train {
+        // Then the inputs' (and float targets') cotangents, then one per trainable parameter
+        // (`@train`'s own, then `@stage`'s), named as the parameter.
+        let train = m
+            .func_id(names::TRAIN)
+            .ok_or_else(|| Diagnostic::plain("no `@train`"))?;
+        let slots = crate::passes::trainables(m, train);
+        let first = results.len() - slots.len();
+        for (i, (g, p)) in slots.into_iter().enumerate() {
+            let f = &m.funcs[g];
+            let name = f.values[f.params[p].value].name.clone();
+            outputs.push((Role::Grad, name, first + i));
         }
     }
     w.e.at(m.spans.get(&Item::Pipeline));

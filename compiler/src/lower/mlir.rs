@@ -18,7 +18,7 @@ use melior::utility::{
 use melior::{Context, ExecutionEngine};
 use ppc_dialect::span::Span;
 use ppc_dialect::{Diagnostic, Diagnostics};
-use ppc_runtime::abi::FORWARD as ENTRY;
+use ppc_runtime::abi::{self, FORWARD as ENTRY};
 use ppc_runtime::exec::{PackedFn, Program};
 use ppc_runtime::manifest::Manifest;
 use std::cell::RefCell;
@@ -283,9 +283,14 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
         // SAFETY: the lowered module declares the runtime's functions with their signatures.
         unsafe { register_runtime(&engine) };
         let ptr = engine.lookup(&format!("_mlir__mlir_ciface_{ENTRY}"));
-        (engine, ptr)
+        let evaluate = match manifest.evaluate.is_empty() {
+            true => std::ptr::null_mut(),
+            false => engine.lookup(&format!("_mlir__mlir_ciface_{}", abi::EVALUATE)),
+        };
+        (engine, (ptr, evaluate))
     });
-    if ptr.is_null() {
+    let (ptr, evaluate) = ptr;
+    if ptr.is_null() || (evaluate.is_null() && !manifest.evaluate.is_empty()) {
         let why = if said.trim().is_empty() {
             "LLVM gave no reason".to_string()
         } else {
@@ -300,10 +305,16 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
         eprint!("{said}");
     }
     // SAFETY: `ptr` is the packed wrapper MLIR generates for the C interface of `ENTRY`, whose
-    // arguments are the manifest's, in order (both come from the same `lower` call).
+    // arguments are the manifest's, in order (both come from the same `lower` call), and
+    // `evaluate`, where it was looked up, that of `abi::EVALUATE`, whose arguments are the
+    // manifest's `evaluate`.
     let program = unsafe {
         let entry: PackedFn = std::mem::transmute::<*mut (), PackedFn>(ptr);
-        Program::new(manifest, entry)
+        let program = Program::new(manifest, entry);
+        match evaluate.is_null() {
+            true => program,
+            false => program.with_evaluate(std::mem::transmute::<*mut (), PackedFn>(evaluate)),
+        }
     };
     Ok(Jit {
         program,

@@ -4,7 +4,8 @@
 //! Preconditions: `gpipe-loop` has run. Postconditions: one entry
 //! `@ppc_forward(inputs, params..., output)` with `llvm.emit_c_interface` (for a module compiled
 //! for training, [`Entry::Train`]: `(inputs, targets, params..., loss, output, grads...)`,
-//! lowered from `@train_vjp`), every value in a
+//! lowered from `@train_vjp`; a training step for the CPU also has
+//! `@ppc_evaluate(inputs, targets, params..., loss, output)`, from `@train`), every value in a
 //! statically shaped buffer or a view of one (`views.rs`), chains of elementwise ops fused into
 //! one `linalg.generic` (`fuse.rs`), big loop nests marked for the module's transform script to
 //! make parallel (`emit.rs`), calls inlined (so `@stage`'s weights become entry arguments;
@@ -59,7 +60,7 @@ mod widen;
 use emit::{Emitter, Written};
 pub use entry::Entry;
 pub use fast_math::Numerics;
-use ppc_dialect::ir::{names, Item, Module};
+use ppc_dialect::ir::{Item, Module};
 use ppc_dialect::{DType, Diagnostic};
 use ppc_runtime::abi;
 use ppc_runtime::manifest::Manifest;
@@ -88,37 +89,26 @@ pub struct Lowered {
 }
 
 /// Lowers a module that went through `gpipe-loop`; its training step ([`Entry::of`]) if it
-/// went through `autodiff`.
+/// went through `autodiff`, and then on the CPU also the step without its gradients ([`Entry::Evaluate`], `@ppc_evaluate`).
 /// `file` and `source` give locations.
 pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Lowered, Diagnostic> {
     let entry = Entry::of(m);
-    let name = match entry {
-        Entry::Forward if m.func(names::MODEL).is_some() => names::MODEL.to_string(),
-        Entry::Forward => names::PIPELINE.to_string(),
-        Entry::Train => names::vjp(names::TRAIN),
-    };
-    let id = m.func_id(&name).ok_or_else(|| {
-        Diagnostic::plain(format!(
-            "lower-mlir needs `@{name}`: run `gpipe-loop` (and `loss`, `autodiff` for training) first"
-        ))
-    })?;
-    let f = &m.funcs[id];
     let lines = Lines::new(source);
-    let mut e = Emitter::new(file, &lines);
-    if opts.gpu.is_some() {
-        e = e.for_gpu();
-    }
-    let mut w = Walker {
-        m,
-        entry: f,
-        e,
-        numerics: opts.numerics,
-        params: params::Params::of(m, id)?,
-        bound: Vec::new(),
-        groups: Vec::new(),
-        calls: 0,
+    // Traced loop nests are numbered across the entries, which share one list of names.
+    let mut groups = Vec::new();
+    let main = entry_function(m, opts, entry, file, &lines, &mut groups)?;
+    // Not for the GPU yet: there the synthetic task is labelled by the training step.
+    let evaluate = match entry == Entry::Train && opts.gpu.is_none() {
+        true => Some(entry_function(
+            m,
+            opts,
+            Entry::Evaluate,
+            file,
+            &lines,
+            &mut groups,
+        )?),
+        false => None,
     };
-    let args = entry::write(&mut w, id, entry)?;
     let p = m.pipeline;
     let manifest = Manifest {
         model: file.to_string(),
@@ -130,27 +120,32 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         replicas: opts.replicas,
         flops: m.flops(),
         // Each tick of 1F1B's loop offers every stage a forward and a backward; it takes one.
-        calls_per_slot: if f.tick_loop().is_some() { 2 } else { 1 },
+        calls_per_slot: if main.ticks { 2 } else { 1 },
         target: opts.target.clone(),
         gpu: opts.gpu.clone(),
-        args: args.iter().map(entry::Argument::manifest).collect(),
-        groups: std::mem::take(&mut w.groups),
+        args: main.manifest_args(),
+        evaluate: evaluate
+            .as_ref()
+            .map_or(Vec::new(), Function::manifest_args),
+        groups,
         kernels: Vec::new(),
         train: match entry {
             Entry::Train => m.train.clone(),
-            Entry::Forward => Vec::new(),
+            Entry::Forward | Entry::Evaluate => Vec::new(),
         },
     };
     // Entry arguments are located at the pipeline block, return and frees at the end.
     let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
     let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
-    let sig: Vec<String> = args
-        .iter()
-        .map(|a| format!("{}: {}{loc}", a.buf.name, a.buf.mty()))
-        .collect();
-    let written = w.e.finish();
-    let mut out = module_text(&written, &sig, &loc, opts.executable);
-    match &written.tilings {
+    let functions: Vec<(&str, &Function)> = [
+        (abi::FORWARD, Some(&main)),
+        (abi::EVALUATE, evaluate.as_ref()),
+    ]
+    .into_iter()
+    .filter_map(|(name, f)| Some((name, f?)))
+    .collect();
+    let mut out = module_text(&functions, &loc, opts.executable);
+    match &main.written.tilings {
         Some(tilings) => out.push_str(&gpu_map::script(tilings)),
         None => out.push_str(emit::TRANSFORM_SCRIPT),
     }
@@ -161,9 +156,63 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     })
 }
 
-/// The module up to its transform script: runtime declarations, the entry function with
-/// signature `sig` and the emitter's body, and for an executable `main`.
-fn module_text(e: &Written, sig: &[String], loc: &str, executable: bool) -> String {
+/// One entry function as written, with its arguments.
+struct Function {
+    written: Written,
+    args: Vec<entry::Argument>,
+    /// Whether it runs 1F1B's loop over ticks.
+    ticks: bool,
+}
+
+impl Function {
+    fn manifest_args(&self) -> Vec<ppc_runtime::manifest::Arg> {
+        self.args.iter().map(entry::Argument::manifest).collect()
+    }
+}
+
+/// Writes the entry function that runs `entry`'s function of `m`, numbering its traced loop
+/// nests after those of `groups`, to which it adds their names.
+fn entry_function(
+    m: &Module,
+    opts: &Options,
+    entry: Entry,
+    file: &str,
+    lines: &Lines,
+    groups: &mut Vec<String>,
+) -> Result<Function, Diagnostic> {
+    let name = entry.func(m);
+    let id = m.func_id(&name).ok_or_else(|| {
+        Diagnostic::plain(format!(
+            "lower-mlir needs `@{name}`: run `gpipe-loop` (and `loss`, `autodiff` for training) first"
+        ))
+    })?;
+    let f = &m.funcs[id];
+    let mut e = Emitter::new(file, lines);
+    if opts.gpu.is_some() {
+        e = e.for_gpu();
+    }
+    let mut w = Walker {
+        m,
+        entry: f,
+        e,
+        numerics: opts.numerics,
+        params: params::Params::of(m, id)?,
+        bound: Vec::new(),
+        groups: std::mem::take(groups),
+        calls: 0,
+    };
+    let args = entry::write(&mut w, id, entry)?;
+    *groups = std::mem::take(&mut w.groups);
+    Ok(Function {
+        written: w.e.finish(),
+        args,
+        ticks: f.tick_loop().is_some(),
+    })
+}
+
+/// The module up to its transform script: runtime declarations, the entry functions (each
+/// with its name, signature and the emitter's body) and for an executable `main`.
+fn module_text(functions: &[(&str, &Function)], loc: &str, executable: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -173,23 +222,32 @@ fn module_text(e: &Written, sig: &[String], loc: &str, executable: bool) -> Stri
         .map(|masked| abi::matmul(DType::F32, false, masked))
         .into_iter()
         .chain(&abi::TRACE_ITERATION)
-        .chain(&abi::TRACE_GROUP);
-    for f in always {
-        let _ = writeln!(out, "  {}", f.declaration());
-    }
-    for d in &e.declarations {
+        .chain(&abi::TRACE_GROUP)
+        .map(|f| f.declaration());
+    let declared: std::collections::BTreeSet<String> = functions
+        .iter()
+        .flat_map(|(_, f)| f.written.declarations.iter().cloned())
+        .collect();
+    for d in always.chain(declared) {
         let _ = writeln!(out, "  {d}");
     }
-    let _ = writeln!(
-        out,
-        "  func.func @{}({}) attributes {{llvm.emit_c_interface}} {{",
-        abi::FORWARD,
-        sig.join(", ")
-    );
-    for l in e.allocs.iter().chain(&e.body).chain(&e.frees) {
-        let _ = writeln!(out, "{l}");
+    for (name, f) in functions {
+        let sig: Vec<String> = f
+            .args
+            .iter()
+            .map(|a| format!("{}: {}{loc}", a.buf.name, a.buf.mty()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  func.func @{name}({}) attributes {{llvm.emit_c_interface}} {{",
+            sig.join(", ")
+        );
+        let w = &f.written;
+        for l in w.allocs.iter().chain(&w.body).chain(&w.frees) {
+            let _ = writeln!(out, "{l}");
+        }
+        let _ = writeln!(out, "    return{loc}\n  }}{loc}");
     }
-    let _ = writeln!(out, "    return{loc}\n  }}{loc}");
     if executable {
         let main = abi::MAIN;
         let _ = writeln!(out, "  func.func private @{main}(i32, !llvm.ptr) -> i32");
@@ -202,7 +260,8 @@ fn module_text(e: &Written, sig: &[String], loc: &str, executable: bool) -> Stri
 /// the manifest: `kernels`): the embedded manifest, `ppc_manifest()` returning it, and
 /// `_mlir__mlir_ciface_ppc_forward(void **args)`, the packed entry the runtime calls,
 /// forwarding `*args[i]` as argument `i` of the C interface (MLIR's JIT makes that one for
-/// itself).
+/// itself); the same for `ppc_evaluate`, which every executable defines, as its runtime
+/// names it, but which traps where the manifest lists no arguments for it (it was not built).
 pub fn executable_ir(manifest: &Manifest) -> String {
     let text = format!("{}\0", manifest.to_text());
     let bytes: String = text
@@ -218,12 +277,25 @@ pub fn executable_ir(manifest: &Manifest) -> String {
          define ptr @{manifest_fn}() {{\n  ret ptr @{manifest_fn}_text\n}}\n",
         text.len()
     );
-    let n = manifest.args.len();
-    let entry = abi::FORWARD;
-    let _ = write!(
-        s,
-        "\ndefine void @_mlir__mlir_ciface_{entry}(ptr %args) {{\n"
-    );
+    s.push_str(&packed_entry(abi::FORWARD, manifest.args.len()));
+    match manifest.evaluate.len() {
+        0 => {
+            let _ = write!(
+                s,
+                "\ndefine void @_mlir__mlir_ciface_{}(ptr %args) {{\n  call void @llvm.trap()\n  unreachable\n}}\n\
+                 declare void @llvm.trap()\n",
+                abi::EVALUATE
+            );
+        }
+        n => s.push_str(&packed_entry(abi::EVALUATE, n)),
+    }
+    s
+}
+
+/// `_mlir__mlir_ciface_<entry>(void **args)`: calls the C interface of `entry`, whose `n`
+/// arguments are memref descriptors, with `*args[i]` as argument `i`.
+fn packed_entry(entry: &str, n: usize) -> String {
+    let mut s = format!("\ndefine void @_mlir__mlir_ciface_{entry}(ptr %args) {{\n");
     for i in 0..n {
         let _ = writeln!(s, "  %slot{i} = getelementptr ptr, ptr %args, i64 {i}");
         let _ = writeln!(s, "  %arg{i} = load ptr, ptr %slot{i}");

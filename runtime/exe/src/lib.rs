@@ -1,6 +1,6 @@
 //! `ppc_main`: the entry point of executables written by `ppc compile -o`. The generated object
 //! defines `main` (which calls `ppc_main`), `ppc_manifest` (the embedded manifest text) and the
-//! packed entry `_mlir__mlir_ciface_ppc_forward`.
+//! packed entries `_mlir__mlir_ciface_ppc_forward` and `_mlir__mlir_ciface_ppc_evaluate`.
 //!
 //! Every executable is an MPI program: `./model` is one rank, `mpirun.mpich -n R ./model` is R.
 //! A program compiled with `--ranks R` must be launched on exactly R ranks; any error on any rank
@@ -24,6 +24,7 @@ use std::ffi::{c_char, c_int, CStr};
 extern "C" {
     fn ppc_manifest() -> *const c_char;
     fn _mlir__mlir_ciface_ppc_forward(args: *mut *mut std::ffi::c_void);
+    fn _mlir__mlir_ciface_ppc_evaluate(args: *mut *mut std::ffi::c_void);
 }
 
 /// A forward executable's command line: the run options `ppc run` takes too.
@@ -233,9 +234,12 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         ppc_runtime::pool::set_threads(cores / local.max(1));
     }
-    let entry: PackedFn = _mlir__mlir_ciface_ppc_forward;
-    // SAFETY: the object that defines the entry was compiled together with this manifest.
-    let program = unsafe { Program::new(manifest, entry) };
+    let (entry, evaluate): (PackedFn, PackedFn) = (
+        _mlir__mlir_ciface_ppc_forward,
+        _mlir__mlir_ciface_ppc_evaluate,
+    );
+    // SAFETY: the object that defines the entries was compiled together with this manifest.
+    let program = unsafe { Program::new(manifest, entry).with_evaluate(evaluate) };
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     let mut together = false;
     let done: Result<(), Box<dyn std::error::Error>> = match job {
