@@ -39,14 +39,15 @@ fn stage_parallel_loops(args: &[&str]) -> usize {
 #[test]
 fn small_stages_run_as_one_parallel_loop_over_the_stages() {
     // The transformer example's stage input is [4 stages, b, t, d] = 8 K floats, too few for a
-    // parallel loop per op: each call of a stage function (the forward's, and the training
-    // step's forward and backward) is one loop over the stages, every op inside on one stage.
+    // parallel loop per op: each call of a stage function (the forward's, the training step's
+    // forward and backward, and the forward of the step without its gradients) is one loop
+    // over the stages, every op inside on one stage.
     let transformer = path("examples/transformer.ppc");
     assert_eq!(stage_parallel_loops(&[&transformer]), 1);
-    assert_eq!(stage_parallel_loops(&[&transformer, "--train"]), 2);
+    assert_eq!(stage_parallel_loops(&[&transformer, "--train"]), 3);
     assert_eq!(
         stage_parallel_loops(&[&transformer, "--train", "--remat", "none"]),
-        2
+        3
     );
     // The backward's stage function masks every result it returns: its bubble stages skip it.
     // The forward's are read (shifted to the next stage), so they are computed.
@@ -102,11 +103,12 @@ const ATTENTION_SHAPE: [&str; 8] = [
 fn attention_runs_as_one_loop_over_its_entries_and_matches_the_interpreter() {
     // Scores, scale, causal mask, softmax and values: one loop over (stage, batch, head); the
     // MLP's up-projection, bias, GELU and down-projection: one over (stage, batch). In the
-    // training step also the forward's again where the backward recomputes it.
+    // training step also the forward's again where the backward recomputes it, and those of
+    // the forward of the step without its gradients (`ppc_evaluate`).
     assert_eq!(entry_loops(&[]), 2);
     assert_eq!(entry_loops(&["--layers-per-stage", "3"]), 2);
-    assert_eq!(entry_loops(&["--train"]), 4);
-    assert_eq!(entry_loops(&["--train", "--remat", "none"]), 2);
+    assert_eq!(entry_loops(&["--train"]), 6);
+    assert_eq!(entry_loops(&["--train", "--remat", "none"]), 4);
     // The GPU maps each loop nest onto blocks and threads itself.
     assert_eq!(entry_loops(&["--target", "cuda"]), 0);
     // The example's shape is split by stage instead (too small for a loop per op).
@@ -194,13 +196,16 @@ fn llvm_dialect(args: &[&str]) -> String {
 #[test]
 fn the_stage_body_is_one_function_whatever_the_layer_count() {
     // The pipeline loop calls the stage's body, a function LLVM may not inline; the layers are
-    // a loop inside it, so 2 and 8 layers per stage give the same code.
+    // a loop inside it, so 2 and 8 layers per stage give the same code. The example's stages
+    // are split over the threads (`stage_split.rs`): that function is the parallel loop, and
+    // each stage's body in it one more function, called once per stage.
     let transformer = path("examples/transformer.ppc");
     let functions = |llvm: &str| llvm.matches("llvm.func @ppc_stage").count();
     let mut lines = Vec::new();
     for layers in ["2", "8"] {
         let llvm = llvm_dialect(&[&transformer, "--layers-per-stage", layers]);
-        assert_eq!(functions(&llvm), 1, "{layers} layers");
+        assert_eq!(functions(&llvm), 2, "{layers} layers");
+        assert_eq!(llvm.matches("llvm.call @ppc_stage_0(").count(), 1);
         let stage = llvm
             .lines()
             .find(|l| l.contains("llvm.func @ppc_stage("))
@@ -213,11 +218,12 @@ fn the_stage_body_is_one_function_whatever_the_layer_count() {
         lines[0], lines[1],
         "the code grows with the layers per stage"
     );
-    // Where stages are split over the threads too (the example's shape), and each of the
-    // training step's stage functions (forward; backward).
+    // Where stages are not split (the MLP's are large enough to split op by op), and each of
+    // the training step's stage functions (forward; backward) and the forward of the step
+    // without its gradients (`ppc_evaluate`).
     let mlp = path("examples/mlp.ppc");
     assert_eq!(functions(&llvm_dialect(&[&mlp])), 1);
-    assert_eq!(functions(&llvm_dialect(&[&mlp, "--train"])), 2);
+    assert_eq!(functions(&llvm_dialect(&[&mlp, "--train"])), 3);
     // The GPU keeps its own mapping of loop nests onto blocks and threads.
     let (code, cuda, err) = ppc(&["compile", &transformer, "--target", "cuda", "--emit=mlir"]);
     assert_eq!(code, 0, "{err}");

@@ -44,6 +44,13 @@ impl Walker<'_, '_> {
             })
             .collect();
         self.e.begin_stage_split(stages);
+        // A stage's body is a function of its own, called by the parallel loop: LLVM's loop
+        // passes and code generation cost more than linearly in the loops one function nests
+        // in another (the transformer example's stage backward: 672 loops in the region).
+        let outline = self.e.gpu.is_none();
+        if outline {
+            self.e.begin_outlined();
+        }
         let args: Vec<Buf> = args
             .iter()
             .zip(&g.body.args)
@@ -85,6 +92,9 @@ impl Walker<'_, '_> {
                 ops::lower(&mut self.e, self.numerics, &fill, &[], &slot);
             }
             self.e.end_bubble_if();
+        }
+        if outline {
+            self.e.end_outlined();
         }
         self.e.end_stage_split();
         Ok(results)
