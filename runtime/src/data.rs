@@ -96,6 +96,11 @@ impl Data {
             _ => Tensor::new(target.dtype, target.shape.clone(), y.data),
         };
         task.batches[slot] = Some((x, HostBuffer::from_tensor(&t)));
+        crate::trace::record(
+            crate::trace::Kind::Labelling,
+            slot as i64 + 1,
+            Some(started),
+        );
         if task.batches.iter().all(Option::is_some) {
             task.teacher = None;
         }

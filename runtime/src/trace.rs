@@ -6,8 +6,9 @@
 //! iteration of the backward loop, numbered by the forward iteration it reverses), each loop nest of generated code
 //! (a fused group, named by its ops and model line, with its parallel loop's threads inside),
 //! each GEMM on the thread that called it and each block of it on the thread that computed it,
-//! each exchange with its wait, and each training step's optimizer update. Laid over the schedule, the iterations show the pipeline's
-//! diagonal and its bubble.
+//! each exchange with its wait, each training step's optimizer update, and each labelling of a
+//! synthetic batch (the iterations of its forward pass inside). Laid over the schedule, the
+//! iterations show the pipeline's diagonal and its bubble.
 //!
 //! Recording costs one relaxed atomic load while tracing is off. Ranks share a clock by wall
 //! time, so the tracks of several processes on one node line up.
@@ -27,10 +28,13 @@ pub enum Kind {
     Group = 5,
     Optimizer = 6,
     BackwardIteration = 7,
+    /// A training run's labelling of a synthetic batch (its index), before the step that
+    /// first trains on it.
+    Labelling = 8,
 }
 
 impl Kind {
-    const ALL: [Kind; 8] = [
+    const ALL: [Kind; 9] = [
         Kind::Step,
         Kind::Iteration,
         Kind::Gemm,
@@ -39,6 +43,7 @@ impl Kind {
         Kind::Group,
         Kind::Optimizer,
         Kind::BackwardIteration,
+        Kind::Labelling,
     ];
 
     fn name(self) -> &'static str {
@@ -51,6 +56,7 @@ impl Kind {
             Kind::Group => "loop nest",
             Kind::Optimizer => "optimizer update",
             Kind::BackwardIteration => "backward iteration",
+            Kind::Labelling => "labelling synthetic batch",
         }
     }
 }
@@ -230,7 +236,7 @@ pub fn write(path: &std::path::Path) -> Result<(), crate::files::WriteError> {
             threads.insert(thread);
             let index = r[1] as i64;
             let name = match kind {
-                Kind::Iteration | Kind::BackwardIteration | Kind::Step => {
+                Kind::Iteration | Kind::BackwardIteration | Kind::Step | Kind::Labelling => {
                     format!("{} {index}", kind.name())
                 }
                 Kind::Group => usize::try_from(index)

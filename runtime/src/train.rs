@@ -250,7 +250,7 @@ pub fn train(
         let mut step = optimizer.step;
         let mut bench_opt = optimizer.clone();
         // The batches the bench's steps train on, labelled first, so that no timed step labels
-        // one (and no batch they do not use is labelled: at d = 1024 a labelling is a step).
+        // one (and no batch they do not use is labelled: at d = 1024 a labelling takes seconds).
         let calls = u64::from(n.max(1) + crate::exec::BENCH_WARMUP);
         let used = (step + 1..=step + calls).take(crate::data::SYNTHETIC_BATCHES as usize);
         for s in used {

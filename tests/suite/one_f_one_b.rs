@@ -431,21 +431,34 @@ fn traces_number_the_ticks() {
     let j: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     let ticks = 2 * (8 + 4 - 1);
     for rank in 0..2u64 {
-        let spans: Vec<&serde_json::Value> = (j["traceEvents"].as_array().expect("events"))
-            .iter()
-            .filter(|e| e["ph"] == "X" && e["pid"] == rank)
-            .filter(|e| {
-                e["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with("iteration "))
-            })
+        let named = |prefix: &'static str| {
+            (j["traceEvents"].as_array().expect("events"))
+                .iter()
+                .filter(move |e| e["ph"] == "X" && e["pid"] == rank)
+                .filter(move |e| e["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        };
+        let interval = |e: &serde_json::Value| {
+            let ts = e["ts"].as_f64().expect("ts");
+            (ts, ts + e["dur"].as_f64().expect("dur"))
+        };
+        // Each step runs the tick loop once; each labelling of a synthetic batch before it
+        // runs the forward pass (GPipe's iterations), outside the steps.
+        let steps: Vec<(f64, f64)> = named("step ").map(interval).collect();
+        assert_eq!(steps.len(), 2, "rank {rank}");
+        let labellings: Vec<&str> = named("labelling synthetic batch ")
+            .map(|e| e["name"].as_str().expect("a name"))
             .collect();
-        // Each step runs the program once, and so does each labelling of a synthetic batch.
-        assert!(
-            spans.len() >= 2 * ticks && spans.len().is_multiple_of(ticks),
-            "rank {rank}: {} spans",
-            spans.len()
+        assert_eq!(
+            labellings,
+            ["labelling synthetic batch 1", "labelling synthetic batch 2"],
+            "rank {rank}"
         );
+        let in_a_step = |e: &&serde_json::Value| {
+            let (a, b) = interval(e);
+            steps.iter().any(|&(s, t)| s <= a && b <= t)
+        };
+        let spans: Vec<&serde_json::Value> = named("iteration ").filter(in_a_step).collect();
+        assert_eq!(spans.len(), 2 * ticks, "rank {rank}");
         for (i, e) in spans.iter().enumerate() {
             assert_eq!(e["args"]["iteration"], i % ticks, "rank {rank}: {e}");
         }
