@@ -5,7 +5,7 @@
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
 use super::buf::{elt, list, memref_type, Buf, BufId, Layout, Scalar};
-use super::nest::Nest;
+use super::nest::{LoopBuffers, Nest};
 
 use super::residency::{GpuCode, Residency, WaitId};
 use super::text::{escape, float_literal, identity, Lines};
@@ -196,9 +196,45 @@ impl<'a> Emitter<'a> {
 
     pub(super) fn alloc_whole(&mut self, ty: &Type) -> Buf {
         let (buf, alloc, free) = self.new_buffer(ty);
-        self.allocs.push(format!("    {alloc}"));
-        self.frees.push(format!("    {free}"));
+        match self.nest.loop_buffers.as_mut() {
+            Some(own) => {
+                let line = format!("{}{alloc}", "  ".repeat(own.indent));
+                self.body.insert(own.at, Line::Text(line));
+                if self.nest.thread_body.0 >= own.at {
+                    self.nest.thread_body.0 += 1;
+                }
+                own.at += 1;
+                own.frees.push(free);
+            }
+            None => {
+                self.allocs.push(format!("    {alloc}"));
+                self.frees.push(format!("    {free}"));
+            }
+        }
         buf
+    }
+
+    /// Until [`Emitter::end_loop_buffers`], buffers are allocated here, before the pipeline
+    /// loop about to be written, and freed after it (on the CPU; the GPU's residency analysis
+    /// assumes buffers of the whole function): a value computed in the loop is dead after it,
+    /// as the loop's results are its carried buffers, allocated before this.
+    pub fn begin_loop_buffers(&mut self) {
+        if self.gpu.is_none() {
+            self.nest.loop_buffers = Some(LoopBuffers {
+                at: self.body.len(),
+                indent: self.indent,
+                frees: Vec::new(),
+            });
+        }
+    }
+
+    /// Frees the buffers of the loop written since [`Emitter::begin_loop_buffers`].
+    pub fn end_loop_buffers(&mut self) {
+        if let Some(own) = self.nest.loop_buffers.take() {
+            for free in own.frees {
+                self.raw(&free);
+            }
+        }
     }
 
     /// A buffer of `ty` and the lines (unindented, located) that allocate and free it.

@@ -19,6 +19,17 @@ pub(super) struct Nest {
     /// Where the body of the innermost round-robin parallel loop begins (per-thread buffers
     /// are allocated there): the line and its indentation.
     pub(super) thread_body: (usize, usize),
+    /// The pipeline loop being written whose buffers are its own (`Emitter::begin_loop_buffers`).
+    pub(super) loop_buffers: Option<LoopBuffers>,
+}
+
+/// The buffers of one of the entry's pipeline loops: allocated right before the loop (the line
+/// and indentation where they go) and freed right after it, so that the next loop reuses
+/// their memory (the training step's backward loop that of the forward's).
+pub(super) struct LoopBuffers {
+    pub(super) at: usize,
+    pub(super) indent: usize,
+    pub(super) frees: Vec<String>,
 }
 
 /// A stage-parallel loop: its stage count and induction variable.

@@ -461,6 +461,12 @@ impl Walker<'_, '_> {
             }
         }
         let t = self.e.alloc(&f.ty(body.args[0]).clone());
+        // The GPipe loop's iterations are spans of `--trace` (a flag test when tracing is off);
+        // a stage's loop over its layers is not. Its buffers are its own.
+        let gpipe = std::ptr::eq(f, self.entry) && std::ptr::eq(s.block, &f.body);
+        if gpipe {
+            self.e.begin_loop_buffers();
+        }
         let iv = self.e.begin_host_loop(*trips);
         let ti = self
             .e
@@ -468,12 +474,9 @@ impl Walker<'_, '_> {
         self.e.host_writes(&t);
         self.e
             .op(&format!("memref.store {ti}, {}[] : {}", t.name, t.mty()));
-        // The GPipe loop's iterations are spans of `--trace` (a flag test when tracing is off);
-        // a stage's loop over its layers is not. The training step runs the forward loop, then
-        // the backward loop, which takes forward iteration `trips - 1 - t` back at its
-        // iteration `t` and is numbered so.
+        // The training step runs the forward loop, then the backward loop, which takes forward
+        // iteration `trips - 1 - t` back at its iteration `t` and is numbered so.
         // The loop over ticks of `--schedule 1f1b` is numbered by tick.
-        let gpipe = std::ptr::eq(f, self.entry) && std::ptr::eq(s.block, &f.body);
         let ticking = (body.args[1..].iter()).any(|&a| names::is_tick_ring(&f.values[a].name));
         let span = match (gpipe, st.gpipe_loops) {
             (false, _) => None,
@@ -513,6 +516,9 @@ impl Walker<'_, '_> {
         self.carry(&yields, &carried);
         trace(&mut self.e, 1);
         self.e.end_host_loop();
+        if gpipe {
+            self.e.end_loop_buffers();
+        }
         env.extend(op.results.iter().copied().zip(carried));
         Ok(())
     }
