@@ -12,6 +12,7 @@ use super::text::{escape, float_literal, identity, Lines};
 use ppc_dialect::span::Span;
 use ppc_dialect::{DType, Dim, Type};
 use ppc_runtime::abi;
+use std::collections::HashMap;
 
 /// A line of the function's body.
 pub enum Line {
@@ -195,9 +196,16 @@ impl<'a> Emitter<'a> {
     }
 
     pub(super) fn alloc_whole(&mut self, ty: &Type) -> Buf {
+        if let Some(own) = self.nest.loop_buffers.as_mut() {
+            let given_back = own.free.get_mut(&memref_type(ty, None)).and_then(Vec::pop);
+            if let Some(buf) = given_back {
+                return buf;
+            }
+        }
         let (buf, alloc, free) = self.new_buffer(ty);
         match self.nest.loop_buffers.as_mut() {
             Some(own) => {
+                own.made.insert(buf.base, buf.clone());
                 let line = format!("{}{alloc}", "  ".repeat(own.indent));
                 self.body.insert(own.at, Line::Text(line));
                 if self.nest.thread_body.0 >= own.at {
@@ -224,8 +232,29 @@ impl<'a> Emitter<'a> {
                 at: self.body.len(),
                 indent: self.indent,
                 frees: Vec::new(),
+                made: HashMap::new(),
+                free: HashMap::new(),
             });
         }
+    }
+
+    /// Gives the loop's allocation `base` back for a later value of its type to take
+    /// (`reuse.rs`); nothing where it is not one (an argument, a buffer of the whole function).
+    pub(super) fn release(&mut self, base: BufId) {
+        if let Some(own) = self.nest.loop_buffers.as_mut() {
+            if let Some(buf) = own.made.get(&base) {
+                let key = memref_type(&buf.ty, None);
+                let free = own.free.entry(key).or_default();
+                if !free.iter().any(|b| b.base == base) {
+                    free.push(buf.clone());
+                }
+            }
+        }
+    }
+
+    /// The id the next allocation will get.
+    pub(super) fn next_buffer(&self) -> BufId {
+        BufId(self.buffers + 1)
     }
 
     /// Frees the buffers of the loop written since [`Emitter::begin_loop_buffers`].

@@ -50,6 +50,7 @@ mod params;
 pub mod partition;
 mod plan;
 pub mod residency;
+mod reuse;
 mod row_reduce;
 mod stage_split;
 mod text;

@@ -3,7 +3,9 @@
 //! entries) and what part of a value the code sees (a stage's slice, an entry). The emitter
 //! keeps one and updates it as it opens and closes loops (`emit_loops.rs`).
 
+use super::buf::{Buf, BufId};
 use ppc_dialect::Type;
+use std::collections::HashMap;
 
 /// The loops around the code being written.
 #[derive(Default)]
@@ -30,6 +32,9 @@ pub(super) struct LoopBuffers {
     pub(super) at: usize,
     pub(super) indent: usize,
     pub(super) frees: Vec<String>,
+    /// Its allocations, by id, and those given back for reuse (`reuse.rs`), by memref type.
+    pub(super) made: HashMap<BufId, Buf>,
+    pub(super) free: HashMap<String, Vec<Buf>>,
 }
 
 /// A stage-parallel loop: its stage count and induction variable.
