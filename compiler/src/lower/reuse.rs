@@ -67,7 +67,7 @@ pub(super) struct Lives {
 }
 
 impl Lives {
-    pub(super) fn new(f: &Func, block: &Block, plan: &BlockPlan, first: BufId) -> Lives {
+    fn new(f: &Func, block: &Block, plan: &BlockPlan, first: BufId) -> Lives {
         let last = last_reads(f, block, plan);
         let computed: HashSet<ValueId> = (block.ops.iter())
             .flat_map(|&id| f.ops[id].results.iter().copied())
@@ -91,6 +91,11 @@ impl Lives {
 }
 
 impl Walker<'_, '_> {
+    /// The lives of `block`'s values, before its first step is written.
+    pub(super) fn lives(&self, f: &Func, block: &Block, plan: &BlockPlan) -> Lives {
+        Lives::new(f, block, plan, self.e.next_buffer())
+    }
+
     /// After step `k` of a block (and no chain's loop open): gives back the buffers of the
     /// values last read there or before, where nothing else can read them.
     pub(super) fn give_back(&mut self, lives: &mut Lives, env: &HashMap<ValueId, Buf>, k: usize) {

@@ -9,7 +9,7 @@ use super::emit::Emitter;
 use super::fast_math::Numerics;
 use super::params::{ParamId, Params};
 use super::plan::{self, BlockPlan, Decision, Fusion};
-use super::{fuse, in_place, matmul, ops, reuse, stage_split, views};
+use super::{fuse, in_place, matmul, ops, stage_split, views};
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic, Type};
@@ -162,7 +162,7 @@ impl Walker<'_, '_> {
         };
         let mut st = Written::default();
         let mut open = None;
-        let mut lives = reuse::Lives::new(f, block, &plan, self.e.next_buffer());
+        let mut lives = self.lives(f, block, &plan);
         for (k, step) in plan.steps.iter().enumerate() {
             match *step {
                 Step::Begin(c) => {
