@@ -192,6 +192,7 @@ fn entry_function(
     if opts.gpu.is_some() {
         e = e.for_gpu();
     }
+    e.share_buffers = entry == Entry::Train;
     let mut w = Walker {
         m,
         entry: f,

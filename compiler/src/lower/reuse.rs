@@ -1,4 +1,5 @@
-//! Buffers shared by values whose lives do not overlap, inside a pipeline loop: after the last
+//! Buffers shared by values whose lives do not overlap, inside a training step's pipeline loops
+//! (`Emitter::share_buffers` says why not elsewhere): after the last
 //! step of a block that reads a value, the buffer the loop allocated for it goes back to the
 //! loop's pool (`Emitter::release`), and a later value of the same memref type takes it
 //! instead of a new allocation. A training step's backward loop keeps gigabytes of
