@@ -1,7 +1,9 @@
 //! The MLIR text writer behind `lower-mlir`: SSA names, buffers, locations, `linalg.generic`.
 //!
 //! Every IR value lives in one statically shaped buffer (`memref`), allocated once at function
-//! entry and freed at exit, so values computed in a loop body reuse their buffer each iteration.
+//! entry and freed at exit (a pipeline loop's values: right before that loop and after it; in a
+//! training step, shared by values whose lives do not overlap, `reuse.rs`), so values computed
+//! in a loop body reuse their buffer each iteration.
 //! Ops become `linalg.generic`s over those buffers; the per-op rules are in `ops.rs`.
 
 use super::buf::{elt, list, memref_type, Buf, BufId, Layout, Scalar};
@@ -166,7 +168,9 @@ impl<'a> Emitter<'a> {
         r
     }
 
-    /// A new buffer of `ty`, allocated at function entry. Inside a stage-parallel loop, the
+    /// A new buffer of `ty`, allocated at function entry (or before the pipeline loop being
+    /// written, or one of its buffers given back, [`Emitter::begin_loop_buffers`]). Inside a
+    /// stage-parallel loop, the
     /// current stage's slot of a buffer with one per stage, so that threads share no scratch;
     /// inside a loop over a chain's entries, one buffer per thread.
     pub fn alloc(&mut self, ty: &Type) -> Buf {
