@@ -131,23 +131,16 @@ impl Program {
             .collect();
         let (mut input, mut target) = (Some(input), Some(target));
         let (mut loss, mut output) = (Some(loss), Some(output));
-        let mut bufs = Vec::with_capacity(self.manifest.evaluate.len());
-        for a in &self.manifest.evaluate {
-            let b = match a.role {
-                Role::Input => input.take(),
-                Role::Target => target.take(),
-                Role::Param => (params.iter_mut())
-                    .find(|(name, _)| *name == a.name)
-                    .and_then(|(_, b)| b.take()),
-                Role::Loss => loss.take(),
-                Role::Output => output.take(),
-                Role::Grad => None,
-            }
-            .ok_or_else(|| CallError::MissingBuffer {
-                name: a.name.clone(),
-            })?;
-            bufs.push(b);
-        }
+        let bufs = bind(&self.manifest.evaluate, |a| match a.role {
+            Role::Input => input.take(),
+            Role::Target => target.take(),
+            Role::Param => (params.iter_mut())
+                .find(|(name, _)| *name == a.name)
+                .and_then(|(_, b)| b.take()),
+            Role::Loss => loss.take(),
+            Role::Output => output.take(),
+            Role::Grad => None,
+        })?;
         self.call_entry(&self.manifest.evaluate, entry, bufs)?;
         Ok(true)
     }
@@ -237,21 +230,14 @@ impl Program {
         params: &mut [HostBuffer],
         output: &mut HostBuffer,
     ) -> Result<(), CallError> {
-        let mut bufs: Vec<&mut HostBuffer> = Vec::with_capacity(self.manifest.args.len());
         let mut params = params.iter_mut();
         let (mut input, mut output) = (Some(input), Some(output));
-        for a in &self.manifest.args {
-            let b = match a.role {
-                Role::Input => input.take(),
-                Role::Param => params.next(),
-                Role::Output => output.take(),
-                Role::Target | Role::Loss | Role::Grad => None,
-            }
-            .ok_or_else(|| CallError::MissingBuffer {
-                name: a.name.clone(),
-            })?;
-            bufs.push(b);
-        }
+        let bufs = bind(&self.manifest.args, |a| match a.role {
+            Role::Input => input.take(),
+            Role::Param => params.next(),
+            Role::Output => output.take(),
+            Role::Target | Role::Loss | Role::Grad => None,
+        })?;
         self.call(bufs)
     }
 
@@ -311,6 +297,20 @@ impl Program {
         }
         Ok(())
     }
+}
+
+/// One buffer per argument of `args`, in order, as `take` gives them (`None`: none for it).
+pub(crate) fn bind<'b>(
+    args: &[crate::manifest::Arg],
+    mut take: impl FnMut(&crate::manifest::Arg) -> Option<&'b mut HostBuffer>,
+) -> Result<Vec<&'b mut HostBuffer>, CallError> {
+    (args.iter())
+        .map(|a| {
+            take(a).ok_or_else(|| CallError::MissingBuffer {
+                name: a.name.clone(),
+            })
+        })
+        .collect()
 }
 
 /// The name of the input and output tensors in safetensors files.

@@ -399,7 +399,6 @@ impl Buffers {
         mut target: HostBuffer,
         params: &mut [HostBuffer],
     ) -> Result<f32, CallError> {
-        let mut bufs = Vec::new();
         let (mut params, mut grads) = (params.iter_mut(), self.grads.iter_mut());
         let (mut i, mut t, mut o, mut l) = (
             Some(&mut input),
@@ -407,20 +406,14 @@ impl Buffers {
             Some(&mut self.output),
             Some(&mut self.loss),
         );
-        for a in &program.manifest.args {
-            let b = match a.role {
-                Role::Input => i.take(),
-                Role::Target => t.take(),
-                Role::Param => params.next(),
-                Role::Output => o.take(),
-                Role::Loss => l.take(),
-                Role::Grad => grads.next(),
-            }
-            .ok_or_else(|| CallError::MissingBuffer {
-                name: a.name.clone(),
-            })?;
-            bufs.push(b);
-        }
+        let bufs = crate::exec::bind(&program.manifest.args, |a| match a.role {
+            Role::Input => i.take(),
+            Role::Target => t.take(),
+            Role::Param => params.next(),
+            Role::Output => o.take(),
+            Role::Loss => l.take(),
+            Role::Grad => grads.next(),
+        })?;
         program.call(bufs)?;
         Ok(self.loss.to_tensor().data[0])
     }
