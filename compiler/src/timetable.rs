@@ -74,6 +74,12 @@ impl Kind {
         }
     }
 
+    /// Whether the training step is one lockstep loop over ticks (`one_f_one_b.rs`): 1F1B, and
+    /// ZB-H1, which is 1F1B's loop with each backward cut into `B` and `W`.
+    pub fn ticked(self) -> bool {
+        self != Kind::Gpipe
+    }
+
     /// Whether a stage's cotangent leaves after `B` alone (else after `B` and `W`).
     fn splits_backward(self) -> bool {
         self == Kind::ZbH1

@@ -467,6 +467,15 @@ pub mod names {
     /// the backward of the next (a tape, as the report counts what the step keeps).
     pub const RECOMPUTED: &str = "tape_recomputed";
 
+    /// What `@f_input` stashed for `@f_weight`, which the loop over ticks of `--schedule
+    /// zb-h1` carries for one tick (a tape, as the report counts what the step keeps).
+    pub const STASHED: &str = "tape_stashed";
+
+    /// Whether a value's name is [`STASHED`]'s (or a renaming `tape_stashed.N`).
+    pub fn is_stashed(name: &str) -> bool {
+        name.split('.').next() == Some(STASHED)
+    }
+
     /// Whether a value's name is [`RECOMPUTED`]'s (or a renaming `tape_recomputed.N`).
     pub fn is_recomputed(name: &str) -> bool {
         name.split('.').next() == Some(RECOMPUTED)
@@ -490,6 +499,17 @@ pub mod names {
     /// `@f`'s backward from what `@f_fwd` kept (`autodiff --remat=none`): `@f_bwd`.
     pub fn bwd(f: &str) -> String {
         format!("{f}_bwd")
+    }
+
+    /// The input-gradient half of a stage's backward `@f` (`--schedule zb-h1`): `@f_input`.
+    pub fn input_grad(f: &str) -> String {
+        format!("{f}_input")
+    }
+
+    /// The weight-gradient half of a stage's backward `@f` (`--schedule zb-h1`), which reads
+    /// what `@f_input` stashed: `@f_weight`.
+    pub fn weight_grad(f: &str) -> String {
+        format!("{f}_weight")
     }
 
     /// `@f_fwd` run again for `@f_bwd`, not as a forward (`autodiff --remat=tick`, for

@@ -129,6 +129,7 @@ struct Lockstep<'m> {
     forwards: BTreeMap<Tag, Vec<At>>,
     backwards: BTreeMap<Tag, Vec<At>>,
     recomputations: BTreeMap<Tag, Vec<At>>,
+    weights: BTreeMap<Tag, Vec<At>>,
     /// Whether to measure [`Proof::inputs_held`], and its figures so far.
     training: bool,
     inputs_held: Vec<usize>,
@@ -141,6 +142,11 @@ enum Role {
     Backward,
     /// A forward again, for the residuals a backward reads (`@stage_recompute`).
     Recompute,
+    /// The input-gradient half of a backward (`--schedule zb-h1`: `@stage_vjp_input`), which
+    /// also returns what its weight-gradient half reads: every result is its microbatch's.
+    Input,
+    /// The weight-gradient half (`@stage_vjp_weight`), on what an `Input` stashed.
+    Weight,
 }
 
 impl<'m> Lockstep<'m> {
@@ -159,6 +165,7 @@ impl<'m> Lockstep<'m> {
             forwards: BTreeMap::new(),
             backwards: BTreeMap::new(),
             recomputations: BTreeMap::new(),
+            weights: BTreeMap::new(),
             training: false,
             inputs_held: Vec::new(),
         }
@@ -197,6 +204,9 @@ impl<'m> Lockstep<'m> {
             self.exactly_once("backward", &self.backwards)?;
             if !self.recomputations.is_empty() {
                 self.exactly_once("recomputation", &self.recomputations)?;
+            }
+            if !self.weights.is_empty() {
+                self.exactly_once("weight gradient", &self.weights)?;
             }
         } else {
             self.outputs_in_place(f, &envs)?;
@@ -328,14 +338,25 @@ impl Lockstep<'_> {
             .and_then(Abs::known)
             .is_some_and(|c| c.int(0) == 0);
         if skipped {
-            let empty = |ty: &crate::Type| Abs::Tags(p::splat(&p::coarse(ty), 0));
+            // A call that does not run gives zeros: known masks and indices, no activation.
+            let empty = |ty: &crate::Type| match ty.dtype {
+                DType::I1 | DType::I32 => {
+                    let shape = ty.shape_usize();
+                    let n = shape.iter().product();
+                    Abs::Known(Tensor::new(ty.dtype, shape, vec![0.0; n]))
+                }
+                _ => Abs::Tags(p::splat(&p::coarse(ty), 0)),
+            };
             return Ok(g.result_types().iter().map(empty).collect());
         }
         let stage = names::STAGE;
+        let backwards = [names::vjp(stage), names::bwd(stage)];
         let role = match g.name.as_str() {
             n if n == stage || n == names::fwd(stage) => Some(Role::Forward),
-            n if n == names::vjp(stage) || n == names::bwd(stage) => Some(Role::Backward),
+            n if backwards.iter().any(|b| n == b) => Some(Role::Backward),
             n if n == names::recompute(stage) => Some(Role::Recompute),
+            n if backwards.iter().any(|b| n == names::input_grad(b)) => Some(Role::Input),
+            n if backwards.iter().any(|b| n == names::weight_grad(b)) => Some(Role::Weight),
             _ => None,
         };
         let mut out = match role {
@@ -399,7 +420,7 @@ impl Lockstep<'_> {
             .position(|t| t.dtype == DType::I1 && on_stages(t))
             .ok_or_else(|| format!("@{} has no stage mask", g.name))?;
         let repeat = (0..args.len()).find(|&i| g.values[g.body.args[i]].name == names::REPEAT);
-        let cotangent = (role == Role::Backward).then(|| args.len() - 1);
+        let cotangent = matches!(role, Role::Backward | Role::Input).then(|| args.len() - 1);
         let primal: Vec<usize> = (0..args.len())
             .filter(|&i| i != mask && Some(i) != repeat && Some(i) != cotangent)
             .filter(|&i| on_stages(&tys[i]) && !matches!(tys[i].dtype, DType::I1 | DType::I32))
@@ -436,7 +457,15 @@ impl Lockstep<'_> {
             let group = (r * self.stages + at.stage) as u32;
             let mut input = None;
             for &i in &primal {
-                let read = self.stage_row(&args[i], &tys[i], s);
+                let mut read = self.stage_row(&args[i], &tys[i], s);
+                // What an input gradient stashed holds its microbatch's cotangent too.
+                if role == Role::Weight {
+                    for t in &mut read {
+                        if t.groups == group + 1 {
+                            t.groups = group;
+                        }
+                    }
+                }
                 match (read.as_slice(), input) {
                     ([t], None) if t.groups == group => input = Some(*t),
                     ([t], Some(first)) if *t == first => {}
@@ -463,8 +492,9 @@ impl Lockstep<'_> {
             }
             let events = match role {
                 Role::Forward => &mut self.forwards,
-                Role::Backward => &mut self.backwards,
+                Role::Backward | Role::Input => &mut self.backwards,
                 Role::Recompute => &mut self.recomputations,
+                Role::Weight => &mut self.weights,
             };
             events.entry(input).or_default().push(at);
             ran[s] = Some(input);
@@ -481,8 +511,11 @@ impl Lockstep<'_> {
                         let Some(x) = input else { continue };
                         let made = match (role, j) {
                             (Role::Forward, 0) => tag(x.microbatch, x.groups + 1),
-                            (Role::Forward, _) | (Role::Backward, 0) | (Role::Recompute, _) => *x,
-                            (Role::Backward, _) => continue,
+                            (Role::Forward, _)
+                            | (Role::Backward, 0)
+                            | (Role::Recompute, _)
+                            | (Role::Input, _) => *x,
+                            (Role::Backward | Role::Weight, _) => continue,
                         };
                         let id = self.sets.intern(vec![made]);
                         p::fill_slot(&mut t, axis, s, id);
@@ -600,6 +633,8 @@ impl Role {
             Role::Forward => "forward",
             Role::Backward => "backward",
             Role::Recompute => "recomputation for the backward",
+            Role::Input => "input gradient",
+            Role::Weight => "weight gradient",
         }
     }
 }

@@ -80,6 +80,19 @@ fn over_ranks(ranks: u64) -> Overrides {
 
 #[test]
 fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
+    same_step_as_gpipes(Kind::OneFOneB, &[Remat::Stage, Remat::Tick, Remat::None]);
+}
+
+/// ZB-H1 runs each weight gradient a tick after its input gradient, from what the input
+/// gradient stashed; the gradients still add up in GPipe's order.
+#[test]
+fn zb_h1_gives_gpipes_loss_and_gradients_bit_for_bit() {
+    same_step_as_gpipes(Kind::ZbH1, &[Remat::Stage, Remat::None]);
+}
+
+/// `schedule` under each of `remats` in turn gives GPipe's step bit for bit, interpreted, on
+/// random S, M, k, with and without poisoned bubbles, on every rank count that divides S.
+fn same_step_as_gpipes(schedule: Kind, remats: &[Remat]) {
     let mut rng = Rng::stream(2026, "1f1b-property", 0);
     let mut sharded = 0;
     for case in 0..24u64 {
@@ -95,16 +108,17 @@ fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
         );
         let text = model(s, m, 1, k, b, d, h);
         let poison = case % 2 == 1;
-        let remat = [Remat::Stage, Remat::Tick, Remat::None][case as usize % 3];
+        let remat = remats[case as usize % remats.len()];
         let ranks = (1..=s.min(4)).filter(|r| s.is_multiple_of(*r));
         for ranks in ranks {
             let what = format!(
-                "case {case}: S={s} M={m} k={k} b={b} d={d} h={h} poison={poison} ranks={ranks} remat={}",
+                "{}, case {case}: S={s} M={m} k={k} b={b} d={d} h={h} poison={poison} ranks={ranks} remat={}",
+                schedule.name(),
                 remat.name()
             );
             let over = over_ranks(ranks);
             let want = step(&text, &over, poison, (Kind::Gpipe, gpipes(remat)), case);
-            let got = step(&text, &over, poison, (Kind::OneFOneB, remat), case);
+            let got = step(&text, &over, poison, (schedule, remat), case);
             assert!(
                 want.grads
                     .params
@@ -121,25 +135,32 @@ fn one_f_one_b_gives_gpipes_loss_and_gradients_bit_for_bit() {
 }
 
 /// GPT-2 (a tied embedding, cross entropy) and Llama: the head and the loss run per microbatch
-/// inside the tick loop, yet the step is GPipe's, bit for bit, on 1, 2 and 4 ranks, with
-/// either `--remat`.
+/// inside the tick loop, yet the step is GPipe's, bit for bit, under 1F1B and ZB-H1, on 1, 2
+/// and 4 ranks, with each `--remat`.
 #[test]
 fn the_language_models_train_with_gpipes_bytes_on_1_2_and_4_ranks() {
     for file in ["examples/gpt2.ppc", "examples/llama.ppc"] {
         let text = std::fs::read_to_string(root().join(file)).expect("model");
         let runs = [
-            (1, Remat::Stage),
-            (2, Remat::Stage),
-            (4, Remat::Stage),
-            (2, Remat::Tick),
-            (4, Remat::Tick),
-            (4, Remat::None),
+            (Kind::OneFOneB, 1, Remat::Stage),
+            (Kind::OneFOneB, 2, Remat::Stage),
+            (Kind::OneFOneB, 4, Remat::Stage),
+            (Kind::OneFOneB, 2, Remat::Tick),
+            (Kind::OneFOneB, 4, Remat::Tick),
+            (Kind::OneFOneB, 4, Remat::None),
+            (Kind::ZbH1, 1, Remat::Stage),
+            (Kind::ZbH1, 4, Remat::Stage),
+            (Kind::ZbH1, 2, Remat::None),
         ];
-        for (ranks, remat) in runs {
-            let what = format!("{file} on {ranks} ranks, --remat {}", remat.name());
+        for (schedule, ranks, remat) in runs {
+            let what = format!(
+                "{file}, {} on {ranks} ranks, --remat {}",
+                schedule.name(),
+                remat.name()
+            );
             let over = over_ranks(ranks);
             let want = step(&text, &over, true, (Kind::Gpipe, gpipes(remat)), 5);
-            let got = step(&text, &over, true, (Kind::OneFOneB, remat), 5);
+            let got = step(&text, &over, true, (schedule, remat), 5);
             assert!(
                 !want.grads.held_once.is_empty(),
                 "{what}: no @embed or @head gradients"

@@ -22,7 +22,6 @@
 
 use super::embed_head::is_rank;
 use super::options::Options;
-use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::{Diagnostic, Diagnostics};
 use ppc_dialect::ir::{names, FuncId, Item, Loss, Module, Setting, ValueId};
@@ -46,9 +45,10 @@ pub fn loss(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         })?;
     let loss = loss_of(m, pipeline).map_err(|d| vec![d])?;
     let loss = m.funcs.push(loss);
-    // The tick loop of `--schedule 1f1b` (`one_f_one_b.rs`) seeds each microbatch's backward
-    // as soon as it leaves the last stage; callees come before their callers.
-    if opts.schedule == Kind::OneFOneB {
+    // The tick loop of `--schedule 1f1b` and `zb-h1` (`one_f_one_b.rs`) seeds each
+    // microbatch's backward as soon as it leaves the last stage; callees come before their
+    // callers.
+    if opts.schedule.ticked() {
         let each = microbatch_loss_of(m).map_err(|d| vec![d])?;
         let normalizer = normalizer_of(m).map_err(|d| vec![d])?;
         m.funcs.push(each);

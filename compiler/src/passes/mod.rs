@@ -6,6 +6,7 @@ mod autodiff;
 mod autodiff_kept;
 mod autodiff_loop;
 mod batching;
+mod bw_split;
 mod differ;
 mod embed_head;
 mod gpipe_loop;

@@ -47,11 +47,13 @@
 //!
 //! Interleaved repeats and ZB-H1 are not built yet.
 
+use super::autodiff::trainables;
+use super::bw_split::split;
 use super::gpipe_step::{after_forward, exchanging, loop_body, unexpected, Kept, Parts};
 use super::options::Options;
 use super::remat::Remat;
-use super::tick::{and, entering, int, stage_call, within, Held, Step, Tick, Ticks};
-use super::tick_backward::{backward_half, recompute_ahead};
+use super::tick::{and, entering, int, stage_call, within, Halves, Held, Step, Tick, Ticks};
+use super::tick_backward::{backward_half, recompute_ahead, weight_call};
 use super::tick_ring::Rings;
 use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
@@ -69,26 +71,63 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             return refuse("`--remat tick` recomputes a stage's forward in the tick before its backward, which only `--schedule 1f1b` has: train GPipe with `--remat stage`")
         }
         Kind::Gpipe => return Ok(()),
-        Kind::ZbH1 => {
-            return refuse(
-                "`--schedule zb-h1` is drawn by `ppc schedule` but not compiled yet: train with `gpipe` or `1f1b`",
-            )
+        Kind::ZbH1 if opts.remat == Remat::Tick => {
+            return refuse("`--schedule zb-h1` runs a stage's weight gradient in its forward tick, and `--remat tick` its recomputation there too, which would make that tick the slower one: train zb-h1 with `--remat stage` or `none`")
         }
-        Kind::OneFOneB => {}
+        Kind::ZbH1 | Kind::OneFOneB => {}
     }
     if m.pipeline.repeats > 1 {
-        return refuse("`--schedule 1f1b` with `repeats` > 1 (interleaved 1F1B) is not compiled yet: train circular pipelines with `gpipe`");
+        return refuse(&format!("`--schedule {}` with `repeats` > 1 (interleaved) is not compiled yet: train circular pipelines with `gpipe`", opts.schedule.name()));
     }
     let train = names::vjp(names::TRAIN);
     let Some(id) = m.func_id(&train) else {
         return refuse("`1f1b` needs `@train_vjp`: run `autodiff` first");
     };
-    let f = build(m, id).map_err(|d| vec![d])?;
-    m.funcs[id] = f;
+    if opts.schedule != Kind::ZbH1 {
+        m.funcs[id] = build(m, id, None).map_err(|d| vec![d])?;
+        return Ok(());
+    }
+    let halves = split_backward(m, id).map_err(|d| vec![d])?;
+    let mut f = build(m, id, Some(halves)).map_err(|d| vec![d])?;
+    // Callees come before their callers: `B` takes GPipe's step's place, `W` `B`'s, and the
+    // step goes last.
+    let Halves { input, weight, .. } = halves;
+    for op in f.ops.values_mut() {
+        if let OpKind::Call { callee, .. } = &mut op.kind {
+            *callee = match *callee {
+                c if c == input => id,
+                c if c == weight => input,
+                c => c,
+            };
+        }
+    }
+    let b_fn = std::mem::replace(&mut m.funcs[input], Func::new(""));
+    m.funcs[input] = std::mem::replace(&mut m.funcs[weight], f);
+    m.funcs[id] = b_fn;
     Ok(())
 }
 
-fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
+/// Cuts the stage's backward that GPipe's step calls into `B` and `W` (`bw_split.rs`) and
+/// adds the two to `m`.
+fn split_backward(m: &mut Module, id: FuncId) -> Result<Halves, Diagnostic> {
+    let f = &m.funcs[id];
+    let parts = Parts::find(m, f)?;
+    let OpKind::Call { callee, .. } = &f.ops[parts.backward_call].kind else {
+        unreachable!("invariant: a stage call")
+    };
+    let stage = (m.func_id(names::STAGE)).ok_or_else(|| unexpected("a `@stage`"))?;
+    let weights = trainables(m, stage).len();
+    let g = &m.funcs[*callee];
+    let firsts = g.body.results.len() - weights.min(g.body.results.len());
+    let (input, weight) = split(m, g, weights)?;
+    Ok(Halves {
+        input: m.funcs.push(input),
+        weight: m.funcs.push(weight),
+        firsts,
+    })
+}
+
+fn build(m: &Module, id: FuncId, halves: Option<Halves>) -> Result<Func, Diagnostic> {
     let f = &m.funcs[id];
     let parts = Parts::find(m, f)?;
     let mut b = Builder::new(&f.name);
@@ -108,7 +147,7 @@ fn build(m: &Module, id: FuncId) -> Result<Func, Diagnostic> {
     let (early, late) = after_forward(f, &f.body.ops[first + 1..last], parts.forward);
     b.copy_ops(m, f, &f.body.ops[..first], &mut env)?;
     b.copy_ops(m, f, &early, &mut env)?;
-    let ticks = ticks(&mut b, m, f, parts.forward, &env)?;
+    let ticks = ticks(&mut b, m, f, parts.forward, &env, halves)?;
     let results = tick_loop(&mut b, m, f, &parts, &ticks, &env)?;
     let l1 = &f.ops[parts.forward].results;
     env.insert(l1[0], results.state);
@@ -129,6 +168,7 @@ fn ticks(
     f: &Func,
     forward: OpId,
     env: &HashMap<ValueId, ValueId>,
+    halves: Option<Halves>,
 ) -> Result<Ticks, Diagnostic> {
     let p = m.pipeline;
     let find = |name: &str| {
@@ -183,6 +223,7 @@ fn ticks(
         d_loss,
         d_outputs,
         microbatch_loss,
+        halves,
     })
 }
 
@@ -246,7 +287,17 @@ fn tick_loop(
         inits.push(b.op("recomputed0", OpKind::Constant { value }, Some(ty))?);
         hints.push(names::RECOMPUTED);
     }
-    let carries = kept + recomputed.len();
+    // Under `--schedule zb-h1`, what a tick's `B`s stash for the next tick's `W`s.
+    let stashed = match ticks.halves {
+        Some(h) => m.funcs[h.weight].arg_types(),
+        None => Vec::new(),
+    };
+    for ty in &stashed {
+        let value = Float(if ty.dtype.is_float() { -0.0 } else { 0.0 });
+        inits.push(b.op("stashed0", OpKind::Constant { value }, Some(ty.clone()))?);
+        hints.push(names::STASHED);
+    }
+    let carries = kept + recomputed.len() + stashed.len();
     // Each microbatch's slot is written in the tick it leaves the last stage, before it is read.
     let d_outputs_ty = f.ty(l2.args[1 + parts.d_outputs]).clone();
     let d_outputs = b.op("d_outputs0", OpKind::Constant { value }, Some(d_outputs_ty))?;
@@ -277,10 +328,11 @@ fn tick_loop(
                 .zip(same.iter().copied())
                 .collect(),
         };
-        let recomputed = &c[2 + kept..2 + carries];
+        let (recomputed, stashed) = c[2 + kept..2 + carries].split_at(recomputed.len());
         let carried = &c[2 + carries..];
         let base = env.clone();
-        let mut backward = backward_half(b, &st, &mut env, &tick, &held, carried, recomputed)?;
+        let (mut backward, stash) =
+            backward_half(b, &st, &mut env, &tick, &held, carried, recomputed, stashed)?;
         let ahead = |b: &mut Builder, held: &Held| recompute_ahead(b, &st, base, &tick, held);
         let fwd = forward_half(b, &st, &mut env, &tick, &c[..2 + kept], ahead)?;
         // A microbatch's backward starts in the tick after it left the last stage.
@@ -290,14 +342,58 @@ fn tick_loop(
         yields.extend(&fwd.held.rings);
         yields.extend(fwd.held.same.iter().map(|&(_, v)| v));
         yields.extend(fwd.recomputed);
+        yields.extend(stash);
         yields.extend(backward);
         Ok(yields)
     })?;
+    let mut backward = out[2 + carries..].to_vec();
+    if let Some(h) = ticks.halves {
+        // The last tick's `B`s (stage 0's of the last microbatch) have their `W` after it.
+        let st = Step { m, f, parts, ticks };
+        let weights = weight_call(b, &st, h, &out[2 + carries - stashed.len()..2 + carries])?;
+        add_last_weights(b, f, parts, h, &weights, &mut backward)?;
+    }
     Ok(LoopResults {
         state: out[0],
         outputs: out[1],
-        backward: out[2 + carries..].to_vec(),
+        backward,
     })
+}
+
+/// Adds `weights`, the gradients of the last `W`, to L2's accumulators in `backward`, as L2's
+/// body adds the backward call's (`add %d_w, %grad`, yielded).
+fn add_last_weights(
+    b: &mut Builder,
+    f: &Func,
+    parts: &Parts,
+    h: Halves,
+    weights: &[ValueId],
+    backward: &mut [ValueId],
+) -> Result<(), Diagnostic> {
+    let l2 = loop_body(f, parts.backward);
+    let grads = &f.ops[parts.backward_call].results[h.firsts..];
+    for (&grad, &w) in grads.iter().zip(weights) {
+        let j = (l2.ops.iter())
+            .find_map(|&id| match &f.ops[id].kind {
+                OpKind::Binary {
+                    op: BinaryOp::Add,
+                    lhs,
+                    rhs,
+                } if *rhs == grad => {
+                    let j = l2.args[1..].iter().position(|a| a == lhs)?;
+                    (l2.results[j] == f.ops[id].results[0]).then_some(j)
+                }
+                _ => None,
+            })
+            .ok_or_else(|| unexpected("each weight gradient added to its accumulator"))?;
+        backward[j] = b.binary(
+            &f.values[l2.args[1 + j]].name,
+            BinaryOp::Add,
+            backward[j],
+            w,
+        )?;
+    }
+    Ok(())
 }
 
 /// What a forward half leaves: the state and outputs to carry, the rings with what this

@@ -32,6 +32,18 @@ pub(super) struct Ticks {
     pub(super) d_loss: ValueId,
     pub(super) d_outputs: ValueId,
     pub(super) microbatch_loss: FuncId,
+    /// Under `--schedule zb-h1`, the stage's backward cut in two (`bw_split.rs`).
+    pub(super) halves: Option<Halves>,
+}
+
+/// The stage's backward as `B` and `W` (`--schedule zb-h1`): `@g_input` gives the call's
+/// first `firsts` results and the stash that `@g_weight` reads a tick later, where the stage
+/// runs a forward, for the rest.
+#[derive(Clone, Copy)]
+pub(super) struct Halves {
+    pub(super) input: FuncId,
+    pub(super) weight: FuncId,
+    pub(super) firsts: usize,
 }
 
 pub(super) fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {
@@ -107,23 +119,37 @@ pub(super) fn stage_call(
     id: OpId,
     env: &mut HashMap<ValueId, ValueId>,
 ) -> Result<Option<ValueId>, Diagnostic> {
-    let (m, f) = (st.m, st.f);
+    let f = st.f;
     let OpKind::Call { callee, args, .. } = &f.ops[id].kind else {
         unreachable!("invariant: a stage call")
     };
-    let on = match st.ticks.one_stage_per_rank {
-        true => {
-            let mask = env[&mask_of(f, args).expect("the stage mask")];
+    let mask = mask_of(f, args).map(|a| env[&a]);
+    let hint = &f.values[f.ops[id].results[0]].name;
+    let args = args.iter().map(|a| env[a]).collect();
+    let (results, on) = call_stage(b, st, hint, *callee, args, mask)?;
+    env.extend(f.ops[id].results.iter().copied().zip(results));
+    Ok(on)
+}
+
+/// Calls the stage function `callee` on `args`; with one stage per rank, as a `call_if` on
+/// its stage `mask`. Returns the results and the flag.
+pub(super) fn call_stage(
+    b: &mut Builder,
+    st: &Step,
+    hint: &str,
+    callee: FuncId,
+    args: Vec<ValueId>,
+    mask: Option<ValueId>,
+) -> Result<(Vec<ValueId>, Option<ValueId>), Diagnostic> {
+    let on = match (st.ticks.one_stage_per_rank, mask) {
+        (true, Some(mask)) => {
             let flag = Type::new(DType::I1, vec![]);
             Some(b.op("stage_runs", OpKind::Reshape { x: mask }, Some(flag))?)
         }
-        false => None,
+        _ => None,
     };
-    let hint = &f.values[f.ops[id].results[0]].name;
-    let args = args.iter().map(|a| env[a]).collect();
-    let results = b.call_if(hint, m, *callee, args, on)?;
-    env.extend(f.ops[id].results.iter().copied().zip(results));
-    Ok(on)
+    let results = b.call_if(hint, st.m, callee, args, on)?;
+    Ok((results, on))
 }
 
 /// What a stage keeps for its backward after a tick's forwards: the rings, and the values the

@@ -12,7 +12,7 @@
 //! so the bytes are GPipe's.
 
 use super::gpipe_step::{loop_body, mask_of, Kept};
-use super::tick::{entering, int, stage_call, within, Held, Step, Tick};
+use super::tick::{call_stage, entering, int, stage_call, within, Halves, Held, Step, Tick};
 use super::tick_ring::stage_mask;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
@@ -109,7 +109,10 @@ impl<'a> Backward<'a> {
 
 /// L2's body in tick `h`, its cotangent masked to `-0.0` where a stage does not run (there
 /// the slot holds another tick's). Under `--remat tick` its recomputation's residuals are
-/// `recomputed`, which the previous tick left ([`recompute_ahead`]).
+/// `recomputed`, which the previous tick left ([`recompute_ahead`]). Under `--schedule zb-h1`
+/// the weight gradients it adds up are those of the previous tick's backwards, from what they
+/// `stashed` ([`split_call`]). Returns L2's carried values and this tick's stash.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward_half(
     b: &mut Builder,
     st: &Step,
@@ -118,7 +121,8 @@ pub(super) fn backward_half(
     held: &Held,
     carried: &[ValueId],
     recomputed: &[ValueId],
-) -> Result<Vec<ValueId>, Diagnostic> {
+    stashed: &[ValueId],
+) -> Result<(Vec<ValueId>, Vec<ValueId>), Diagnostic> {
     let (f, parts) = (st.f, st.parts);
     let l2 = loop_body(f, parts.backward);
     // L2's iteration t reads forward iteration M+S-2-t: stage 0's microbatch when it runs.
@@ -129,6 +133,7 @@ pub(super) fn backward_half(
         unreachable!("invariant: a stage call")
     };
     let mask = mask_of(f, args).expect("the stage mask");
+    let mut stash = Vec::new();
     for &id in &l2.ops {
         if Some(id) == parts.recompute_call {
             env.extend(
@@ -149,7 +154,10 @@ pub(super) fn backward_half(
             let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
             let masked = b.select("cotangent_here", here, d_y, zero)?;
             let saved = env.insert(cotangent, masked);
-            stage_call(b, st, id, env)?;
+            match st.ticks.halves {
+                None => _ = stage_call(b, st, id, env)?,
+                Some(h) => stash = split_call(b, st, h, id, env, stashed)?,
+            }
             env.insert(
                 cotangent,
                 saved.expect("invariant: defined before the call"),
@@ -158,7 +166,54 @@ pub(super) fn backward_half(
             bw.copy(b, env, id)?;
         }
     }
-    Ok(l2.results.iter().map(|v| env[v]).collect())
+    Ok((l2.results.iter().map(|v| env[v]).collect(), stash))
+}
+
+/// The backward call `id` under `--schedule zb-h1`: `B` (`@g_input`) on this tick's
+/// microbatches, and `W` (`@g_weight`) on what the previous tick's `B` `stashed`, whose
+/// gradients take the place of the call's in L2's accumulations. The stages that ran that
+/// `B` run a forward in this tick, so `W` fills the forward half's time (and, once a stage's
+/// forwards are done, the slots it would idle in). Returns this tick's stash.
+fn split_call(
+    b: &mut Builder,
+    st: &Step,
+    h: Halves,
+    id: OpId,
+    env: &mut HashMap<ValueId, ValueId>,
+    stashed: &[ValueId],
+) -> Result<Vec<ValueId>, Diagnostic> {
+    let f = st.f;
+    let OpKind::Call { args, .. } = &f.ops[id].kind else {
+        unreachable!("invariant: a stage call")
+    };
+    let mask = mask_of(f, args).map(|a| env[&a]);
+    let args = args.iter().map(|a| env[a]).collect();
+    let (mut input, _) = call_stage(b, st, "input_grad", h.input, args, mask)?;
+    let stash = input.split_off(h.firsts);
+    let weight = weight_call(b, st, h, stashed)?;
+    let results = &f.ops[id].results;
+    env.extend(results.iter().copied().zip(input.into_iter().chain(weight)));
+    Ok(stash)
+}
+
+/// `W` (`@g_weight`) on `stashed`, where the stage mask it stashed says its `B` ran.
+pub(super) fn weight_call(
+    b: &mut Builder,
+    st: &Step,
+    h: Halves,
+    stashed: &[ValueId],
+) -> Result<Vec<ValueId>, Diagnostic> {
+    let g = &st.m.funcs[h.weight];
+    let mask = (g.body.args.iter().zip(stashed))
+        .find(|(&a, _)| {
+            let t = g.ty(a);
+            t.dtype == DType::I1 && t.rank() == 1 && t.stage_axis().is_some()
+        })
+        .map(|(_, &v)| v)
+        .ok_or_else(|| {
+            super::gpipe_step::unexpected("a weight gradient that reads the stage mask")
+        })?;
+    Ok(call_stage(b, st, "weight_grad", h.weight, stashed.to_vec(), Some(mask))?.0)
 }
 
 /// The residuals of the backwards of tick `h + 1`, computed in tick `h` by L2's recomputation
