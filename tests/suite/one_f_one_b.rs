@@ -282,11 +282,12 @@ fn every_stage_call_of_a_tick_runs_between_its_two_exchanges() {
     }
 }
 
-/// Compiled: a few training steps of `--schedule 1f1b` on 1, 2 and 4 ranks give the losses and
-/// the checkpoint of GPipe on one rank, byte for byte (MLP with mse, GPT-2 with a tied
-/// embedding and cross entropy), and every rank's `--bench` measures GPipe's bubble.
+/// Compiled: a few training steps of `--schedule 1f1b` and `zb-h1` on 1, 2 and 4 ranks give the
+/// losses and the checkpoint of GPipe on one rank, byte for byte (MLP with mse, GPT-2 with a
+/// tied embedding and cross entropy), and every rank's `--bench` measures the slots GPipe's
+/// bubble leaves (ZB-H1's weight gradients are counted with their backwards).
 #[test]
-fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
+fn compiled_1f1b_and_zb_h1_train_with_gpipes_bytes_on_1_2_and_4_ranks() {
     let dir = scratch("1f1b");
     for (file, remat) in [
         ("examples/mlp.ppc", "stage"),
@@ -313,11 +314,15 @@ fn compiled_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
             (what, losses, std::fs::read(&ckpt).expect("checkpoint"))
         };
         let (_, want_losses, want) = run("gpipe", 1);
-        for ranks in [1, 2, 4] {
-            let (what, losses, got) = run("1f1b", ranks);
+        let schedules = match remat {
+            "tick" => &["1f1b"][..],
+            _ => &["1f1b", "zb-h1"][..],
+        };
+        for (&schedule, ranks) in schedules.iter().flat_map(|s| [(s, 1), (s, 2), (s, 4)]) {
+            let (what, losses, got) = run(schedule, ranks);
             assert_eq!(want_losses, losses, "{what}: losses");
             assert!(want == got, "{what}: the checkpoint differs from GPipe's");
-            let exe = dir.join(format!("model_1f1b_{ranks}"));
+            let exe = dir.join(format!("model_{schedule}_{ranks}"));
             let l = launch(&exe, Some(ranks), &["--bench", "1"], &[]);
             assert_eq!(l.code, 0, "{what}\n{}", l.stderr);
             let j = bench_json(&l.stdout);
@@ -412,12 +417,16 @@ fn schedules_not_built_yet_are_refused_clearly() {
     let mlp = root().join("examples/mlp.ppc").display().to_string();
     for (extra, says) in [
         (
-            &["--schedule", "zb-h1"][..],
-            "`--schedule zb-h1` is drawn by `ppc schedule` but not compiled yet",
+            &["--schedule", "zb-h1", "--remat", "tick"][..],
+            "train zb-h1 with `--remat stage` or `none`",
         ),
         (
             &["--schedule", "1f1b", "--repeats", "2"][..],
-            "interleaved 1F1B) is not compiled yet",
+            "`--schedule 1f1b` with `repeats` > 1 (interleaved) is not compiled yet",
+        ),
+        (
+            &["--schedule", "zb-h1", "--repeats", "2"][..],
+            "`--schedule zb-h1` with `repeats` > 1 (interleaved) is not compiled yet",
         ),
     ] {
         let mut args = vec!["compile", &mlp, "--train"];

@@ -420,10 +420,13 @@ impl Walker<'_, '_> {
 
     /// A pipeline loop's call of a stage function tells the runtime which of its stages have
     /// work (`--bench`'s measured bubble): the callee's `i1` argument with the stage axis. A
-    /// recomputation (`@stage_recompute`, 1F1B) is part of its backward's work, not a slot's.
+    /// recomputation (`@stage_recompute`, 1F1B) and a weight gradient (`@stage_vjp_weight`,
+    /// ZB-H1) are part of their backward's work, not a slot's.
     fn count_stage_slots(&mut self, callee: FuncId, ins: &[Buf]) {
         let g = &self.m.funcs[callee];
-        if g.name == names::recompute(names::STAGE) {
+        let backwards = [names::vjp(names::STAGE), names::bwd(names::STAGE)];
+        let weight = backwards.iter().any(|b| g.name == names::weight_grad(b));
+        if weight || g.name == names::recompute(names::STAGE) {
             return;
         }
         let mask = (g.body.args.iter().zip(ins)).find_map(|(&a, buf)| {
