@@ -3,7 +3,7 @@
 # `ppc compile --ranks`), mlp and its wider variant. Prints throughput, the ratio 2 ranks / 1
 # rank, and where each rank's step went (computing, waiting in exchanges, measured bubble).
 # Then the MLP's training step under each compiled schedule (gpipe; 1f1b with --remat stage
-# and tick), against GPipe on 1 rank on the same cores.
+# and tick; zb-h1 with stage and none), against GPipe on 1 rank on the same cores.
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ for cfg in "256 1024" "512 2048"; do
   done
 done
 
-for schedule in gpipe:stage 1f1b:stage 1f1b:tick; do
+for schedule in gpipe:stage 1f1b:stage 1f1b:tick zb-h1:stage zb-h1:none; do
   remat=${schedule#*:}; schedule=${schedule%:*}
   for ranks in 1 2; do
     exe="$OUT/train_${schedule}_${remat}_$ranks"

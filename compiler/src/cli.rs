@@ -82,12 +82,12 @@ pub enum Command {
         /// Draw the timetable of a training schedule for the model's stages and microbatches:
         /// which forward (F), input gradient (B) and weight gradient (W) each stage runs at
         /// each tick, its bubble beside the published formula, and the stage inputs it keeps.
-        /// `ppc compile --train --schedule` compiles gpipe and 1f1b; zb-h1 is a checked
-        /// timetable, not yet compiled.
+        /// `ppc compile --train --schedule` compiles each (zb-h1 as 1F1B's loop over ticks
+        /// with each weight gradient a tick after its input gradient).
         #[arg(long, value_enum, value_name = "SCHEDULE")]
         schedule: Option<crate::timetable::Kind>,
         /// Draw the compiled training step instead (with --schedule, that schedule's): the
-        /// forward (F) and backward (B) each stage runs at each tick, read off the generated
+        /// forward (F), backward (B) and weight gradient (W, zb-h1) each stage runs at each tick, read off the generated
         /// program by the proof that checks it, with the bubble counted from those calls.
         #[arg(long)]
         train: bool,
@@ -298,8 +298,10 @@ pub struct PassArgs {
     pub remat: Remat,
     /// Training: the order of each stage's forwards and backwards. `gpipe`: every forward,
     /// then every backward (each stage keeps all M microbatches' inputs); `1f1b`: one forward,
-    /// one backward, in one loop over ticks (stage s keeps at most S-s inputs). The
-    /// same gradients, bit for bit. `ppc schedule --schedule` draws them. Default: the model
+    /// one backward, in one loop over ticks (stage s keeps at most S-s inputs); `zb-h1`: 1F1B
+    /// with each backward's weight gradient a tick after its input gradient, in the stage's
+    /// forward tick (one microbatch's activations more per stage). The same gradients, bit for
+    /// bit. `ppc schedule --schedule` draws them. Default: the model
     /// file's `schedule = ...` in its `pipeline` block, else gpipe.
     #[arg(long = "schedule", value_enum)]
     pub train_schedule: Option<Kind>,

@@ -1,6 +1,6 @@
 //! `ppc schedule MODEL --train`: the compiled training step as the schedule proof reads it off
-//! the program (`ppc_dialect::schedule_check`): at each tick, the forward (F) and the backward
-//! (B) each stage runs, and the bubble counted from those calls beside the formula. Unlike
+//! the program (`ppc_dialect::schedule_check`): at each tick, the forward (F), the backward
+//! (B) and, under ZB-H1, the weight gradient (W) each stage runs, and the bubble counted from those calls beside the formula. Unlike
 //! `--schedule`'s timetable, which is the schedule as published, this is what the generated
 //! loops do.
 
@@ -35,45 +35,52 @@ pub fn svg(proof: &Proof, m: &Module) -> String {
 
 fn title(proof: &Proof, m: &Module) -> String {
     let p = m.pipeline;
+    let once = match proof.weights {
+        0 => "every forward and backward runs once (proved)",
+        _ => {
+            "every forward, input gradient (B) and weight gradient (W) runs once (proved); \
+              the last W runs after the loop"
+        }
+    };
     format!(
-        "@{} as compiled: {} stages, {} microbatches, {} ticks; every forward and backward runs once (proved)",
+        "@{} as compiled: {} stages, {} microbatches, {} ticks; {once}",
         proof.func, p.stages, p.microbatches, proof.ticks
     )
 }
 
-/// A cell per (tick, stage): `F3` a forward of microbatch 3, `B1` a backward, `F3B1` both
-/// (with repeats, `F3/1`: microbatch 3 in repeat 1). Forwards blue, backwards green, both teal.
+/// A cell per (tick, stage): `F3` a forward of microbatch 3, `B1` a backward (under ZB-H1 its
+/// input gradient), `W0` a weight gradient, `F3B1` or `F3W0` two in one tick (with repeats,
+/// `F3/1`: microbatch 3 in repeat 1). Forwards blue, backwards green, both teal.
 fn grid(proof: &Proof, m: &Module) -> Grid {
     let p = m.pipeline;
-    let mut halves: Vec<Vec<(Option<StageRun>, Option<StageRun>)>> =
-        vec![vec![(None, None); p.stages as usize]; proof.ticks as usize];
+    let mut slots: Vec<Vec<[Option<StageRun>; 3]>> =
+        vec![vec![[None; 3]; p.stages as usize]; proof.ticks as usize];
     for r in &proof.runs {
-        let slot = &mut halves[r.tick as usize][r.stage as usize];
-        match r.backward {
-            false => slot.0 = Some(*r),
-            true => slot.1 = Some(*r),
-        }
+        let slot = &mut slots[r.tick as usize][r.stage as usize];
+        slot[r.phase as usize] = Some(*r);
     }
     let unit = |r: &StageRun, phase: &str| match p.repeats {
         1 => format!("{phase}{}", r.microbatch),
         _ => format!("{phase}{}/{}", r.microbatch, u64::from(r.group) / p.stages),
     };
-    let cells = halves
+    let cells = slots
         .iter()
         .map(|row| {
             row.iter()
-                .map(|(f, b)| {
-                    let fill = match (f, b) {
+                .map(|[f, b, w]| {
+                    let fill = match (f, b.or(*w)) {
                         (None, None) => return None,
                         (Some(_), None) => "hsl(210,60%,72%)",
                         (None, Some(_)) => "hsl(130,45%,65%)",
                         (Some(_), Some(_)) => "hsl(170,50%,62%)",
                     };
-                    let f = f.as_ref().map(|r| unit(r, "F")).unwrap_or_default();
-                    let b = b.as_ref().map(|r| unit(r, "B")).unwrap_or_default();
+                    let label = [(f, "F"), (b, "B"), (w, "W")]
+                        .iter()
+                        .filter_map(|(r, phase)| r.as_ref().map(|r| unit(r, phase)))
+                        .collect();
                     Some(Cell {
                         fill: fill.to_string(),
-                        label: f + &b,
+                        label,
                     })
                 })
                 .collect()

@@ -93,13 +93,27 @@ fn training(m: &Module, local: u64) -> Option<Value> {
     let step = m.func(&names::vjp(names::TRAIN))?;
     let tick_loop = tick_loop(step, m.pipeline.microbatches);
     Some(json!({
-        "schedule": if tick_loop.is_some() { Kind::OneFOneB } else { Kind::Gpipe }.name(),
+        "schedule": schedule_of(m, tick_loop.is_some()).name(),
         "tick_loop": tick_loop,
         "remat": remat.name(),
         "kept_activation_bytes_per_rank": kept_activation_bytes(m)?,
         "stage_backward_value_bytes_per_stage": result_bytes(stage_vjp, &stage_vjp.body) / local,
         "gradient_bytes_per_stage": grads / local,
     }))
+}
+
+/// The schedule the training step `m` was compiled for: GPipe's two loops, or a loop over
+/// ticks whose backward is whole (1F1B) or cut in two (ZB-H1, `@stage_vjp_weight`).
+fn schedule_of(m: &Module, ticks: bool) -> Kind {
+    let backwards = [names::vjp(names::STAGE), names::bwd(names::STAGE)];
+    let cut = backwards
+        .iter()
+        .any(|b| m.func(&names::weight_grad(b)).is_some());
+    match (ticks, cut) {
+        (false, _) => Kind::Gpipe,
+        (true, false) => Kind::OneFOneB,
+        (true, true) => Kind::ZbH1,
+    }
 }
 
 /// The loop over ticks of `--schedule 1f1b` (`one_f_one_b.rs`), read off the training step
@@ -168,15 +182,16 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
 }
 
 /// Per training schedule, its timetable's figures (`timetable.rs`): ticks, bubble beside the
-/// formula, and the stage inputs (of `input_bytes` each) it keeps per rank. `gpipe` and `1f1b`
-/// are compiled (`1f1b` as a lockstep loop over ticks with GPipe's bubble, whose figures
-/// are `training.tick_loop`'s and `schedule_check`'s); `zb-h1` is not yet.
+/// formula, and the stage inputs (of `input_bytes` each) it keeps per rank. The compiled
+/// programs are GPipe's and a lockstep loop over ticks (`1f1b`; `zb-h1`, the same loop with
+/// each weight gradient a tick after its input gradient), whose figures are
+/// `training.tick_loop`'s and `schedule_check`'s.
 fn timetables(stages: u64, microbatches: u64, ranks: u64, input_bytes: u64) -> Value {
     let mut out = json!({});
     for kind in Kind::ALL {
         let t = Timetable::build(kind, stages, microbatches);
         out[kind.name()] = json!({
-            "compiled": kind != Kind::ZbH1,
+            "compiled": true,
             "ticks": t.ticks(),
             "bubble_fraction": t.bubble_fraction(),
             "bubble_fraction_formula": kind.bubble_formula(stages, microbatches),

@@ -35,6 +35,9 @@ pub struct Proof {
     /// (microbatch, layer group) forwards and backwards, each run exactly once.
     pub forwards: usize,
     pub backwards: usize,
+    /// How many (microbatch, layer group) weight gradients ran apart from their backward
+    /// (`--schedule zb-h1`; 0 elsewhere).
+    pub weights: usize,
     /// Exchanges each rank made, and ticks (iterations of the function's outermost loops).
     pub exchanges: usize,
     pub ticks: u64,
@@ -50,19 +53,30 @@ pub struct Proof {
 pub struct StageRun {
     pub tick: u64,
     pub stage: u64,
-    pub backward: bool,
+    pub phase: Phase,
     pub microbatch: u32,
     /// The layer group it runs: `r·S + stage` in repeat `r`.
     pub group: u32,
 }
 
+/// What a stage call computes: a forward, a backward (or under `--schedule zb-h1` its input
+/// gradient), or a weight gradient (ZB-H1's other half of a backward).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Forward,
+    Backward,
+    Weight,
+}
+
 impl Proof {
-    /// The share of stage time idle, with a forward and a backward one unit each: a tick lasts
-    /// as long as its busiest stage's work there, and every stage waits for it (the ranks
-    /// exchange at its end). GPipe's and 1F1B's programs reach `(S-1)/(M+S-1)`.
+    /// The share of stage time idle, with a forward and a backward one unit each (a weight
+    /// gradient is part of its backward's): a tick lasts as long as its busiest stage's work
+    /// there, and every stage waits for it (the ranks exchange at its end). GPipe's, 1F1B's
+    /// and ZB-H1's programs reach `(S-1)/(M+S-1)`.
     pub fn bubble_fraction(&self, stages: u64) -> f64 {
+        let slots = || self.runs.iter().filter(|r| r.phase != Phase::Weight);
         let mut work: BTreeMap<(u64, u64), u64> = BTreeMap::new();
-        for r in &self.runs {
+        for r in slots() {
             *work.entry((r.tick, r.stage)).or_default() += 1;
         }
         let mut longest: BTreeMap<u64, u64> = BTreeMap::new();
@@ -71,7 +85,7 @@ impl Proof {
             *l = (*l).max(w);
         }
         let span: u64 = longest.values().sum();
-        1.0 - self.runs.len() as f64 / (stages * span.max(1)) as f64
+        1.0 - slots().count() as f64 / (stages * span.max(1)) as f64
     }
 }
 
@@ -215,6 +229,7 @@ impl<'m> Lockstep<'m> {
             func: f.name.clone(),
             forwards: self.forwards.len(),
             backwards: self.backwards.len(),
+            weights: self.weights.len(),
             exchanges: self.exchanges,
             ticks: self.next_tick,
             inputs_held: std::mem::take(&mut self.inputs_held),
@@ -540,14 +555,18 @@ impl Lockstep<'_> {
     }
 
     fn runs(&self) -> Vec<StageRun> {
-        let all = [(false, &self.forwards), (true, &self.backwards)];
-        let each = all.into_iter().flat_map(|(backward, events)| {
+        let all = [
+            (Phase::Forward, &self.forwards),
+            (Phase::Backward, &self.backwards),
+            (Phase::Weight, &self.weights),
+        ];
+        let each = all.into_iter().flat_map(|(phase, events)| {
             events.iter().flat_map(move |(t, ats)| {
                 ats.iter().filter_map(move |at| {
                     Some(StageRun {
                         tick: at.tick?,
                         stage: at.stage,
-                        backward,
+                        phase,
                         microbatch: t.microbatch,
                         group: t.groups,
                     })

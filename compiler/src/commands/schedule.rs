@@ -55,7 +55,11 @@ pub(super) fn schedule_command(
                      schedule_check; `ppc schedule --train` draws it)\n",
                 ),
                 Kind::ZbH1 => text.push_str(
-                    "training compiles GPipe's or 1F1B's program; this timetable is checked, not yet compiled\n",
+                    "`--train --schedule zb-h1` compiles 1F1B's lockstep loop with each backward \
+                     cut in two: the input gradient (B) in the backward tick, the weight gradient \
+                     (W) a tick later, in the stage's forward tick (the last W after the loop); \
+                     the same slots as 1F1B, with a stage's forward and backward ticks of about \
+                     the same work (`ppc schedule --train --schedule zb-h1` draws it)\n",
                 ),
             }
             (text, t.svg())
