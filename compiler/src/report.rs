@@ -191,7 +191,6 @@ fn timetables(stages: u64, microbatches: u64, ranks: u64, input_bytes: u64) -> V
     for kind in Kind::ALL {
         let t = Timetable::build(kind, stages, microbatches);
         out[kind.name()] = json!({
-            "compiled": true,
             "ticks": t.ticks(),
             "bubble_fraction": t.bubble_fraction(),
             "bubble_fraction_formula": kind.bubble_formula(stages, microbatches),

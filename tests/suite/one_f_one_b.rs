@@ -528,3 +528,83 @@ fn the_model_file_can_name_the_schedule() {
     assert!(drawn.contains("1f1b` compiles this order"), "{drawn}");
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+/// `--schedule zb-h1`: the report names the compiled schedule, reads 1F1B's tick loop off it and
+/// counts the stash a tick holds; `ppc schedule --train` draws each stage's weight gradient (W)
+/// in the tick after its input gradient (B), the last one after the loop.
+#[test]
+fn zb_h1_is_reported_and_drawn_as_compiled() {
+    let mlp = root().join("examples/mlp.ppc").display().to_string();
+    let report = |schedule: &str| {
+        let args = [
+            "compile",
+            &mlp,
+            "--train",
+            "--report=json",
+            "--schedule",
+            schedule,
+        ];
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).expect("JSON")
+    };
+    let (one, zb) = (report("1f1b"), report("zb-h1"));
+    let (t1, tz) = (&one["training"], &zb["training"]);
+    assert_eq!(tz["schedule"], "zb-h1", "{tz}");
+    assert_eq!(tz["tick_loop"], t1["tick_loop"], "{tz}");
+    let kept = |t: &serde_json::Value| t["kept_activation_bytes_per_rank"].as_u64().unwrap();
+    assert!(kept(tz) > kept(t1), "the stash is counted: {tz}");
+
+    let (s, m) = (3usize, 4usize);
+    let (ss, ms) = (s.to_string(), m.to_string());
+    let args = [
+        "schedule",
+        &mlp,
+        "--train",
+        "--schedule",
+        "zb-h1",
+        "--stages",
+        &ss,
+        "--microbatches",
+        &ms,
+    ];
+    let (code, out, err) = ppc(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("weight gradient (W) runs once (proved)"),
+        "{out}"
+    );
+    let rows: Vec<Vec<&str>> = (out.lines())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() > 1 && w[0] == "stage" && w[1].parse::<usize>().is_ok())
+        .map(|w| w[2..].to_vec())
+        .collect();
+    assert_eq!(rows.len(), s, "{out}");
+    let tick_of = |row: &[&str], unit: &str| {
+        let ends = |c: &str, at: usize| !c[at..].starts_with(|d: char| d.is_ascii_digit());
+        (row.iter()).position(|c| c.match_indices(unit).any(|(i, _)| ends(c, i + unit.len())))
+    };
+    let mut drawn = 0;
+    for (g, row) in rows.iter().enumerate() {
+        for n in 0..m {
+            let b =
+                tick_of(row, &format!("B{n}")).unwrap_or_else(|| panic!("stage {g}: B{n}\n{out}"));
+            match tick_of(row, &format!("W{n}")) {
+                Some(w) => {
+                    assert_eq!(w, b + 1, "stage {g}: W{n} a tick after B{n}\n{out}");
+                    assert!(
+                        !row[w].contains('B'),
+                        "stage {g}: W{n} in a forward tick\n{out}"
+                    );
+                    drawn += 1;
+                }
+                None => assert_eq!(
+                    b,
+                    row.len() - 1,
+                    "only the last tick's W runs after the loop\n{out}"
+                ),
+            }
+        }
+    }
+    assert_eq!(drawn, s * m - 1, "{out}");
+}

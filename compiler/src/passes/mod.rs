@@ -88,7 +88,7 @@ pub const PASSES: &[PassInfo] = &[
     },
     PassInfo {
         name: "1f1b",
-        summary: "with --schedule 1f1b: fuse @train_vjp's forward and backward loops into one loop over ticks (training only)",
+        summary: "with --schedule 1f1b or zb-h1: fuse @train_vjp's forward and backward loops into one loop over ticks (zb-h1: each stage backward cut into B and W, W a tick later; training only)",
         training: true,
         run: one_f_one_b,
     },

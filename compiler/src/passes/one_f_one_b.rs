@@ -1,6 +1,7 @@
-//! `1f1b`: the training step under `--schedule 1f1b`, one SPMD loop in which every stage runs
-//! the forward of one microbatch and the backward of another in each tick (1F1B, as in
-//! PipeDream-Flush and Megatron), so that stage `s` keeps `S - s` microbatches' inputs, not M.
+//! `1f1b`: the training step under `--schedule 1f1b` (and `zb-h1`, below), one SPMD loop in
+//! which every stage runs the forward of one microbatch and the backward of another in each
+//! tick (1F1B, as in PipeDream-Flush and Megatron), so that stage `s` keeps `S - s`
+//! microbatches' inputs, not M.
 //!
 //! Preconditions: `autodiff` has run on GPipe's `@train` with `R = 1` (either `--remat`), and
 //! `loss` has built `@microbatch_loss` and `@loss_normalizer`. Postconditions: `@train_vjp`
@@ -45,7 +46,13 @@
 //!   whole one bit for bit (`loss.rs`). The loss itself, `@head`'s weight gradients and the
 //!   rest of what ran between L1 and L2 run after the loop on all microbatches, as in GPipe.
 //!
-//! Interleaved repeats and ZB-H1 are not built yet.
+//! **ZB-H1** (`--schedule zb-h1`) is this loop with the stage's backward cut into its input
+//! gradient `B` and its weight gradient `W` (`bw_split.rs`): `B` runs where the whole backward
+//! ran, `W` in the next tick, the stage's forward tick, on what `B` stashed (a carried value,
+//! `names::STASHED`), and the last tick's `W` after the loop. Each `W` adds its gradients where
+//! the whole backward did, so the bytes are still GPipe's.
+//!
+//! Interleaved repeats are not built yet.
 
 use super::autodiff::trainables;
 use super::bw_split::split;
