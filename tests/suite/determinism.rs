@@ -76,8 +76,9 @@ fn bytes_of(exe: &Path, run: &Run, args: &[&str], out: &Path) -> Vec<u8> {
     std::fs::read(out).unwrap_or_else(|e| panic!("{what}: no {out:?}: {e}"))
 }
 
-/// Forward outputs of the examples, and the checkpoints after 10 training steps (GPipe and
-/// `--schedule 1f1b` under `--remat stage` and `tick`, the same bytes as each other), are the same bytes in every run of [`runs`].
+/// Forward outputs of the examples, and the checkpoints after 10 training steps (GPipe,
+/// `--schedule 1f1b` under `--remat stage` and `tick`, and `zb-h1`, the same bytes as each
+/// other), are the same bytes in every run of [`runs`].
 #[test]
 fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch() {
     let dir = scratch("determinism");
@@ -99,13 +100,17 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
             ("train", &training[..]),
             ("1f1b", &training[..]),
             ("1f1b_tick", &training[..]),
+            ("zb-h1", &training[..]),
         ] {
-            // 1F1B on the MLP and GPT-2 (ends, a tied embedding) only, and with `--remat tick`
-            // (its recomputation's residuals carried in place) on GPT-2, to bound CI's time.
+            // 1F1B on the MLP and GPT-2 (ends, a tied embedding) only, with `--remat tick`
+            // (its recomputation's residuals carried in place) on GPT-2, and ZB-H1 on the
+            // transformer (two layers per stage: its layer loop cut into B's and W's), to bound
+            // CI's time.
             let one_f_one_b = ["examples/mlp.ppc", "examples/gpt2.ppc"].contains(&model);
             let skip = match mode {
                 "1f1b" => !one_f_one_b,
                 "1f1b_tick" => model != "examples/gpt2.ppc",
+                "zb-h1" => model != "examples/transformer.ppc",
                 _ => false,
             };
             if skip {
@@ -122,6 +127,7 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                         "1f1b_tick" => {
                             flags.extend(["--train", "--schedule", "1f1b", "--remat", "tick"])
                         }
+                        "zb-h1" => flags.extend(["--train", "--schedule", "zb-h1"]),
                         "bf16" => flags.extend(["--dtype", "bf16"]),
                         _ => {}
                     }
@@ -147,10 +153,10 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                     ),
                 }
             }
-            // The 1F1B step gives GPipe's checkpoint.
+            // The 1F1B and ZB-H1 steps give GPipe's checkpoint.
             match mode {
                 "train" => gpipe = first.clone(),
-                "1f1b" | "1f1b_tick" => {
+                "1f1b" | "1f1b_tick" | "zb-h1" => {
                     assert!(
                         first == gpipe,
                         "{model} {mode}: the checkpoint is not GPipe's"
