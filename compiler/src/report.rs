@@ -105,10 +105,10 @@ fn training(m: &Module, local: u64) -> Option<Value> {
 /// The schedule the training step `m` was compiled for: GPipe's two loops, or a loop over
 /// ticks whose backward is whole (1F1B) or cut in two (ZB-H1, `@stage_vjp_weight`).
 fn schedule_of(m: &Module, ticks: bool) -> Kind {
-    let backwards = [names::vjp(names::STAGE), names::bwd(names::STAGE)];
-    let cut = backwards
-        .iter()
-        .any(|b| m.func(&names::weight_grad(b)).is_some());
+    let cut = m
+        .funcs
+        .values()
+        .any(|g| names::is_stage_weight_grad(&g.name));
     match (ticks, cut) {
         (false, _) => Kind::Gpipe,
         (true, false) => Kind::OneFOneB,

@@ -282,6 +282,21 @@ impl Builder {
         Ok(())
     }
 
+    /// Declares `callee`'s parameters as this function's ([`Builder::params_of`]) and binds
+    /// each of `callee`'s to this function's of its name in `env`.
+    pub fn bind_params_of(
+        &mut self,
+        callee: &Func,
+        env: &mut HashMap<ValueId, ValueId>,
+    ) -> Result<(), Diagnostic> {
+        self.params_of(callee)?;
+        for p in &callee.params {
+            let v = self.param_named(&callee.values[p.value].name);
+            env.insert(p.value, v.expect("invariant: declared by params_of"));
+        }
+        Ok(())
+    }
+
     /// This function's parameter called `name`.
     pub fn param_named(&self, name: &str) -> Option<ValueId> {
         self.func
@@ -299,12 +314,8 @@ impl Builder {
         callee: &Func,
         args: &[ValueId],
     ) -> Result<Vec<ValueId>, Diagnostic> {
-        self.params_of(callee)?;
         let mut env = bind(&callee.body.args, args);
-        for p in &callee.params {
-            let v = self.param_named(&callee.values[p.value].name);
-            env.insert(p.value, v.expect("invariant: declared by params_of"));
-        }
+        self.bind_params_of(callee, &mut env)?;
         self.copy_ops(m, callee, &callee.body.ops, &mut env)?;
         Ok(callee.body.results.iter().map(|v| env[v]).collect())
     }

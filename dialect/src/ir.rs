@@ -467,6 +467,17 @@ pub mod names {
     /// the backward of the next (a tape, as the report counts what the step keeps).
     pub const RECOMPUTED: &str = "tape_recomputed";
 
+    /// The names a stage's backward has: `@stage_vjp` (recomputing its forward) or
+    /// `@stage_bwd` (from kept residuals).
+    pub fn stage_backwards() -> [String; 2] {
+        [vjp(STAGE), bwd(STAGE)]
+    }
+
+    /// Whether `name` is the weight-gradient half of a stage's backward (`--schedule zb-h1`).
+    pub fn is_stage_weight_grad(name: &str) -> bool {
+        stage_backwards().iter().any(|b| name == weight_grad(b))
+    }
+
     /// What `@f_input` stashed for `@f_weight`, which the loop over ticks of `--schedule
     /// zb-h1` carries for one tick (a tape, as the report counts what the step keeps).
     pub const STASHED: &str = "tape_stashed";

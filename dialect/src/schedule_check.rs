@@ -365,7 +365,7 @@ impl Lockstep<'_> {
             return Ok(g.result_types().iter().map(empty).collect());
         }
         let stage = names::STAGE;
-        let backwards = [names::vjp(stage), names::bwd(stage)];
+        let backwards = names::stage_backwards();
         let role = match g.name.as_str() {
             n if n == stage || n == names::fwd(stage) => Some(Role::Forward),
             n if backwards.iter().any(|b| n == b) => Some(Role::Backward),

@@ -153,6 +153,11 @@ impl Type {
             .find_map(|(i, d)| d.as_axis().map(|a| (i, a)))
     }
 
+    /// Whether this is a stage mask, `i1[#stages]`: which stages a stage function runs.
+    pub fn is_stage_mask(&self) -> bool {
+        self.dtype == DType::I1 && self.rank() == 1 && self.stage_axis().is_some()
+    }
+
     /// This type with the dimension at `axis` removed.
     pub fn remove(&self, axis: usize) -> Type {
         let mut dims = self.dims.clone();

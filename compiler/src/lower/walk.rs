@@ -424,15 +424,11 @@ impl Walker<'_, '_> {
     /// ZB-H1) are part of their backward's work, not a slot's.
     fn count_stage_slots(&mut self, callee: FuncId, ins: &[Buf]) {
         let g = &self.m.funcs[callee];
-        let backwards = [names::vjp(names::STAGE), names::bwd(names::STAGE)];
-        let weight = backwards.iter().any(|b| g.name == names::weight_grad(b));
-        if weight || g.name == names::recompute(names::STAGE) {
+        if names::is_stage_weight_grad(&g.name) || g.name == names::recompute(names::STAGE) {
             return;
         }
-        let mask = (g.body.args.iter().zip(ins)).find_map(|(&a, buf)| {
-            let t = g.ty(a);
-            (t.dtype == DType::I1 && t.rank() == 1 && t.stage_axis().is_some()).then_some(buf)
-        });
+        let mask = (g.body.args.iter().zip(ins))
+            .find_map(|(&a, buf)| g.ty(a).is_stage_mask().then_some(buf));
         let Some(mask) = mask else { return };
         let entry = &abi::COUNT_STAGE_SLOTS;
         self.e.declare(entry);

@@ -41,7 +41,7 @@ pub(super) fn split(m: &Module, g: &Func, weights: usize) -> Result<(Func, Func)
         .checked_sub(weights)
         .filter(|&n| n > 0)
         .ok_or_else(|| unexpected(&format!("@{} returns an input gradient", g.name)))?;
-    let cut = Cut::new(g, &results[..first], &results[first..])?;
+    let cut = Cut::new(g, &results[..first], &results[first..]);
     Ok((cut.input(m)?, cut.weight(m)?))
 }
 
@@ -124,7 +124,7 @@ impl<'a> Cut<'a> {
         g: &'a Func,
         input_results: &'a [ValueId],
         weight_results: &'a [ValueId],
-    ) -> Result<Cut<'a>, Diagnostic> {
+    ) -> Cut<'a> {
         let ops = &g.body.ops;
         let (input_ops, input_need) = slice(g, ops, input_results);
         let mut cut = Cut {
@@ -155,7 +155,7 @@ impl<'a> Cut<'a> {
                 let by_input: BTreeSet<usize> = (0..op.results.len())
                     .filter(|&j| input_need.contains(&op.results[j]))
                     .collect();
-                if let Some(lc) = cut_loop(g, body, &by_input, &wanted)? {
+                if let Some(lc) = cut_loop(g, body, &by_input, &wanted) {
                     need.extend(lc.weight.iter().map(|&j| inits[j]));
                     let w_body: Vec<OpId> = (body.ops.iter())
                         .filter(|o| lc.weight_ops.contains(o))
@@ -187,7 +187,7 @@ impl<'a> Cut<'a> {
             }
         }
         cut.stash = stash.into_iter().collect();
-        Ok(cut)
+        cut
     }
 
     /// `@g_input`: `B`'s ops, its loops cut to what it carries, returning the first results
@@ -200,7 +200,7 @@ impl<'a> Cut<'a> {
             b.span = g.value_spans.get(&a);
             env.insert(a, b.arg(&g.values[a].name, g.ty(a).clone()));
         }
-        declare_params(&mut b, g, &mut env)?;
+        b.bind_params_of(g, &mut env)?;
         let mut tapes: HashMap<OpId, Vec<ValueId>> = HashMap::new();
         for &id in g.body.ops.iter().filter(|o| self.input_ops.contains(o)) {
             match self.loops.get(&id) {
@@ -245,7 +245,7 @@ impl<'a> Cut<'a> {
                 }
             }
         }
-        declare_params(&mut b, g, &mut env)?;
+        b.bind_params_of(g, &mut env)?;
         for &id in g.body.ops.iter().filter(|o| self.weight_ops.contains(o)) {
             match self.loops.get(&id) {
                 None => b.copy_ops(m, g, &[id], &mut env)?,
@@ -257,20 +257,6 @@ impl<'a> Cut<'a> {
         f.remove_dead_ops();
         Ok(f)
     }
-}
-
-/// `g`'s parameters, declared again under their names (the same weights).
-fn declare_params(
-    b: &mut Builder,
-    g: &Func,
-    env: &mut HashMap<ValueId, ValueId>,
-) -> Result<(), Diagnostic> {
-    b.params_of(g)?;
-    for p in &g.params {
-        let v = b.param_named(&g.values[p.value].name);
-        env.insert(p.value, v.expect("invariant: declared by params_of"));
-    }
-    Ok(())
 }
 
 /// The tape of body value `v` of the loop `id`: `[trips, ...]`.
@@ -288,7 +274,7 @@ fn cut_loop(
     body: &Block,
     by_input: &BTreeSet<usize>,
     wanted: &[usize],
-) -> Result<Option<LoopCut>, Diagnostic> {
+) -> Option<LoopCut> {
     // `B`'s carried values: what its results need, closed under what their iterations read.
     let mut input = by_input.clone();
     let input_ops = loop {
@@ -306,7 +292,7 @@ fn cut_loop(
         .filter(|j| !input.contains(j))
         .collect();
     if weight.is_empty() {
-        return Ok(None);
+        return None;
     }
     // The values of `B`'s carried state, and those computed from them.
     let mut tainted: HashSet<ValueId> = input.iter().map(|&j| body.args[1 + j]).collect();
@@ -348,13 +334,13 @@ fn cut_loop(
         if more.is_subset(&weight) {
             let mut taped: Vec<ValueId> = taped.into_iter().collect();
             taped.sort_by_key(|v| v.index());
-            return Ok(Some(LoopCut {
+            return Some(LoopCut {
                 input: input.into_iter().collect(),
                 weight: weight.into_iter().collect(),
                 input_ops,
                 weight_ops,
                 taped,
-            }));
+            });
         }
         weight.extend(more);
     }

@@ -151,7 +151,7 @@ impl Parts {
         let t_fwd = f.ops[reversed].results[0];
         let backward_item = at_most_one(f, l2, "one item per stage", |k| minus(k, t_fwd, 1))?;
         let backward_done = only(f, l2, "one microbatch leaving", |k| minus(k, t_fwd, 0))?;
-        let backwards = [names::vjp(names::STAGE), names::bwd(names::STAGE)].map(|n| m.func_id(&n));
+        let backwards = names::stage_backwards().map(|n| m.func_id(&n));
         let backward_call = only(
             f,
             l2,

@@ -144,11 +144,7 @@ fn build(m: &Module, id: FuncId, halves: Option<Halves>) -> Result<Func, Diagnos
         let v = b.arg(&f.values[a].name, f.ty(a).clone());
         env.insert(a, v);
     }
-    b.params_of(f)?;
-    for p in &f.params {
-        let v = b.param_named(&f.values[p.value].name);
-        env.insert(p.value, v.expect("invariant: declared by params_of"));
-    }
+    b.bind_params_of(f, &mut env)?;
     let at = |op: OpId| f.body.ops.iter().position(|&o| o == op).expect("top level");
     let (first, last) = (at(parts.forward), at(parts.backward));
     let (early, late) = after_forward(f, &f.body.ops[first + 1..last], parts.forward);

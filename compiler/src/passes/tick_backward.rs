@@ -205,10 +205,7 @@ pub(super) fn weight_call(
 ) -> Result<Vec<ValueId>, Diagnostic> {
     let g = &st.m.funcs[h.weight];
     let mask = (g.body.args.iter().zip(stashed))
-        .find(|(&a, _)| {
-            let t = g.ty(a);
-            t.dtype == DType::I1 && t.rank() == 1 && t.stage_axis().is_some()
-        })
+        .find(|(&a, _)| g.ty(a).is_stage_mask())
         .map(|(_, &v)| v)
         .ok_or_else(|| {
             super::gpipe_step::unexpected("a weight gradient that reads the stage mask")
