@@ -19,6 +19,11 @@ pub fn text(proof: &Proof, m: &Module) -> String {
         "bubble (a forward and a backward one unit each): {:.4}, formula (S-1)/(R·M+S-1) = {formula:.4}",
         proof.bubble_fraction(p.stages)
     );
+    let _ = writeln!(
+        out,
+        "bubble with each call weighed by its matrix products (a tick as long as its busiest stage): {:.4}",
+        proof.work_bubble
+    );
     let held: Vec<String> = proof.inputs_held.iter().map(usize::to_string).collect();
     let _ = writeln!(
         out,

@@ -167,6 +167,7 @@ pub fn report(m: &Module) -> Result<Value, ScheduleError> {
             "exchanges_per_rank": proof.exchanges,
             "ticks": proof.ticks,
             "bubble_fraction": proof.bubble_fraction(p.stages),
+            "work_bubble_fraction": proof.work_bubble,
         });
         if !proof.inputs_held.is_empty() {
             r["schedule_check"]["stage_inputs_held_per_stage"] = json!(proof.inputs_held);

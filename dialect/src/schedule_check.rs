@@ -28,7 +28,7 @@ use ppc_tensor::Tensor;
 use std::collections::BTreeMap;
 
 /// What the proof covered.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Proof {
     /// The function proved.
     pub func: String,
@@ -38,6 +38,11 @@ pub struct Proof {
     /// How many (microbatch, layer group) weight gradients ran apart from their backward
     /// (`--schedule zb-h1`; 0 elsewhere).
     pub weights: usize,
+    /// The share of stage time idle with each call weighed by its work ([`work`]: matrix
+    /// products), a tick as long as its busiest stage's work and the work after the loops as
+    /// one tick more: what a schedule that evens out a tick's work (ZB-H1) gains, which
+    /// [`Proof::bubble_fraction`]'s unit slots do not show.
+    pub work_bubble: f64,
     /// Exchanges each rank made, and ticks (iterations of the function's outermost loops).
     pub exchanges: usize,
     pub ticks: u64,
@@ -95,6 +100,8 @@ struct At {
     tick: Option<u64>,
     rank: usize,
     stage: u64,
+    /// The call's matrix-product FLOPs per stage ([`work`]).
+    work: u64,
 }
 
 impl std::fmt::Display for At {
@@ -230,6 +237,7 @@ impl<'m> Lockstep<'m> {
             forwards: self.forwards.len(),
             backwards: self.backwards.len(),
             weights: self.weights.len(),
+            work_bubble: self.work_bubble(),
             exchanges: self.exchanges,
             ticks: self.next_tick,
             inputs_held: std::mem::take(&mut self.inputs_held),
@@ -321,6 +329,21 @@ impl<'m> Lockstep<'m> {
         }
         Ok(())
     }
+}
+
+/// The floating-point operations of `block`'s matrix products (2·m·n·k each), a loop's
+/// body counted once per trip: the work of one call, as the proof weighs it.
+fn work(f: &Func, block: &Block) -> u64 {
+    (block.ops.iter())
+        .map(|&id| match &f.ops[id].kind {
+            OpKind::MatMul { lhs, .. } => {
+                let k = f.ty(*lhs).dims.last().map_or(0, |d| d.size);
+                2 * f.ty(f.ops[id].results[0]).elements() * k
+            }
+            OpKind::Loop { trips, body, .. } => trips * work(f, body),
+            _ => 0,
+        })
+        .sum()
 }
 
 fn take(env: &Env, v: ValueId) -> Abs {
@@ -467,6 +490,7 @@ impl Lockstep<'_> {
                 tick: self.tick,
                 rank,
                 stage: (rank * per_rank + s) as u64,
+                work: work(g, &g.body) / per_rank as u64,
             };
             let r = repeats.as_ref().map_or(0, |t| t.int(s) as u64);
             let group = (r * self.stages + at.stage) as u32;
@@ -591,6 +615,29 @@ impl Lockstep<'_> {
                 *most = (*most).max(n);
             }
         }
+    }
+
+    /// [`Proof::work_bubble`] of the calls recorded.
+    fn work_bubble(&self) -> f64 {
+        let maps = [
+            &self.forwards,
+            &self.backwards,
+            &self.recomputations,
+            &self.weights,
+        ];
+        let mut per: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+        for at in maps.iter().flat_map(|m| m.values()).flatten() {
+            *per.entry((at.tick.unwrap_or(self.next_tick), at.stage))
+                .or_default() += at.work;
+        }
+        let mut longest: BTreeMap<u64, u64> = BTreeMap::new();
+        for (&(tick, _), &w) in &per {
+            let l = longest.entry(tick).or_default();
+            *l = (*l).max(w);
+        }
+        let span: u64 = longest.values().sum();
+        let done: u64 = per.values().sum();
+        1.0 - done as f64 / (self.stages * span.max(1)) as f64
     }
 
     fn tick_name(&self) -> String {

@@ -554,6 +554,27 @@ fn zb_h1_is_reported_and_drawn_as_compiled() {
     assert_eq!(tz["tick_loop"], t1["tick_loop"], "{tz}");
     let kept = |t: &serde_json::Value| t["kept_activation_bytes_per_rank"].as_u64().unwrap();
     assert!(kept(tz) > kept(t1), "the stash is counted: {tz}");
+    // Weighed by their matrix products, GPipe's ticks are even, so its bubble is the formula's;
+    // 1F1B's backward ticks outweigh its forward ticks, and ZB-H1 moving W into the forward
+    // tick at least halves the idle time (idle over work: b / (1 - b)).
+    let work_bubble = |r: &serde_json::Value| {
+        r["schedule_check"]["work_bubble_fraction"]
+            .as_f64()
+            .unwrap()
+    };
+    let gpipe = report("gpipe");
+    let (s, m) = (
+        gpipe["stages"].as_f64().unwrap(),
+        gpipe["microbatches"].as_f64().unwrap(),
+    );
+    assert!((work_bubble(&gpipe) - (s - 1.0) / (m + s - 1.0)).abs() < 1e-12);
+    let idle = |b: f64| b / (1.0 - b);
+    let (b1, bz) = (work_bubble(&one), work_bubble(&zb));
+    assert!(b1 > work_bubble(&gpipe), "1F1B {b1}");
+    assert!(
+        idle(bz) <= 0.5 * idle(b1) + 1e-12,
+        "ZB-H1 {bz} against 1F1B {b1}"
+    );
 
     let (s, m) = (3usize, 4usize);
     let (ss, ms) = (s.to_string(), m.to_string());

@@ -120,11 +120,7 @@ fn positions(body: &Block, values: &HashSet<ValueId>) -> BTreeSet<usize> {
 }
 
 impl<'a> Cut<'a> {
-    fn new(
-        g: &'a Func,
-        input_results: &'a [ValueId],
-        weight_results: &'a [ValueId],
-    ) -> Cut<'a> {
+    fn new(g: &'a Func, input_results: &'a [ValueId], weight_results: &'a [ValueId]) -> Cut<'a> {
         let ops = &g.body.ops;
         let (input_ops, input_need) = slice(g, ops, input_results);
         let mut cut = Cut {
