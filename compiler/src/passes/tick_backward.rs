@@ -188,9 +188,11 @@ fn split_call(
     };
     let mask = mask_of(f, args).map(|a| env[&a]);
     let args = args.iter().map(|a| env[a]).collect();
+    // `W` first: then nothing reads the carried stash after `B`, which may write the new one
+    // over it (`lower/in_place.rs`).
+    let weight = weight_call(b, st, h, stashed)?;
     let (mut input, _) = call_stage(b, st, "input_grad", h.input, args, mask)?;
     let stash = input.split_off(h.firsts);
-    let weight = weight_call(b, st, h, stashed)?;
     let results = &f.ops[id].results;
     env.extend(results.iter().copied().zip(input.into_iter().chain(weight)));
     Ok(stash)
