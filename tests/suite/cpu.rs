@@ -37,7 +37,7 @@ fn stage_parallel_loops(args: &[&str]) -> usize {
 }
 
 #[test]
-fn small_stages_run_as_one_parallel_loop_over_the_stages() {
+fn small_stages_run_in_parallel_and_large_masked_ones_in_turn() {
     // The transformer example's stage input is [4 stages, b, t, d] = 8 K floats, too few for a
     // parallel loop per op: each call of a stage function (the forward's, the training step's
     // forward and backward, and the forward of the step without its gradients) is one loop
@@ -60,19 +60,45 @@ fn small_stages_run_as_one_parallel_loop_over_the_stages() {
     assert_eq!(skips(&[]), 0);
     assert_eq!(skips(&["--train"]), 1);
     assert_eq!(skips(&["--train", "--remat", "none"]), 1);
-    // Bigger stages go op by op, each loop nest parallel on its own: the MLP (16 K floats)
-    // and the transformer at b=8 t=128 (2 M).
+    // Bigger stages share each loop nest among the threads: the MLP (16 K floats) and the
+    // transformer at b=8 t=128 (2 M). The transformer's backward, whose results are masked,
+    // runs its stages in turn, a bubble stage skipping its body; its forward goes op by op.
     let mlp = path("examples/mlp.ppc");
     assert_eq!(stage_parallel_loops(&[&mlp]), 0);
     assert_eq!(stage_parallel_loops(&[&mlp, "--train"]), 0);
     let big = [
         "--dim", "b=8", "--dim", "t=128", "--dim", "heads=8", "--dim", "dh=32",
     ];
-    let mut args = vec![transformer.as_str()];
-    args.extend(big);
-    assert_eq!(stage_parallel_loops(&args), 0);
+    // (parallel loops over stages, loops over stages in turn, those whose body skips bubbles)
+    let in_turn = |extra: &[&str]| {
+        let mut args = vec!["compile", transformer.as_str(), "--emit=mlir"];
+        args.extend(big.iter().chain(extra));
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        let lines: Vec<&str> = out.lines().collect();
+        let loops: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].contains("ppc.in_turn_over = \"stages\""))
+            .collect();
+        // A stage's body (outlined) ends with the `scf.if` on its mask.
+        let skipping = loops.iter().filter(|&&i| {
+            lines[i.saturating_sub(4)..i]
+                .iter()
+                .any(|l| l.contains("ppc.skips_bubbles"))
+        });
+        let parallel = out.matches("ppc.parallel_over = \"stages\"").count();
+        (parallel, loops.len(), skipping.count())
+    };
+    assert_eq!(in_turn(&[]), (0, 0, 0));
+    assert_eq!(in_turn(&["--train"]), (0, 1, 1));
+    assert_eq!(in_turn(&["--train", "--remat", "none"]), (0, 1, 1));
     // The GPU keeps its own mapping of loop nests onto blocks and threads.
     assert_eq!(stage_parallel_loops(&[&transformer, "--target", "cuda"]), 0);
+    let cuda = [
+        &[transformer.as_str(), "--target", "cuda", "--train"],
+        &big[..],
+    ]
+    .concat();
+    assert_eq!(in_mlir(&cuda, "ppc.in_turn_over"), 0);
 }
 
 /// `ppc compile ARGS --emit=mlir` of the transformer at b=4 t=32 heads=4 dh=8 (4 stages: 64

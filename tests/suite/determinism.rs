@@ -78,7 +78,8 @@ fn bytes_of(exe: &Path, run: &Run, args: &[&str], out: &Path) -> Vec<u8> {
 
 /// Forward outputs of the examples, and the checkpoints after 10 training steps (GPipe,
 /// `--schedule 1f1b` under `--remat stage` and `tick`, and `zb-h1`, the same bytes as each
-/// other), are the same bytes in every run of [`runs`].
+/// other), are the same bytes in every run of [`runs`]; so is the transformer's training at a
+/// shape where one rank lowers its backward differently from two and four.
 #[test]
 fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch() {
     let dir = scratch("determinism");
@@ -86,13 +87,20 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
     let out_s = out.display().to_string();
     let forward = ["--seed", "5", "--output", out_s.as_str()];
     let training = ["--seed", "5", "--steps", "10", "--save", out_s.as_str()];
-    let models = [
-        "examples/mlp.ppc",
-        "examples/transformer.ppc",
-        "examples/gpt2.ppc",
-        "examples/llama.ppc",
+    // The transformer also at a shape whose stage input on one rank is 16 K floats: its
+    // backward's stages run in turn, each op on every thread, where 2 and 4 ranks (8 K and 4 K)
+    // run them in parallel, one per thread (`lower/stage_split.rs`).
+    let larger = [
+        "--dim", "b=4", "--dim", "t=32", "--dim", "heads=4", "--dim", "dh=8",
     ];
-    for model in models {
+    let models: [(&str, &[&str]); 5] = [
+        ("examples/mlp.ppc", &[]),
+        ("examples/transformer.ppc", &[]),
+        ("examples/transformer.ppc", &larger),
+        ("examples/gpt2.ppc", &[]),
+        ("examples/llama.ppc", &[]),
+    ];
+    for (model, dims) in models {
         let mut gpipe = None;
         for (mode, args) in [
             ("forward", &forward[..]),
@@ -105,9 +113,10 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
             // 1F1B on the MLP and GPT-2 (ends, a tied embedding) only, with `--remat tick`
             // (its recomputation's residuals carried in place) on GPT-2, and ZB-H1 on the
             // transformer (two layers per stage: its layer loop cut into B's and W's), to bound
-            // CI's time.
+            // CI's time; the larger transformer trains under GPipe only.
             let one_f_one_b = ["examples/mlp.ppc", "examples/gpt2.ppc"].contains(&model);
             let skip = match mode {
+                _ if !dims.is_empty() => mode != "train",
                 "1f1b" => !one_f_one_b,
                 "1f1b_tick" => model != "examples/gpt2.ppc",
                 "zb-h1" => model != "examples/transformer.ppc",
@@ -121,6 +130,7 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                 .map(|ranks| {
                     let r = ranks.to_string();
                     let mut flags = vec!["--ranks", r.as_str()];
+                    flags.extend(dims);
                     match mode {
                         "train" => flags.push("--train"),
                         "1f1b" => flags.extend(["--train", "--schedule", "1f1b"]),
@@ -145,7 +155,7 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                     None => first = Some(got),
                     Some(want) => assert!(
                         *want == got,
-                        "{model} {mode}: {} ranks × {} threads (hidden {:?}) wrote other bytes \
+                        "{model} {dims:?} {mode}: {} ranks × {} threads (hidden {:?}) wrote other bytes \
                          than 1 rank × 1 thread",
                         run.ranks,
                         run.threads,
@@ -159,7 +169,7 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                 "1f1b" | "1f1b_tick" | "zb-h1" => {
                     assert!(
                         first == gpipe,
-                        "{model} {mode}: the checkpoint is not GPipe's"
+                        "{model} {dims:?} {mode}: the checkpoint is not GPipe's"
                     )
                 }
                 _ => {}
@@ -192,7 +202,7 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                 let resumed = bytes_of(exe_for(2), &two, &args, &out);
                 assert!(
                     first.as_ref() == Some(&resumed),
-                    "{model}: resuming on another rank count changed the checkpoint"
+                    "{model} {dims:?}: resuming on another rank count changed the checkpoint"
                 );
             }
         }

@@ -170,20 +170,19 @@ impl<'a> Emitter<'a> {
 
     /// A new buffer of `ty`, allocated at function entry (or before the pipeline loop being
     /// written, or one of its buffers given back, [`Emitter::begin_loop_buffers`]). Inside a
-    /// stage-parallel loop, the
-    /// current stage's slot of a buffer with one per stage, so that threads share no scratch;
-    /// inside a loop over a chain's entries, one buffer per thread.
+    /// stage-parallel loop, the current stage's slot of a buffer with one per stage, so that
+    /// threads share no scratch; inside a loop over a chain's entries, one buffer per thread.
     pub fn alloc(&mut self, ty: &Type) -> Buf {
         if self.nest.entries.is_some() {
             return self.alloc_per_thread(ty);
         }
         match &self.nest.split {
-            None => self.alloc_whole(ty),
-            Some(split) => {
+            Some(split) if split.parallel => {
                 let (stages, iv) = (split.stages, split.iv.clone());
                 let whole = self.alloc_whole(&ty.insert(0, Dim::lit(stages)));
                 self.slot(&whole, &iv, 0, false)
             }
+            _ => self.alloc_whole(ty),
         }
     }
 

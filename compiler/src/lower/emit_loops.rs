@@ -9,18 +9,41 @@ use super::nest::{Entries, Split};
 use ppc_dialect::Type;
 
 impl Emitter<'_> {
-    /// Opens a loop over `stages` whose iterations run in parallel (`stage_split.rs`): until
-    /// [`Emitter::end_stage_split`], buffers are allocated per stage and loop nests are not
-    /// made parallel themselves.
-    pub fn begin_stage_split(&mut self, stages: u64) {
-        let iv = self.begin_round_robin(stages);
-        self.nest.split = Some(Split { stages, iv });
+    /// Opens a loop over `stages` (`stage_split.rs`). Until [`Emitter::end_stage_split`], code
+    /// sees each stage's slices; with `parallel`, the stages run in parallel, buffers are
+    /// allocated per stage and loop nests are not made parallel themselves; otherwise the
+    /// stages run in turn, sharing their buffers, each loop nest parallel as outside.
+    pub fn begin_stage_split(&mut self, stages: u64, parallel: bool) {
+        let iv = match parallel {
+            true => self.begin_round_robin(stages),
+            false => {
+                let (lo, hi, one) = (self.index(0), self.index(stages), self.index(1));
+                let iv = self.fresh();
+                self.open(&format!("scf.for {iv} = {lo} to {hi} step {one} {{"));
+                iv
+            }
+        };
+        self.nest.split = Some(Split {
+            stages,
+            iv,
+            parallel,
+        });
     }
 
     pub fn end_stage_split(&mut self) {
-        self.nest.split = None;
-        self.close();
-        self.end_round_robin("stages");
+        let split = self
+            .nest
+            .split
+            .take()
+            .expect("begin_stage_split opened the loop");
+        if split.parallel {
+            self.close();
+            self.end_round_robin("stages");
+        } else {
+            self.indent -= 1;
+            let close = format!("}} {{ppc.in_turn_over = \"stages\"}}{}", self.loc);
+            self.raw(&close);
+        }
     }
 
     /// Closes the parallel loop of [`Emitter::begin_round_robin`], marked with what it runs

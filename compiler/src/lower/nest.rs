@@ -14,7 +14,7 @@ pub(super) struct Nest {
     pub(super) loops: usize,
     /// The stack pointers saved by the host loops being written (`--target cuda`).
     pub(super) saved_stacks: Vec<String>,
-    /// The stage-parallel loop being written (`stage_split.rs`), if any.
+    /// The loop over a call's stages being written (`stage_split.rs`), if any.
     pub(super) split: Option<Split>,
     /// The loop over a batched chain's entries being written (`batch_split.rs`), if any.
     pub(super) entries: Option<Entries>,
@@ -37,10 +37,12 @@ pub(super) struct LoopBuffers {
     pub(super) free: HashMap<String, Vec<Buf>>,
 }
 
-/// A stage-parallel loop: its stage count and induction variable.
+/// A loop over a call's stages (`stage_split.rs`): its stage count, induction variable and
+/// whether its stages run in parallel or in turn.
 pub(super) struct Split {
     pub(super) stages: u64,
     pub(super) iv: String,
+    pub(super) parallel: bool,
 }
 
 /// The loop over a batched chain's entries being written (`batch_split.rs`).
@@ -87,10 +89,10 @@ impl Nest {
     /// True while a loop whose iterations run in parallel is open: loop nests inside it stay
     /// sequential (no nested teams).
     pub(super) fn in_parallel_loop(&self) -> bool {
-        self.split.is_some() || self.entries.is_some()
+        self.split.as_ref().is_some_and(|s| s.parallel) || self.entries.is_some()
     }
 
-    /// True while a stage-parallel loop is open.
+    /// True while a loop over a call's stages is open.
     pub(super) fn in_stage_split(&self) -> bool {
         self.split.is_some()
     }

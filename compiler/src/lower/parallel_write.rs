@@ -1,12 +1,12 @@
-//! Writes the parallel loops the plan chose: a call as one loop over its stages
+//! Writes the loops over parts of values the plan chose: a call as one loop over its stages
 //! (`stage_split.rs`), a chain of batched ops as one loop over its batch entries
 //! (`batch_split.rs`).
 
 use super::batch_split;
 use super::buf::Buf;
 use super::ops;
-use super::stage_split;
-use super::walk::Walker;
+use super::stage_split::{self, StageLoop};
+use super::walk::{self, Walker};
 use ppc_dialect::ir::{Func, FuncId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Diagnostic, Type};
@@ -21,7 +21,7 @@ pub(super) struct OpenChain {
 }
 
 impl Walker<'_, '_> {
-    /// Emits a call of `callee` (`g`) as one parallel loop over its `stages` (`stage_split.rs`); returns
+    /// Emits a call of `callee` (`g`) as one loop over its stages (`stage_split.rs`); returns
     /// the whole result buffers. `read[i]`: whether the caller reads result `i`; results in
     /// `add_into` (by index) are added into the given buffer, stage by stage.
     pub(super) fn split_call(
@@ -30,7 +30,7 @@ impl Walker<'_, '_> {
         args: Vec<Buf>,
         read: &[bool],
         add_into: &HashMap<usize, Buf>,
-        stages: u64,
+        stages: StageLoop,
     ) -> Result<Vec<Buf>, Diagnostic> {
         let g = &self.m.funcs[callee];
         let results: Vec<Buf> = g
@@ -43,7 +43,7 @@ impl Walker<'_, '_> {
                 None => self.e.alloc(g.ty(r)),
             })
             .collect();
-        self.e.begin_stage_split(stages);
+        self.e.begin_stage_split(stages.stages, stages.parallel);
         // A stage's body is a function of its own, called by the parallel loop: LLVM's loop
         // passes and code generation cost more than linearly in the loops one function nests
         // in another (the transformer example's stage backward: 672 loops in the region).
@@ -114,14 +114,28 @@ impl Walker<'_, '_> {
         self.e.at(f.op_spans.get(&chain.ops[0]));
         let names: Vec<&str> = chain.ops.iter().map(|&o| f.ops[o].kind.name()).collect();
         let group = self.begin_group(f, chain.ops[0], names.join("+"));
-        let ivs = self.e.begin_entries(&chain.prefix, &chain.tile);
+        // Inside a loop over a call's stages (in turn), over the current stage's entries.
+        let (mut prefix, mut tile) = (chain.prefix.clone(), chain.tile.clone());
+        let first = f.ty(f.ops[chain.ops[0]].results[0]);
+        let in_stage = self.e.nest.in_stage_split();
+        if let Some((at, _)) = first
+            .stage_axis()
+            .filter(|&(at, _)| in_stage && at < prefix.len())
+        {
+            (prefix[at], tile[at]) = (1, 1);
+        }
+        let types: HashMap<ValueId, Type> =
+            (chain.sliced.iter().chain(wholes.iter().map(|(v, _)| v)))
+                .map(|&v| (v, walk::value_type(&self.e, f, v)))
+                .collect();
+        let ivs = self.e.begin_entries(&prefix, &tile);
         let mut saved = Vec::new();
         for &v in &chain.sliced {
-            let entry = self.entry(&env[&v], f.ty(v), &ivs, &chain.tile);
+            let entry = self.entry(&env[&v], &types[&v], &ivs, &tile);
             saved.push((v, env.insert(v, entry)));
         }
         for (v, whole) in &wholes {
-            let entry = self.entry(whole, f.ty(*v), &ivs, &chain.tile);
+            let entry = self.entry(whole, &types[v], &ivs, &tile);
             slices.insert(*v, entry);
         }
         if let Some((mask, at)) = chain.mask {

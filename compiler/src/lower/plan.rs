@@ -15,7 +15,8 @@
 use super::accumulate::{self, Accumulation, Fold};
 use super::batch_split::{self, Chain, Step};
 use super::fast_math::Numerics;
-use super::{fuse, in_place, stage_split, views};
+use super::stage_split::{self, StageLoop};
+use super::{fuse, in_place, views};
 use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use std::collections::{HashMap, HashSet};
@@ -70,9 +71,9 @@ pub enum Decision {
     IndexView {
         scalar: ValueId,
     },
-    /// A call, inlined; `stages`: as one parallel loop over the callee's stages.
+    /// A call, inlined; `stages`: as one loop over the callee's stages.
     Call {
-        stages: Option<u64>,
+        stages: Option<StageLoop>,
     },
     /// A matmul that adds into the accumulator its caller gave.
     MatMulInto,
@@ -158,7 +159,11 @@ impl BlockPlan {
                 OpKind::Call { callee, on, .. } => {
                     let gemm_adds = gemm_accumulations.iter().any(|a| a.call == id);
                     let stages = match (cx.gpu, cx.in_parallel_loop || gemm_adds, on) {
-                        (false, false, None) => stage_split::stages(m, &m.funcs[*callee]),
+                        (false, false, None) => {
+                            let read: Vec<bool> =
+                                op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
+                            stage_split::stage_loop(m, &m.funcs[*callee], &read)
+                        }
                         _ => None,
                     };
                     Decision::Call { stages }

@@ -1,7 +1,7 @@
-//! Stage-parallel calls: a call of a function that computes each stage from that stage's
+//! Calls as loops over stages: a call of a function that computes each stage from that stage's
 //! slices alone (the vmapped `@stage`, and the stage functions of the training step) runs as
-//! one parallel loop over the stages, each thread computing every op of its stages on their
-//! slices, instead of one parallel loop per op over all stages.
+//! one loop over the stages, instead of each op over all stages. Small stages run in parallel,
+//! each thread computing every op of its stages on their slices; large ones in turn (below).
 //!
 //! A stage's activations can be small (the transformer example's are `[b, t, d] = 2 K` floats):
 //! split op by op they stay under the size at which a parallel loop pays, so every op ran on
@@ -10,9 +10,9 @@
 //!
 //! Inside the region every buffer is the stage's slice: values of the callee with the stage
 //! axis keep it with size 1 (`[1, b, t, d]`, so axis numbers and permutations stay as written),
-//! and every temporary (with the stage axis or without: the causal mask, a loop counter) gets
-//! one slot per stage in a buffer allocated once, so the threads share no scratch memory
-//! (`Emitter::alloc` while a split is open).
+//! and in a parallel loop every temporary (with the stage axis or without: the causal mask, a
+//! loop counter) gets one slot per stage in a buffer allocated once, so the threads share no
+//! scratch memory (`Emitter::alloc` while a split is open); stages in turn share one.
 //!
 //! ```text
 //! %out = call @stage(%in, %active)   ──▶   scf.parallel (%j) = (0) to (%threads) {
@@ -35,14 +35,18 @@
 //! stage contributes nothing), a bubble stage skips the whole body and those results get the
 //! constants ([`masked_results`]).
 //!
-//! [`stages`] decides whether a call is split: no op of the callee looks across stages (a
-//! reduction over the stage axis, an exchange, an iota or a softmax along it, a transpose that
-//! moves it), and the stages' input is smaller than one parallel loop nest's worth
-//! (`MIN_PARALLEL_ELEMENTS`), so that most of the callee's loop nests would run on one thread.
-//! Larger stages are better split op by op: the threads then share each active stage's work,
-//! where a split by stage leaves threads idle in the pipeline's fill and drain (measured, split
-//! by stage: the transformer example 1.14x and 1.19x in two runs, at b=8 t=128 0.96x; the MLP
-//! 0.95x; BENCHMARKS.md).
+//! [`stage_loop`] decides whether and how a call is split: no op of the callee may look across
+//! stages (a reduction over the stage axis, an exchange, an iota or a softmax along it, a
+//! transpose that moves it). Stages whose input is smaller than one parallel loop nest's worth
+//! (`MIN_PARALLEL_ELEMENTS`) run in parallel, as above: most of their loop nests would run on one
+//! thread. Larger stages are better shared: each op's loop nest and GEMM over all threads, where
+//! a split by stage leaves threads idle in the pipeline's fill and drain (measured, split by
+//! stage: the transformer example 1.14x and 1.19x in two runs, at b=8 t=128 0.96x; the MLP 0.95x;
+//! BENCHMARKS.md). So a large callee whose results are masked runs its stages in turn, each
+//! with every thread, and a bubble stage skips its body; at d = 1024 the backward's iterations
+//! with one active stage took half the time of a full one, not a quarter, when its ops ran op
+//! by op over every stage, masked ones too (BENCHMARKS.md, twenty-sixth session). Other large
+//! callees (the forward, whose bubble results flow on unmasked) are inlined op by op.
 
 use super::emit::MIN_PARALLEL_ELEMENTS;
 use super::fuse::producer;
@@ -51,19 +55,33 @@ use ppc_dialect::op::{Float, OpKind};
 use ppc_dialect::DType;
 use ppc_dialect::Type;
 
-/// The stage count if a call of `g` may run as one parallel loop over its stages: `g` takes a
-/// value with the stage axis, and each of its stages (and those of the functions it calls)
-/// depends only on that stage's slices. `None` otherwise.
-pub fn stages(m: &Module, g: &Func) -> Option<u64> {
-    let input = g
-        .body
-        .args
-        .iter()
-        .map(|&a| g.ty(a))
-        .find(|t| staged(t).is_some())?;
-    let stages = staged(input)?;
-    let mut check = Check { m, stages };
-    (input.elements() < MIN_PARALLEL_ELEMENTS && check.func(g)).then_some(stages)
+/// A call's loop over the stages of its callee.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageLoop {
+    pub stages: u64,
+    /// The stages run in parallel, each on one thread; else in turn, each op on every thread.
+    pub parallel: bool,
+}
+
+/// How a call of `g` runs over its stages, if it may: `g` takes a value with the stage axis,
+/// and each of its stages (and those of the functions it calls) depends only on that stage's
+/// slices. Small stages (their input, the smallest float argument with the stage axis, one
+/// layer's of it, under `MIN_PARALLEL_ELEMENTS`) run in parallel; large ones in turn, where a bubble stage skips the
+/// body (every result the caller reads, `read[i]`, is masked, [`masked_results`]); otherwise,
+/// `None`, the call is inlined op by op.
+pub fn stage_loop(m: &Module, g: &Func, read: &[bool]) -> Option<StageLoop> {
+    let (stages, input) = (g.body.args.iter().map(|&a| g.ty(a)))
+        .filter(|t| t.dtype.is_float())
+        .filter_map(|t| {
+            t.stage_axis()
+                .map(|(at, _)| (t.dims[at].size, from_stage_axis(t)))
+        })
+        .min_by_key(|&(_, elements)| elements)?;
+    if !(Check { m, stages }).func(g) {
+        return None;
+    }
+    let parallel = input < MIN_PARALLEL_ELEMENTS;
+    (parallel || masked_results(g, read).is_some()).then_some(StageLoop { stages, parallel })
 }
 
 /// If every result of `g` that the caller reads (`read[i]`) is `select(m, v, c)` with `m` one
@@ -100,6 +118,13 @@ pub fn masked_results(g: &Func, read: &[bool]) -> Option<(usize, Vec<Option<Floa
         fills.push(Some(value));
     }
     Some((mask?, fills))
+}
+
+/// The elements of `ty` from its stage axis on: all stages' values of one layer, where a
+/// stage function takes its layers' tapes (`[layers, stages, ...]`).
+fn from_stage_axis(ty: &Type) -> u64 {
+    let at = ty.stage_axis().map_or(0, |(at, _)| at);
+    ty.dims[at..].iter().map(|d| d.size).product()
 }
 
 /// The size of `ty`'s stage axis, if it has one.

@@ -9,7 +9,8 @@ use super::emit::Emitter;
 use super::fast_math::Numerics;
 use super::params::{ParamId, Params};
 use super::plan::{self, BlockPlan, Decision, Fusion};
-use super::{fuse, in_place, matmul, ops, stage_split, views};
+use super::stage_split::{self, StageLoop};
+use super::{fuse, in_place, matmul, ops, views};
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic, Type};
@@ -50,14 +51,14 @@ struct Written {
     ticks: u64,
 }
 
-/// The type of `v`'s buffer: its stage's slice inside a stage-parallel loop, its entry's
+/// The type of `v`'s buffer: its stage's slice inside a loop over a call's stages, its entry's
 /// inside a loop over a batched chain's entries.
-fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
-    if e.nest.in_stage_split() {
-        stage_split::slice_type(f.ty(v))
-    } else {
-        e.nest.entry_type(f.ty(v))
-    }
+pub(super) fn value_type(e: &Emitter, f: &Func, v: ValueId) -> Type {
+    let ty = match e.nest.in_stage_split() {
+        true => stage_split::slice_type(f.ty(v)),
+        false => f.ty(v).clone(),
+    };
+    e.nest.entry_type(&ty)
 }
 
 /// Walks functions, inlining calls; values map to buffers.
@@ -303,7 +304,7 @@ impl Walker<'_, '_> {
         Ok(())
     }
 
-    /// A call, inlined (or as one parallel loop over the callee's stages), with the adds of
+    /// A call, inlined (or as one loop over the callee's stages), with the adds of
     /// its results the plan found folded into it where the accumulator's buffer allows.
     fn call(
         &mut self,
@@ -312,7 +313,7 @@ impl Walker<'_, '_> {
         env: &mut HashMap<ValueId, Buf>,
         id: OpId,
         ins: Vec<Buf>,
-        split: Option<u64>,
+        split: Option<StageLoop>,
     ) -> Result<(), Diagnostic> {
         let (f, op) = (s.f, &s.f.ops[id]);
         let OpKind::Call { callee, on, .. } = &op.kind else {
