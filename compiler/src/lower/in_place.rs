@@ -11,10 +11,11 @@
 //! A `call_if` (1F1B's recomputation) writes a result into the carried buffer on the same
 //! terms, reading no view of it.
 //!
-//! [`overwritten`]: a carried value that each iteration `t` of `trips` only updates at slice `t`
-//! (the training step's tapes of what the forward keeps for the backward) never has its
-//! initial value read: it needs none, and the constant it starts from is not written either
-//! ([`unread_inits`]).
+//! [`overwritten`]: a carried value that each iteration `t` of `trips` only updates at a slice
+//! of its own, `t` or `trips - 1 - t` (the training step's tapes of what the forward keeps for
+//! the backward; a reverse loop's gradients of the microbatches' inputs and of a stage's
+//! layers) never has its initial value read: it needs none, and the constant it starts from is
+//! not written either ([`unread_inits`]).
 //!
 //! [`guarded_updates`]: `select(c, update(x, u, i), x)` on a scalar `c` (the GPipe loop writing
 //! a finished microbatch into its output buffer) is a write of one slice under an `scf.if`,
@@ -22,7 +23,7 @@
 
 use super::{fuse, views};
 use ppc_dialect::ir::{Block, Func, OpId, ValueId};
-use ppc_dialect::op::OpKind;
+use ppc_dialect::op::{BinaryOp, OpKind};
 use std::collections::{HashMap, HashSet};
 
 /// For a loop body, the yielded values that may be computed in place: value → position of the
@@ -113,10 +114,11 @@ fn aliases(f: &Func, body: &Block, arg: ValueId) -> HashSet<ValueId> {
 }
 
 /// The positions of the carried values of loop body `body` (of `trips` iterations) that
-/// iteration `t` only writes, at slice `t` of their first axis, which `trips` covers: the
-/// body's only read of one is `update(arg, v, %t, axis = 0)`, yielded and read by nothing else.
+/// iteration `t` only writes, at a slice of its own along an axis of `trips` slices, so that
+/// the loop covers it: the body's only read of one is `update(arg, v, i, axis)`, yielded and
+/// read by nothing else, where `i` is `%t` or `trips - 1 - %t` (a reverse loop's, the
+/// weight gradients of a stage's layers), or either broadcast over the stages.
 pub fn overwritten(f: &Func, body: &Block, trips: u64) -> HashSet<usize> {
-    let counter = body.args[0];
     (0..body.args.len() - 1)
         .filter(|&j| {
             let arg = body.args[1 + j];
@@ -125,17 +127,32 @@ pub fn overwritten(f: &Func, body: &Block, trips: u64) -> HashSet<usize> {
             let Some(id) = fuse::producer(f, body, y) else {
                 return false;
             };
-            let writes_slice_t = matches!(
-                f.ops[id].kind,
-                OpKind::Update { x, index, axis: 0, .. } if x == arg && index == counter
-            );
-            writes_slice_t
-                && ty.rank() >= 1
-                && ty.dims[0].size == trips
+            let OpKind::Update { x, index, axis, .. } = f.ops[id].kind else {
+                return false;
+            };
+            x == arg
+                && own_slice(f, body, index, trips)
+                && ty.rank() > axis
+                && ty.dims[axis].size == trips
                 && f.uses(body, arg) == 1
                 && f.uses(body, y) == 1
         })
         .collect()
+}
+
+/// Whether `index` picks a slice of its own in each iteration of loop body `body`: the
+/// counter `%t`, `trips - 1 - %t`, or either broadcast.
+fn own_slice(f: &Func, body: &Block, index: ValueId, trips: u64) -> bool {
+    let counter = body.args[0];
+    let defined = |v| fuse::producer(f, body, v).map(|id| &f.ops[id].kind);
+    let is_last =
+        |v| matches!(defined(v), Some(OpKind::Constant { value }) if value.0 == (trips - 1) as f64);
+    let per_trip = |v: ValueId| {
+        v == counter
+            || matches!(defined(v), Some(&OpKind::Binary { op: BinaryOp::Sub, lhs, rhs })
+                if rhs == counter && is_last(lhs))
+    };
+    per_trip(index) || matches!(defined(index), Some(&OpKind::Broadcast { x }) if per_trip(x))
 }
 
 /// The constants of `block` read only as the initial value of a loop's carried value that the

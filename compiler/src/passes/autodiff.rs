@@ -480,7 +480,8 @@ impl Diff<'_> {
     }
 
     /// `cots[x][.., index, ..] += d` along `axis` (zeros elsewhere if `x` has no cotangent yet):
-    /// the same bits as adding `update(zeros, d, index)`, since `-0.0` adds nothing.
+    /// the same bits as adding `update(zeros, d, index)`, since `-0.0` adds nothing. Into a
+    /// fresh slice ([`Cots::fresh`]) `d` is written, for the same reason.
     fn add_slice(
         &self,
         b: &mut Builder,
@@ -491,6 +492,7 @@ impl Diff<'_> {
         axis: usize,
     ) -> Result<(), Diagnostic> {
         let (base, update) = match cots.values.get(&x) {
+            Some(&e) if cots.fresh.remove(&e) => (e, d),
             Some(&e) => {
                 let read = OpKind::Index { x: e, index, axis };
                 let old = b.op("d", read, None)?;

@@ -88,6 +88,10 @@ impl Diff<'_> {
             .iter()
             .map(|&v| only_indexed(self.f, body, v))
             .collect();
+        let own_slices: Vec<bool> = captured
+            .iter()
+            .map(|&v| indexed_by_counter(self.f, body, v))
+            .collect();
         let slots = callee_slots(self.m, self.f, body);
         let mut inits_r = Vec::new();
         let mut hints = Vec::new();
@@ -149,10 +153,15 @@ impl Diff<'_> {
                 self.add(b, &mut bc, body.results[i], car[k])?;
             }
             // A captured value read by one `index` only gets its cotangent added into the slice
-            // that was read, straight into its accumulator (same bits: one term per iteration).
+            // that was read, straight into its accumulator (same bits: one term per iteration);
+            // written, where each iteration reads its own slice (a layer's weights).
             for (k, &v) in captured.iter().enumerate() {
                 if sliced[k] {
-                    bc.values.insert(v, car[floats.len() + k]);
+                    let acc = car[floats.len() + k];
+                    bc.values.insert(v, acc);
+                    if own_slices[k] {
+                        bc.fresh.insert(acc);
+                    }
                 }
             }
             self.backward(b, body, &env, &inner, &mut bc)?;
@@ -200,6 +209,22 @@ impl Diff<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether loop body `body` indexes `v` at the iteration's counter (or at the counter
+/// broadcast over the stages): each iteration reads a slice of its own.
+fn indexed_by_counter(f: &Func, body: &Block, v: ValueId) -> bool {
+    let counter = body.args[0];
+    let is_counter = |i: ValueId| {
+        i == counter
+            || body.ops.iter().any(|&id| {
+                f.ops[id].results == [i]
+                    && matches!(f.ops[id].kind, OpKind::Broadcast { x } if x == counter)
+            })
+    };
+    body.ops.iter().any(
+        |&id| matches!(&f.ops[id].kind, OpKind::Index { x, index, .. } if *x == v && is_counter(*index)),
+    )
 }
 
 /// Whether the only use of `v` in `block` (nested blocks and yields included) is one `index`

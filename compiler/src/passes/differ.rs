@@ -4,7 +4,7 @@
 
 use super::remat::Remat;
 use ppc_dialect::ir::{Func, FuncId, Module, ValueId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A trainable parameter: the function that declares it and its index among its parameters.
 pub type Slot = (FuncId, usize);
@@ -14,6 +14,9 @@ pub type Slot = (FuncId, usize);
 pub(super) struct Cots {
     pub(super) values: HashMap<ValueId, ValueId>,
     pub(super) slots: BTreeMap<Slot, ValueId>,
+    /// Accumulators (cotangent values) whose slice at the reverse loop's own index still holds
+    /// the `-0.0` they start from: the first add into it is a write.
+    pub(super) fresh: HashSet<ValueId>,
 }
 
 /// The functions `@g_fwd` and `@g_bwd` of a function `@g` (`--remat=none`, and in every
