@@ -11,7 +11,7 @@
 //! **How it is cut**, by slicing backwards from the results:
 //! - `B` is every op the first results need; `W` every other op the gradients need. What `W`
 //!   reads of `B`'s values and of `@g`'s arguments is the stash, which `B` returns. Cheap ops
-//!   (views, constants) that `W` needs of `B`'s share are computed again in `W` rather than
+//!   (views, constants, integer scalars) that `W` needs of `B`'s share are computed again in `W` rather than
 //!   stashed.
 //! - A loop that computes both (a stage's reverse layer loop: it carries the activation's
 //!   cotangent, which `B` needs, and accumulates the weights' gradients, which only `W` needs)
@@ -27,7 +27,7 @@ use super::gpipe_step::unexpected;
 use super::vjp::zeros;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
-use ppc_dialect::ir::{names, Block, Func, Module, OpId, ValueId};
+use ppc_dialect::ir::{names, Block, Func, Module, Op, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Dim, Type};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -99,18 +99,22 @@ fn slice(f: &Func, ops: &[OpId], wanted: &[ValueId]) -> (HashSet<OpId>, HashSet<
     (out, need)
 }
 
-/// Ops that cost less to compute again than to keep: views and constants.
-fn cheap(kind: &OpKind) -> bool {
-    matches!(
-        kind,
-        OpKind::Constant { .. }
-            | OpKind::Iota { .. }
-            | OpKind::Reshape { .. }
-            | OpKind::Broadcast { .. }
-            | OpKind::Transpose { .. }
-            | OpKind::Index { .. }
-            | OpKind::Slice { .. }
-    )
+/// Ops that cost less to compute again than to keep: views, constants and integer scalars.
+fn cheap(g: &Func, op: &Op) -> bool {
+    // Integer scalar arithmetic: a reverse loop's `trips - 1 - t`.
+    let index_arithmetic = matches!(op.kind, OpKind::Binary { .. })
+        && (op.results.iter()).all(|&r| g.ty(r).rank() == 0 && !g.ty(r).dtype.is_float());
+    index_arithmetic
+        || matches!(
+            &op.kind,
+            OpKind::Constant { .. }
+                | OpKind::Iota { .. }
+                | OpKind::Reshape { .. }
+                | OpKind::Broadcast { .. }
+                | OpKind::Transpose { .. }
+                | OpKind::Index { .. }
+                | OpKind::Slice { .. }
+        )
 }
 
 fn positions(body: &Block, values: &HashSet<ValueId>) -> BTreeSet<usize> {
@@ -142,7 +146,7 @@ impl<'a> Cut<'a> {
             if wanted.is_empty() {
                 continue;
             }
-            if !cut.input_ops.contains(&id) || cheap(&op.kind) {
+            if !cut.input_ops.contains(&id) || cheap(g, op) {
                 need.extend(reads(g, id));
                 cut.weight_ops.insert(id);
                 continue;
@@ -311,7 +315,7 @@ fn cut_loop(
                 continue;
             }
             let from_input = input_ops.contains(&id)
-                && (!cheap(&op.kind) || op.results.iter().any(|r| tainted.contains(r)));
+                && (!cheap(g, op) || op.results.iter().any(|r| tainted.contains(r)));
             if from_input {
                 taped.extend(used);
             } else {
