@@ -160,8 +160,7 @@ impl BlockPlan {
                     let gemm_adds = gemm_accumulations.iter().any(|a| a.call == id);
                     let stages = match (cx.gpu, cx.in_parallel_loop || gemm_adds, on) {
                         (false, false, None) => {
-                            let read: Vec<bool> =
-                                op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
+                            let read = stage_split::results_read(f, op);
                             stage_split::stage_loop(m, &m.funcs[*callee], &read)
                         }
                         _ => None,

@@ -50,7 +50,7 @@
 
 use super::emit::MIN_PARALLEL_ELEMENTS;
 use super::fuse::producer;
-use ppc_dialect::ir::{Block, Func, Module};
+use ppc_dialect::ir::{Block, Func, Module, Op};
 use ppc_dialect::op::{Float, OpKind};
 use ppc_dialect::DType;
 use ppc_dialect::Type;
@@ -82,6 +82,11 @@ pub fn stage_loop(m: &Module, g: &Func, read: &[bool]) -> Option<StageLoop> {
     }
     let parallel = input < MIN_PARALLEL_ELEMENTS;
     (parallel || masked_results(g, read).is_some()).then_some(StageLoop { stages, parallel })
+}
+
+/// Which results of the call `op` in `f` are read (`read` of [`stage_loop`]).
+pub fn results_read(f: &Func, op: &Op) -> Vec<bool> {
+    op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect()
 }
 
 /// If every result of `g` that the caller reads (`read[i]`) is `select(m, v, c)` with `m` one

@@ -372,7 +372,7 @@ impl Walker<'_, '_> {
         self.calls += 1;
         let outs = match split {
             Some(stages) => {
-                let read: Vec<bool> = op.results.iter().map(|&r| f.uses(&f.body, r) > 0).collect();
+                let read = stage_split::results_read(f, op);
                 self.split_call(*callee, ins, &read, &add_into, stages)?
             }
             None => self.func_into(*callee, ins, &finals, &add_into)?,

@@ -157,10 +157,7 @@ impl<'a> Cut<'a> {
                     .collect();
                 if let Some(lc) = cut_loop(g, body, &by_input, &wanted) {
                     need.extend(lc.weight.iter().map(|&j| inits[j]));
-                    let w_body: Vec<OpId> = (body.ops.iter())
-                        .filter(|o| lc.weight_ops.contains(o))
-                        .copied()
-                        .collect();
+                    let w_body = ops_of(body, &lc.weight_ops);
                     let inner = Block {
                         args: body.args.clone(),
                         ops: w_body,
@@ -346,6 +343,29 @@ fn cut_loop(
     }
 }
 
+/// The ops of loop body `body` in `share`, in body order.
+fn ops_of(body: &Block, share: &HashSet<OpId>) -> Vec<OpId> {
+    (body.ops.iter())
+        .filter(|o| share.contains(o))
+        .copied()
+        .collect()
+}
+
+/// Binds an iteration of a half's loop in `env`: `body`'s counter to `t`, its carried values at
+/// `positions` to the half's `carried`, in order.
+fn bind_iteration(
+    env: &mut HashMap<ValueId, ValueId>,
+    body: &Block,
+    positions: &[usize],
+    t: ValueId,
+    carried: &[ValueId],
+) {
+    env.insert(body.args[0], t);
+    for (&j, &c) in positions.iter().zip(carried) {
+        env.insert(body.args[1 + j], c);
+    }
+}
+
 /// `B`'s share of the loop `id`: its carried values, and a tape per value `W` reads; binds
 /// the loop's results that `B` carries in `env` and returns the tapes.
 fn input_loop(
@@ -372,15 +392,9 @@ fn input_loop(
     }
     let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
     let carried = lc.input.len();
-    let ops: Vec<OpId> = (body.ops.iter())
-        .filter(|o| lc.input_ops.contains(o))
-        .copied()
-        .collect();
+    let ops = ops_of(body, &lc.input_ops);
     let outs = b.loop_op(*trips, all, &hints, |b, t, car| {
-        env.insert(body.args[0], t);
-        for (k, &j) in lc.input.iter().enumerate() {
-            env.insert(body.args[1 + j], car[k]);
-        }
+        bind_iteration(env, body, &lc.input, t, car);
         b.copy_ops(m, g, &ops, env)?;
         let mut yields: Vec<ValueId> = lc.input.iter().map(|&j| env[&body.results[j]]).collect();
         for (&v, &tape) in lc.taped.iter().zip(&car[carried..]) {
@@ -419,15 +433,9 @@ fn weight_loop(
     let hints: Vec<&str> = (lc.weight.iter())
         .map(|&j| g.values[body.args[1 + j]].name.as_str())
         .collect();
-    let ops: Vec<OpId> = (body.ops.iter())
-        .filter(|o| lc.weight_ops.contains(o))
-        .copied()
-        .collect();
+    let ops = ops_of(body, &lc.weight_ops);
     let outs = b.loop_op(*trips, all, &hints, |b, t, car| {
-        env.insert(body.args[0], t);
-        for (k, &j) in lc.weight.iter().enumerate() {
-            env.insert(body.args[1 + j], car[k]);
-        }
+        bind_iteration(env, body, &lc.weight, t, car);
         for (&v, &tape) in lc.taped.iter().zip(tapes) {
             let read = OpKind::Index {
                 x: tape,
