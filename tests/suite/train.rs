@@ -60,6 +60,18 @@ pub(crate) fn compiled_gradients_match(
                 ..Overrides::default()
             },
         ),
+        // One layer per stage, no layer loop: under `--remat none` the stage returns views
+        // (a reshape it tapes), which the pipeline loop reads after the stage's region.
+        (
+            "examples/transformer.ppc",
+            Overrides {
+                dims: [("b", 4), ("t", 32), ("heads", 4), ("dh", 8)]
+                    .map(|(n, v)| (n.to_string(), v))
+                    .to_vec(),
+                layers: Some(4),
+                ..Overrides::default()
+            },
+        ),
     ] {
         let what = format!("{file} --remat={}", remat.name());
         let text = std::fs::read_to_string(root().join(file)).expect("example");

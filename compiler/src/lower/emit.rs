@@ -59,6 +59,8 @@ pub struct Emitter<'a> {
     /// not in a forward pass (the transformer example's ran 3% slower, interleaved runs).
     pub share_buffers: bool,
     pub(super) next: usize,
+    /// The names of the allocations made so far: placed where every later op sees them.
+    allocated: std::collections::HashSet<String>,
     /// Allocations and entry arguments so far ([`BufId`]).
     buffers: u32,
     pub(super) indent: usize,
@@ -78,6 +80,7 @@ impl<'a> Emitter<'a> {
             nest: Nest::default(),
             share_buffers: false,
             next: 0,
+            allocated: Default::default(),
             buffers: 0,
             indent: 2,
             loc: String::new(),
@@ -99,6 +102,21 @@ impl<'a> Emitter<'a> {
     pub fn fresh(&mut self) -> String {
         self.next += 1;
         format!("%v{}", self.next)
+    }
+
+    /// A mark of the names made so far, for [`Emitter::defined_since`].
+    pub fn mark(&self) -> usize {
+        self.next
+    }
+
+    /// Whether `b` was defined after `mark` by an op other than an allocation: inside a region
+    /// opened there, so code after the region cannot name it.
+    pub fn defined_since(&self, b: &Buf, mark: usize) -> bool {
+        let made = b
+            .name
+            .strip_prefix("%v")
+            .and_then(|n| n.parse::<usize>().ok());
+        made.is_some_and(|n| n > mark) && !self.allocated.contains(&b.name)
     }
 
     /// An op line, with the current location.
@@ -281,6 +299,7 @@ impl<'a> Emitter<'a> {
     /// A buffer of `ty` and the lines (unindented, located) that allocate and free it.
     pub(super) fn new_buffer(&mut self, ty: &Type) -> (Buf, String, String) {
         let name = self.fresh();
+        self.allocated.insert(name.clone());
         let mty = memref_type(ty, None);
         let loc = &self.loc;
         let alloc = format!("{name} = memref.alloc() {{alignment = 64 : i64}} : {mty}{loc}");

@@ -366,6 +366,7 @@ impl Walker<'_, '_> {
         // the CPU; the calls inside them are inlined, as are those outside every loop (the
         // model's ends, the loss), which run once.
         let outline = self.calls == 0 && self.e.gpu.is_none() && self.e.nest.loops > 0;
+        let mark = self.e.mark();
         if outline {
             self.e.begin_outlined();
         }
@@ -397,10 +398,25 @@ impl Walker<'_, '_> {
         };
         // The results are buffers allocated at function entry (a stage's layer loop's carried
         // values, a split call's wholes, a `call_if`'s), so code after the region can name
-        // them; MLIR's verifier would reject a view made inside it.
-        if outline {
+        // them; a view made inside it (a reshape the stage returns when it has no layer loop)
+        // is copied into one.
+        let outs: Vec<Buf> = if outline {
+            let outs = outs
+                .into_iter()
+                .map(|out| match self.e.defined_since(&out, mark) {
+                    true => {
+                        let whole = self.e.alloc(&out.ty);
+                        self.e.copy(&out, &whole);
+                        whole
+                    }
+                    false => out,
+                })
+                .collect();
             self.e.end_outlined();
-        }
+            outs
+        } else {
+            outs
+        };
         if guard.is_some() {
             self.e.begin_else();
             let unfolded = (outs.iter().enumerate()).filter(|(i, _)| !adds.contains_key(i));
