@@ -8,6 +8,12 @@
 //! changes a bit of the result: the same bytes on any number of threads and ranks, and on AVX2
 //! and AVX-512 CPUs alike.
 //!
+//! Operands with more axes than the result sum over the extra ones (those just before the
+//! matrix axes): `C = Σₛ Aₛ · Bₛ`, a weight gradient summed over the batch. Each element is
+//! then the one chain over the summed entries and k in order, so the products fold into one
+//! GEMM with a longer k where the strides allow, and otherwise run entry by entry, each
+//! accumulating from where the last stopped: the same bits either way.
+//!
 //! It is called through MLIR's C interface with unranked memrefs (`memref<*xf32>`), so one
 //! symbol serves every tensor rank. The reference interpreter sums with separate multiplies
 //! and adds, so results agree with it to rounding (relative 1e-5), not bit for bit.
@@ -96,6 +102,7 @@ pub(crate) fn unflatten(flat: usize, shape: &[usize]) -> Dims<usize> {
     idx
 }
 
+#[derive(Clone, Copy)]
 pub(crate) struct View {
     /// The first element's address.
     pub(crate) ptr: *mut u8,
@@ -199,7 +206,8 @@ pub(crate) fn batch_offset(v: &View, idx: &[usize]) -> isize {
 ///
 /// # Safety
 /// `a`, `b` point to live memref descriptors of `elem` elements and `c` of f32 ones, whose
-/// shapes `matmul` type-checked: `a: [..., m, k]`, `b: [..., k, n]`, `c: [batch..., m, n]`;
+/// shapes `matmul` type-checked: `a: [..., m, k]`, `b: [..., k, n]`, `c: [batch..., m, n]`
+/// (or, summed over `s..`, `a: [batch..., s.., m, k]` and `b: [batch..., s.., k, n]`);
 /// `c` does not overlap `a` or `b`; `mask` points to a live i1 memref of `c`'s first axis.
 unsafe fn masked(
     a: *const Unranked,
@@ -306,21 +314,105 @@ unsafe fn matmul(
 ) {
     let started = trace::start();
     // SAFETY: forwarded from this function's contract.
-    let (mut a, mut b, mut c) = unsafe { (view(a, elem), view(b, elem), view(c, Elem::F32)) };
-    fold_rows(&mut a, &mut b, &mut c, active.is_some());
-    if crate::cuda::active() {
-        crate::cuda::gemm::matmul(&a, &b, &c, active, accumulate);
-        trace::record(trace::Kind::Gemm, 0, started);
-        return;
+    let (a, b, c) = unsafe { (view(a, elem), view(b, elem), view(c, Elem::F32)) };
+    let on_gpu = crate::cuda::active();
+    // `--target cuda` code with its kernels run on the CPU (tests): widen, then as f32.
+    let wide = (elem != Elem::F32 && !on_gpu).then(|| (widened(&a), widened(&b)));
+    let (a, b) = match &wide {
+        Some(((_, va), (_, vb))) => (*va, *vb),
+        None => (a, b),
+    };
+    each_summed_entry(
+        a,
+        b,
+        c.sizes.len(),
+        accumulate,
+        |mut a, mut b, accumulate| {
+            let mut c = c;
+            fold_rows(&mut a, &mut b, &mut c, active.is_some());
+            if on_gpu {
+                crate::cuda::gemm::matmul(&a, &b, &c, active, accumulate);
+                trace::record(trace::Kind::Gemm, 0, started);
+            } else {
+                // SAFETY: forwarded from this function's contract (the widened copies live
+                // until this function returns).
+                unsafe { multiply(&a, &b, &c, active, accumulate, started) }
+            }
+        },
+    );
+}
+
+/// Calls `product(a, b, accumulate)` for the products whose sum is `c` (of rank `rank_c`):
+/// once when `a` and `b` have no axes to sum or their summed axes fold into k, else once per
+/// summed entry, each after the first accumulating. Either way each element is the chain over
+/// the summed entries and k in order (the module doc).
+fn each_summed_entry(
+    mut a: View,
+    mut b: View,
+    rank_c: usize,
+    accumulate: bool,
+    mut product: impl FnMut(View, View, bool),
+) {
+    let summed = a.sizes.len().saturating_sub(rank_c);
+    if summed == 0 || fold_summed_into_k(&mut a, &mut b, summed) {
+        return product(a, b, accumulate);
     }
-    if elem != Elem::F32 {
-        // `--target cuda` code with its kernels run on the CPU (tests): widen, then as f32.
-        let ((_a, va), (_b, vb)) = (widened(&a), widened(&b));
-        // SAFETY: the widened copies live until the end of this block; `c` as given.
-        return unsafe { multiply(&va, &vb, &c, active, accumulate, started) };
+    let (ra, rb) = (a.sizes.len(), b.sizes.len());
+    let axes = ra - 2 - summed..ra - 2;
+    let sizes: Dims<usize> = Dims::from_fn(summed, |i| a.sizes[axes.start + i]);
+    let count: usize = sizes.iter().product();
+    let entry = |v: &View, idx: &[usize]| {
+        let rank = v.sizes.len();
+        let first = rank - 2 - summed;
+        let offset: isize = (0..summed)
+            .map(|i| idx[i] as isize * v.strides[first + i])
+            .sum();
+        let mut e = *v;
+        e.ptr = v.ptr.wrapping_offset(offset * v.elem.bytes() as isize);
+        for _ in 0..summed {
+            e.sizes.remove(first);
+            e.strides.remove(first);
+        }
+        e
+    };
+    assert_eq!(rb, ra, "invariant: summed operands have the same rank");
+    for flat in 0..count {
+        let idx = unflatten(flat, &sizes);
+        product(entry(&a, &idx), entry(&b, &idx), accumulate || flat > 0);
     }
-    // SAFETY: forwarded from this function's contract.
-    unsafe { multiply(&a, &b, &c, active, accumulate, started) }
+}
+
+/// Folds the `summed` axes just before the matrix axes of `a: [.., s.., m, k]` and
+/// `b: [.., s.., k, n]` into k, where both lay the summed entries' k one after another.
+fn fold_summed_into_k(a: &mut View, b: &mut View, summed: usize) -> bool {
+    let (ra, rb) = (a.sizes.len(), b.sizes.len());
+    let k = a.sizes[ra - 1];
+    // The stride a summed axis must have to continue k: k's own (a's columns, b's rows)
+    // times the size of everything folded inside it.
+    let follows = |v: &View, k_stride: isize| {
+        let rank = v.sizes.len();
+        let mut want = k as isize * k_stride;
+        (rank - 2 - summed..rank - 2).rev().all(|ax| {
+            let ok = v.strides[ax] == want;
+            want *= v.sizes[ax] as isize;
+            ok
+        })
+    };
+    let same_sizes = (1..=summed).all(|i| a.sizes[ra - 2 - i] == b.sizes[rb - 2 - i]);
+    if !(same_sizes && follows(a, a.strides[ra - 1]) && follows(b, b.strides[rb - 2])) {
+        return false;
+    }
+    let entries: usize = a.sizes[ra - 2 - summed..ra - 2].iter().product();
+    for _ in 0..summed {
+        a.sizes.remove(ra - 2 - summed);
+        a.strides.remove(ra - 2 - summed);
+        b.sizes.remove(rb - 2 - summed);
+        b.strides.remove(rb - 2 - summed);
+    }
+    let (ra, rb) = (a.sizes.len(), b.sizes.len());
+    a.sizes.items[ra - 1] *= entries;
+    b.sizes.items[rb - 2] *= entries;
+    true
 }
 
 /// A 16-bit (bf16 or f16) operand's values as contiguous row-major f32, and a view of them

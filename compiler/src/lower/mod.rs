@@ -53,6 +53,7 @@ pub mod residency;
 mod reuse;
 mod row_reduce;
 mod stage_split;
+mod summed_matmul;
 mod text;
 mod views;
 mod walk;

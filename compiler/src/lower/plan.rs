@@ -2,7 +2,8 @@
 //! The analyses run once each, in order, each taking what it needs as arguments: which selects
 //! guard an update (`in_place.rs`), which values fuse into their consumer (`fuse.rs`), which
 //! adds fold into the call before them (`accumulate.rs`), which ops run as one loop over batch
-//! entries (`batch_split.rs`); then each op gets one [`Decision`]. `walk.rs` writes the plan
+//! entries (`batch_split.rs`), which sums of a matmul's batch are one GEMM
+//! (`summed_matmul.rs`); then each op gets one [`Decision`]. `walk.rs` writes the plan
 //! out with one arm per decision.
 //!
 //! ```text
@@ -16,7 +17,7 @@ use super::accumulate::{self, Accumulation, Fold};
 use super::batch_split::{self, Chain, Step};
 use super::fast_math::Numerics;
 use super::stage_split::{self, StageLoop};
-use super::{fuse, in_place, views};
+use super::{fuse, in_place, summed_matmul, views};
 use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use std::collections::{HashMap, HashSet};
@@ -77,6 +78,11 @@ pub enum Decision {
     },
     /// A matmul that adds into the accumulator its caller gave.
     MatMulInto,
+    /// A `reduce_sum` of a matmul's batch axes: one GEMM summing over them too
+    /// (`summed_matmul.rs`; the matmul is skipped).
+    SummedMatMul {
+        matmul: OpId,
+    },
     /// A constant only a loop's overwritten carried value starts from: a buffer, no fill.
     Unfilled,
     Loop,
@@ -123,13 +129,25 @@ impl BlockPlan {
             false => fuse::sole_readers(f, block, deferred),
             true => HashMap::new(),
         };
+        let summed = match (cx.numerics, cx.gpu) {
+            (Numerics::Fast, false) => {
+                let in_chains = chains.iter().flat_map(|c| c.ops.iter().copied()).collect();
+                summed_matmul::find(f, block, &sole_readers, &in_chains, &cx.carried)
+            }
+            _ => HashMap::new(),
+        };
+        let summing: HashSet<OpId> = summed.values().copied().collect();
         let guarded_updates: HashSet<OpId> = fusion.guarded.values().copied().collect();
         let decide = |id: OpId| {
             let op = &f.ops[id];
             if op.results.first().is_some_and(|v| deferred.contains(v))
                 || guarded_updates.contains(&id)
+                || summing.contains(&id)
             {
                 return Decision::Skip;
+            }
+            if let Some(&matmul) = summed.get(&id) {
+                return Decision::SummedMatMul { matmul };
             }
             match &op.kind {
                 OpKind::Reshape { .. } => Decision::View,

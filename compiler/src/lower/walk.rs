@@ -10,7 +10,7 @@ use super::fast_math::Numerics;
 use super::params::{ParamId, Params};
 use super::plan::{self, BlockPlan, Decision, Fusion};
 use super::stage_split::{self, StageLoop};
-use super::{fuse, in_place, matmul, ops, views};
+use super::{fuse, in_place, matmul, ops, summed_matmul, views};
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic, Type};
@@ -212,12 +212,14 @@ impl Walker<'_, '_> {
             return Ok(()); // computed inside its consumer's loop nest, or by a GEMM
         }
         self.e.at(f.op_spans.get(&id));
-        // Deferred values have no buffer; only elementwise ops, which fuse them, read them.
-        let ins: Vec<Buf> = if op.kind.is_elementwise() {
-            Vec::new()
-        } else {
-            op.kind.operands().iter().map(|v| env[v].clone()).collect()
-        };
+        // Deferred values have no buffer; only elementwise ops, which fuse them, read them. A
+        // summed matmul reads the matmul's operands.
+        let ins: Vec<Buf> =
+            if op.kind.is_elementwise() || matches!(decision, Decision::SummedMatMul { .. }) {
+                Vec::new()
+            } else {
+                op.kind.operands().iter().map(|v| env[v].clone()).collect()
+            };
         let result = op.results[0];
         match decision {
             Decision::Skip => unreachable!("returned above"),
@@ -280,6 +282,32 @@ impl Walker<'_, '_> {
                 let acc = s.add_into[&result].clone();
                 matmul::matmul_into(&mut self.e, &ins[0], &ins[1], ins.get(2), &acc);
                 env.insert(result, acc);
+            }
+            Decision::SummedMatMul { matmul } => {
+                let (OpKind::MatMul { lhs, rhs, mask }, OpKind::Reduce { axes, .. }) =
+                    (&f.ops[*matmul].kind, &op.kind)
+                else {
+                    unreachable!("invariant: planned for a reduce of a matmul")
+                };
+                let out = self.output(s, st, result);
+                if !s.placed(st, result) {
+                    st.fresh.push(result);
+                }
+                let order = summed_matmul::operand_order(f.ty(*lhs).rank(), axes);
+                let mut operand = |v: &ValueId| {
+                    let x = &env[v];
+                    match order.iter().enumerate().all(|(i, &a)| i == a) {
+                        true => x.clone(),
+                        false => {
+                            let ty = summed_matmul::permuted(&x.ty, &order);
+                            views::transpose(&mut self.e, x, &order, &ty)
+                        }
+                    }
+                };
+                let (a, b) = (operand(lhs), operand(rhs));
+                let mask = mask.map(|m| env[&m].clone());
+                matmul::matmul(&mut self.e, self.numerics, &a, &b, mask.as_ref(), &out);
+                env.insert(result, out);
             }
             Decision::Unfilled => {
                 let out = self.output(s, st, result);

@@ -170,3 +170,59 @@ fn products_with_transposed_weights_match_the_loops() {
     let got = product(&mut a, &mut b, &sc, Some(&active));
     assert_same(&got, &want, "[3, 16, 300] · [3, 40, 300]ᵀ");
 }
+
+/// A weight gradient summed over its batch axis, `C[S] = Σ_b A[S, b] · B[S, b]` (`A` a
+/// transposed view, as `xᵀ`), with a bubble stage: when the strides fold the batch into k
+/// (one GEMM) and when they do not (one accumulating GEMM per entry), the bits of the chain
+/// over (b, k) in order, which is the reference's product of the operands with b and k
+/// merged.
+#[test]
+fn products_summed_over_a_batch_axis_are_one_chain_over_it() {
+    let (s, nb, m, k, n) = (3, 4, 20, 33, 40);
+    let active = [true, false, true];
+    // x: [S, b, k, m] row-major; A = xᵀ: [S, b, m, k] with strides (b·k·m, k·m, 1, m).
+    let x = fill(s * nb * k * m, 1);
+    let y = fill(s * nb * k * n, 2);
+    // The merged operands, row-major: A' [S, m, b·k], B' [S, b·k, n].
+    let mut merged_a = vec![0.0; s * m * nb * k];
+    for (st, e, l, i) in (0..s).flat_map(|st| {
+        (0..nb).flat_map(move |e| (0..k).flat_map(move |l| (0..m).map(move |i| (st, e, l, i))))
+    }) {
+        merged_a[(st * m + i) * nb * k + e * k + l] = x[((st * nb + e) * k + l) * m + i];
+    }
+    let (sa, sb, sc) = (vec![s, m, nb * k], vec![s, nb * k, n], vec![s, m, n]);
+    let want = reference(&merged_a, &sa, &y, &sb, &sc, &active);
+    let folded = {
+        let mut a = Operand {
+            values: x.clone(),
+            shape: vec![s, nb, m, k],
+            strides: Some(vec![(nb * k * m) as i64, (k * m) as i64, 1, m as i64]),
+        };
+        let mut b = Operand {
+            values: y.clone(),
+            shape: vec![s, nb, k, n],
+            strides: None,
+        };
+        product(&mut a, &mut b, &sc, Some(&active))
+    };
+    assert_same(&folded, &want, "summed, folded into k");
+    // The same A stored row-major [S, b, m, k]: its entries' k do not follow each other.
+    let mut row_major = vec![0.0; s * nb * m * k];
+    for (st, e, l, i) in (0..s).flat_map(|st| {
+        (0..nb).flat_map(move |e| (0..k).flat_map(move |l| (0..m).map(move |i| (st, e, l, i))))
+    }) {
+        row_major[((st * nb + e) * m + i) * k + l] = x[((st * nb + e) * k + l) * m + i];
+    }
+    let mut a = Operand {
+        values: row_major,
+        shape: vec![s, nb, m, k],
+        strides: None,
+    };
+    let mut b = Operand {
+        values: y,
+        shape: vec![s, nb, k, n],
+        strides: None,
+    };
+    let by_entry = product(&mut a, &mut b, &sc, Some(&active));
+    assert_same(&by_entry, &want, "summed, entry by entry");
+}
