@@ -294,14 +294,12 @@ impl Walker<'_, '_> {
                     st.fresh.push(result);
                 }
                 let order = summed_matmul::operand_order(f.ty(*lhs).rank(), axes);
-                let mut operand = |v: &ValueId| {
-                    let x = &env[v];
-                    match order.iter().enumerate().all(|(i, &a)| i == a) {
-                        true => x.clone(),
-                        false => {
-                            let ty = summed_matmul::permuted(&x.ty, &order);
-                            views::transpose(&mut self.e, x, &order, &ty)
-                        }
+                let in_order = order.iter().enumerate().all(|(i, &a)| i == a);
+                let mut operand = |v: &ValueId| match in_order {
+                    true => env[v].clone(),
+                    false => {
+                        let ty = summed_matmul::permuted(&env[v].ty, &order);
+                        views::transpose(&mut self.e, &env[v], &order, &ty)
                     }
                 };
                 let (a, b) = (operand(lhs), operand(rhs));
