@@ -2,8 +2,9 @@
 //! results do not depend on how a product is cut) against OpenBLAS, with the weight as it is
 //! (`A · B`, the forward), used transposed (`A · Bᵀ`, the input gradient), and with the
 //! activations read transposed (`Aᵀ · B`, the weight gradient), and the AVX-512 few-row kernel
-//! where the CPU has it. ppc runs its widest register block; `PPC_CPU_DISABLE=avx512f` shows
-//! the AVX2 block's. BENCHMARKS.md has the figures:
+//! where the CPU has it, then two threads of ppc's GEMM on the d = 1024 products (the rate a
+//! two-core training step is held against). ppc runs its widest register block;
+//! `PPC_CPU_DISABLE=avx512f` shows the AVX2 block's. BENCHMARKS.md has the figures:
 //! `cargo run --release -p ppc-runtime --example gemm`.
 
 use ppc_runtime::sgemm::{self, Operand};
@@ -215,5 +216,64 @@ fn main() {
             print!(" {best:>13}");
         }
         println!();
+    }
+    two_threads();
+}
+
+/// The rate of two threads on the d = 1024 products (#34's "the machine's GEMM rate"), each
+/// computing half of `C`'s columns with ppc's GEMM, as the runtime cuts a product for two
+/// threads: best of five rounds.
+fn two_threads() {
+    println!("two threads, ppc, A·B (GFLOP/s):");
+    for (m, k, n) in [
+        (1024usize, 1024usize, 1024usize),
+        (1024, 1024, 4096),
+        (1024, 4096, 1024),
+    ] {
+        let a = vec![1.0f32; m * k];
+        let b = vec![0.5f32; k * n];
+        let mut c = vec![0.0f32; m * n];
+        let flops = 2.0 * (m * n * k) as f64;
+        let reps = ((4e9 / flops) as usize).max(4);
+        let half = n / 2;
+        let mut best = 0.0f64;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let (a, b, c) = (
+                a.as_ptr() as usize,
+                b.as_ptr() as usize,
+                c.as_mut_ptr() as usize,
+            );
+            std::thread::scope(|scope| {
+                for j0 in [0, half] {
+                    scope.spawn(move || {
+                        let at =
+                            |base: usize, offset: usize| (base as *const f32).wrapping_add(offset);
+                        for _ in 0..reps {
+                            let operand = |ptr: *const f32, row_stride: usize| Operand {
+                                ptr,
+                                row_stride: row_stride as isize,
+                                col_stride: 1,
+                            };
+                            // SAFETY: each thread writes its own half of C's columns; the
+                            // operands cover the elements passed.
+                            unsafe {
+                                sgemm::sgemm(
+                                    m,
+                                    k,
+                                    half,
+                                    operand(at(a, 0), k),
+                                    operand(at(b, j0), n),
+                                    operand(at(c, j0), n),
+                                    false,
+                                )
+                            }
+                        }
+                    });
+                }
+            });
+            best = best.max(flops * reps as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+        println!("{:>16} {best:>13.1}", format!("{m}x{k}x{n}"));
     }
 }
