@@ -12,7 +12,8 @@
 //! matrix axes): `C = Σₛ Aₛ · Bₛ`, a weight gradient summed over the batch. Each element is
 //! then the one chain over the summed entries and k in order, so the products fold into one
 //! GEMM with a longer k where the strides allow, and otherwise run entry by entry, each
-//! accumulating from where the last stopped: the same bits either way.
+//! accumulating from where the last stopped: the same bits either way on the CPU (the compiler
+//! emits such products for the CPU only; cuBLAS would round the two ways differently).
 //!
 //! It is called through MLIR's C interface with unranked memrefs (`memref<*xf32>`), so one
 //! symbol serves every tensor rank. The reference interpreter sums with separate multiplies
