@@ -24,6 +24,10 @@ pub(super) struct Parts {
     pub(super) write: OpId,
     /// L1's tapes, in the order it carries them.
     pub(super) tapes: Vec<Tape>,
+    /// L1's `sub %t, %last_stage`: the item the last stage finishes (its result written).
+    pub(super) forward_done: OpId,
+    /// L2's `sub %last_trip, %t`: the forward iteration it reverses, stage 0's item.
+    pub(super) reversed: OpId,
     /// Which of L2's carried values is the outputs' cotangent.
     pub(super) d_outputs: usize,
     /// L1's `sub %t, %stage_ids`: the item each stage works on, from which its mask follows.
@@ -47,6 +51,9 @@ pub(super) struct Tape {
     pub(super) write: OpId,
     pub(super) read: OpId,
     pub(super) kept: Kept,
+    /// For the tape of the state (`--remat stage`): L1's `select %first, %fed, %state`, what
+    /// the stage call reads, and L2's select that rebuilds it from the tape.
+    pub(super) stage_in: Option<(OpId, OpId)>,
 }
 
 /// What a tape keeps.
@@ -58,6 +65,9 @@ pub(super) enum Kept {
     Mask,
     /// A value without the stage axis: the same in every iteration (a causal mask).
     Same,
+    /// The outputs buffer (circular pipelines, `--remat stage`): read back only to rebuild
+    /// stage 0's input, which a tape of the stage's input (`Tape::stage_in`) holds instead.
+    Outputs,
 }
 
 pub(super) fn unexpected(what: &str) -> Diagnostic {
@@ -110,7 +120,7 @@ impl Parts {
             return Err(unexpected("two loops"));
         };
         let l1 = loop_body(f, forward);
-        let [t, _state, outputs, ref tapes @ ..] = l1.args[..] else {
+        let [t, state, outputs, ref tapes @ ..] = l1.args[..] else {
             return Err(unexpected(
                 "the forward loop carries the state, the outputs and the tapes",
             ));
@@ -133,6 +143,13 @@ impl Parts {
         // `sub %a, %b` with `%b` of rank `rank`.
         let minus = |k: &OpKind, a: ValueId, rank: usize| matches!(k, OpKind::Binary { op: BinaryOp::Sub, lhs, rhs } if *lhs == a && f.ty(*rhs).rank() == rank);
         let forward_item = only(f, l1, "one item per stage", |k| minus(k, t, 1))?;
+        // `sub %a, %c` with `%c` a constant of the function's body.
+        let constants: HashSet<ValueId> = (f.body.ops.iter())
+            .filter(|&&id| matches!(f.ops[id].kind, OpKind::Constant { .. }))
+            .flat_map(|&id| f.ops[id].results.clone())
+            .collect();
+        let less_constant = |k: &OpKind, a: ValueId| matches!(k, OpKind::Binary { op: BinaryOp::Sub, lhs, rhs } if *lhs == a && constants.contains(rhs));
+        let forward_done = only(f, l1, "one item leaving", |k| less_constant(k, t))?;
         let forwards = [names::STAGE.to_string(), names::fwd(names::STAGE)].map(|n| m.func_id(&n));
         let forward_call = only(
             f,
@@ -150,7 +167,7 @@ impl Parts {
         )?;
         let t_fwd = f.ops[reversed].results[0];
         let backward_item = at_most_one(f, l2, "one item per stage", |k| minus(k, t_fwd, 1))?;
-        let backward_done = only(f, l2, "one microbatch leaving", |k| minus(k, t_fwd, 0))?;
+        let backward_done = only(f, l2, "one microbatch leaving", |k| less_constant(k, t_fwd))?;
         let backwards = names::stage_backwards().map(|n| m.func_id(&n));
         let backward_call = only(
             f,
@@ -180,12 +197,20 @@ impl Parts {
                     |k| matches!(k, OpKind::Index { x, axis: 0, .. } if *x == out),
                 )?;
                 let value = f.ops[read].results[0];
+                let OpKind::Update { update: taped, .. } = f.ops[write].kind else {
+                    unreachable!("invariant: an update")
+                };
                 let kept = match &f.ops[backward_call].kind {
                     OpKind::Call { args, .. } if mask_of(f, args) == Some(value) => Kept::Mask,
+                    _ if taped == outputs => Kept::Outputs,
                     _ if f.ty(value).stage_axis().is_none() => Kept::Same,
                     _ => Kept::Staged,
                 };
-                Ok(Tape { write, read, kept })
+                let stage_in = match taped == state {
+                    true => Some((fed(f, l1, state)?, fed(f, l2, value)?)),
+                    false => None,
+                };
+                Ok(Tape { write, read, kept, stage_in })
             })
             .collect::<Result<_, Diagnostic>>()?;
         let OpKind::Loop { inits, .. } = &f.ops[backward].kind else {
@@ -207,6 +232,8 @@ impl Parts {
             feed,
             write,
             tapes,
+            forward_done,
+            reversed,
             d_outputs,
             forward_item,
             backward_item,
@@ -216,6 +243,16 @@ impl Parts {
             recompute_call,
         })
     }
+}
+
+/// The op of `block` that makes a stage's input from `state`: `select %first, %fed, %state`.
+fn fed(f: &Func, block: &Block, state: ValueId) -> Result<OpId, Diagnostic> {
+    only(
+        f,
+        block,
+        "one input of the stage from the state",
+        |k| matches!(k, OpKind::Select { on_false, .. } if *on_false == state),
+    )
 }
 
 /// The stage mask among a stage call's arguments: its one `i1` argument.

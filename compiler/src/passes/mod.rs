@@ -19,6 +19,7 @@ mod scatter_add;
 mod shard_stages;
 mod tick;
 mod tick_backward;
+mod tick_interleaved;
 mod tick_ring;
 mod vjp;
 mod vmap_stages;

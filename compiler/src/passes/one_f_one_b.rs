@@ -61,6 +61,7 @@ use super::options::Options;
 use super::remat::Remat;
 use super::tick::{and, entering, int, stage_call, within, Halves, Held, Step, Tick, Ticks};
 use super::tick_backward::{backward_half, recompute_ahead, weight_call};
+use super::tick_interleaved::Interleaved;
 use super::tick_ring::Rings;
 use crate::timetable::Kind;
 use ppc_dialect::build::Builder;
@@ -84,7 +85,12 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
         Kind::ZbH1 | Kind::OneFOneB => {}
     }
     if m.pipeline.repeats > 1 {
-        return refuse(&format!("`--schedule {}` with `repeats` > 1 (interleaved) is not compiled yet: train circular pipelines with `gpipe`", opts.schedule.name()));
+        if opts.schedule == Kind::ZbH1 {
+            return refuse("`--schedule zb-h1` with `repeats` > 1 is not built: its `W`s fill the parity order's idle half-ticks, which the interleaved order has not; train circular pipelines with `1f1b` (interleaved) or `gpipe`");
+        }
+        if opts.remat == Remat::Tick {
+            return refuse("`--remat tick` recomputes in a stage's forward tick of the parity order; the interleaved order (`repeats` > 1) runs forwards and backwards in the same ticks: train it with `--remat stage` or `none`");
+        }
     }
     let train = names::vjp(names::TRAIN);
     let Some(id) = m.func_id(&train) else {
@@ -205,6 +211,11 @@ fn ticks(
             (ids, Some(on))
         }
     };
+    let interleaved = (p.repeats > 1).then_some(Interleaved {
+        repeats: p.repeats as i64,
+        stages: p.stages as i64,
+        microbatches: p.microbatches as i64,
+    });
     let (one, two) = (int(b, "one", 1)?, int(b, "two", 2)?);
     let pair = b.binary("stage_pair", BinaryOp::Div, stage_ids, two)?;
     let evens = b.binary("even_below", BinaryOp::Mul, pair, two)?;
@@ -216,7 +227,7 @@ fn ticks(
         stage_ids,
         parity,
         rings: Rings {
-            slots: p.stages as i64,
+            slots: interleaved.map_or(p.stages as i64, |il| il.ring_len()),
             read_offset,
         },
         on_last_rank,
@@ -227,6 +238,7 @@ fn ticks(
         d_outputs,
         microbatch_loss,
         halves,
+        interleaved,
     })
 }
 
@@ -266,7 +278,7 @@ fn tick_loop(
             let mut ty = f.ty(tape).clone();
             match t.kept {
                 Kept::Staged if kept == Kept::Staged => {
-                    ty.dims[0] = Dim::lit(ticks.stages as u64);
+                    ty.dims[0] = Dim::lit(ticks.rings.slots as u64);
                     hints.push(names::TICK_RING);
                 }
                 Kept::Same if kept == Kept::Same => {
@@ -314,9 +326,12 @@ fn tick_loop(
             }),
     );
     hints.extend(l2.args[1..].iter().map(|&a| hint(a)));
-    let halves = 2 * (ticks.microbatches + ticks.stages - 1) as u64;
+    let trips = match ticks.interleaved {
+        Some(il) => il.ticks(),
+        None => 2 * (ticks.microbatches + ticks.stages - 1) as u64,
+    };
     let st = Step { m, f, parts, ticks };
-    let out = b.loop_op(halves, inits, &hints, |b, h, c| {
+    let out = b.loop_op(trips, inits, &hints, |b, h, c| {
         let mut env = env.clone();
         let tick = Tick::new(b, h)?;
         // The backward half first: it starts with the exchange that brings this tick's
@@ -413,9 +428,99 @@ struct ForwardHalf {
     left: ValueId,
 }
 
-/// L1's body in tick `h`, on the stages of parity `h mod 2`: stage `g` runs the forward
-/// of entering microbatch `(h - g) / 2`; what they keep goes to the rings instead of the
-/// tapes.
+/// Which forwards a tick runs, and what GPipe's L1 reads for its iteration there.
+struct Forwards {
+    /// Per stage: where one runs, and its item (GPipe's, or in the parity order the entering
+    /// number: either gives the mask).
+    here: ValueId,
+    item: ValueId,
+    /// What L1's iteration reads as: the pair (parity order), or stage 0's item.
+    t: ValueId,
+    /// Parity order: the input microbatch stage 0 is fed, and the output slot written.
+    feed_at: Option<ValueId>,
+    write_at: Option<ValueId>,
+    /// Interleaved order: the item the last stage finishes (L1's `done_item`).
+    done: Option<ValueId>,
+    /// Where the last stage's result is written to the outputs, and the microbatch that left
+    /// the last stage for good (`leaving`, valid where `left`).
+    wrote: ValueId,
+    leaving: ValueId,
+    left: ValueId,
+    /// The ring slot the stages write.
+    slot: ValueId,
+}
+
+impl Forwards {
+    /// The parity order: in tick `h` the stages of parity `h mod 2` run; stage `g` the forward
+    /// of entering microbatch `(h - g) / 2`, stage 0 fed microbatch `M-1-τ`.
+    fn parity(b: &mut Builder, ticks: &Ticks, tick: &Tick) -> Result<Forwards, Diagnostic> {
+        let (mbs, stages) = (ticks.microbatches, ticks.stages);
+        let here = b.compare("forward_here", CmpPred::Eq, ticks.parity, tick.odd)?;
+        let item = entering(b, tick, ticks.stage_ids, here)?;
+        // Stage 0 takes microbatch M-1-τ while there is one, then the padding (slot τ).
+        let last_mb = int(b, "last_microbatch", mbs - 1)?;
+        let reversed = b.binary("entering_mb", BinaryOp::Sub, last_mb, tick.pair)?;
+        let real = within(b, tick.pair, 0, mbs)?;
+        let feed_at = b.select("feed_at", real, reversed, tick.pair)?;
+        // The last stage finishes its microbatch in the ticks of its parity.
+        let last_stage = int(b, "last_stage", stages - 1)?;
+        let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
+        let last_here = b.compare("last_here", CmpPred::Eq, tick.odd, last_parity)?;
+        let n = entering(b, tick, last_stage, last_here)?;
+        let leaving = b.binary("leaving", BinaryOp::Sub, last_mb, n)?;
+        let real = within(b, n, 0, mbs)?;
+        let left = and(b, "left", last_here, real)?;
+        Ok(Forwards {
+            here,
+            item,
+            t: tick.pair,
+            feed_at: Some(feed_at),
+            write_at: Some(leaving),
+            done: None,
+            wrote: left,
+            leaving,
+            left,
+            slot: ticks.rings.write_slot(b, tick.pair)?,
+        })
+    }
+
+    /// The interleaved order (`tick_interleaved.rs`): GPipe's items, L1's iteration read as
+    /// stage 0's item (or, where it runs none, the padding's last, which feeds nothing).
+    fn interleaved(
+        b: &mut Builder,
+        ticks: &Ticks,
+        il: Interleaved,
+        tick: &Tick,
+    ) -> Result<Forwards, Diagnostic> {
+        let units = il.forward(b, tick.h, ticks.stage_ids)?;
+        let first = int(b, "first_stage", 0)?;
+        let first = il.forward(b, tick.h, first)?;
+        let padding = int(b, "padding_item", il.gpipe_iterations() - 1)?;
+        let t = b.select("fed_item", first.here, first.item, padding)?;
+        let last = int(b, "last_stage", ticks.stages - 1)?;
+        let last = il.forward(b, tick.h, last)?;
+        let zero = int(b, "zero", 0)?;
+        let wrote = b.compare("wrote", CmpPred::Ge, last.item, zero)?;
+        let final_items = int(b, "final_items", (il.repeats - 1) * il.microbatches)?;
+        let left = b.compare("left", CmpPred::Ge, last.item, final_items)?;
+        let leaving = b.binary("leaving", BinaryOp::Sub, last.item, final_items)?;
+        Ok(Forwards {
+            here: units.here,
+            item: units.item,
+            t,
+            feed_at: None,
+            write_at: None,
+            done: Some(last.item),
+            wrote,
+            leaving,
+            left,
+            slot: units.slot,
+        })
+    }
+}
+
+/// L1's body in tick `h` on the stages that run a forward there ([`Forwards`]); what they
+/// keep goes to the rings instead of the tapes.
 fn forward_half(
     b: &mut Builder,
     st: &Step,
@@ -426,26 +531,14 @@ fn forward_half(
 ) -> Result<ForwardHalf, Diagnostic> {
     let (m, f, parts, ticks) = (st.m, st.f, st.parts, st.ticks);
     let l1 = loop_body(f, parts.forward);
+    let fw = match ticks.interleaved {
+        Some(il) => Forwards::interleaved(b, ticks, il, tick)?,
+        None => Forwards::parity(b, ticks, tick)?,
+    };
     let (t, state) = (l1.args[0], l1.args[1]);
-    env.insert(t, tick.pair);
+    env.insert(t, fw.t);
     env.insert(state, carried[0]);
     env.insert(l1.args[2], carried[1]);
-    let (mbs, stages) = (ticks.microbatches, ticks.stages);
-    let here = b.compare("forward_here", CmpPred::Eq, ticks.parity, tick.odd)?;
-    let item = entering(b, tick, ticks.stage_ids, here)?;
-    // Stage 0 takes microbatch M-1-τ while there is one, then the padding (slot τ).
-    let last_mb = int(b, "last_microbatch", mbs - 1)?;
-    let reversed = b.binary("entering_mb", BinaryOp::Sub, last_mb, tick.pair)?;
-    let real = within(b, tick.pair, 0, mbs)?;
-    let feed_at = b.select("feed_at", real, reversed, tick.pair)?;
-    // The last stage finishes its microbatch in the ticks of its parity.
-    let last_stage = int(b, "last_stage", stages - 1)?;
-    let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
-    let last_here = b.compare("last_here", CmpPred::Eq, tick.odd, last_parity)?;
-    let n = entering(b, tick, last_stage, last_here)?;
-    let leaving = b.binary("leaving", BinaryOp::Sub, last_mb, n)?;
-    let real = within(b, n, 0, mbs)?;
-    let left = and(b, "left", last_here, real)?;
     // Set by `copy`, which runs in two passes: `Cell`s, read between them.
     let (last, written, ran) = (Cell::new(None), Cell::new(None), Cell::new(None));
     let tape_writes: Vec<OpId> = parts.tapes.iter().map(|t| t.write).collect();
@@ -453,13 +546,21 @@ fn forward_half(
         match &f.ops[id].kind {
             _ if tape_writes.contains(&id) => {}
             _ if id == parts.forward_item => {
-                env.insert(f.ops[id].results[0], item);
+                env.insert(f.ops[id].results[0], fw.item);
             }
-            _ if id == parts.feed => copy_with(b, m, f, id, env, t, feed_at)?,
+            _ if id == parts.forward_done && fw.done.is_some() => {
+                env.insert(f.ops[id].results[0], fw.done.expect("checked"));
+            }
+            _ if id == parts.feed && fw.feed_at.is_some() => {
+                copy_with(b, m, f, id, env, t, fw.feed_at.expect("checked"))?
+            }
             _ if id == parts.forward_call => ran.set(stage_call(b, st, id, env)?),
             OpKind::Update { update, index, .. } if id == parts.write => {
                 last.set(Some(env[update]));
-                copy_with(b, m, f, id, env, *index, leaving)?;
+                match fw.write_at {
+                    Some(at) => copy_with(b, m, f, id, env, *index, at)?,
+                    None => b.copy_ops(m, f, &[id], env)?,
+                }
                 written.set(Some(env[&f.ops[id].results[0]]));
             }
             _ => b.copy_ops(m, f, &[id], env)?,
@@ -474,12 +575,16 @@ fn forward_half(
     if tape_writes.iter().any(|w| late.contains(w)) {
         return Err(unexpected("tapes that keep nothing received"));
     }
-    // The stages of this parity keep what the tapes kept in slot τ mod S of the rings.
-    let slot = ticks.rings.write_slot(b, tick.pair)?;
+    // The stages that ran keep what the tapes kept (for the state's tape, the stage's input)
+    // in their slot of the rings.
     let kept = |kind: Kept| {
-        (parts.tapes.iter().filter(move |t| t.kept == kind)).map(|t| match &f.ops[t.write].kind {
-            OpKind::Update { update, .. } => (t.read, env[update]),
-            _ => unreachable!("invariant: a tape write"),
+        (parts.tapes.iter().filter(move |t| t.kept == kind)).map(|t| {
+            let value = match (&f.ops[t.write].kind, t.stage_in) {
+                (_, Some((fed, _))) => env[&f.ops[fed].results[0]],
+                (OpKind::Update { update, .. }, None) => env[update],
+                _ => unreachable!("invariant: a tape write"),
+            };
+            (t.read, value)
         })
     };
     let staged: Vec<_> = kept(Kept::Staged).map(|(_, v)| v).collect();
@@ -487,7 +592,7 @@ fn forward_half(
     let (carried_rings, carried_same) = carried[2..].split_at(staged.len());
     let mut rings = Vec::new();
     for (value, &ring) in staged.into_iter().zip(carried_rings) {
-        rings.push(ticks.rings.write(b, ring, value, here, slot)?);
+        rings.push(ticks.rings.write(b, ring, value, fw.here, fw.slot)?);
     }
     let same = (same.into_iter().zip(carried_same))
         .map(|((read, value), &before)| match ran.get() {
@@ -501,15 +606,15 @@ fn forward_half(
         copy(b, env, id)?;
     }
     let written = written.get().expect("invariant: the write is in L1");
-    let outputs = b.select("outputs_left", left, written, carried[1])?;
+    let outputs = b.select("outputs_left", fw.wrote, written, carried[1])?;
     Ok(ForwardHalf {
         state: env[&l1.results[0]],
         outputs,
         held,
         recomputed,
         last: last.get().expect("invariant: the write is in L1"),
-        leaving,
-        left,
+        leaving: fw.leaving,
+        left: fw.left,
     })
 }
 

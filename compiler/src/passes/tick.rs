@@ -3,6 +3,7 @@
 //! what the forward half (`one_f_one_b.rs`) and the backward half (`tick_backward.rs`) share.
 
 use super::gpipe_step::{mask_of, Parts};
+use super::tick_interleaved::Interleaved;
 use super::tick_ring::Rings;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
@@ -34,6 +35,9 @@ pub(super) struct Ticks {
     pub(super) microbatch_loss: FuncId,
     /// Under `--schedule zb-h1`, the stage's backward cut in two (`bw_split.rs`).
     pub(super) halves: Option<Halves>,
+    /// On a circular pipeline, the interleaved order (`tick_interleaved.rs`); else the parity
+    /// order.
+    pub(super) interleaved: Option<Interleaved>,
 }
 
 /// The stage's backward as `B` and `W` (`--schedule zb-h1`): `@g_input` gives the call's

@@ -17,7 +17,7 @@ use super::tick_ring::stage_mask;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
 use ppc_dialect::ir::{Func, OpId, ValueId};
-use ppc_dialect::op::{BinaryOp, CmpPred, OpKind};
+use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
 use ppc_dialect::DType;
 use std::collections::{HashMap, HashSet};
 
@@ -28,16 +28,21 @@ struct Backward<'a> {
     item: ValueId,
     active: ValueId,
     done: ValueId,
-    /// The tick's pair `τ`, at which the rings are read.
-    pair: ValueId,
+    /// Interleaved order: what L2's reversed iteration reads as, stage 0's item.
+    reversed: Option<ValueId>,
+    /// The slots each stage reads its rings at.
+    slots: ValueId,
     rings: HashMap<OpId, ValueId>,
     same: HashMap<OpId, ValueId>,
+    /// The reads of a tape that nothing reads once the rings hold the stage's input.
+    unread: Vec<OpId>,
     st: &'a Step<'a>,
 }
 
 impl<'a> Backward<'a> {
-    /// L2's iteration in tick `h`, on the stages of the other parity: stage `g` runs the
-    /// backward of entering microbatch `(h - (2S-1-g)) / 2`.
+    /// L2's iteration in tick `h` on the stages that run a backward there: in the parity
+    /// order those of the other parity, stage `g` the backward of entering microbatch
+    /// `(h - (2S-1-g)) / 2`; else as `tick_interleaved.rs` orders them.
     fn new(
         b: &mut Builder,
         st: &'a Step<'a>,
@@ -45,37 +50,42 @@ impl<'a> Backward<'a> {
         held: &Held,
     ) -> Result<Backward<'a>, Diagnostic> {
         let (parts, ticks) = (st.parts, st.ticks);
-        let (mbs, stages) = (ticks.microbatches, ticks.stages);
-        let here = b.compare("backward_here", CmpPred::Ne, ticks.parity, tick.odd)?;
-        // L2 names each stage's microbatch in GPipe's order: `M - 1 - n`.
-        let last_mb = int(b, "last_microbatch", mbs - 1)?;
-        let turn = int(b, "turn", 2 * stages - 1)?;
-        let waited = b.binary("waited", BinaryOp::Sub, turn, ticks.stage_ids)?;
-        let n = entering(b, tick, waited, here)?;
-        let item = b.binary("backward_mb", BinaryOp::Sub, last_mb, n)?;
-        let out_of_order = int(b, "no_microbatch", -1)?;
-        let item = b.select("backward_item", here, item, out_of_order)?;
-        // Under `--remat none` the stage mask was a tape: here it is where a microbatch runs.
-        let active = within(b, item, 0, mbs)?;
-        let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
-        let last_here = b.compare("last_here", CmpPred::Ne, tick.odd, last_parity)?;
-        let at = int(b, "last_turn", stages)?;
-        let n = entering(b, tick, at, last_here)?;
-        let real = within(b, n, 0, mbs)?;
-        let done = b.binary("done_mb", BinaryOp::Sub, last_mb, n)?;
-        let done = b.select("done_item", real, done, out_of_order)?;
+        let (item, active, done, reversed, slots) = match ticks.interleaved {
+            None => {
+                let (item, active, done) = parity(b, st, tick)?;
+                let slots = ticks.rings.read_slots(b, tick.pair)?;
+                (item, active, done, None, slots)
+            }
+            Some(il) => {
+                let units = il.backward(b, tick.h, ticks.stage_ids)?;
+                let all = il.repeats * il.microbatches;
+                let active = within(b, units.item, 0, all)?;
+                let first = int(b, "first_stage", 0)?;
+                let first = il.backward(b, tick.h, first)?;
+                let padding = int(b, "padding_item", il.gpipe_iterations() - 1)?;
+                let t = b.select("taken_back_item", first.here, first.item, padding)?;
+                let last = int(b, "last_stage", ticks.stages - 1)?;
+                let done = il.backward(b, tick.h, last)?.item;
+                (units.item, active, done, Some(t), units.slot)
+            }
+        };
         // Each read of a tape of stage values, in the order of L1's tapes: its ring.
         let staged = parts.tapes.iter().filter(|t| t.kept == Kept::Staged);
         Ok(Backward {
             item,
             active,
             done,
-            pair: tick.pair,
+            reversed,
+            slots,
             rings: staged
-                .map(|t| t.read)
+                .map(|t| t.stage_in.map_or(t.read, |(_, read)| read))
                 .zip(held.rings.iter().copied())
                 .collect(),
             same: held.same.iter().copied().collect(),
+            unread: (parts.tapes.iter())
+                .filter(|t| t.kept == Kept::Outputs || t.stage_in.is_some())
+                .map(|t| t.read)
+                .collect(),
             st,
         })
     }
@@ -95,16 +105,48 @@ impl<'a> Backward<'a> {
         let value = match id {
             _ if Some(id) == parts.backward_item => self.item,
             _ if id == parts.backward_done => self.done,
+            _ if id == parts.reversed && self.reversed.is_some() => {
+                self.reversed.expect("checked")
+            }
             _ if Some(id) == mask => self.active,
             _ if self.same.contains_key(&id) => self.same[&id],
             _ if self.rings.contains_key(&id) => {
-                self.st.ticks.rings.read(b, self.rings[&id], self.pair)?
+                self.st.ticks.rings.read(b, self.rings[&id], self.slots)?
+            }
+            _ if self.unread.contains(&id) => {
+                let value = Float(-0.0);
+                b.op("unread", OpKind::Constant { value }, Some(f.ty(result()).clone()))?
             }
             _ => return b.copy_ops(self.st.m, f, &[id], env),
         };
         env.insert(result(), value);
         Ok(())
     }
+}
+
+/// The parity order's backwards in tick `h`: each stage's microbatch (in GPipe's order,
+/// `M - 1 - n`), where one runs, and the microbatch the last stage takes back.
+fn parity(b: &mut Builder, st: &Step, tick: &Tick) -> Result<(ValueId, ValueId, ValueId), Diagnostic> {
+    let ticks = st.ticks;
+    let (mbs, stages) = (ticks.microbatches, ticks.stages);
+    let here = b.compare("backward_here", CmpPred::Ne, ticks.parity, tick.odd)?;
+    let last_mb = int(b, "last_microbatch", mbs - 1)?;
+    let turn = int(b, "turn", 2 * stages - 1)?;
+    let waited = b.binary("waited", BinaryOp::Sub, turn, ticks.stage_ids)?;
+    let n = entering(b, tick, waited, here)?;
+    let item = b.binary("backward_mb", BinaryOp::Sub, last_mb, n)?;
+    let out_of_order = int(b, "no_microbatch", -1)?;
+    let item = b.select("backward_item", here, item, out_of_order)?;
+    // Under `--remat none` the stage mask was a tape: here it is where a microbatch runs.
+    let active = within(b, item, 0, mbs)?;
+    let last_parity = int(b, "last_parity", (stages - 1) % 2)?;
+    let last_here = b.compare("last_here", CmpPred::Ne, tick.odd, last_parity)?;
+    let at = int(b, "last_turn", stages)?;
+    let n = entering(b, tick, at, last_here)?;
+    let real = within(b, n, 0, mbs)?;
+    let done = b.binary("done_mb", BinaryOp::Sub, last_mb, n)?;
+    let done = b.select("done_item", real, done, out_of_order)?;
+    Ok((item, active, done))
 }
 
 /// L2's body in tick `h`, its cotangent masked to `-0.0` where a stage does not run (there

@@ -1,7 +1,8 @@
 //! The rings of the 1F1B tick loop (`one_f_one_b.rs`): `S` slots per stage in place of each of
-//! GPipe's tapes of `M + S - 1`. Stage `g` writes slot `τ mod S` in the pair of ticks `τ` in
-//! which it runs a forward, and reads that microbatch back `d = S-1-g` (even `g`) or `S-g`
-//! (odd) pairs later, in its backward: at most `S - g` slots hold a live entry.
+//! GPipe's tapes of `M + S - 1`. In the parity order stage `g` writes slot `τ mod S` in the
+//! pair of ticks `τ` in which it runs a forward, and reads that microbatch back `d = S-1-g`
+//! (even `g`) or `S-g` (odd) pairs later, in its backward: at most `S - g` slots hold a live
+//! entry. The interleaved order has rings of `2·R·S` slots (`tick_interleaved.rs`).
 
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
@@ -48,20 +49,24 @@ impl Rings {
         b.op("ring_written", kind, None)
     }
 
-    /// Each stage's entry that its backward in pair `τ` reads: slot `(τ - d) mod S`,
-    /// `= (τ mod S + 2⌊g/2⌋ + 1) mod S`, through a stage-major view.
-    pub(super) fn read(
-        &self,
-        b: &mut Builder,
-        ring: ValueId,
-        pair: ValueId,
-    ) -> Result<ValueId, Diagnostic> {
+    /// The slots the stages' backwards in pair `τ` read (parity order): `(τ - d) mod S`,
+    /// `= (τ mod S + 2⌊g/2⌋ + 1) mod S`.
+    pub(super) fn read_slots(&self, b: &mut Builder, pair: ValueId) -> Result<ValueId, Diagnostic> {
         let slot = self.write_slot(b, pair)?;
         let read = b.binary("read_slot", BinaryOp::Add, self.read_offset, slot)?;
         let k = b.scalar("ring_len", self.slots as f64, DType::I32)?;
         let over = b.compare("lapped_read", CmpPred::Ge, read, k)?;
         let wrapped = b.binary("wrapped_read", BinaryOp::Sub, read, k)?;
-        let slots = b.select("read_slots", over, wrapped, read)?;
+        b.select("read_slots", over, wrapped, read)
+    }
+
+    /// Each stage's entry at its slot of `slots`, through a stage-major view.
+    pub(super) fn read(
+        &self,
+        b: &mut Builder,
+        ring: ValueId,
+        slots: ValueId,
+    ) -> Result<ValueId, Diagnostic> {
         // Stage-major, so that each stage reads its own slot, then back in the kept value's order.
         let ty = b.ty(ring).clone();
         let (rank, at) = (ty.rank(), stage_axis(&ty));
