@@ -91,7 +91,7 @@ fn training(m: &Module, local: u64) -> Option<Value> {
         .map(|q| 4 * stage.ty(q.value).elements())
         .sum();
     let step = m.func(&names::vjp(names::TRAIN))?;
-    let tick_loop = tick_loop(step, m.pipeline.microbatches);
+    let tick_loop = tick_loop(step, &m.pipeline);
     Some(json!({
         "schedule": schedule_of(m, tick_loop.is_some()).name(),
         "tick_loop": tick_loop,
@@ -117,13 +117,17 @@ fn schedule_of(m: &Module, ticks: bool) -> Kind {
 }
 
 /// The loop over ticks of `--schedule 1f1b` (`one_f_one_b.rs`), read off the training step
-/// `f`: the one carrying the ring of stage inputs. Every stage runs a forward or a backward in
-/// `2M` of its ticks; what the program proves and holds is `schedule_check`'s.
-fn tick_loop(f: &Func, microbatches: u64) -> Option<Value> {
-    let (halves, ring) = f.tick_loop()?;
+/// `f`: the one carrying the ring of stage inputs. Every stage runs `2·R·M` forwards and
+/// backwards; a tick of the parity order has one slot per stage for them, one of the
+/// interleaved order (`R > 1`) two, a forward's and a backward's, so the bubble here is the
+/// share of idle slots. `schedule_check`'s bubble weighs a tick by its busiest stage's work
+/// instead (a tick of forwards alone is half as long), which is the time the stages idle.
+fn tick_loop(f: &Func, p: &ppc_dialect::ir::Pipeline) -> Option<Value> {
+    let (ticks, ring) = f.tick_loop()?;
+    let slots = ticks * if p.repeats > 1 { 2 } else { 1 };
     Some(json!({
-        "ticks": halves,
-        "bubble_fraction": 1.0 - (2 * microbatches) as f64 / halves as f64,
+        "ticks": ticks,
+        "bubble_fraction": 1.0 - (2 * p.repeats * p.microbatches) as f64 / slots as f64,
         "ring_slots_per_stage": f.ty(ring).shape()[0],
     }))
 }

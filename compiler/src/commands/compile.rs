@@ -121,8 +121,9 @@ fn kept_by_remat(
     compiled: &Module,
 ) -> anyhow::Result<serde_json::Value> {
     let mut by = serde_json::Map::new();
-    // `tick` exists for 1F1B only.
-    let one_f_one_b = pass.options(true, compiled).schedule == Kind::OneFOneB;
+    // `tick` exists for 1F1B's parity order only (not on circular pipelines).
+    let one_f_one_b = pass.options(true, compiled).schedule == Kind::OneFOneB
+        && compiled.pipeline.repeats == 1;
     let remats = [Remat::Stage, Remat::Tick, Remat::None];
     for remat in remats
         .into_iter()

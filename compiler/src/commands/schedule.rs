@@ -1,7 +1,8 @@
 //! `ppc schedule`: the pictures of a pipeline's time × stage grid. Without options, the
 //! forward loop the passes generate; with `--schedule` (or the model file's `schedule = ...`),
-//! a training schedule's published timetable; with `--train`, the compiled training step as
-//! the schedule proof reads it off the program.
+//! a training schedule's published timetable; with `--train` (and for interleaved 1F1B, which
+//! has no published table here), the compiled training step as the schedule proof reads it off
+//! the program.
 
 use super::loaded::load;
 use crate::cli::ModelArgs;
@@ -22,7 +23,10 @@ pub(super) fn schedule_command(
 ) -> anyhow::Result<()> {
     let mut l = load(model)?;
     let named = l.module.schedule.is_some().then(|| Kind::of(&l.module));
-    let (text, picture) = match (train, schedule.or(named)) {
+    let kind = schedule.or(named);
+    // A circular pipeline's 1F1B is the interleaved order, which only the program has.
+    let interleaved = kind == Some(Kind::OneFOneB) && l.module.pipeline.repeats > 1;
+    let (text, picture) = match (train || interleaved, kind) {
         (true, kind) => {
             let opts = Options {
                 train: true,
@@ -78,7 +82,9 @@ fn timetable(m: &ppc_dialect::Module, kind: Kind) -> anyhow::Result<Timetable> {
     let p = m.pipeline;
     if p.repeats > 1 {
         anyhow::bail!(
-            "timetables are drawn for pipelines without repeats; this one has repeats = {}",
+            "timetables are drawn for pipelines without repeats; this one has repeats = {} \
+             (`--schedule gpipe --train` draws the compiled circular program, and `--schedule \
+             1f1b` its interleaved order)",
             p.repeats
         );
     }

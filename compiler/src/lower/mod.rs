@@ -121,8 +121,9 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         ranks: p.ranks,
         replicas: opts.replicas,
         flops: m.flops(),
-        // Each tick of 1F1B's loop offers every stage a forward and a backward; it takes one.
-        calls_per_slot: if main.ticks { 2 } else { 1 },
+        // Each tick of 1F1B's parity order offers every stage a forward and a backward, of
+        // which it takes one; the interleaved order's ticks (`repeats` > 1) have a slot for each.
+        calls_per_slot: if main.ticks && p.repeats == 1 { 2 } else { 1 },
         target: opts.target.clone(),
         gpu: opts.gpu.clone(),
         args: main.manifest_args(),
