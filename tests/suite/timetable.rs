@@ -172,8 +172,17 @@ fn schedule_draws_each_timetable_and_the_report_lists_them() {
     let (code, out, _) = crate::common::ppc(&["schedule", &mlp, "--schedule", "gpipe"]);
     assert_eq!(code, 0);
     assert!(!out.contains("not yet compiled"), "{out}");
-    let (code, _, err) =
+    // A circular pipeline's 1F1B is the interleaved order, drawn as compiled: repeat 1 of
+    // microbatch 7 on stage 0 a group of S forwards after its repeat 0.
+    let (code, out, err) =
         crate::common::ppc(&["schedule", &mlp, "--schedule", "1f1b", "--repeats", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("formula (S-1)/(R·M+S-1)"), "{out}");
+    let stage0 = out.lines().find(|l| l.starts_with("stage 0")).expect("stage 0");
+    let cells: Vec<&str> = stage0.split_whitespace().skip(2).collect();
+    assert_eq!(cells[..5], ["F7/0", "F6/0", "F5/0", "F4/0", "F7/1"], "{out}");
+    let (code, _, err) =
+        crate::common::ppc(&["schedule", &mlp, "--schedule", "zb-h1", "--repeats", "2"]);
     assert_eq!(code, 1);
     assert!(err.contains("without repeats"), "{err}");
 

@@ -575,11 +575,11 @@ fn forward_half(
     if tape_writes.iter().any(|w| late.contains(w)) {
         return Err(unexpected("tapes that keep nothing received"));
     }
-    // The stages that ran keep what the tapes kept (for the state's tape, the stage's input)
-    // in their slot of the rings.
+    // The stages that ran keep what the tapes kept in their slot of the rings; in the
+    // interleaved order, the stage's input for the state's tape (`Tape::stage_in`).
     let kept = |kind: Kept| {
         (parts.tapes.iter().filter(move |t| t.kept == kind)).map(|t| {
-            let value = match (&f.ops[t.write].kind, t.stage_in) {
+            let value = match (&f.ops[t.write].kind, ticks.stage_in(t)) {
                 (_, Some((fed, _))) => env[&f.ops[fed].results[0]],
                 (OpKind::Update { update, .. }, None) => env[update],
                 _ => unreachable!("invariant: a tape write"),

@@ -2,7 +2,7 @@
 //! each tick, which microbatch a stage meets in it, and how a tick calls a stage function;
 //! what the forward half (`one_f_one_b.rs`) and the backward half (`tick_backward.rs`) share.
 
-use super::gpipe_step::{mask_of, Parts};
+use super::gpipe_step::{mask_of, Parts, Tape};
 use super::tick_interleaved::Interleaved;
 use super::tick_ring::Rings;
 use ppc_dialect::build::Builder;
@@ -48,6 +48,16 @@ pub(super) struct Halves {
     pub(super) input: FuncId,
     pub(super) weight: FuncId,
     pub(super) firsts: usize,
+}
+
+impl Ticks {
+    /// The ops by which a ring keeps the stage's input instead of the state `tape` holds: in
+    /// the interleaved order, where stage 0's input may come from the back edge, which the
+    /// outputs buffer no longer holds when its backward runs. (In the parity order stage 0's
+    /// backward reads the step's input, as GPipe's does.)
+    pub(super) fn stage_in(&self, tape: &Tape) -> Option<(OpId, OpId)> {
+        tape.stage_in.filter(|_| self.interleaved.is_some())
+    }
 }
 
 pub(super) fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {

@@ -78,12 +78,12 @@ impl<'a> Backward<'a> {
             reversed,
             slots,
             rings: staged
-                .map(|t| t.stage_in.map_or(t.read, |(_, read)| read))
+                .map(|t| ticks.stage_in(t).map_or(t.read, |(_, read)| read))
                 .zip(held.rings.iter().copied())
                 .collect(),
             same: held.same.iter().copied().collect(),
             unread: (parts.tapes.iter())
-                .filter(|t| t.kept == Kept::Outputs || t.stage_in.is_some())
+                .filter(|t| t.kept == Kept::Outputs || ticks.stage_in(t).is_some())
                 .map(|t| t.read)
                 .collect(),
             st,

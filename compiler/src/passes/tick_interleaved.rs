@@ -27,11 +27,11 @@
 //! Items are GPipe's: repeat `r` of microbatch `m` is item `r·M + m`, from which the
 //! copied GPipe ops derive the stage mask, the repeat, the output slot and the back edge.
 
-use super::tick::int;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
 use ppc_dialect::ir::ValueId;
 use ppc_dialect::op::{BinaryOp, CmpPred};
+use ppc_dialect::DType;
 
 /// The interleaved order's sizes: `R`, `S` and `M`.
 #[derive(Clone, Copy)]
@@ -176,4 +176,8 @@ pub(super) fn modulo(b: &mut Builder, x: ValueId, k: i64) -> Result<ValueId, Dia
     let laps = b.binary("laps", BinaryOp::Div, x, k)?;
     let lapped = b.binary("lapped", BinaryOp::Mul, laps, k)?;
     b.binary("remainder", BinaryOp::Sub, x, lapped)
+}
+
+fn int(b: &mut Builder, hint: &str, v: i64) -> Result<ValueId, Diagnostic> {
+    b.scalar(hint, v as f64, DType::I32)
 }
