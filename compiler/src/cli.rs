@@ -83,7 +83,8 @@ pub enum Command {
         /// which forward (F), input gradient (B) and weight gradient (W) each stage runs at
         /// each tick, its bubble beside the published formula, and the stage inputs it keeps.
         /// `ppc compile --train --schedule` compiles each (zb-h1 as 1F1B's loop over ticks
-        /// with each weight gradient a tick after its input gradient).
+        /// with each weight gradient a tick after its input gradient). With `repeats` > 1,
+        /// 1f1b is drawn as compiled (interleaved 1F1B, as --train draws it).
         #[arg(long, value_enum, value_name = "SCHEDULE")]
         schedule: Option<crate::timetable::Kind>,
         /// Draw the compiled training step instead (with --schedule, that schedule's): the
@@ -289,7 +290,7 @@ pub struct PassArgs {
     pub poison_bubbles: bool,
     /// Training: what the backward recomputes. `stage` (GPipe's choice): keep each
     /// iteration's stage input and recompute the stage in the backward loop, the least memory;
-    /// `tick` (`--schedule 1f1b` only): as `stage`, but recompute in the tick before the
+    /// `tick` (`--schedule 1f1b` without repeats only): as `stage`, but recompute in the tick before the
     /// backward, holding one microbatch's activations per stage for a tick, so that with one
     /// stage per rank forward and backward ticks cost the same and ranks do not wait on each
     /// other; `none`: keep every activation the backward reads, so no matmul runs twice (see
@@ -298,10 +299,11 @@ pub struct PassArgs {
     pub remat: Remat,
     /// Training: the order of each stage's forwards and backwards. `gpipe`: every forward,
     /// then every backward (each stage keeps all M microbatches' inputs); `1f1b`: one forward,
-    /// one backward, in one loop over ticks (stage s keeps at most S-s inputs); `zb-h1`: 1F1B
-    /// with each backward's weight gradient a tick after its input gradient, in the stage's
-    /// forward tick (one microbatch's activations more per stage). The same gradients, bit for
-    /// bit. `ppc schedule --schedule` draws them. Default: the model
+    /// one backward, in one loop over ticks (stage s keeps at most S-s inputs; with `repeats`
+    /// R > 1, interleaved 1F1B: a bubble of (S-1)/(R·M+S-1), stage s keeps R·S+S-2s group
+    /// inputs); `zb-h1`: 1F1B with each backward's weight gradient a tick after its input
+    /// gradient, in the stage's forward tick (one microbatch's activations more per stage;
+    /// not with repeats). The same gradients, bit for bit. `ppc schedule --schedule` draws them. Default: the model
     /// file's `schedule = ...` in its `pipeline` block, else gpipe.
     #[arg(long = "schedule", value_enum)]
     pub train_schedule: Option<Kind>,

@@ -398,15 +398,30 @@ fn compiled_interleaved_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
     for (file, remat) in [("examples/mlp.ppc", "stage"), ("examples/gpt2.ppc", "none")] {
         let path = root().join(file).display().to_string();
         let flags = |schedule: &'static str| {
-            ["--train", "--schedule", schedule, "--remat", remat, "--repeats", "2"]
+            [
+                "--train",
+                "--schedule",
+                schedule,
+                "--remat",
+                remat,
+                "--repeats",
+                "2",
+            ]
         };
         let run = |schedule: &'static str, ranks: u64| {
-            let what = format!("{file} --schedule {schedule} --remat {remat} --repeats 2 on {ranks} ranks");
+            let what = format!(
+                "{file} --schedule {schedule} --remat {remat} --repeats 2 on {ranks} ranks"
+            );
             let exe = dir.join(format!("model_{schedule}_{ranks}"));
             build(file, &exe, ranks, &flags(schedule));
             let ckpt = dir.join(format!("model_{schedule}_{ranks}.safetensors"));
             let ckpt_s = ckpt.display().to_string();
-            let l = launch(&exe, Some(ranks), &["--steps", "3", "--json", "--save", &ckpt_s], &[]);
+            let l = launch(
+                &exe,
+                Some(ranks),
+                &["--steps", "3", "--json", "--save", &ckpt_s],
+                &[],
+            );
             assert_eq!(l.code, 0, "{what}\n{}", l.stderr);
             let losses = json_losses(&l.stdout);
             assert_eq!(losses.len(), 3, "{what}: one line per step\n{}", l.stdout);
@@ -418,10 +433,17 @@ fn compiled_interleaved_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
         let (code, out, err) = ppc(&args);
         assert_eq!(code, 0, "{err}");
         let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-        let slots = report["training"]["tick_loop"]["bubble_fraction"].as_f64().expect("slots");
-        let time = report["schedule_check"]["bubble_fraction"].as_f64().expect("time");
+        let slots = report["training"]["tick_loop"]["bubble_fraction"]
+            .as_f64()
+            .expect("slots");
+        let time = report["schedule_check"]["bubble_fraction"]
+            .as_f64()
+            .expect("time");
         let (s, m) = (4.0, report["microbatches"].as_f64().expect("M"));
-        assert!((time - (s - 1.0) / (2.0 * m + s - 1.0)).abs() < 1e-12, "{report}");
+        assert!(
+            (time - (s - 1.0) / (2.0 * m + s - 1.0)).abs() < 1e-12,
+            "{report}"
+        );
         assert!(slots > time, "{report}");
         for ranks in [1, 2, 4] {
             let (what, exe, losses, got) = run("1f1b", ranks);
@@ -432,7 +454,10 @@ fn compiled_interleaved_1f1b_trains_with_gpipes_bytes_on_1_2_and_4_ranks() {
             let j = bench_json(&l.stdout);
             for r in j["per_rank"].as_array().expect("per_rank") {
                 let measured = r["measured_bubble"].as_f64().expect("measured");
-                assert!((measured - slots).abs() < 1e-12, "{what}: {j} against {slots}");
+                assert!(
+                    (measured - slots).abs() < 1e-12,
+                    "{what}: {j} against {slots}"
+                );
             }
         }
     }

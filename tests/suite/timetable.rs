@@ -178,9 +178,16 @@ fn schedule_draws_each_timetable_and_the_report_lists_them() {
         crate::common::ppc(&["schedule", &mlp, "--schedule", "1f1b", "--repeats", "2"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("formula (S-1)/(R·M+S-1)"), "{out}");
-    let stage0 = out.lines().find(|l| l.starts_with("stage 0")).expect("stage 0");
+    let stage0 = out
+        .lines()
+        .find(|l| l.starts_with("stage 0"))
+        .expect("stage 0");
     let cells: Vec<&str> = stage0.split_whitespace().skip(2).collect();
-    assert_eq!(cells[..5], ["F7/0", "F6/0", "F5/0", "F4/0", "F7/1"], "{out}");
+    assert_eq!(
+        cells[..5],
+        ["F7/0", "F6/0", "F5/0", "F4/0", "F7/1"],
+        "{out}"
+    );
     let (code, _, err) =
         crate::common::ppc(&["schedule", &mlp, "--schedule", "zb-h1", "--repeats", "2"]);
     assert_eq!(code, 1);

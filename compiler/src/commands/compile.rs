@@ -122,8 +122,8 @@ fn kept_by_remat(
 ) -> anyhow::Result<serde_json::Value> {
     let mut by = serde_json::Map::new();
     // `tick` exists for 1F1B's parity order only (not on circular pipelines).
-    let one_f_one_b = pass.options(true, compiled).schedule == Kind::OneFOneB
-        && compiled.pipeline.repeats == 1;
+    let one_f_one_b =
+        pass.options(true, compiled).schedule == Kind::OneFOneB && compiled.pipeline.repeats == 1;
     let remats = [Remat::Stage, Remat::Tick, Remat::None];
     for remat in remats
         .into_iter()

@@ -210,7 +210,12 @@ impl Parts {
                     true => Some((fed(f, l1, state)?, fed(f, l2, value)?)),
                     false => None,
                 };
-                Ok(Tape { write, read, kept, stage_in })
+                Ok(Tape {
+                    write,
+                    read,
+                    kept,
+                    stage_in,
+                })
             })
             .collect::<Result<_, Diagnostic>>()?;
         let OpKind::Loop { inits, .. } = &f.ops[backward].kind else {

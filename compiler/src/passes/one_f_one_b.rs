@@ -52,7 +52,12 @@
 //! `names::STASHED`), and the last tick's `W` after the loop. Each `W` adds its gradients where
 //! the whole backward did, so the bytes are still GPipe's.
 //!
-//! Interleaved repeats are not built yet.
+//! **Interleaved 1F1B** (`repeats` > 1): the same loop in the order of `tick_interleaved.rs`,
+//! where a stage may run a forward and a backward in the same tick; each stage works on GPipe's
+//! items (`r·M + m`), from which the copied ops derive the mask, the repeat, the output slot
+//! and the circular back edge, and the rings keep the stage's input (stage 0's may come from
+//! the back edge, which the outputs buffer no longer holds when its backward runs). ZB-H1 and
+//! `--remat tick` keep to the parity order and refuse repeats.
 
 use super::autodiff::trainables;
 use super::bw_split::split;

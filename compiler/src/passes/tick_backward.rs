@@ -105,9 +105,7 @@ impl<'a> Backward<'a> {
         let value = match id {
             _ if Some(id) == parts.backward_item => self.item,
             _ if id == parts.backward_done => self.done,
-            _ if id == parts.reversed && self.reversed.is_some() => {
-                self.reversed.expect("checked")
-            }
+            _ if id == parts.reversed && self.reversed.is_some() => self.reversed.expect("checked"),
             _ if Some(id) == mask => self.active,
             _ if self.same.contains_key(&id) => self.same[&id],
             _ if self.rings.contains_key(&id) => {
@@ -115,7 +113,11 @@ impl<'a> Backward<'a> {
             }
             _ if self.unread.contains(&id) => {
                 let value = Float(-0.0);
-                b.op("unread", OpKind::Constant { value }, Some(f.ty(result()).clone()))?
+                b.op(
+                    "unread",
+                    OpKind::Constant { value },
+                    Some(f.ty(result()).clone()),
+                )?
             }
             _ => return b.copy_ops(self.st.m, f, &[id], env),
         };
@@ -126,7 +128,11 @@ impl<'a> Backward<'a> {
 
 /// The parity order's backwards in tick `h`: each stage's microbatch (in GPipe's order,
 /// `M - 1 - n`), where one runs, and the microbatch the last stage takes back.
-fn parity(b: &mut Builder, st: &Step, tick: &Tick) -> Result<(ValueId, ValueId, ValueId), Diagnostic> {
+fn parity(
+    b: &mut Builder,
+    st: &Step,
+    tick: &Tick,
+) -> Result<(ValueId, ValueId, ValueId), Diagnostic> {
     let ticks = st.ticks;
     let (mbs, stages) = (ticks.microbatches, ticks.stages);
     let here = b.compare("backward_here", CmpPred::Ne, ticks.parity, tick.odd)?;
