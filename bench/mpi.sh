@@ -3,7 +3,8 @@
 # `ppc compile --ranks`), mlp and its wider variant. Prints throughput, the ratio 2 ranks / 1
 # rank, and where each rank's step went (computing, waiting in exchanges, measured bubble).
 # Then the MLP's training step under each compiled schedule (gpipe; 1f1b with --remat stage
-# and tick; zb-h1 with stage and none), against GPipe on 1 rank on the same cores.
+# and tick; zb-h1 with stage and none; gpipe and interleaved 1f1b on a circular pipeline of
+# 2 repeats), against GPipe on 1 rank on the same cores.
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,15 +36,19 @@ for cfg in "256 1024" "512 2048"; do
   done
 done
 
-for schedule in gpipe:stage 1f1b:stage 1f1b:tick zb-h1:stage zb-h1:none; do
-  remat=${schedule#*:}; schedule=${schedule%:*}
+# schedule:remat:repeats; repeats 2 is the circular pipeline (twice the layers: compare
+# GFLOP/s), under 1f1b the interleaved order.
+for entry in gpipe:stage:1 1f1b:stage:1 1f1b:tick:1 zb-h1:stage:1 zb-h1:none:1 gpipe:stage:2 1f1b:stage:2; do
+  IFS=: read -r schedule remat repeats <<< "$entry"
   for ranks in 1 2; do
-    exe="$OUT/train_${schedule}_${remat}_$ranks"
-    $PPC compile examples/mlp.ppc --train --schedule $schedule --remat $remat \
+    exe="$OUT/train_${schedule}_${remat}_${repeats}_$ranks"
+    $PPC compile examples/mlp.ppc --train --schedule $schedule --remat $remat --repeats $repeats \
       --dim d=256 --dim h=1024 --ranks $ranks -o "$exe" 2>/dev/null
     read -r gflops step rest < <(mpirun.mpich -n $ranks "$exe" --bench "$STEPS" | summary)
     train_base=${train_base:-$gflops}
     ratio=$(python3 -c "print(f'{$gflops/$train_base:.2f}x')")
-    printf '%-20s %6s %12s %10s %8s  %s\n' "train $schedule $remat" "$ranks" "$gflops" "$step" "$ratio" "$rest"
+    label="train $schedule $remat"
+    [ "$repeats" = 1 ] || label="$label R=$repeats"
+    printf '%-20s %6s %12s %10s %8s  %s\n' "$label" "$ranks" "$gflops" "$step" "$ratio" "$rest"
   done
 done
