@@ -498,24 +498,19 @@ impl Forwards {
         tick: &Tick,
     ) -> Result<Forwards, Diagnostic> {
         let units = il.forward(b, tick.h, ticks.stage_ids)?;
-        let first = int(b, "first_stage", 0)?;
-        let first = il.forward(b, tick.h, first)?;
-        let padding = int(b, "padding_item", il.gpipe_iterations() - 1)?;
-        let t = b.select("fed_item", first.here, first.item, padding)?;
-        let last = int(b, "last_stage", ticks.stages - 1)?;
-        let last = il.forward(b, tick.h, last)?;
+        let (t, done) = il.ends(b, tick.h, false)?;
         let zero = int(b, "zero", 0)?;
-        let wrote = b.compare("wrote", CmpPred::Ge, last.item, zero)?;
+        let wrote = b.compare("wrote", CmpPred::Ge, done, zero)?;
         let final_items = int(b, "final_items", (il.repeats - 1) * il.microbatches)?;
-        let left = b.compare("left", CmpPred::Ge, last.item, final_items)?;
-        let leaving = b.binary("leaving", BinaryOp::Sub, last.item, final_items)?;
+        let left = b.compare("left", CmpPred::Ge, done, final_items)?;
+        let leaving = b.binary("leaving", BinaryOp::Sub, done, final_items)?;
         Ok(Forwards {
             here: units.here,
             item: units.item,
             t,
             feed_at: None,
             write_at: None,
-            done: Some(last.item),
+            done: Some(done),
             wrote,
             leaving,
             left,

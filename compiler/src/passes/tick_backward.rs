@@ -60,12 +60,7 @@ impl<'a> Backward<'a> {
                 let units = il.backward(b, tick.h, ticks.stage_ids)?;
                 let all = il.repeats * il.microbatches;
                 let active = within(b, units.item, 0, all)?;
-                let first = int(b, "first_stage", 0)?;
-                let first = il.backward(b, tick.h, first)?;
-                let padding = int(b, "padding_item", il.gpipe_iterations() - 1)?;
-                let t = b.select("taken_back_item", first.here, first.item, padding)?;
-                let last = int(b, "last_stage", ticks.stages - 1)?;
-                let done = il.backward(b, tick.h, last)?.item;
+                let (t, done) = il.ends(b, tick.h, true)?;
                 (units.item, active, done, Some(t), units.slot)
             }
         };

@@ -65,7 +65,7 @@ impl Interleaved {
 
     /// GPipe's `T = R·M + S - 1` iterations, the length of its padded inputs: item `T - 1` is
     /// padding, which feeds and takes back nothing.
-    pub(super) fn gpipe_iterations(self) -> i64 {
+    fn gpipe_iterations(self) -> i64 {
         self.repeats * self.microbatches + self.stages - 1
     }
 
@@ -114,6 +114,28 @@ impl Interleaved {
         let ran = b.binary("forward_tick_of", BinaryOp::Add, u, stage)?;
         let slot = modulo(b, ran, self.ring_len())?;
         Ok(Units { here, item, slot })
+    }
+
+    /// The items of the first and the last stage in tick `h` (forwards, or backwards where
+    /// `backward`): stage 0's, or the padding's where it runs none (L1's and L2's iteration,
+    /// which feeds and takes back nothing there), and the last stage's, `-1` where none.
+    pub(super) fn ends(
+        self,
+        b: &mut Builder,
+        h: ValueId,
+        backward: bool,
+    ) -> Result<(ValueId, ValueId), Diagnostic> {
+        let units = |b: &mut Builder, stage: i64| {
+            let stage = int(b, "end_stage", stage)?;
+            match backward {
+                false => self.forward(b, h, stage),
+                true => self.backward(b, h, stage),
+            }
+        };
+        let first = units(b, 0)?;
+        let padding = int(b, "padding_item", self.gpipe_iterations() - 1)?;
+        let t = b.select("first_stage_item", first.here, first.item, padding)?;
+        Ok((t, units(b, self.stages - 1)?.item))
     }
 
     /// Unit `u = q·R·S + k·S + i` of a stage: whether it runs, `k`, its repeat (`k`, or
