@@ -13,18 +13,20 @@ use ppc_dialect::ir::{Func, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::Type;
 
-/// If `index` is one position for every slice (a scalar, or a scalar broadcast to every
-/// position: `broadcast %t`), that scalar.
+/// If `index` is one position for every slice (a scalar, a scalar broadcast to every
+/// position: `broadcast %t`, or an index of one element: a stage's repeat where a rank holds
+/// one stage), the value that holds it.
 pub fn uniform(f: &Func, index: ValueId) -> Option<ValueId> {
     if f.ty(index).rank() == 0 {
         return Some(index);
     }
-    f.ops.iter().find_map(|(_, op)| match op.kind {
+    let broadcast = f.ops.iter().find_map(|(_, op)| match op.kind {
         OpKind::Broadcast { x } if op.results.first() == Some(&index) && f.ty(x).rank() == 0 => {
             Some(x)
         }
         _ => None,
-    })
+    });
+    broadcast.or((f.ty(index).elements() == 1).then_some(index))
 }
 
 /// The layout of a view with these strides at a run-time offset.
@@ -35,11 +37,18 @@ fn dynamic_layout(strides: &[usize]) -> Layout {
     }
 }
 
-/// `x[.., k, ..]` (position `k`, clamped, of `axis`) for the scalar i32 buffer `k`, as a view.
+/// `x[.., k, ..]` (position `k`, clamped, of `axis`) for the i32 buffer `k` of one element,
+/// as a view.
 pub fn index(e: &mut Emitter, x: &Buf, k: &Buf, axis: usize) -> Buf {
     let shape = x.ty.shape();
     e.host_reads(k);
-    let v = e.let_(&format!("memref.load {}[] : {}", k.name, k.mty()));
+    let at: Vec<String> = (0..k.ty.rank()).map(|_| e.index(0)).collect();
+    let v = e.let_(&format!(
+        "memref.load {}[{}] : {}",
+        k.name,
+        at.join(", "),
+        k.mty()
+    ));
     let at = clamp_index(e, &v, shape[axis]);
     e.slot(x, &at, axis, false)
 }
