@@ -36,14 +36,15 @@ for cfg in "256 1024" "512 2048"; do
   done
 done
 
-# schedule:remat:repeats; repeats 2 is the circular pipeline (twice the layers: compare
-# GFLOP/s), under 1f1b the interleaved order.
+# schedule:remat:repeats; repeats 2 is the same 4 layers as a circular pipeline of 2 stages
+# (one per rank on 2 ranks), under 1f1b the interleaved order.
 for entry in gpipe:stage:1 1f1b:stage:1 1f1b:tick:1 zb-h1:stage:1 zb-h1:none:1 gpipe:stage:2 1f1b:stage:2; do
   IFS=: read -r schedule remat repeats <<< "$entry"
+  stages=$((4 / repeats))
   for ranks in 1 2; do
     exe="$OUT/train_${schedule}_${remat}_${repeats}_$ranks"
     $PPC compile examples/mlp.ppc --train --schedule $schedule --remat $remat --repeats $repeats \
-      --dim d=256 --dim h=1024 --ranks $ranks -o "$exe" 2>/dev/null
+      --stages $stages --dim d=256 --dim h=1024 --ranks $ranks -o "$exe" 2>/dev/null
     read -r gflops step rest < <(mpirun.mpich -n $ranks "$exe" --bench "$STEPS" | summary)
     train_base=${train_base:-$gflops}
     ratio=$(python3 -c "print(f'{$gflops/$train_base:.2f}x')")
