@@ -20,7 +20,7 @@
 //! and the slice gains the same masked value. With several stages on a rank their repeats
 //! differ, the slices are no view of the accumulator, and the program is left as it is.
 
-use ppc_dialect::ir::{names, Func, FuncId, Module, Op, OpId, Value, ValueId};
+use ppc_dialect::ir::{names, Block, Func, FuncId, Module, Op, OpId, Value, ValueId};
 use ppc_dialect::op::{BinaryOp, Float, OpKind};
 use ppc_dialect::{DType, Dim, Type};
 use std::collections::{HashMap, HashSet};
@@ -59,9 +59,16 @@ pub fn repeat_grads(m: &mut Module) {
             .map(|s| m.funcs[g].ty(s.slice).clone())
             .collect();
         for f in m.funcs.values_mut() {
-            let mut calls = HashMap::new();
+            let mut rewrite = Rewrite {
+                g,
+                repeat_at,
+                spread: &spread,
+                slice_types: &slice_types,
+                calls: HashMap::new(),
+                names: f.values.values().map(|v| v.name.clone()).collect(),
+            };
             let ops = std::mem::take(&mut f.body.ops);
-            f.body.ops = add_into_slices(f, ops, g, repeat_at, &spread, &slice_types, &mut calls);
+            f.body.ops = rewrite.block(f, ops);
         }
     }
 }
@@ -70,9 +77,9 @@ pub fn repeat_grads(m: &mut Module) {
 /// axis = 1)), -0.0` with `%slice` stage-major.
 fn spreads(g: &Func, repeat: ValueId) -> Vec<Spread> {
     let producer = |v: ValueId| {
-        (g.body.ops.iter().map(|&id| &g.ops[id].kind))
-            .zip(g.body.ops.iter().map(|&id| &g.ops[id].results))
-            .find_map(|(k, r)| r.contains(&v).then_some(k))
+        (g.body.ops.iter().map(|&id| &g.ops[id]))
+            .find(|op| op.results.contains(&v))
+            .map(|op| &op.kind)
     };
     let zero =
         |v: ValueId| matches!(producer(v), Some(OpKind::Constant { value }) if value.0 == 0.0);
@@ -111,21 +118,27 @@ fn spreads(g: &Func, repeat: ValueId) -> Vec<Spread> {
 }
 
 /// Whether in `f` each spread result of every call of `g` is read once, by an `add` to
-/// another value (its accumulator), at the same block.
+/// another value (its accumulator).
 fn added_only(f: &Func, g: FuncId, spread: &[Spread]) -> bool {
-    let reads = |v: ValueId| {
-        f.ops
-            .values()
-            .filter(|op| op.kind.operands().contains(&v))
-            .count()
+    fn walk(f: &Func, block: &Block, out: &mut Vec<OpId>) {
+        for &id in &block.ops {
+            out.push(id);
+            if let OpKind::Loop { body, .. } = &f.ops[id].kind {
+                walk(f, body, out);
+            }
+        }
+    }
+    let mut ops = Vec::new();
+    walk(f, &f.body, &mut ops);
+    let added = |r: ValueId| {
+        ops.iter().any(|&a| {
+            matches!(f.ops[a].kind, OpKind::Binary { op: BinaryOp::Add, lhs, rhs } if rhs == r && lhs != r)
+        })
     };
-    f.ops.values().all(|op| match &op.kind {
+    ops.iter().all(|&id| match &f.ops[id].kind {
         OpKind::Call { callee, .. } if *callee == g => spread.iter().all(|s| {
-            let r = op.results[s.result];
-            let adds = f.ops.values().filter(|a| {
-                matches!(a.kind, OpKind::Binary { op: BinaryOp::Add, lhs, rhs } if rhs == r && lhs != r)
-            });
-            reads(r) == 1 && adds.count() == 1
+            let r = f.ops[id].results[s.result];
+            f.uses(&f.body, r) == 1 && added(r)
         }),
         _ => true,
     })
@@ -187,82 +200,111 @@ fn return_masked_slice(g: &mut Func, s: &Spread, active: ValueId) {
     g.remove_dead_ops();
 }
 
-/// `ops` of `f` with each spread result of a call of `g` (whose results now have
-/// `slice_types`) added into its repeat's slice of the accumulator; loop bodies too.
-/// `calls` maps each such result to the call's repeat.
-fn add_into_slices(
-    f: &mut Func,
-    ops: Vec<OpId>,
+/// What rewrites a function's calls of `g` and the additions of their spread results.
+struct Rewrite<'a> {
     g: FuncId,
     repeat_at: usize,
-    spread: &[Spread],
-    slice_types: &[Type],
-    calls: &mut HashMap<ValueId, ValueId>,
-) -> Vec<OpId> {
-    let mut names: HashSet<String> = f.values.values().map(|v| v.name.clone()).collect();
-    let mut out = Vec::new();
-    for id in ops {
-        match f.ops[id].kind.clone() {
-            OpKind::Loop { .. } => {
-                let OpKind::Loop { body, .. } = &mut f.ops[id].kind else {
-                    unreachable!()
-                };
-                let inner = std::mem::take(&mut body.ops);
-                let inner = add_into_slices(f, inner, g, repeat_at, spread, slice_types, calls);
-                let OpKind::Loop { body, .. } = &mut f.ops[id].kind else {
-                    unreachable!()
-                };
-                body.ops = inner;
-            }
-            OpKind::Call { callee, args, .. } if callee == g => {
-                for (s, ty) in spread.iter().zip(slice_types) {
-                    let r = f.ops[id].results[s.result];
-                    f.values[r].ty = ty.clone();
-                    calls.insert(r, args[repeat_at]);
-                }
-            }
-            OpKind::Binary {
-                op: BinaryOp::Add,
-                lhs: acc,
-                rhs,
-            } if calls.contains_key(&rhs) => {
-                let repeat = calls[&rhs];
-                let slice_ty = f.ty(rhs).clone();
-                // The new ops are the accumulation's: its line in diagnostics and traces.
-                let span = f.op_spans.lookup(&id);
-                let mut new = |f: &mut Func, name: &str, ty: Type, kind: OpKind| {
-                    let v = push(f, &mut out, &mut names, name, ty, kind);
-                    if let (Some(span), Some(&op)) = (span, out.last()) {
-                        f.op_spans.set(op, span);
-                    }
-                    v
-                };
-                let kind = OpKind::Reshape { x: repeat };
-                let at = new(f, "repeat_here", Type::scalar(DType::I32), kind);
-                let kind = OpKind::Index {
-                    x: acc,
-                    index: at,
-                    axis: 0,
-                };
-                let slice = new(f, "d_repeat", slice_ty.clone(), kind);
-                let kind = OpKind::Binary {
+    spread: &'a [Spread],
+    /// The types of the results of `g` that now return a slice.
+    slice_types: &'a [Type],
+    /// Each spread result of a call met so far, with the call's repeat.
+    calls: HashMap<ValueId, ValueId>,
+    names: HashSet<String>,
+}
+
+/// One op as the rewrite sees it.
+enum Seen {
+    Loop,
+    Call { repeat: ValueId },
+    Added { acc: ValueId, d: ValueId },
+    Other,
+}
+
+impl Rewrite<'_> {
+    /// `ops` of `f`, loop bodies included, with each spread result of a call of `g` added into
+    /// its repeat's slice of the accumulator.
+    fn block(&mut self, f: &mut Func, ops: Vec<OpId>) -> Vec<OpId> {
+        let mut out = Vec::new();
+        for id in ops {
+            let seen = match &f.ops[id].kind {
+                OpKind::Loop { .. } => Seen::Loop,
+                OpKind::Call { callee, args, .. } if *callee == self.g => Seen::Call {
+                    repeat: args[self.repeat_at],
+                },
+                OpKind::Binary {
                     op: BinaryOp::Add,
-                    lhs: slice,
+                    lhs,
                     rhs,
-                };
-                let sum = new(f, "d_repeat", slice_ty, kind);
-                f.ops[id].kind = OpKind::Update {
-                    x: acc,
-                    update: sum,
-                    index: at,
-                    axis: 0,
-                };
+                } if self.calls.contains_key(rhs) => Seen::Added { acc: *lhs, d: *rhs },
+                _ => Seen::Other,
+            };
+            match seen {
+                Seen::Loop => {
+                    let inner = std::mem::take(loop_ops(f, id));
+                    *loop_ops(f, id) = self.block(f, inner);
+                }
+                Seen::Call { repeat } => {
+                    for (s, ty) in self.spread.iter().zip(self.slice_types) {
+                        let r = f.ops[id].results[s.result];
+                        f.values[r].ty = ty.clone();
+                        self.calls.insert(r, repeat);
+                    }
+                }
+                Seen::Added { acc, d } => self.add_into_slice(f, &mut out, id, acc, d),
+                Seen::Other => {}
             }
-            _ => {}
+            out.push(id);
         }
-        out.push(id);
+        out
     }
-    out
+
+    /// Turns `add %acc, %d` (op `id`) into an update of `%acc`'s slice at the call's repeat,
+    /// the ops before it appended to `out`.
+    fn add_into_slice(
+        &mut self,
+        f: &mut Func,
+        out: &mut Vec<OpId>,
+        id: OpId,
+        acc: ValueId,
+        d: ValueId,
+    ) {
+        let repeat = self.calls[&d];
+        let slice_ty = f.ty(d).clone();
+        // The new ops are the accumulation's: its line in diagnostics and traces.
+        let span = f.op_spans.lookup(&id);
+        let names = &mut self.names;
+        let mut new = |f: &mut Func, name: &str, ty: Type, kind: OpKind| {
+            let v = push(f, out, names, name, ty, kind);
+            if let (Some(span), Some(&op)) = (span, out.last()) {
+                f.op_spans.set(op, span);
+            }
+            v
+        };
+        let kind = OpKind::Reshape { x: repeat };
+        let at = new(f, "repeat_here", Type::scalar(DType::I32), kind);
+        let (index, axis) = (at, 0);
+        let kind = OpKind::Index {
+            x: acc,
+            index,
+            axis,
+        };
+        let slice = new(f, "d_repeat", slice_ty.clone(), kind);
+        let (op, lhs, rhs) = (BinaryOp::Add, slice, d);
+        let sum = new(f, "d_repeat", slice_ty, OpKind::Binary { op, lhs, rhs });
+        f.ops[id].kind = OpKind::Update {
+            x: acc,
+            update: sum,
+            index,
+            axis,
+        };
+    }
+}
+
+fn loop_ops(f: &mut Func, id: OpId) -> &mut Vec<OpId> {
+    match &mut f.ops[id].kind {
+        OpKind::Loop { body, .. } => &mut body.ops,
+        _ => unreachable!("invariant: a loop"),
+    }
 }
 
 /// Adds an op of one result, named after `name` (unique in `f`), to `f` and to `ops`.
