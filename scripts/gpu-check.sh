@@ -46,6 +46,8 @@ FORWARD=(
 TRAIN=(
   "train_mlp|examples/mlp.ppc||1"
   "train_transformer_bf16|examples/transformer.ppc|--dtype bf16|1"
+  # Interleaved 1F1B on one stage: the repeat's weights as views, its gradients added in place.
+  "train_mlp_interleaved|examples/mlp.ppc|--schedule 1f1b --repeats 2 --stages 1|1"
 )
 # The bench: a decoder pipeline of 4 stages × 2 layers, d = 4096, f = 16384, 8 microbatches of
 # 4 × 1024 tokens, bf16 (110 TFLOP a step); the same shape in JAX.
