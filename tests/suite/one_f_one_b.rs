@@ -171,6 +171,40 @@ fn same_step_as_gpipes(schedule: Kind, remats: &[Remat]) {
     assert!(sharded >= 8, "only {sharded} cases split over ranks");
 }
 
+/// bf16 and f16 storage: every ticked schedule (the parity order under each `--remat`, ZB-H1,
+/// the interleaved order) gives GPipe's step bit for bit, its masked cotangents in the
+/// storage dtype.
+#[test]
+fn ticked_schedules_train_half_precision_models_with_gpipes_bytes() {
+    let runs = [
+        (1, Kind::OneFOneB, Remat::Stage),
+        (1, Kind::OneFOneB, Remat::Tick),
+        (1, Kind::ZbH1, Remat::None),
+        (2, Kind::OneFOneB, Remat::Stage),
+        (2, Kind::OneFOneB, Remat::None),
+    ];
+    for dtype in [ppc_dialect::DType::BF16, ppc_dialect::DType::F16] {
+        for (r, schedule, remat) in runs {
+            let text = model(2, 4, r, 1, 2, 3, 4);
+            for ranks in [1, 2] {
+                let over = Overrides {
+                    ranks: Some(ranks),
+                    float_dtype: Some(dtype),
+                    ..Overrides::default()
+                };
+                let what = format!(
+                    "{dtype:?} R={r} {} {} on {ranks} ranks",
+                    schedule.name(),
+                    remat.name()
+                );
+                let want = step(&text, &over, true, (Kind::Gpipe, gpipes(remat)), 3);
+                let got = step(&text, &over, true, (schedule, remat), 3);
+                assert_same_step(&want, &got, &what);
+            }
+        }
+    }
+}
+
 /// GPT-2 (a tied embedding, cross entropy) and Llama: the head and the loss run per microbatch
 /// inside the tick loop, yet the step is GPipe's, bit for bit, under 1F1B and ZB-H1, on 1, 2
 /// and 4 ranks, with each `--remat`.

@@ -18,7 +18,6 @@ use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
 use ppc_dialect::ir::{Func, OpId, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind};
-use ppc_dialect::DType;
 use std::collections::{HashMap, HashSet};
 
 /// What L2's ops read in one tick in place of GPipe's tapes and items.
@@ -194,7 +193,7 @@ pub(super) fn backward_half(
             let cotangent = *args.last().expect("the cotangent");
             let d_y = env[&cotangent];
             let here = stage_mask(b, env[&mask], &b.ty(d_y).clone())?;
-            let zero = b.scalar("no_cotangent", -0.0, DType::F32)?;
+            let zero = b.scalar("no_cotangent", -0.0, b.ty(d_y).dtype)?;
             let masked = b.select("cotangent_here", here, d_y, zero)?;
             let saved = env.insert(cotangent, masked);
             match st.ticks.halves {
