@@ -9,6 +9,7 @@
 //!   `inline.rs`). A function nothing calls would be silently ignored.
 //! - No pipeline axis (`#stages`) and no masked `matmul`: passes add them.
 //! - A circular pipeline has as many microbatches as stages ([`circular_fits`]).
+//! - A schedule the file names trains the file's pipeline ([`schedule_fits`]).
 //! - `@embed` takes the input and `@head` what the stages chain; their parameters are the
 //!   model's, named apart from `@layer`'s, one parameter where both declare a name (a tied
 //!   embedding) ([`check_ends`]).
@@ -22,6 +23,7 @@ use std::collections::BTreeSet;
 pub fn check_user_code(m: &Module) -> Result<(), Diagnostics> {
     let mut diags = Vec::new();
     diags.extend(circular_fits(m).err());
+    diags.extend(schedule_fits(m).err());
     for f in m.funcs.values() {
         diags.extend(pipeline_axis(f));
         for (id, op) in f.ops.iter() {
@@ -110,6 +112,32 @@ pub fn circular_fits(m: &Module) -> Result<(), Diagnostic> {
         .with_note(format!("use --microbatches {} or more, or --repeats 1", p.stages)));
     }
     Ok(())
+}
+
+/// The file's `schedule = zb-h1` on a circular pipeline: ZB-H1's weight gradients fill the
+/// parity order's idle half-ticks, which the interleaved order of a circular pipeline has not,
+/// so training could not run the schedule the file names.
+pub fn schedule_fits(m: &Module) -> Result<(), Diagnostic> {
+    let p = m.pipeline;
+    let Some(span) = m.spans.lookup(&Item::Schedule) else {
+        return Ok(());
+    };
+    if m.schedule.as_deref() != Some("zb-h1") || p.repeats == 1 {
+        return Ok(());
+    }
+    let mut d = Diagnostic::error(
+        format!(
+            "`schedule = zb-h1` is not built for a circular pipeline ({} repeats)",
+            p.repeats
+        ),
+        span,
+        "zb-h1",
+    );
+    match m.spans.lookup(&Item::Setting(Setting::Repeats)) {
+        Some(at) => d = d.with_label(at, format!("{} repeats", p.repeats)),
+        None => d = d.with_note(format!("from the command line: --repeats {}", p.repeats)),
+    }
+    Err(d.with_note("its weight gradients fill the idle half-ticks of 1F1B's parity order, which the interleaved order of a circular pipeline has not: `schedule = 1f1b` trains it interleaved, `gpipe` circular, or set `repeats = 1`"))
 }
 
 /// A value of `f` typed with a pipeline axis, which only passes add: one written in a model
