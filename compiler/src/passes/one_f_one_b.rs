@@ -3,9 +3,10 @@
 //! tick (1F1B, as in PipeDream-Flush and Megatron), so that stage `s` keeps `S - s`
 //! microbatches' inputs, not M.
 //!
-//! Preconditions: `autodiff` has run on GPipe's `@train` with `R = 1` (either `--remat`), and
-//! `loss` has built `@microbatch_loss` and `@loss_normalizer`. Postconditions: `@train_vjp`
-//! computes the same loss and gradients, bit for bit, in one loop of `2(M+S-1)` ticks.
+//! Preconditions: `autodiff` has run on GPipe's `@train` (any `--remat`; with `R > 1`, not
+//! `tick`), and `loss` has built `@microbatch_loss` and `@loss_normalizer`. Postconditions:
+//! `@train_vjp` computes the same loss and gradients, bit for bit, in one loop of `2(M+S-1)`
+//! ticks (`R = 1`) or of the interleaved order's (`R > 1`, below).
 //!
 //! **The order** (`pipeline-schedules.md` §5): in tick `h`, the stages of parity `h mod 2` run
 //! a forward and the others a backward, so a tick is one forward call and one backward call
