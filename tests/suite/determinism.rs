@@ -78,7 +78,8 @@ fn bytes_of(exe: &Path, run: &Run, args: &[&str], out: &Path) -> Vec<u8> {
 
 /// Forward outputs of the examples, and the checkpoints after 10 training steps (GPipe,
 /// `--schedule 1f1b` under `--remat stage` and `tick`, and `zb-h1`, the same bytes as each
-/// other), are the same bytes in every run of [`runs`]; so is the transformer's training at a
+/// other; circular GPipe and interleaved 1F1B, likewise), are the same bytes in every run of
+/// [`runs`]; so is the transformer's training at a
 /// shape where one rank lowers its backward differently from two and four.
 #[test]
 fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch() {
@@ -109,6 +110,8 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
             ("1f1b", &training[..]),
             ("1f1b_tick", &training[..]),
             ("zb-h1", &training[..]),
+            ("circular", &training[..]),
+            ("interleaved", &training[..]),
         ] {
             // 1F1B on the MLP and GPT-2 (ends, a tied embedding) only, with `--remat tick`
             // (its recomputation's residuals carried in place) on GPT-2, and ZB-H1 on the
@@ -120,6 +123,9 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                 "1f1b" => !one_f_one_b,
                 "1f1b_tick" => model != "examples/gpt2.ppc",
                 "zb-h1" => model != "examples/transformer.ppc",
+                // A circular pipeline on the MLP: on 4 ranks one stage each, which picks its
+                // repeat's weights as views and adds its gradients into their slice in place.
+                "circular" | "interleaved" => model != "examples/mlp.ppc",
                 _ => false,
             };
             if skip {
@@ -138,6 +144,10 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                             flags.extend(["--train", "--schedule", "1f1b", "--remat", "tick"])
                         }
                         "zb-h1" => flags.extend(["--train", "--schedule", "zb-h1"]),
+                        "circular" => flags.extend(["--train", "--repeats", "2"]),
+                        "interleaved" => {
+                            flags.extend(["--train", "--schedule", "1f1b", "--repeats", "2"])
+                        }
                         "bf16" => flags.extend(["--dtype", "bf16"]),
                         _ => {}
                     }
@@ -163,10 +173,11 @@ fn outputs_and_checkpoints_are_the_same_bytes_on_any_threads_ranks_and_dispatch(
                     ),
                 }
             }
-            // The 1F1B and ZB-H1 steps give GPipe's checkpoint.
+            // The 1F1B and ZB-H1 steps give GPipe's checkpoint; interleaved 1F1B circular
+            // GPipe's.
             match mode {
-                "train" => gpipe = first.clone(),
-                "1f1b" | "1f1b_tick" | "zb-h1" => {
+                "train" | "circular" => gpipe = first.clone(),
+                "1f1b" | "1f1b_tick" | "zb-h1" | "interleaved" => {
                     assert!(
                         first == gpipe,
                         "{model} {dims:?} {mode}: the checkpoint is not GPipe's"

@@ -361,24 +361,26 @@ fn what_the_jit_says_reaches_the_user() {
 }
 
 /// Training executables for the baseline: no AVX-512 outside the dispatched kernels, and on the
-/// AVX2 path (AVX-512 hidden, 2 threads) they train as they do here, in f32, bf16 and f16: the
-/// same losses and the same checkpoint bytes.
+/// AVX2 path (AVX-512 hidden, 2 threads) they train as they do here, in f32, bf16 and f16 (and
+/// interleaved 1F1B in bf16): the same losses and the same checkpoint bytes.
 #[test]
 fn training_executables_for_the_baseline_train_alike_on_the_portable_path() {
     let dir = scratch("portable-train");
-    let cases = [
-        ("examples/mlp.ppc", DType::F32),
-        ("examples/mlp.ppc", DType::BF16),
-        ("examples/transformer.ppc", DType::F16),
+    // Interleaved 1F1B in bf16 on one stage: its masked cotangents in bf16, the repeat's
+    // weights as views, its gradients added into their slice.
+    let interleaved = ["--schedule", "1f1b", "--repeats", "2", "--stages", "1"];
+    let cases: [(&str, DType, &[&str]); 4] = [
+        ("examples/mlp.ppc", DType::F32, &[]),
+        ("examples/mlp.ppc", DType::BF16, &[]),
+        ("examples/transformer.ppc", DType::F16, &[]),
+        ("examples/mlp.ppc", DType::BF16, &interleaved),
     ];
-    for (model, dtype) in cases {
-        let what = format!("{model} {dtype}");
+    for (model, dtype, extra) in cases {
+        let what = format!("{model} {dtype} {extra:?}");
         let d = dtype.to_string();
-        let exe = build(
-            model,
-            &dir,
-            &["--train", "--target-cpu", "x86-64-v3", "--dtype", &d],
-        );
+        let mut flags = vec!["--train", "--target-cpu", "x86-64-v3", "--dtype", &d];
+        flags.extend(extra);
+        let exe = build(model, &dir, &flags);
         let stray: Vec<String> = functions_using_zmm(&exe)
             .into_iter()
             .filter(|f| !dispatched_at_run_time(f))
