@@ -6,12 +6,14 @@
 //! it checks; then any of
 //! - `// NEST: NAME`: the loop nests written for the case's functions (the `--trace` groups of
 //!   the manifest on lines from the first `func` on, `mul+tanh, line 9`), all of them, in order;
+//! - `// NEST-COUNT: N NAME`: exactly N loop nests of that name are written, on any line;
 //! - `// CHECK: TEXT`: TEXT is in the MLIR; `// CHECK-NOT: TEXT`: it is not;
 //!   `// CHECK-COUNT: N TEXT`: it is there exactly N times.
 //!
 //! The harness snapshots the MLIR (reviewed like the pass tests'), checks the lines above, and,
-//! for the CPU, runs `ppc verify --backend cpu --exact` (with `--grad` for training): the
-//! strategy keeps the meaning, bit for bit.
+//! for the CPU on one rank, runs `ppc verify --backend cpu --exact` (with `--grad` for
+//! training): the strategy keeps the meaning, bit for bit. A program over several ranks runs
+//! only under MPI: the compiled schedules' tests (`one_f_one_b.rs`, `mpirun.rs`) check its bytes.
 
 use crate::common::{ppc, root};
 use ppc::lower::{self, Numerics};
@@ -96,6 +98,7 @@ fn lowering_cases() {
         let opts = Options {
             train: l.train,
             remat: l.remat,
+            schedule: ppc::timetable::Kind::of(&m),
             ..Options::default()
         };
         compile(&mut m, &opts, None, None).unwrap_or_else(|e| panic!("{name}: {e:?}"));
@@ -125,6 +128,12 @@ fn lowering_cases() {
                 assert_eq!(mlir.matches(want).count(), n, "{name}: `{want}` in\n{mlir}");
             } else if let Some(nest) = line.strip_prefix("// NEST: ") {
                 nests.push(nest.to_string());
+            } else if let Some(rest) = line.strip_prefix("// NEST-COUNT: ") {
+                let (n, nest) = rest.split_once(' ').expect("`N NAME`");
+                let n: usize = n.parse().expect("a count");
+                let groups = &lowered.manifest.groups;
+                let written = groups.iter().filter(|g| *g == nest).count();
+                assert_eq!(written, n, "{name}: `{nest}` nests in {groups:?}");
             }
         }
         if !nests.is_empty() {
@@ -148,7 +157,7 @@ fn lowering_cases() {
                 "{name}: the loop nests"
             );
         }
-        if !l.cuda {
+        if !l.cuda && l.overrides.ranks.is_none_or(|n| n == 1) {
             let file = root().join(&name).display().to_string();
             let mut args = vec!["verify", file.as_str(), "--backend", "cpu"];
             if l.exact {

@@ -3,6 +3,7 @@
 //! on buffers already written: which accumulator buffer a call's adds fold into, and which
 //! buffer read for the last time an elementwise op writes over.
 
+use super::accumulate::Accumulation;
 use super::batch_split::Step;
 use super::buf::Buf;
 use super::emit::Emitter;
@@ -365,12 +366,22 @@ impl Walker<'_, '_> {
         // The adds this call's results fold into: into the accumulator's own buffer, or a
         // fresh one holding a copy of it (made before a `call_if`'s test: where the call is
         // skipped, the sum is the accumulator).
+        // A `call_if` inlined on the CPU adds the results no GEMM adds into after its body,
+        // inside its test: a skipped call costs no pass over the accumulator (the ticked
+        // schedules' weight gradients, whose calls run in fewer than half the ticks).
+        let gemm = |a: &&Accumulation| s.plan.gemm_accumulations.iter().any(|g| g.add == a.add);
+        let after_body: Vec<&Accumulation> = match (split, &guard, self.e.gpu.is_some()) {
+            (None, Some(_), false) => (s.plan.stage_accumulations.iter())
+                .filter(|a| a.call == id && !gemm(a))
+                .collect(),
+            _ => Vec::new(),
+        };
         let accumulations = match split {
             Some(_) => &s.plan.stage_accumulations,
             None => &s.plan.gemm_accumulations,
         };
         let mut adds = HashMap::new();
-        for a in accumulations.iter().filter(|a| a.call == id) {
+        for a in (accumulations.iter().filter(|a| a.call == id)).chain(after_body.iter().copied()) {
             let sum = f.ops[a.add].results[0];
             let acc = env[&a.acc].clone();
             let out = match s.into.get(&sum) {
@@ -384,7 +395,10 @@ impl Walker<'_, '_> {
             };
             adds.insert(a.result, (a.add, out));
         }
-        let add_into = adds.iter().map(|(&i, (_, b))| (i, b.clone())).collect();
+        let add_into = (adds.iter())
+            .filter(|(_, (add, _))| !after_body.iter().any(|a| a.add == *add))
+            .map(|(&i, (_, b))| (i, b.clone()))
+            .collect();
         if let Some(flag) = &guard {
             self.e.begin_if(flag);
         }
@@ -404,6 +418,9 @@ impl Walker<'_, '_> {
             }
             None => self.func_into(*callee, ins, &finals, &add_into)?,
         };
+        for a in &after_body {
+            self.e.add_to(&adds[&a.result].1, &outs[a.result]);
+        }
         self.calls -= 1;
         // Copied where the plan could not compute a result into its buffer (a view, an
         // argument), inside the region, which may define the view. A result added into its
