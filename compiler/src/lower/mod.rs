@@ -204,6 +204,7 @@ fn entry_function(
         bound: Vec::new(),
         groups: std::mem::take(groups),
         calls: 0,
+        true_masks: Default::default(),
     };
     let args = entry::write(&mut w, id, entry)?;
     *groups = std::mem::take(&mut w.groups);

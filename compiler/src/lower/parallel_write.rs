@@ -73,7 +73,9 @@ impl Walker<'_, '_> {
             ));
             self.e.open(&format!("scf.if {active} {{"));
         }
-        let outs = self.func(callee, args)?;
+        // Inside the bubble test the stage's mask holds only `true`.
+        let true_args: Vec<usize> = masked.iter().map(|&(at, _)| at).collect();
+        let outs = self.func_if_true(callee, args, &true_args)?;
         for (i, ((out, whole), &v)) in outs.iter().zip(&results).zip(&g.body.results).enumerate() {
             let slot = self.e.stage_slice(whole, g.ty(v));
             if add_into.contains_key(&i) {

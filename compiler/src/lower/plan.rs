@@ -34,6 +34,8 @@ pub struct Context {
     pub carried: HashSet<ValueId>,
     /// Among them, those the caller adds into (`accumulate.rs`).
     pub accumulated: HashSet<ValueId>,
+    /// Masks known to hold only `true` where the block runs (`Walker::func_into`).
+    pub true_masks: HashSet<ValueId>,
 }
 
 /// The analyses a loop body needs before its carried values are placed (`in_place::plan`).
@@ -75,6 +77,12 @@ pub enum Decision {
     /// A call, inlined; `stages`: as one loop over the callee's stages.
     Call {
         stages: Option<StageLoop>,
+    },
+    /// `select %c, %x, %y` where `%c` holds only `true` and nothing else reads `%x`: `%x`'s
+    /// buffer, no loop nest (a stage function's masking of its results, inside a call that
+    /// runs only for an active stage).
+    Alias {
+        of: ValueId,
     },
     /// A matmul that adds into the accumulator its caller gave.
     MatMulInto,
@@ -129,9 +137,9 @@ impl BlockPlan {
             false => fuse::sole_readers(f, block, deferred),
             true => HashMap::new(),
         };
+        let in_chains: HashSet<OpId> = chains.iter().flat_map(|c| c.ops.iter().copied()).collect();
         let summed = match (cx.numerics, cx.gpu) {
             (Numerics::Fast, false) => {
-                let in_chains = chains.iter().flat_map(|c| c.ops.iter().copied()).collect();
                 summed_matmul::find(f, block, &sole_readers, &in_chains, &cx.carried)
             }
             _ => HashMap::new(),
@@ -169,6 +177,16 @@ impl BlockPlan {
                     };
                     let scalar = views::uniform(f, *index).expect("checked by guarded_updates");
                     Decision::GuardedUpdate { update, scalar }
+                }
+                OpKind::Select { cond, on_true, .. }
+                    if cx.true_masks.contains(cond)
+                        && !cx.gpu
+                        && !deferred.contains(on_true)
+                        && sole_readers.get(on_true) == Some(&id)
+                        && !cx.carried.contains(&op.results[0])
+                        && !in_chains.contains(&id) =>
+                {
+                    Decision::Alias { of: *on_true }
                 }
                 OpKind::Index { index, .. } => match views::uniform(f, *index) {
                     Some(scalar) => Decision::IndexView { scalar },

@@ -78,18 +78,48 @@ pub(super) struct Walker<'m, 'a> {
     pub groups: Vec<String>,
     /// Calls being emitted around what is written now.
     pub calls: usize,
+    /// The masks of the function being written that hold only `true` there: its stage mask
+    /// inside a call made only for an active stage (a `call_if` on it, a split call's
+    /// bubble test), and their reshapes.
+    pub true_masks: HashSet<ValueId>,
 }
 
 impl Walker<'_, '_> {
     /// Emits `f`'s body with `args` bound; returns its result buffers.
     pub fn func(&mut self, f: FuncId, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
-        self.func_into(f, args, &HashMap::new(), &HashMap::new())
+        self.func_into(f, args, &HashMap::new(), &HashMap::new(), &[])
+    }
+
+    /// As [`Walker::func`], where arguments `true_args` (by index) hold only `true`.
+    pub(super) fn func_if_true(
+        &mut self,
+        f: FuncId,
+        args: Vec<Buf>,
+        true_args: &[usize],
+    ) -> Result<Vec<Buf>, Diagnostic> {
+        self.func_into(f, args, &HashMap::new(), &HashMap::new(), true_args)
     }
 
     /// As [`Walker::func`], with results computed straight into the buffers of `into` where
     /// the plan allows, and by adding into those of `add_into` (both by result index;
-    /// `accumulate.rs`).
+    /// `accumulate.rs`); arguments `true_args` hold only `true`.
     fn func_into(
+        &mut self,
+        id: FuncId,
+        args: Vec<Buf>,
+        into: &HashMap<usize, Buf>,
+        add_into: &HashMap<usize, Buf>,
+        true_args: &[usize],
+    ) -> Result<Vec<Buf>, Diagnostic> {
+        let f = &self.m.funcs[id];
+        let true_masks = true_masks(f, true_args.iter().map(|&i| f.body.args[i]));
+        let outer = std::mem::replace(&mut self.true_masks, true_masks);
+        let results = self.func_body(id, args, into, add_into);
+        self.true_masks = outer;
+        results
+    }
+
+    fn func_body(
         &mut self,
         id: FuncId,
         args: Vec<Buf>,
@@ -153,6 +183,7 @@ impl Walker<'_, '_> {
             in_parallel_loop: self.e.nest.in_parallel_loop(),
             carried: into.keys().chain(add_into.keys()).copied().collect(),
             accumulated: add_into.keys().copied().collect(),
+            true_masks: self.true_masks.clone(),
         };
         let plan = BlockPlan::new(self.m, f, block, fusion, &cx);
         let s = Scope {
@@ -279,6 +310,9 @@ impl Walker<'_, '_> {
                 env.insert(result, view);
             }
             Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
+            Decision::Alias { of } => {
+                env.insert(result, env[of].clone());
+            }
             Decision::MatMulInto => {
                 let acc = s.add_into[&result].clone();
                 matmul::matmul_into(&mut self.e, &ins[0], &ins[1], ins.get(2), &acc);
@@ -347,12 +381,24 @@ impl Walker<'_, '_> {
             unreachable!("invariant: planned for calls")
         };
         let mut ins = ins;
+        let guard = on.map(|_| ins.remove(0));
+        // A `call_if` inlined on the CPU adds the results no GEMM adds into after its body,
+        // inside its test: a skipped call makes no pass over the accumulator (the ticked
+        // schedules' weight gradients, whose calls run in fewer than half the ticks).
+        let gemm = |a: &&Accumulation| s.plan.gemm_accumulations.iter().any(|g| g.add == a.add);
+        let after_body: Vec<&Accumulation> = match (split, &guard, self.e.gpu.is_some()) {
+            (None, Some(_), false) => (s.plan.stage_accumulations.iter())
+                .filter(|a| a.call == id && !gemm(a))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let added_in_test = |i: usize| after_body.iter().any(|a| a.result == i);
         // `call_if`: the callee computes into buffers allocated outside the `scf.if` (or the
         // loop's carried buffers, where `in_place.rs` allows), which its `else` fills with
-        // -0.0.
-        let guard = on.map(|_| ins.remove(0));
+        // -0.0; a result added in the test is read there only and needs none.
         let finals: HashMap<usize, Buf> = match guard {
             Some(_) => (op.results.iter().enumerate())
+                .filter(|&(i, _)| !added_in_test(i))
                 .map(|(i, &r)| match s.into.get(&r) {
                     Some(b) => (i, b.clone()),
                     None => (i, self.e.alloc(&value_type(&self.e, f, r))),
@@ -366,16 +412,6 @@ impl Walker<'_, '_> {
         // The adds this call's results fold into: into the accumulator's own buffer, or a
         // fresh one holding a copy of it (made before a `call_if`'s test: where the call is
         // skipped, the sum is the accumulator).
-        // A `call_if` inlined on the CPU adds the results no GEMM adds into after its body,
-        // inside its test: a skipped call costs no pass over the accumulator (the ticked
-        // schedules' weight gradients, whose calls run in fewer than half the ticks).
-        let gemm = |a: &&Accumulation| s.plan.gemm_accumulations.iter().any(|g| g.add == a.add);
-        let after_body: Vec<&Accumulation> = match (split, &guard, self.e.gpu.is_some()) {
-            (None, Some(_), false) => (s.plan.stage_accumulations.iter())
-                .filter(|a| a.call == id && !gemm(a))
-                .collect(),
-            _ => Vec::new(),
-        };
         let accumulations = match split {
             Some(_) => &s.plan.stage_accumulations,
             None => &s.plan.gemm_accumulations,
@@ -396,7 +432,7 @@ impl Walker<'_, '_> {
             adds.insert(a.result, (a.add, out));
         }
         let add_into = (adds.iter())
-            .filter(|(_, (add, _))| !after_body.iter().any(|a| a.add == *add))
+            .filter(|&(&i, _)| !added_in_test(i))
             .map(|(&i, (_, b))| (i, b.clone()))
             .collect();
         if let Some(flag) = &guard {
@@ -416,7 +452,10 @@ impl Walker<'_, '_> {
                 let read = stage_split::results_read(f, op);
                 self.split_call(*callee, ins, &read, &add_into, stages)?
             }
-            None => self.func_into(*callee, ins, &finals, &add_into)?,
+            None => {
+                let true_args = on.map(|c| guard_args(f, c, op)).unwrap_or_default();
+                self.func_into(*callee, ins, &finals, &add_into, &true_args)?
+            }
         };
         for a in &after_body {
             self.e.add_to(&adds[&a.result].1, &outs[a.result]);
@@ -685,4 +724,38 @@ impl Walker<'_, '_> {
             }
         }
     }
+}
+
+/// The masks of `f` that hold only `true` where `seeds` do: the seeds and their reshapes.
+fn true_masks(f: &Func, seeds: impl Iterator<Item = ValueId>) -> HashSet<ValueId> {
+    let mut known: HashSet<ValueId> = seeds.collect();
+    loop {
+        let more: Vec<ValueId> = (f.ops.values())
+            .filter(|op| matches!(op.kind, OpKind::Reshape { x } if known.contains(&x)))
+            .map(|op| op.results[0])
+            .filter(|r| !known.contains(r))
+            .collect();
+        if more.is_empty() {
+            return known;
+        }
+        known.extend(more);
+    }
+}
+
+/// The arguments of `call_if` `op` of `f` that hold only `true` when it runs: its test `on`
+/// itself, or the one-element mask `on` is a reshape of (a rank's only stage's mask).
+fn guard_args(f: &Func, on: ValueId, op: &ppc_dialect::ir::Op) -> Vec<usize> {
+    let OpKind::Call { args, .. } = &op.kind else {
+        return Vec::new();
+    };
+    let reshaped = (f.ops.values())
+        .find(|o| o.results.contains(&on))
+        .and_then(|o| match o.kind {
+            OpKind::Reshape { x } if f.ty(x).elements() == 1 => Some(x),
+            _ => None,
+        });
+    (args.iter().enumerate())
+        .filter(|&(_, &a)| a == on || Some(a) == reshaped)
+        .map(|(i, _)| i)
+        .collect()
 }
