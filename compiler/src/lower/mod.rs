@@ -13,7 +13,9 @@
 //! again, `@ppc_stage…`, by the transform script's `loop.outline`, not inlined by LLVM) and,
 //! where a stage's values are too small for a parallel loop nest each, run as one parallel loop
 //! over the stages (`stage_split.rs`; in the training step's backward, bubble stages skip it and
-//! each stage adds its weight gradients into the accumulators, `accumulate.rs`), chains of
+//! each stage adds its weight gradients into the accumulators, `accumulate.rs`; inside a call
+//! made only for an active stage its masking selects are their operands' buffers, `plan.rs`'s
+//! `Decision::Alias`; a `call_if` adds its results into accumulators inside its test), chains of
 //! batched matmuls and what lies between them
 //! (attention, a decoder's MLP) as one parallel loop over their batch entries
 //! (`batch_split.rs`), reductions along the innermost axis as register loops
