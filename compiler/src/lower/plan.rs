@@ -86,6 +86,13 @@ pub enum Decision {
     },
     /// A matmul that adds into the accumulator its caller gave.
     MatMulInto,
+    /// A matmul that only `update` reads, writing it into the slice of the carried value that
+    /// the update writes in place: computed there, and the update copies nothing (a layer's
+    /// weight gradient in a stage backward's layer loop). `walk.rs` falls back to a buffer of
+    /// its own where the update turns out not to be in place.
+    MatMulIntoSlice {
+        update: OpId,
+    },
     /// A `reduce_sum` of a matmul's batch axes: one GEMM summing over them too
     /// (`summed_matmul.rs`; the matmul is skipped).
     SummedMatMul {
@@ -206,6 +213,11 @@ impl BlockPlan {
                 OpKind::MatMul { .. } if cx.accumulated.contains(&op.results[0]) => {
                     Decision::MatMulInto
                 }
+                OpKind::MatMul { .. } if !cx.gpu => match slice_writer(f, block, &sole_readers, id)
+                {
+                    Some(update) => Decision::MatMulIntoSlice { update },
+                    None => Decision::Compute,
+                },
                 OpKind::Constant { .. } if unread.contains(&op.results[0]) => Decision::Unfilled,
                 OpKind::Loop { .. } => Decision::Loop,
                 kind if kind.is_elementwise() => Decision::Elementwise,
@@ -241,4 +253,38 @@ fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
     !nested.contains(&v)
         && !block.results.contains(&v)
         && block.ops.iter().all(|&id| indexed(&f.ops[id].kind))
+}
+
+/// The `update` that alone reads matmul `id`'s f32 result and writes it, at an index known
+/// before the matmul, into a slice of a value that nothing else in `block` reads.
+fn slice_writer(
+    f: &Func,
+    block: &Block,
+    sole_readers: &HashMap<ValueId, OpId>,
+    id: OpId,
+) -> Option<OpId> {
+    let result = f.ops[id].results[0];
+    let update = *sole_readers.get(&result)?;
+    let OpKind::Update {
+        x,
+        update: value,
+        index,
+        ..
+    } = &f.ops[update].kind
+    else {
+        return None;
+    };
+    let scalar = views::uniform(f, *index)?;
+    let at = |v: ValueId| {
+        block
+            .ops
+            .iter()
+            .position(|&o| f.ops[o].results.contains(&v))
+    };
+    let known_before = at(scalar).is_none_or(|p| Some(p) < at(result));
+    (*value == result
+        && f.ty(result).dtype == ppc_dialect::DType::F32
+        && sole_readers.get(x) == Some(&update)
+        && known_before)
+        .then_some(update)
 }

@@ -46,6 +46,8 @@ struct Written {
     fresh: Vec<ValueId>,
     /// Adds the call before them did.
     folded: HashSet<OpId>,
+    /// In-place updates whose value was computed in their slice (`MatMulIntoSlice`).
+    in_slice: HashSet<OpId>,
     /// The GPipe loops written so far (`--trace` spans).
     gpipe_loops: usize,
     /// The ticks of the loops over ticks (`--schedule 1f1b`) written so far.
@@ -272,13 +274,37 @@ impl Walker<'_, '_> {
                     unreachable!("invariant: planned for updates")
                 };
                 let out = self.output(s, st, result);
-                let group = self.begin_group(f, id, "update".to_string());
-                if env[x].name != out.name {
-                    self.e.copy(&env[x], &out);
+                if !st.in_slice.contains(&id) {
+                    let group = self.begin_group(f, id, "update".to_string());
+                    if env[x].name != out.name {
+                        self.e.copy(&env[x], &out);
+                    }
+                    let slice = views::index(&mut self.e, &out, &env[scalar], *axis);
+                    self.e.copy(&ins[1], &slice);
+                    self.end_group(group);
                 }
-                let slice = views::index(&mut self.e, &out, &env[scalar], *axis);
-                self.e.copy(&ins[1], &slice);
-                self.end_group(group);
+                env.insert(result, out);
+            }
+            Decision::MatMulIntoSlice { update } => {
+                let OpKind::Update { x, index, axis, .. } = &f.ops[*update].kind else {
+                    unreachable!("invariant: planned for updates")
+                };
+                let carried = s.into.get(&f.ops[*update].results[0]);
+                let out = match carried.filter(|b| b.name == env[x].name) {
+                    Some(whole) => {
+                        let scalar = views::uniform(f, *index).expect("checked by the plan");
+                        st.in_slice.insert(*update);
+                        views::index(&mut self.e, whole, &env[&scalar], *axis)
+                    }
+                    None => {
+                        let out = self.output(s, st, result);
+                        if !s.placed(st, result) {
+                            st.fresh.push(result);
+                        }
+                        out
+                    }
+                };
+                ops::lower(&mut self.e, self.numerics, &op.kind, &ins, &out);
                 env.insert(result, out);
             }
             Decision::GuardedUpdate { update, scalar } => {
