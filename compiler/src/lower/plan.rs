@@ -213,11 +213,12 @@ impl BlockPlan {
                 OpKind::MatMul { .. } if cx.accumulated.contains(&op.results[0]) => {
                     Decision::MatMulInto
                 }
-                OpKind::MatMul { .. } if !cx.gpu => match slice_writer(f, block, &sole_readers, id)
-                {
-                    Some(update) => Decision::MatMulIntoSlice { update },
-                    None => Decision::Compute,
-                },
+                OpKind::MatMul { .. } if !cx.gpu && !in_chains.contains(&id) => {
+                    match slice_writer(f, block, &sole_readers, id) {
+                        Some(update) => Decision::MatMulIntoSlice { update },
+                        None => Decision::Compute,
+                    }
+                }
                 OpKind::Constant { .. } if unread.contains(&op.results[0]) => Decision::Unfilled,
                 OpKind::Loop { .. } => Decision::Loop,
                 kind if kind.is_elementwise() => Decision::Elementwise,
