@@ -73,8 +73,13 @@ impl Walker<'_, '_> {
             ));
             self.e.open(&format!("scf.if {active} {{"));
         }
-        // Inside the bubble test the stage's mask holds only `true`.
-        let true_args: Vec<usize> = masked.iter().map(|&(at, _)| at).collect();
+        // Inside the bubble test the stage's mask holds only `true`. Not used for stages in
+        // turn: at d = 1024 the transformer's step was 3% slower with its selects gone, in three
+        // runs (BENCHMARKS.md, twenty-ninth session); why is not established.
+        let true_args: Vec<usize> = (masked.iter())
+            .filter(|_| stages.parallel)
+            .map(|&(at, _)| at)
+            .collect();
         let outs = self.func_if_true(callee, args, &true_args)?;
         for (i, ((out, whole), &v)) in outs.iter().zip(&results).zip(&g.body.results).enumerate() {
             let slot = self.e.stage_slice(whole, g.ty(v));

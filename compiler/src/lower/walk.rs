@@ -1,7 +1,8 @@
 //! Writes a function's blocks as the plan of each says (`plan.rs`), inlining calls: one arm
 //! per [`Decision`]. Values map to buffers (`env`); what is decided here is only what depends
-//! on buffers already written: which accumulator buffer a call's adds fold into, and which
-//! buffer read for the last time an elementwise op writes over.
+//! on buffers already written: which accumulator buffer a call's adds fold into, which
+//! buffer read for the last time an elementwise op writes over, and whether the update that
+//! reads a matmul writes in place (then the matmul is computed in its slice).
 
 use super::accumulate::Accumulation;
 use super::batch_split::Step;
@@ -121,6 +122,7 @@ impl Walker<'_, '_> {
         results
     }
 
+    /// [`Walker::func_into`]'s body, with the callee's true masks set.
     fn func_body(
         &mut self,
         id: FuncId,
