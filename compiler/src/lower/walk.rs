@@ -115,22 +115,6 @@ impl Walker<'_, '_> {
         true_args: &[usize],
     ) -> Result<Vec<Buf>, Diagnostic> {
         let f = &self.m.funcs[id];
-        let true_masks = true_masks(f, true_args.iter().map(|&i| f.body.args[i]));
-        let outer = std::mem::replace(&mut self.true_masks, true_masks);
-        let results = self.func_body(id, args, into, add_into);
-        self.true_masks = outer;
-        results
-    }
-
-    /// [`Walker::func_into`]'s body, with the callee's true masks set.
-    fn func_body(
-        &mut self,
-        id: FuncId,
-        args: Vec<Buf>,
-        into: &HashMap<usize, Buf>,
-        add_into: &HashMap<usize, Buf>,
-    ) -> Result<Vec<Buf>, Diagnostic> {
-        let f = &self.m.funcs[id];
         let mut env: HashMap<ValueId, Buf> = f.body.args.iter().copied().zip(args).collect();
         for (i, p) in f.params.iter().enumerate() {
             let buf = self.param(self.params.id(id, i));
@@ -143,14 +127,18 @@ impl Walker<'_, '_> {
                 .collect()
         };
         let fusion = Fusion::of(f, &f.body);
-        self.block(
+        let true_masks = true_masks(f, true_args.iter().map(|&i| f.body.args[i]));
+        let outer = std::mem::replace(&mut self.true_masks, true_masks);
+        let written = self.block(
             f,
             &f.body,
             fusion,
             &mut env,
             &by_value(into),
             &by_value(add_into),
-        )?;
+        );
+        self.true_masks = outer;
+        written?;
         Ok(f.body.results.iter().map(|v| env[v].clone()).collect())
     }
 
