@@ -11,7 +11,13 @@
 //!   cache, instead of one pass over all stages on one thread after the loop (the transformer
 //!   example's 13 weight gradients: 1 ms of a 10 ms training step). The same additions, so the
 //!   same bits.
+//! - When the result is a layer loop's carried value that each iteration writes one slice of
+//!   (a stage's weight gradients, one layer each), each slice is added into the accumulator
+//!   where the loop writes it, while it is in cache ([`summed_by_slices`]; `Walker::for_loop`),
+//!   instead of one pass over the whole gradient after the call. The same additions, so the
+//!   same bits.
 
+use super::{fuse, in_place, views};
 use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
 use ppc_dialect::op::{BinaryOp, OpKind};
 use ppc_dialect::DType;
@@ -108,4 +114,45 @@ fn returned_matmul(g: &Func, v: ValueId) -> bool {
         g.ops[id].results.contains(&v) && matches!(g.ops[id].kind, OpKind::MatMul { .. })
     });
     matmul && g.uses(&g.body, v) == 1 && g.ty(v).dtype == DType::F32
+}
+
+/// Whether result `i` of `g`, added into an accumulator, can be added slice by slice: an f32
+/// carried value of a loop of `g`'s body whose every iteration writes a slice of its own
+/// (`in_place::overwritten`, at a position the same for every stage), returned as it is or
+/// through `select %c, %it, ...` on a mask `%c` of `true_masks` (which holds only `true`
+/// where the body runs, so the select is `%it`), read by nothing else.
+pub fn summed_by_slices(g: &Func, i: usize, true_masks: &HashSet<ValueId>) -> bool {
+    let block = &g.body;
+    let v = block.results[i];
+    let once = |v: ValueId| g.uses(block, v) == 1;
+    let Some(mut at) = fuse::producer(g, block, v) else {
+        return false;
+    };
+    let mut carried = v;
+    if let OpKind::Select { cond, on_true, .. } = g.ops[at].kind {
+        let loop_of = block
+            .ops
+            .iter()
+            .find(|&&o| g.ops[o].results.contains(&on_true));
+        let Some(&p) = loop_of else {
+            return false;
+        };
+        if !true_masks.contains(&cond) || !once(on_true) {
+            return false;
+        }
+        (at, carried) = (p, on_true);
+    }
+    let OpKind::Loop { trips, body, .. } = &g.ops[at].kind else {
+        return false;
+    };
+    let Some(j) = g.ops[at].results.iter().position(|&r| r == carried) else {
+        return false;
+    };
+    let slice_writer = fuse::producer(g, body, body.results[j]).map(|u| &g.ops[u].kind);
+    let uniform = matches!(slice_writer, Some(OpKind::Update { index, .. })
+        if views::uniform(g, *index).is_some());
+    once(v)
+        && g.ty(v).dtype == DType::F32
+        && uniform
+        && in_place::overwritten(g, body, *trips).contains(&j)
 }

@@ -80,13 +80,15 @@ impl Walker<'_, '_> {
             .filter(|_| stages.parallel)
             .map(|&(at, _)| at)
             .collect();
-        let outs = self.func_if_true(callee, args, &true_args)?;
-        for (i, ((out, whole), &v)) in outs.iter().zip(&results).zip(&g.body.results).enumerate() {
-            let slot = self.e.stage_slice(whole, g.ty(v));
-            if add_into.contains_key(&i) {
-                self.e.add_to(&slot, out);
-            } else {
-                self.e.copy(out, &slot);
+        let slots: Vec<Buf> = (results.iter().zip(&g.body.results))
+            .map(|(whole, &v)| self.e.stage_slice(whole, g.ty(v)))
+            .collect();
+        let sums = (add_into.keys()).map(|&i| (i, slots[i].clone())).collect();
+        let none = HashMap::new();
+        let outs = self.func_adding(callee, args, (&none, &none), &true_args, &sums)?;
+        for (i, (out, slot)) in outs.iter().zip(&slots).enumerate() {
+            if !add_into.contains_key(&i) {
+                self.e.copy(out, slot);
             }
         }
         if let Some((_, fills)) = masked {

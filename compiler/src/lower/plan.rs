@@ -36,6 +36,10 @@ pub struct Context {
     pub accumulated: HashSet<ValueId>,
     /// Masks known to hold only `true` where the block runs (`Walker::func_into`).
     pub true_masks: HashSet<ValueId>,
+    /// Values the caller adds into an accumulator slice by slice, where their loop writes each
+    /// (`accumulate::summed_by_slices`): the loop's carried value, or a select of it on a true
+    /// mask, which is then that value.
+    pub summed: HashSet<ValueId>,
 }
 
 /// The analyses a loop body needs before its carried values are placed (`in_place::plan`).
@@ -134,7 +138,11 @@ impl BlockPlan {
         let unread = in_place::unread_inits(f, block);
         let chains = if cx.numerics == Numerics::Fast && !cx.gpu && !cx.in_parallel_loop {
             let guarded = &fusion.guarded;
-            let excluded = guarded.keys().chain(guarded.values()).copied().collect();
+            let summed = (block.ops.iter().copied())
+                .filter(|&id| f.ops[id].results.iter().any(|r| cx.summed.contains(r)));
+            let excluded = (guarded.keys().chain(guarded.values()).copied())
+                .chain(summed)
+                .collect();
             batch_split::find(f, block, deferred, &excluded, &cx.carried)
         } else {
             Vec::new()
@@ -184,6 +192,9 @@ impl BlockPlan {
                     };
                     let scalar = views::uniform(f, *index).expect("checked by guarded_updates");
                     Decision::GuardedUpdate { update, scalar }
+                }
+                OpKind::Select { on_true, .. } if cx.summed.contains(&op.results[0]) => {
+                    Decision::Alias { of: *on_true }
                 }
                 OpKind::Select { cond, on_true, .. }
                     if cx.true_masks.contains(cond)

@@ -4,7 +4,7 @@
 //! buffer read for the last time an elementwise op writes over, and whether the update that
 //! reads a matmul writes in place (then the matmul is computed in its slice).
 
-use super::accumulate::Accumulation;
+use super::accumulate::{self, Accumulation};
 use super::batch_split::Step;
 use super::buf::Buf;
 use super::emit::Emitter;
@@ -26,6 +26,9 @@ struct Scope<'s> {
     plan: &'s BlockPlan,
     into: &'s HashMap<ValueId, Buf>,
     add_into: &'s HashMap<ValueId, Buf>,
+    /// Values the caller adds into these accumulators, slice by slice where their loop writes
+    /// each (`accumulate::summed_by_slices`).
+    sums: &'s HashMap<ValueId, Buf>,
 }
 
 impl Scope<'_> {
@@ -90,28 +93,52 @@ pub(super) struct Walker<'m, 'a> {
 impl Walker<'_, '_> {
     /// Emits `f`'s body with `args` bound; returns its result buffers.
     pub fn func(&mut self, f: FuncId, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
-        self.func_into(f, args, &HashMap::new(), &HashMap::new(), &[])
+        self.func_into(
+            f,
+            args,
+            &HashMap::new(),
+            &HashMap::new(),
+            &HashMap::new(),
+            &[],
+        )
     }
 
-    /// As [`Walker::func`], where arguments `true_args` (by index) hold only `true`.
-    pub(super) fn func_if_true(
+    /// As [`Walker::func_into`] (no `sum_into`), with results `sums` (by index) added into the
+    /// given accumulators: slice by slice where the callee's loop writes them, if it can
+    /// (`accumulate::summed_by_slices`), else after its body.
+    pub(super) fn func_adding(
         &mut self,
-        f: FuncId,
+        id: FuncId,
         args: Vec<Buf>,
+        (into, add_into): (&HashMap<usize, Buf>, &HashMap<usize, Buf>),
         true_args: &[usize],
+        sums: &HashMap<usize, Buf>,
     ) -> Result<Vec<Buf>, Diagnostic> {
-        self.func_into(f, args, &HashMap::new(), &HashMap::new(), true_args)
+        let g = &self.m.funcs[id];
+        let known = true_masks(g, true_args.iter().map(|&i| g.body.args[i]));
+        let (by_slices, after): (HashMap<usize, Buf>, HashMap<usize, Buf>) = (sums.iter())
+            .map(|(&i, acc)| (i, acc.clone()))
+            .partition(|&(i, _)| accumulate::summed_by_slices(g, i, &known));
+        let outs = self.func_into(id, args, into, add_into, &by_slices, true_args)?;
+        let mut after: Vec<(usize, Buf)> = after.into_iter().collect();
+        after.sort_by_key(|&(i, _)| i);
+        for (i, acc) in after {
+            self.e.add_to(&acc, &outs[i]);
+        }
+        Ok(outs)
     }
 
     /// As [`Walker::func`], with results computed straight into the buffers of `into` where
-    /// the plan allows, and by adding into those of `add_into` (both by result index;
-    /// `accumulate.rs`); arguments `true_args` hold only `true`.
+    /// the plan allows, by a GEMM adding into those of `add_into`, and added into those of
+    /// `sum_into` slice by slice (all by result index; `accumulate.rs`); arguments `true_args`
+    /// hold only `true`.
     fn func_into(
         &mut self,
         id: FuncId,
         args: Vec<Buf>,
         into: &HashMap<usize, Buf>,
         add_into: &HashMap<usize, Buf>,
+        sum_into: &HashMap<usize, Buf>,
         true_args: &[usize],
     ) -> Result<Vec<Buf>, Diagnostic> {
         let f = &self.m.funcs[id];
@@ -136,6 +163,7 @@ impl Walker<'_, '_> {
             &mut env,
             &by_value(into),
             &by_value(add_into),
+            &by_value(sum_into),
         );
         self.true_masks = outer;
         written?;
@@ -159,7 +187,9 @@ impl Walker<'_, '_> {
 
     /// Plans `block` (`plan.rs`) and writes it. `into`: the values computed straight into a
     /// loop's carried buffer (`in_place.rs`) and that buffer; `add_into`: the matmul results
-    /// that add into the caller's buffer.
+    /// that add into the caller's buffer; `sums`: the values added into the caller's buffer
+    /// slice by slice.
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &mut self,
         f: &Func,
@@ -168,6 +198,7 @@ impl Walker<'_, '_> {
         env: &mut HashMap<ValueId, Buf>,
         into: &HashMap<ValueId, Buf>,
         add_into: &HashMap<ValueId, Buf>,
+        sums: &HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
         let cx = plan::Context {
             numerics: self.numerics,
@@ -176,6 +207,7 @@ impl Walker<'_, '_> {
             carried: into.keys().chain(add_into.keys()).copied().collect(),
             accumulated: add_into.keys().copied().collect(),
             true_masks: self.true_masks.clone(),
+            summed: sums.keys().copied().collect(),
         };
         let plan = BlockPlan::new(self.m, f, block, fusion, &cx);
         let s = Scope {
@@ -184,6 +216,7 @@ impl Walker<'_, '_> {
             plan: &plan,
             into,
             add_into,
+            sums,
         };
         let mut st = Written::default();
         let mut open = None;
@@ -264,13 +297,19 @@ impl Walker<'_, '_> {
                     unreachable!("invariant: planned for updates")
                 };
                 let out = self.output(s, st, result);
+                // A slice the caller adds into its accumulator (the buffer, carried) is added.
+                let summed = s.sums.contains_key(&result);
                 if !st.in_slice.contains(&id) {
-                    let group = self.begin_group(f, id, "update".to_string());
+                    let name = if summed { "update+add" } else { "update" };
+                    let group = self.begin_group(f, id, name.to_string());
                     if env[x].name != out.name {
                         self.e.copy(&env[x], &out);
                     }
                     let slice = views::index(&mut self.e, &out, &env[scalar], *axis);
-                    self.e.copy(&ins[1], &slice);
+                    match summed {
+                        true => self.e.add_to(&slice, &ins[1]),
+                        false => self.e.copy(&ins[1], &slice),
+                    }
                     self.end_group(group);
                 }
                 env.insert(result, out);
@@ -279,7 +318,8 @@ impl Walker<'_, '_> {
                 let OpKind::Update { x, index, axis, .. } = &f.ops[*update].kind else {
                     unreachable!("invariant: planned for updates")
                 };
-                let carried = s.into.get(&f.ops[*update].results[0]);
+                let written = f.ops[*update].results[0];
+                let carried = (s.into.get(&written)).filter(|_| !s.sums.contains_key(&written));
                 let out = match carried.filter(|b| b.name == env[x].name) {
                     Some(whole) => {
                         let scalar = views::uniform(f, *index).expect("checked by the plan");
@@ -451,6 +491,9 @@ impl Walker<'_, '_> {
             .filter(|&(&i, _)| !added_in_test(i))
             .map(|(&i, (_, b))| (i, b.clone()))
             .collect();
+        let sums: HashMap<usize, Buf> = (after_body.iter())
+            .map(|a| (a.result, adds[&a.result].1.clone()))
+            .collect();
         if let Some(flag) = &guard {
             self.e.begin_if(flag);
         }
@@ -470,12 +513,10 @@ impl Walker<'_, '_> {
             }
             None => {
                 let true_args = on.map(|c| guard_args(f, c, op)).unwrap_or_default();
-                self.func_into(*callee, ins, &finals, &add_into, &true_args)?
+                let placed = (&finals, &add_into);
+                self.func_adding(*callee, ins, placed, &true_args, &sums)?
             }
         };
-        for a in &after_body {
-            self.e.add_to(&adds[&a.result].1, &outs[a.result]);
-        }
         self.calls -= 1;
         // Copied where the plan could not compute a result into its buffer (a view, an
         // argument), inside the region, which may define the view. A result added into its
@@ -571,8 +612,30 @@ impl Walker<'_, '_> {
         let OpKind::Loop { trips, body, .. } = &op.kind else {
             unreachable!("invariant: planned for loops")
         };
-        let carried: Vec<Buf> = ins.iter().map(|b| self.e.alloc(&b.ty)).collect();
+        // A carried value the caller adds into an accumulator slice by slice
+        // (`accumulate::summed_by_slices`: returned, or selected on a true mask) is carried in
+        // the accumulator, and each iteration adds its slice there.
+        let summed: HashMap<ValueId, &Buf> = (s.sums.iter())
+            .map(
+                |(&v, acc)| match fuse::producer(f, s.block, v).map(|p| &f.ops[p].kind) {
+                    Some(OpKind::Select { on_true, .. }) => (*on_true, acc),
+                    _ => (v, acc),
+                },
+            )
+            .collect();
         let overwritten = in_place::overwritten(f, body, *trips);
+        let carried: Vec<Buf> = (ins.iter().zip(&op.results).enumerate())
+            .map(|(j, (b, r))| match summed.get(r) {
+                Some(&acc) => {
+                    assert!(overwritten.contains(&j), "invariant: checked by the caller");
+                    acc.clone()
+                }
+                None => self.e.alloc(&b.ty),
+            })
+            .collect();
+        let sums: HashMap<ValueId, Buf> = (op.results.iter().zip(&body.results))
+            .filter_map(|(r, &y)| Some((y, (*summed.get(r)?).clone())))
+            .collect();
         for (j, (src, dst)) in ins.iter().zip(&carried).enumerate() {
             if !overwritten.contains(&j) {
                 self.e.copy(src, dst);
@@ -628,7 +691,7 @@ impl Walker<'_, '_> {
             .into_iter()
             .map(|(v, j)| (v, carried[j].clone()))
             .collect();
-        self.block(f, body, fusion, env, &into, &HashMap::new())?;
+        self.block(f, body, fusion, env, &into, &HashMap::new(), &sums)?;
         self.e.at(f.op_spans.get(&id));
         let yields: Vec<Buf> = body.results.iter().map(|v| env[v].clone()).collect();
         self.carry(&yields, &carried);
