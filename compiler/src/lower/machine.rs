@@ -85,7 +85,7 @@ pub fn compile(
         });
     }
     let ctx = Context::new();
-    let module = ctx.parse(ir)?;
+    let module = crate::timing::phase("parse LLVM IR", || ctx.parse(ir))?;
     // SAFETY: the module is alive and used by this thread only.
     let plan = match kind {
         Output::Object => unsafe { super::partition::plan(module.0, partitions) },

@@ -93,14 +93,8 @@ pub(super) struct Walker<'m, 'a> {
 impl Walker<'_, '_> {
     /// Emits `f`'s body with `args` bound; returns its result buffers.
     pub fn func(&mut self, f: FuncId, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
-        self.func_into(
-            f,
-            args,
-            &HashMap::new(),
-            &HashMap::new(),
-            &HashMap::new(),
-            &[],
-        )
+        let none = HashMap::new();
+        self.func_into(f, args, &none, &none, &none, &[])
     }
 
     /// As [`Walker::func_into`] (no `sum_into`), with results `sums` (by index) added into the
