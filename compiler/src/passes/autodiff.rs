@@ -529,7 +529,7 @@ impl Diff<'_> {
 }
 
 /// `d` where the stage of its stage axis is active, `-0.0` elsewhere (no-op outside `@stage`).
-fn mask_inactive(
+pub(super) fn mask_inactive(
     b: &mut Builder,
     active: Option<ValueId>,
     d: ValueId,

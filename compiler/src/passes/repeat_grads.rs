@@ -20,9 +20,11 @@
 //! and the slice gains the same masked value. With several stages on a rank their repeats
 //! differ, the slices are no view of the accumulator, and the program is left as it is.
 
+use super::autodiff::mask_inactive;
+use ppc_dialect::build::Builder;
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, Op, OpId, Value, ValueId};
-use ppc_dialect::op::{BinaryOp, Float, OpKind};
-use ppc_dialect::{DType, Dim, Type};
+use ppc_dialect::op::{BinaryOp, OpKind};
+use ppc_dialect::{DType, Type};
 use std::collections::{HashMap, HashSet};
 
 /// A result of a stage's backward that is its repeat's slice spread over all repeats.
@@ -144,59 +146,15 @@ fn added_only(f: &Func, g: FuncId, spread: &[Spread]) -> bool {
     })
 }
 
-/// Makes `g` return `s`'s slice, `-0.0` where `active` is false (as a matmul masked by it
-/// already is).
+/// Makes `g` return `s`'s slice, `-0.0` where `active` is false, as autodiff masks a stage
+/// backward's results (`autodiff::mask_inactive`).
 fn return_masked_slice(g: &mut Func, s: &Spread, active: ValueId) {
-    let masked = g.ops.values().any(|op| {
-        op.results.contains(&s.slice)
-            && matches!(op.kind, OpKind::MatMul { mask: Some(m), .. } if m == active)
-    });
-    if masked {
-        g.body.results[s.result] = s.slice;
-        g.remove_dead_ops();
-        return;
-    }
-    let ty = g.ty(s.slice).clone();
-    let dims = (0..ty.rank())
-        .map(|a| {
-            if a == 0 {
-                ty.dims[0].clone()
-            } else {
-                Dim::lit(1)
-            }
-        })
-        .collect();
-    let mut names: HashSet<String> = g.values.values().map(|v| v.name.clone()).collect();
-    let mut ops = Vec::new();
-    let mut new = |g: &mut Func, name: &str, ty: Type, kind: OpKind| {
-        push(g, &mut ops, &mut names, name, ty, kind)
-    };
-    let mask = new(
-        g,
-        "active_at",
-        Type::new(DType::I1, dims),
-        OpKind::Reshape { x: active },
-    );
-    let value = Float(-0.0);
-    let zero = new(
-        g,
-        "zero",
-        Type::scalar(ty.dtype),
-        OpKind::Constant { value },
-    );
-    let (cond, on_true, on_false) = (mask, s.slice, zero);
-    let masked = new(
-        g,
-        "d",
-        ty,
-        OpKind::Select {
-            cond,
-            on_true,
-            on_false,
-        },
-    );
-    g.body.ops.extend(ops);
-    g.body.results[s.result] = masked;
+    let mut b = Builder::resume(std::mem::replace(g, Func::new(&g.name)));
+    let masked = mask_inactive(&mut b, Some(active), s.slice)
+        .expect("invariant: a select of the stage's slice on its mask type-checks");
+    let mut results = b.func.body.results.clone();
+    results[s.result] = masked;
+    *g = b.finish(results);
     g.remove_dead_ops();
 }
 
