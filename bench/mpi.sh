@@ -12,7 +12,10 @@ STEPS=${STEPS:-30}
 train_base=""
 PPC=target/release/ppc
 OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+# The runs' progress goes to a log, shown only if the script fails.
+LOG="$OUT/runs.log"
+trap 'status=$?; if [ $status -ne 0 ] && [ -s "$LOG" ]; then
+  echo "bench-mpi failed; the runs last printed:" >&2; tail -n 20 "$LOG" >&2; fi; rm -rf "$OUT"' EXIT
 summary() {
   python3 -c '
 import json, sys
@@ -29,7 +32,7 @@ for cfg in "256 1024" "512 2048"; do
   base=""
   for ranks in 1 2; do
     $PPC compile examples/mlp.ppc --dim d=$d --dim h=$h --ranks $ranks -o "$OUT/mlp_$ranks" 2>/dev/null
-    read -r gflops step rest < <(mpirun.mpich -n $ranks "$OUT/mlp_$ranks" --bench "$STEPS" | summary)
+    read -r gflops step rest < <(mpirun.mpich -n $ranks "$OUT/mlp_$ranks" --bench "$STEPS" 2>>"$LOG" | summary)
     base=${base:-$gflops}
     ratio=$(python3 -c "print(f'{$gflops/$base:.2f}x')")
     printf '%-20s %6s %12s %10s %8s  %s\n' "mlp d=$d h=$h" "$ranks" "$gflops" "$step" "$ratio" "$rest"
@@ -45,7 +48,7 @@ for entry in gpipe:stage:1 1f1b:stage:1 1f1b:tick:1 zb-h1:stage:1 zb-h1:none:1 g
     exe="$OUT/train_${schedule}_${remat}_${repeats}_$ranks"
     $PPC compile examples/mlp.ppc --train --schedule $schedule --remat $remat --repeats $repeats \
       --stages $stages --dim d=256 --dim h=1024 --ranks $ranks -o "$exe" 2>/dev/null
-    read -r gflops step rest < <(mpirun.mpich -n $ranks "$exe" --bench "$STEPS" | summary)
+    read -r gflops step rest < <(mpirun.mpich -n $ranks "$exe" --bench "$STEPS" 2>>"$LOG" | summary)
     train_base=${train_base:-$gflops}
     ratio=$(python3 -c "print(f'{$gflops/$train_base:.2f}x')")
     label="train $schedule $remat"
