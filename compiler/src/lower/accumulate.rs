@@ -14,8 +14,9 @@
 //! - When the result is a layer loop's carried value that each iteration writes one slice of
 //!   (a stage's weight gradients, one layer each), each slice is added into the accumulator
 //!   where the loop writes it, while it is in cache ([`summed_by_slices`]; `Walker::for_loop`),
-//!   instead of one pass over the whole gradient after the call. The same additions, so the
-//!   same bits.
+//!   instead of one pass over the whole gradient after the call; when it is one slice over
+//!   `-0.0`s (a circular stage's repeat), that slice alone. The same additions, so the same
+//!   bits.
 
 use super::{fuse, in_place, views};
 use ppc_dialect::ir::{Block, Func, Module, OpId, ValueId};
@@ -116,43 +117,48 @@ fn returned_matmul(g: &Func, v: ValueId) -> bool {
     matmul && g.uses(&g.body, v) == 1 && g.ty(v).dtype == DType::F32
 }
 
-/// Whether result `i` of `g`, added into an accumulator, can be added slice by slice: an f32
-/// carried value of a loop of `g`'s body whose every iteration writes a slice of its own
-/// (`in_place::overwritten`, at a position the same for every stage), returned as it is or
-/// through `select %c, %it, ...` on a mask `%c` of `true_masks` (which holds only `true`
-/// where the body runs, so the select is `%it`), read by nothing else.
-pub fn summed_by_slices(g: &Func, i: usize, true_masks: &HashSet<ValueId>) -> bool {
+/// Whether result `i` of `g`, added into an accumulator, can be added slice by slice: read
+/// by nothing else, it is made, through selects on masks of `true_masks` (which hold only
+/// `true` where the body runs, so a select is its operand) and transposes (views), from
+/// - an f32 carried value of a loop of `g`'s body whose every iteration writes a slice of its
+///   own (`in_place::overwritten`, at a position the same for every stage): a stage's weight
+///   gradients, one layer each; or
+/// - an `update` of a `-0.0` constant at such a position: a circular stage's gradient of the
+///   repeat it ran, spread over all repeats (`repeat_grads.rs` where a rank holds several
+///   stages). Adding `-0.0` elsewhere changes no bit, so only the slice is added.
+pub fn summed_by_slices(g: &Func, i: usize, true_masks: &HashSet<ValueId>, in_split: bool) -> bool {
     let block = &g.body;
-    let v = block.results[i];
     let once = |v: ValueId| g.uses(block, v) == 1;
-    let Some(mut at) = fuse::producer(g, block, v) else {
-        return false;
+    let made = |v: ValueId| (block.ops.iter().copied()).find(|&o| g.ops[o].results.contains(&v));
+    let minus_zero = |v: ValueId| {
+        made(v).is_some_and(|c| {
+            matches!(g.ops[c].kind, OpKind::Constant { value }
+                if value.0.to_bits() == (-0.0f64).to_bits())
+        })
     };
-    let mut carried = v;
-    if let OpKind::Select { cond, on_true, .. } = g.ops[at].kind {
-        let loop_of = block
-            .ops
-            .iter()
-            .find(|&&o| g.ops[o].results.contains(&on_true));
-        let Some(&p) = loop_of else {
+    let mut v = block.results[i];
+    if g.ty(v).dtype != DType::F32 {
+        return false;
+    }
+    loop {
+        let Some(at) = made(v).filter(|_| once(v)) else {
             return false;
         };
-        if !true_masks.contains(&cond) || !once(on_true) {
-            return false;
+        match &g.ops[at].kind {
+            OpKind::Select { cond, on_true, .. } if true_masks.contains(cond) => v = *on_true,
+            OpKind::Transpose { x, .. } => v = *x,
+            OpKind::Update { x, index, .. } => {
+                return minus_zero(*x) && once(*x) && views::uniform(g, *index, in_split).is_some();
+            }
+            OpKind::Loop { trips, body, .. } => {
+                let j = g.ops[at].results.iter().position(|&r| r == v);
+                let Some(j) = j else { return false };
+                let writer = fuse::producer(g, body, body.results[j]).map(|u| &g.ops[u].kind);
+                let uniform = matches!(writer, Some(OpKind::Update { index, .. })
+                    if views::uniform(g, *index, in_split).is_some());
+                return uniform && in_place::overwritten(g, body, *trips).contains(&j);
+            }
+            _ => return false,
         }
-        (at, carried) = (p, on_true);
     }
-    let OpKind::Loop { trips, body, .. } = &g.ops[at].kind else {
-        return false;
-    };
-    let Some(j) = g.ops[at].results.iter().position(|&r| r == carried) else {
-        return false;
-    };
-    let slice_writer = fuse::producer(g, body, body.results[j]).map(|u| &g.ops[u].kind);
-    let uniform = matches!(slice_writer, Some(OpKind::Update { index, .. })
-        if views::uniform(g, *index).is_some());
-    once(v)
-        && g.ty(v).dtype == DType::F32
-        && uniform
-        && in_place::overwritten(g, body, *trips).contains(&j)
 }

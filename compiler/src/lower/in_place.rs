@@ -63,7 +63,7 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
     // `arg` nor a view of it is read afterwards.
     if let OpKind::Update { x, index, .. } = kind {
         return *x == arg
-            && views::uniform(f, *index).is_some()
+            && views::uniform(f, *index, false).is_some()
             && aliases(f, body, arg).iter().all(|v| !later.contains(v));
     }
     // A `call_if` computes its results into the buffers it is given (1F1B's recomputed
@@ -199,7 +199,7 @@ pub fn guarded_updates(f: &Func, block: &Block) -> HashMap<OpId, OpId> {
         if let OpKind::Update { x, index, .. } = &f.ops[u].kind {
             if x == on_false
                 && f.ty(*cond).rank() == 0
-                && views::uniform(f, *index).is_some()
+                && views::uniform(f, *index, false).is_some()
                 && f.uses(block, *on_true) == 1
             {
                 out.insert(id, u);

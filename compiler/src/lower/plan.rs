@@ -34,11 +34,13 @@ pub struct Context {
     pub carried: HashSet<ValueId>,
     /// Among them, those the caller adds into (`accumulate.rs`).
     pub accumulated: HashSet<ValueId>,
+    /// Inside a call split into stages: a value with the stage axis is one stage's slice.
+    pub in_stage_split: bool,
     /// Masks known to hold only `true` where the block runs (`Walker::func_into`).
     pub true_masks: HashSet<ValueId>,
-    /// Values the caller adds into an accumulator slice by slice, where their loop writes each
-    /// (`accumulate::summed_by_slices`): the loop's carried value, or a select of it on a true
-    /// mask, which is then that value.
+    /// Values the caller adds into an accumulator slice by slice (`accumulate::summed_by_slices`):
+    /// the selects and transposes it is read through, and the loop's carried value or the
+    /// update that writes the slices.
     pub summed: HashSet<ValueId>,
 }
 
@@ -88,6 +90,9 @@ pub enum Decision {
     Alias {
         of: ValueId,
     },
+    /// A select or transpose of what the caller adds into its accumulator slice by slice
+    /// (`accumulate::summed_by_slices`): that accumulator, once the slices are added.
+    Summed,
     /// A matmul that adds into the accumulator its caller gave.
     MatMulInto,
     /// A matmul that only `update` reads, writing it into the slice of the carried value that
@@ -160,7 +165,16 @@ impl BlockPlan {
             _ => HashMap::new(),
         };
         let summing: HashSet<OpId> = summed.values().copied().collect();
+        // The `-0.0`s an update summed slice by slice writes its slice over: never read.
+        let summed_over: HashSet<ValueId> = (block.ops.iter().map(|&id| &f.ops[id]))
+            .filter(|op| op.results.iter().any(|r| cx.summed.contains(r)))
+            .filter_map(|op| match op.kind {
+                OpKind::Update { x, .. } => Some(x),
+                _ => None,
+            })
+            .collect();
         let guarded_updates: HashSet<OpId> = fusion.guarded.values().copied().collect();
+        let split = cx.in_stage_split;
         let decide = |id: OpId| {
             let op = &f.ops[id];
             if op.results.first().is_some_and(|v| deferred.contains(v))
@@ -173,6 +187,11 @@ impl BlockPlan {
                 return Decision::SummedMatMul { matmul };
             }
             match &op.kind {
+                OpKind::Select { .. } | OpKind::Transpose { .. }
+                    if cx.summed.contains(&op.results[0]) =>
+                {
+                    Decision::Summed
+                }
                 OpKind::Reshape { .. } => Decision::View,
                 OpKind::Transpose { perm, .. }
                     if views::swaps_last_two(perm)
@@ -181,7 +200,7 @@ impl BlockPlan {
                 {
                     Decision::View
                 }
-                OpKind::Update { index, .. } => match views::uniform(f, *index) {
+                OpKind::Update { index, .. } => match views::uniform(f, *index, split) {
                     Some(scalar) => Decision::UpdateSlice { scalar },
                     None => Decision::Compute,
                 },
@@ -190,11 +209,9 @@ impl BlockPlan {
                     let OpKind::Update { index, .. } = &f.ops[update].kind else {
                         unreachable!("invariant: guarded_updates pairs selects with updates")
                     };
-                    let scalar = views::uniform(f, *index).expect("checked by guarded_updates");
+                    let scalar =
+                        views::uniform(f, *index, false).expect("checked by guarded_updates");
                     Decision::GuardedUpdate { update, scalar }
-                }
-                OpKind::Select { on_true, .. } if cx.summed.contains(&op.results[0]) => {
-                    Decision::Alias { of: *on_true }
                 }
                 OpKind::Select { cond, on_true, .. }
                     if cx.true_masks.contains(cond)
@@ -206,7 +223,7 @@ impl BlockPlan {
                 {
                     Decision::Alias { of: *on_true }
                 }
-                OpKind::Index { index, .. } => match views::uniform(f, *index) {
+                OpKind::Index { index, .. } => match views::uniform(f, *index, split) {
                     Some(scalar) => Decision::IndexView { scalar },
                     None => Decision::Compute,
                 },
@@ -225,12 +242,16 @@ impl BlockPlan {
                     Decision::MatMulInto
                 }
                 OpKind::MatMul { .. } if !cx.gpu && !in_chains.contains(&id) => {
-                    match slice_writer(f, block, &sole_readers, id) {
+                    match slice_writer(f, block, &sole_readers, id, split) {
                         Some(update) => Decision::MatMulIntoSlice { update },
                         None => Decision::Compute,
                     }
                 }
-                OpKind::Constant { .. } if unread.contains(&op.results[0]) => Decision::Unfilled,
+                OpKind::Constant { .. }
+                    if unread.contains(&op.results[0]) || summed_over.contains(&op.results[0]) =>
+                {
+                    Decision::Unfilled
+                }
                 OpKind::Loop { .. } => Decision::Loop,
                 kind if kind.is_elementwise() => Decision::Elementwise,
                 _ => Decision::Compute,
@@ -274,6 +295,7 @@ fn slice_writer(
     block: &Block,
     sole_readers: &HashMap<ValueId, OpId>,
     id: OpId,
+    in_split: bool,
 ) -> Option<OpId> {
     let result = f.ops[id].results[0];
     let update = *sole_readers.get(&result)?;
@@ -286,7 +308,7 @@ fn slice_writer(
     else {
         return None;
     };
-    let scalar = views::uniform(f, *index)?;
+    let scalar = views::uniform(f, *index, in_split)?;
     let at = |v: ValueId| {
         block
             .ops

@@ -206,10 +206,14 @@ impl Check<'_> {
                 aligned(&operands[..2]) && (mask.is_none() || out_at == Some(0))
             }
             OpKind::Transpose { perm, .. } => out_at.is_none_or(|o| Some(perm[o]) == x_at),
-            // The same axes before the stage axis: the slice of the one is the slice of the other.
+            // As many elements before the stage axis (`[S]` and `[1, S, 1]` alike): the slice
+            // of the one is the slice of the other, in the same order.
             OpKind::Reshape { .. } => match (x_at, out_at) {
                 (None, None) => true,
-                (Some(a), Some(b)) => operands[0].shape()[..a] == results[0].shape()[..b],
+                (Some(a), Some(b)) => {
+                    let before = |t: &Type, at: usize| t.shape()[..at].iter().product::<u64>();
+                    before(operands[0], a) == before(results[0], b)
+                }
                 _ => false,
             },
             OpKind::Slice { start, end, .. } => {

@@ -15,18 +15,24 @@ use ppc_dialect::Type;
 
 /// If `index` is one position for every slice (a scalar, a scalar broadcast to every
 /// position: `broadcast %t`, or an index of one element: a stage's repeat where a rank holds
-/// one stage), the value that holds it.
-pub fn uniform(f: &Func, index: ValueId) -> Option<ValueId> {
-    if f.ty(index).rank() == 0 {
+/// one stage, or in a call split into stages, `in_split`, where each stage's slice of it is
+/// one element), the value that holds it.
+pub fn uniform(f: &Func, index: ValueId, in_split: bool) -> Option<ValueId> {
+    let ty = f.ty(index);
+    if ty.rank() == 0 {
         return Some(index);
     }
+    let elements = match in_split {
+        true => super::stage_split::slice_type(ty).elements(),
+        false => ty.elements(),
+    };
     let broadcast = f.ops.iter().find_map(|(_, op)| match op.kind {
         OpKind::Broadcast { x } if op.results.first() == Some(&index) && f.ty(x).rank() == 0 => {
             Some(x)
         }
         _ => None,
     });
-    broadcast.or((f.ty(index).elements() == 1).then_some(index))
+    broadcast.or((elements == 1).then_some(index))
 }
 
 /// The layout of a view with these strides at a run-time offset.

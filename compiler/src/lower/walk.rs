@@ -112,7 +112,9 @@ impl Walker<'_, '_> {
         let known = true_masks(g, true_args.iter().map(|&i| g.body.args[i]));
         let (by_slices, after): (HashMap<usize, Buf>, HashMap<usize, Buf>) = (sums.iter())
             .map(|(&i, acc)| (i, acc.clone()))
-            .partition(|&(i, _)| accumulate::summed_by_slices(g, i, &known));
+            .partition(|&(i, _)| {
+                accumulate::summed_by_slices(g, i, &known, self.e.nest.in_stage_split())
+            });
         let outs = self.func_into(id, args, into, add_into, &by_slices, true_args)?;
         let mut after: Vec<(usize, Buf)> = after.into_iter().collect();
         after.sort_by_key(|&(i, _)| i);
@@ -194,10 +196,12 @@ impl Walker<'_, '_> {
         add_into: &HashMap<ValueId, Buf>,
         sums: &HashMap<ValueId, Buf>,
     ) -> Result<(), Diagnostic> {
+        let sums = &self.sum_chains(f, block, sums);
         let cx = plan::Context {
             numerics: self.numerics,
             gpu: self.e.gpu.is_some(),
             in_parallel_loop: self.e.nest.in_parallel_loop(),
+            in_stage_split: self.e.nest.in_stage_split(),
             carried: into.keys().chain(add_into.keys()).copied().collect(),
             accumulated: add_into.keys().copied().collect(),
             true_masks: self.true_masks.clone(),
@@ -237,6 +241,39 @@ impl Walker<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// `sums` (values of `block` the caller adds into its accumulators slice by slice) and the
+    /// values they are made from (`accumulate::summed_by_slices`), each with the buffer it adds
+    /// into: through a select the same, through a transpose the inverse view of it.
+    fn sum_chains(
+        &mut self,
+        f: &Func,
+        block: &Block,
+        sums: &HashMap<ValueId, Buf>,
+    ) -> HashMap<ValueId, Buf> {
+        let mut chains = HashMap::new();
+        for (&v, acc) in sums {
+            let (mut v, mut acc) = (v, acc.clone());
+            loop {
+                chains.insert(v, acc.clone());
+                let made = block.ops.iter().find(|&&o| f.ops[o].results.contains(&v));
+                match made.map(|&o| &f.ops[o].kind) {
+                    Some(OpKind::Select { on_true, .. }) => v = *on_true,
+                    Some(OpKind::Transpose { x, perm }) => {
+                        let mut inverse = vec![0; perm.len()];
+                        for (i, &p) in perm.iter().enumerate() {
+                            inverse[p] = i;
+                        }
+                        let ty = value_type(&self.e, f, *x);
+                        acc = views::transpose(&mut self.e, &acc, &inverse, &ty);
+                        v = *x;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        chains
     }
 
     /// Where `v` is computed: a loop's carried buffer, its entry of a chain's output, or a new
@@ -290,19 +327,27 @@ impl Walker<'_, '_> {
                 let OpKind::Update { x, axis, .. } = &op.kind else {
                     unreachable!("invariant: planned for updates")
                 };
-                let out = self.output(s, st, result);
-                // A slice the caller adds into its accumulator (the buffer, carried) is added.
-                let summed = s.sums.contains_key(&result);
+                // A slice the caller adds into its accumulator is added there: `x` is the
+                // accumulator (a loop's carried value) or `-0.0`s, whose adds change nothing.
+                let summed = s.sums.get(&result);
+                let out = match summed {
+                    Some(acc) => acc.clone(),
+                    None => self.output(s, st, result),
+                };
                 if !st.in_slice.contains(&id) {
-                    let name = if summed { "update+add" } else { "update" };
+                    let name = if summed.is_some() {
+                        "update+add"
+                    } else {
+                        "update"
+                    };
                     let group = self.begin_group(f, id, name.to_string());
-                    if env[x].name != out.name {
+                    if summed.is_none() && env[x].name != out.name {
                         self.e.copy(&env[x], &out);
                     }
                     let slice = views::index(&mut self.e, &out, &env[scalar], *axis);
                     match summed {
-                        true => self.e.add_to(&slice, &ins[1]),
-                        false => self.e.copy(&ins[1], &slice),
+                        Some(_) => self.e.add_to(&slice, &ins[1]),
+                        None => self.e.copy(&ins[1], &slice),
                     }
                     self.end_group(group);
                 }
@@ -316,7 +361,8 @@ impl Walker<'_, '_> {
                 let carried = (s.into.get(&written)).filter(|_| !s.sums.contains_key(&written));
                 let out = match carried.filter(|b| b.name == env[x].name) {
                     Some(whole) => {
-                        let scalar = views::uniform(f, *index).expect("checked by the plan");
+                        let split = self.e.nest.in_stage_split();
+                        let scalar = views::uniform(f, *index, split).expect("checked by the plan");
                         st.in_slice.insert(*update);
                         views::index(&mut self.e, whole, &env[&scalar], *axis)
                     }
@@ -362,6 +408,9 @@ impl Walker<'_, '_> {
             Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
             Decision::Alias { of } => {
                 env.insert(result, env[of].clone());
+            }
+            Decision::Summed => {
+                env.insert(result, s.sums[&result].clone());
             }
             Decision::MatMulInto => {
                 let acc = s.add_into[&result].clone();
@@ -607,20 +656,12 @@ impl Walker<'_, '_> {
             unreachable!("invariant: planned for loops")
         };
         // A carried value the caller adds into an accumulator slice by slice
-        // (`accumulate::summed_by_slices`: returned, or selected on a true mask) is carried in
-        // the accumulator, and each iteration adds its slice there.
-        let summed: HashMap<ValueId, &Buf> = (s.sums.iter())
-            .map(
-                |(&v, acc)| match fuse::producer(f, s.block, v).map(|p| &f.ops[p].kind) {
-                    Some(OpKind::Select { on_true, .. }) => (*on_true, acc),
-                    _ => (v, acc),
-                },
-            )
-            .collect();
+        // (`accumulate::summed_by_slices`) is carried in the accumulator, and each iteration
+        // adds its slice there.
         let overwritten = in_place::overwritten(f, body, *trips);
         let carried: Vec<Buf> = (ins.iter().zip(&op.results).enumerate())
-            .map(|(j, (b, r))| match summed.get(r) {
-                Some(&acc) => {
+            .map(|(j, (b, r))| match s.sums.get(r) {
+                Some(acc) => {
                     assert!(overwritten.contains(&j), "invariant: checked by the caller");
                     acc.clone()
                 }
@@ -628,7 +669,7 @@ impl Walker<'_, '_> {
             })
             .collect();
         let sums: HashMap<ValueId, Buf> = (op.results.iter().zip(&body.results))
-            .filter_map(|(r, &y)| Some((y, (*summed.get(r)?).clone())))
+            .filter_map(|(r, &y)| Some((y, s.sums.get(r)?.clone())))
             .collect();
         for (j, (src, dst)) in ins.iter().zip(&carried).enumerate() {
             if !overwritten.contains(&j) {
