@@ -18,6 +18,7 @@ mod remat;
 mod repeat_grads;
 mod scatter_add;
 mod shard_stages;
+mod stage_mask;
 mod tick;
 mod tick_backward;
 mod tick_interleaved;

@@ -20,7 +20,7 @@
 //! and the slice gains the same masked value. With several stages on a rank their repeats
 //! differ, the slices are no view of the accumulator, and the program is left as it is.
 
-use super::autodiff::mask_inactive;
+use super::stage_mask::mask_inactive;
 use ppc_dialect::build::Builder;
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, Op, OpId, Value, ValueId};
 use ppc_dialect::op::{BinaryOp, OpKind};
@@ -147,7 +147,7 @@ fn added_only(f: &Func, g: FuncId, spread: &[Spread]) -> bool {
 }
 
 /// Makes `g` return `s`'s slice, `-0.0` where `active` is false, as autodiff masks a stage
-/// backward's results (`autodiff::mask_inactive`).
+/// backward's results (`stage_mask.rs`).
 fn return_masked_slice(g: &mut Func, s: &Spread, active: ValueId) {
     let mut b = Builder::resume(std::mem::replace(g, Func::new(&g.name)));
     let masked = mask_inactive(&mut b, Some(active), s.slice)
