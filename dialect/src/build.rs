@@ -31,19 +31,6 @@ impl Builder {
         }
     }
 
-    /// Goes on building `func`: ops are appended to its body, and new values get names none
-    /// of its values has.
-    pub fn resume(mut func: Func) -> Builder {
-        let names = func.values.values().map(|v| v.name.clone()).collect();
-        let ops = std::mem::take(&mut func.body.ops);
-        Builder {
-            func,
-            names,
-            open: vec![ops],
-            span: Span::default(),
-        }
-    }
-
     /// A new value named `hint`, or `hint.1`, `hint.2`, ... if that is taken.
     pub fn value(&mut self, hint: &str, ty: Type) -> ValueId {
         let mut name = hint.to_string();

@@ -124,8 +124,8 @@ fn returned_matmul(g: &Func, v: ValueId) -> bool {
 ///   own (`in_place::overwritten`, at a position the same for every stage): a stage's weight
 ///   gradients, one layer each; or
 /// - an `update` of a `-0.0` constant at such a position: a circular stage's gradient of the
-///   repeat it ran, spread over all repeats (`repeat_grads.rs` where a rank holds several
-///   stages). Adding `-0.0` elsewhere changes no bit, so only the slice is added.
+///   repeat it ran, spread over all repeats. Adding `-0.0` elsewhere changes no bit, so only
+///   the slice is added.
 pub fn summed_by_slices(g: &Func, i: usize, true_masks: &HashSet<ValueId>, in_split: bool) -> bool {
     let block = &g.body;
     let once = |v: ValueId| g.uses(block, v) == 1;

@@ -102,6 +102,15 @@ pub fn masked_results(g: &Func, read: &[bool]) -> Option<(usize, Vec<Option<Floa
             fills.push(None);
             continue;
         }
+        // A matmul masked by a stage mask argument is `-0.0` where it is false.
+        if let Some(&OpKind::MatMul { mask: Some(m), .. }) = defined(r) {
+            let arg = g.body.args.iter().position(|&a| a == m)?;
+            if *mask.get_or_insert(arg) != arg {
+                return None;
+            }
+            fills.push(Some(Float(-0.0)));
+            continue;
+        }
         let Some(&OpKind::Select { cond, on_false, .. }) = defined(r) else {
             return None;
         };

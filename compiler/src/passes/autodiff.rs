@@ -109,7 +109,6 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             );
         }
     }
-    super::repeat_grads::repeat_grads(m);
     // The reverse GPipe loop reads the cotangents `@stage_vjp` returns, not the stage's
     // output: without it the stage's last products are dead.
     m.remove_unused_results();

@@ -15,7 +15,6 @@ mod loss;
 mod one_f_one_b;
 mod options;
 mod remat;
-mod repeat_grads;
 mod scatter_add;
 mod shard_stages;
 mod stage_mask;

@@ -1,7 +1,6 @@
 //! A stage backward's results are `-0.0` for the stages that do not run (bubble slots), as
 //! the forward's masked matmuls are: the reverse GPipe loop adds them into accumulators, and
-//! `-0.0` changes no bit there. Autodiff masks each result so (`autodiff.rs`), and
-//! `repeat_grads.rs` the repeat's slice it returns instead.
+//! `-0.0` changes no bit there. Autodiff masks each result so (`autodiff.rs`).
 
 use super::vjp::select;
 use ppc_dialect::build::Builder;
