@@ -31,9 +31,9 @@
 //! training step compiled in 2.43 s against 2.72 s, and ran as fast, BENCHMARKS.md).
 //!
 //! When every result of the callee that the caller reads is masked by the stage mask
-//! (`select(%active, v, c)`, as the training step's backward stage functions end: a bubble
-//! stage contributes nothing), a bubble stage skips the whole body and those results get the
-//! constants ([`masked_results`]).
+//! (`select(%active, v, c)`, as the training step's backward stage functions end, or a matmul
+//! masked by it: a bubble stage contributes nothing), a bubble stage skips the whole body and
+//! those results get the constants ([`masked_results`]).
 //!
 //! [`stage_loop`] decides whether and how a call is split: no op of the callee may look across
 //! stages (a reduction over the stage axis, an exchange, an iota or a softmax along it, a
@@ -90,9 +90,9 @@ pub fn results_read(f: &Func, op: &Op) -> Vec<bool> {
 }
 
 /// If every result of `g` that the caller reads (`read[i]`) is `select(m, v, c)` with `m` one
-/// `i1` argument with the stage axis (or a reshape of it) and `c` a constant: that argument's
-/// position and each read result's constant. A stage where the argument is false computes
-/// nothing that is kept.
+/// `i1` argument with the stage axis (or a reshape of it) and `c` a constant, or a matmul
+/// masked by that argument (`-0.0` where it is false): that argument's position and each read
+/// result's constant. A stage where the argument is false computes nothing that is kept.
 pub fn masked_results(g: &Func, read: &[bool]) -> Option<(usize, Vec<Option<Float>>)> {
     let defined = |v| producer(g, &g.body, v).map(|id| &g.ops[id].kind);
     let mut mask = None;
