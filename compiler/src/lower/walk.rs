@@ -253,7 +253,11 @@ impl Walker<'_, '_> {
         sums: &HashMap<ValueId, Buf>,
     ) -> HashMap<ValueId, Buf> {
         let mut chains = HashMap::new();
-        for (&v, acc) in sums {
+        // In value order: the views are emitted here, and a hash order would write the same
+        // program differently from one compile to the next.
+        let mut roots: Vec<(&ValueId, &Buf)> = sums.iter().collect();
+        roots.sort_by_key(|&(v, _)| *v);
+        for (&v, acc) in roots {
             let (mut v, mut acc) = (v, acc.clone());
             loop {
                 chains.insert(v, acc.clone());
