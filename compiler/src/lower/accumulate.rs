@@ -145,7 +145,12 @@ pub fn summed_by_slices(g: &Func, i: usize, true_masks: &HashSet<ValueId>, in_sp
             return false;
         };
         match &g.ops[at].kind {
-            OpKind::Select { cond, on_true, .. } if true_masks.contains(cond) => v = *on_true,
+            // The select's value is its operand only where that is not broadcast to its shape.
+            OpKind::Select { cond, on_true, .. }
+                if true_masks.contains(cond) && g.ty(*on_true).shape() == g.ty(v).shape() =>
+            {
+                v = *on_true
+            }
             OpKind::Transpose { x, .. } => v = *x,
             OpKind::Update { x, index, .. } => {
                 return minus_zero(*x) && once(*x) && views::uniform(g, *index, in_split).is_some();
