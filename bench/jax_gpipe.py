@@ -202,7 +202,7 @@ def main():
     ap.add_argument("--layers-per-stage", type=int, default=2)
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps (0: compile only)")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
                     help="storage of weights and activations (bf16: as ppc --dtype bf16; XLA's GPU GEMMs accumulate in f32)")
     ap.add_argument("--train", action="store_true",
@@ -245,6 +245,10 @@ def main():
     compiled = fwd.lower(params, x).compile()
     jit_s = time.perf_counter() - t
     mem = compiled.memory_analysis()
+    if a.steps == 0:  # the compile alone (bench/compile.sh)
+        print(json.dumps({"peer": "jax", "jax_version": jax.__version__, "jit_s": jit_s,
+                          "temp_bytes": getattr(mem, "temp_size_in_bytes", None)}))
+        return
     jax.block_until_ready(compiled(params, x))  # warm-up
     jax.block_until_ready(compiled(params, x))
     times = []

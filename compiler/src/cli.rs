@@ -336,7 +336,7 @@ pub struct CodegenArgs {
     pub opt_level: u8,
     /// Executables: the object files their code is cut into, by function, and optimized and
     /// compiled in parallel threads (1: the module whole). Each function's machine code is the
-    /// same either way; modules under 20,000 LLVM instructions are compiled whole.
+    /// same either way.
     #[arg(long, value_name = "N", default_value_t = crate::lower::partition::PARTITIONS as u8,
           value_parser = clap::value_parser!(u8).range(1..=16))]
     pub codegen_partitions: u8,

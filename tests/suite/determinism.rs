@@ -261,9 +261,9 @@ fn the_portable_gemm_path_gives_the_bytes_of_the_vector_kernels() {
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 
-/// An executable's code compiled in partitions, in parallel (the default for a module as large
-/// as a training step's), computes what the module compiled whole computes: the same
-/// checkpoint bytes after training steps, from executables that differ (so the cut happened).
+/// An executable's code compiled in partitions, in parallel (the default), computes what the
+/// module compiled whole computes: the same checkpoint bytes after training steps, from
+/// executables that differ (so the cut happened).
 #[test]
 fn code_compiled_in_partitions_gives_the_bytes_of_the_whole_module() {
     let dir = scratch("determinism-partitions");

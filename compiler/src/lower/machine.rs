@@ -64,8 +64,9 @@ fn passes(opt_level: usize) -> &'static str {
 }
 
 /// Compiles the LLVM IR `ir` (text) for `target` at `opt_level` into `out`, or for an object
-/// of a module large enough into one object for each of up to `partitions` partitions beside
-/// it (`partition.rs`, compiled in parallel); returns the files written, to be linked together.
+/// of a module of several functions into one object for each of up to `partitions` partitions
+/// beside it (`partition.rs`, compiled in parallel); returns the files written, to be linked
+/// together.
 pub fn compile(
     ir: &str,
     target: &Target,
