@@ -87,27 +87,38 @@ pub fn compile(
     }
     let ctx = Context::new();
     let module = crate::timing::phase("parse LLVM IR", || ctx.parse(ir))?;
-    // SAFETY: the module is alive and used by this thread only.
+    let whole = Part::new(target, module)?;
     let plan = match kind {
-        Output::Object => unsafe { super::partition::plan(module.0, partitions) },
+        Output::Object => {
+            // Functions of the same code merge before the cut (`mergefunc` again in each
+            // partition's pipeline merges what only optimization made alike): merged in a
+            // partition only, a training step's copies were compiled up to twice.
+            if opt_level > 0 {
+                crate::timing::phase("LLVM mergefunc", || whole.run(MERGE))?;
+            }
+            // SAFETY: the module is alive and used by this thread only.
+            unsafe { super::partition::plan(whole.module.0, partitions) }
+        }
         Output::Assembly => None,
     };
     let Some(plan) = plan else {
-        let part = Part::new(target, module)?;
-        crate::timing::phase("LLVM opt", || part.optimize(opt_level))?;
-        crate::timing::phase("LLVM codegen", || part.emit(kind, out))?;
+        crate::timing::phase("LLVM opt", || whole.optimize(opt_level))?;
+        crate::timing::phase("LLVM codegen", || whole.emit(kind, out))?;
         return Ok(vec![out.to_path_buf()]);
     };
     let outs: Vec<PathBuf> = (0..plan.len())
         .map(|p| out.with_extension(format!("{p}.o")))
         .collect();
+    // The other partitions read the merged module as bitcode (LLVM contexts are not shared
+    // between threads), which parses in half the time of the text.
+    let bitcode = crate::timing::phase("write bitcode", || Bitcode::of(&whole.module));
     std::thread::scope(|s| {
         let others: Vec<_> = (1..plan.len())
             .map(|p| {
-                let (plan, out) = (&plan, &outs[p]);
+                let (plan, out, bitcode) = (&plan, &outs[p], &bitcode);
                 s.spawn(move || {
                     let ctx = Context::new();
-                    let part = Part::new(target, ctx.parse(ir)?)?;
+                    let part = Part::new(target, ctx.read(bitcode)?)?;
                     // SAFETY: this thread's own module.
                     unsafe { super::partition::keep(part.module.0, plan, p) };
                     part.optimize(opt_level)?;
@@ -115,7 +126,7 @@ pub fn compile(
                 })
             })
             .collect();
-        let part = Part::new(target, module)?;
+        let part = whole;
         // SAFETY: this thread's own module.
         unsafe { super::partition::keep(part.module.0, &plan, 0) };
         crate::timing::phase("LLVM opt", || part.optimize(opt_level))?;
@@ -133,6 +144,9 @@ pub fn compile(
     })?;
     Ok(outs)
 }
+
+/// `mergefunc` alone, for the whole module before it is cut.
+const MERGE: &str = "mergefunc";
 
 /// A module with the target machine it is compiled for (dropped in this order, both before
 /// the module's context).
@@ -157,7 +171,11 @@ impl<'c> Part<'c> {
     }
 
     fn optimize(&self, opt_level: usize) -> Result<(), Diagnostics> {
-        let pipeline = CString::new(passes(opt_level)).expect("invariant: no NUL");
+        self.run(passes(opt_level))
+    }
+
+    fn run(&self, passes: &str) -> Result<(), Diagnostics> {
+        let pipeline = CString::new(passes).expect("invariant: no NUL");
         // SAFETY: the module and the machine are alive; the options are disposed of once and
         // the error message freed after it is copied.
         unsafe {
@@ -251,6 +269,58 @@ impl Context {
     }
 }
 
+impl Context {
+    /// The module `bitcode` holds, in this context.
+    fn read(&self, bitcode: &Bitcode) -> Result<Module<'_>, Diagnostics> {
+        // SAFETY: the buffer refers to `bitcode`'s bytes, which outlive it, and is disposed of
+        // here (parsing reads it, does not take it); the module lives in this context.
+        unsafe {
+            let bytes = bitcode.bytes();
+            let buffer = mlir_sys::LLVMCreateMemoryBufferWithMemoryRange(
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                c"model.bc".as_ptr(),
+                0,
+            );
+            let mut module = std::ptr::null_mut();
+            let failed_to_read = ffi::LLVMParseBitcodeInContext2(self.0, buffer, &mut module) != 0;
+            mlir_sys::LLVMDisposeMemoryBuffer(buffer);
+            if failed_to_read {
+                return Err(failed("reading the bitcode", "invalid bitcode".into()));
+            }
+            Ok(Module(module, std::marker::PhantomData))
+        }
+    }
+}
+
+/// A module written as bitcode, in a buffer LLVM owns, read by other threads.
+struct Bitcode(mlir_sys::LLVMMemoryBufferRef);
+
+// SAFETY: the buffer is written once, then only read, by any thread.
+unsafe impl Sync for Bitcode {}
+
+impl Bitcode {
+    fn of(module: &Module) -> Bitcode {
+        // SAFETY: the module is alive; the buffer is disposed of by `Drop`.
+        Bitcode(unsafe { ffi::LLVMWriteBitcodeToMemoryBuffer(module.0) })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the buffer is alive as long as `self`, its start and size LLVM's own.
+        unsafe {
+            let start = mlir_sys::LLVMGetBufferStart(self.0);
+            std::slice::from_raw_parts(start.cast(), mlir_sys::LLVMGetBufferSize(self.0))
+        }
+    }
+}
+
+impl Drop for Bitcode {
+    fn drop(&mut self) {
+        // SAFETY: written by `LLVMWriteBitcodeToMemoryBuffer`, disposed of once.
+        unsafe { mlir_sys::LLVMDisposeMemoryBuffer(self.0) }
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: created by `LLVMContextCreate`; its modules are gone (they borrow it).
@@ -318,8 +388,8 @@ impl Drop for TargetMachine {
 }
 
 /// The parts of LLVM's C API (`llvm-c/TargetMachine.h`, `Transforms/PassBuilder.h`,
-/// `IRReader.h`, `Target.h`, `Error.h`) that `mlir-sys` does not bind; they are in the LLVM
-/// libraries it links.
+/// `IRReader.h`, `BitWriter.h`, `BitReader.h`, `Target.h`, `Error.h`) that `mlir-sys` does not
+/// bind; they are in the LLVM libraries it links.
 mod ffi {
     use mlir_sys::{LLVMContextRef, LLVMMemoryBufferRef, LLVMModuleRef};
     use std::ffi::{c_char, c_int, c_void};
@@ -342,6 +412,12 @@ mod ffi {
         pub fn LLVMInitializeX86Target();
         pub fn LLVMInitializeX86TargetMC();
         pub fn LLVMInitializeX86AsmPrinter();
+        pub fn LLVMWriteBitcodeToMemoryBuffer(module: LLVMModuleRef) -> LLVMMemoryBufferRef;
+        pub fn LLVMParseBitcodeInContext2(
+            ctx: LLVMContextRef,
+            buffer: LLVMMemoryBufferRef,
+            module: *mut LLVMModuleRef,
+        ) -> c_int;
         pub fn LLVMParseIRInContext(
             ctx: LLVMContextRef,
             buffer: LLVMMemoryBufferRef,
