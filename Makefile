@@ -2,7 +2,7 @@
 CARGO ?= cargo
 MODEL ?= examples/mlp.ppc
 
-.PHONY: setup build run test lint fmt bless bench bench-mpi ci loc
+.PHONY: setup build run test lint fmt bless bench bench-compile bench-mpi ci loc
 
 setup:
 	@scripts/setup.sh
@@ -35,6 +35,10 @@ bless:
 ## ppc against JAX (installed from PyPI into bench/.venv) on examples/mlp.ppc and a wider variant.
 bench: build
 	bench/run.sh
+
+## The training step's compile against JAX's jit, every training row of `make bench` (minutes).
+bench-compile: build
+	bench/compile.sh
 
 ## One rank against two under mpirun.mpich (stages split by `ppc compile --ranks`), same models.
 bench-mpi: build
