@@ -256,15 +256,16 @@ fn machine_code(
     if gpu.is_some() {
         l.manifest.kernels = mlir::kernel_sources(&module);
     }
-    let mut text = timing::phase("translate to LLVM IR", || {
-        mlir::llvm_ir(&ctx, &module, src.text)
+    let llvm = machine::Context::new();
+    let mut ir = timing::phase("translate to LLVM IR", || {
+        mlir::llvm_ir(&ctx, &module, &llvm, src.text)
     })?;
     if executable {
-        text.push_str(&lower::executable_ir(&l.manifest));
+        llvm.link(&mut ir, &lower::executable_ir(&l.manifest))?;
     }
     let dir = TempDir::new()?;
     let out = dir.0.join(if executable { "model.o" } else { "model.s" });
-    let files = machine::compile(&text, target, opt_level, partitions, kind, &out)?;
+    let files = machine::compile(ir, target, opt_level, partitions, kind, &out)?;
     Ok((dir, files))
 }
 

@@ -63,30 +63,18 @@ fn passes(opt_level: usize) -> &'static str {
     }
 }
 
-/// Compiles the LLVM IR `ir` (text) for `target` at `opt_level` into `out`, or for an object
-/// of a module of several functions into one object for each of up to `partitions` partitions
-/// beside it (`partition.rs`, compiled in parallel); returns the files written, to be linked
-/// together.
+/// Compiles `module` for `target` at `opt_level` into `out`, or for an object of a module of
+/// several functions into one object for each of up to `partitions` partitions beside it
+/// (`partition.rs`, compiled in parallel); returns the files written, to be linked together.
 pub fn compile(
-    ir: &str,
+    module: Module<'_>,
     target: &Target,
     opt_level: usize,
     partitions: usize,
     kind: Output,
     out: &Path,
 ) -> Result<Vec<PathBuf>, Diagnostics> {
-    // SAFETY: the target registration runs once, before any target machine exists.
-    unsafe {
-        static INIT: std::sync::Once = std::sync::Once::new();
-        INIT.call_once(|| {
-            ffi::LLVMInitializeX86TargetInfo();
-            ffi::LLVMInitializeX86Target();
-            ffi::LLVMInitializeX86TargetMC();
-            ffi::LLVMInitializeX86AsmPrinter();
-        });
-    }
-    let ctx = Context::new();
-    let module = crate::timing::phase("parse LLVM IR", || ctx.parse(ir))?;
+    init_x86();
     let whole = Part::new(target, module)?;
     let plan = match kind {
         Output::Object => {
@@ -143,6 +131,20 @@ pub fn compile(
         })
     })?;
     Ok(outs)
+}
+
+/// Registers LLVM's x86-64 target, once.
+fn init_x86() {
+    // SAFETY: the target registration runs once, before any target machine exists.
+    unsafe {
+        static INIT: std::sync::Once = std::sync::Once::new();
+        INIT.call_once(|| {
+            ffi::LLVMInitializeX86TargetInfo();
+            ffi::LLVMInitializeX86Target();
+            ffi::LLVMInitializeX86TargetMC();
+            ffi::LLVMInitializeX86AsmPrinter();
+        });
+    }
 }
 
 /// `mergefunc` alone, for the whole module before it is cut.
@@ -242,10 +244,11 @@ unsafe fn take(message: *mut c_char) -> String {
     }
 }
 
-struct Context(mlir_sys::LLVMContextRef);
+/// An LLVM context: what a module's types and constants live in, used by one thread at a time.
+pub struct Context(mlir_sys::LLVMContextRef);
 
 impl Context {
-    fn new() -> Context {
+    pub fn new() -> Context {
         // SAFETY: a fresh context, disposed of by `Drop`.
         Context(unsafe { mlir_sys::LLVMContextCreate() })
     }
@@ -270,6 +273,28 @@ impl Context {
 }
 
 impl Context {
+    /// The context as LLVM's C API takes it, for MLIR's translation into it.
+    pub fn raw(&self) -> mlir_sys::LLVMContextRef {
+        self.0
+    }
+
+    /// Links the module of IR text `ir` (which declares what it uses of `module`) into
+    /// `module`, a module of this context.
+    pub fn link(&self, module: &mut Module<'_>, ir: &str) -> Result<(), Diagnostics> {
+        let other = self.parse(ir)?;
+        // SAFETY: both modules live in this context; linking destroys the source module, so
+        // `other` is forgotten, not dropped.
+        let failed_to_link = unsafe { ffi::LLVMLinkModules2(module.0, other.0) != 0 };
+        std::mem::forget(other);
+        match failed_to_link {
+            true => Err(failed(
+                "linking the entry points",
+                "its reason is on the standard error".into(),
+            )),
+            false => Ok(()),
+        }
+    }
+
     /// The module `bitcode` holds, in this context.
     fn read(&self, bitcode: &Bitcode) -> Result<Module<'_>, Diagnostics> {
         // SAFETY: the buffer refers to `bitcode`'s bytes, which outlive it, and is disposed of
@@ -328,10 +353,21 @@ impl Drop for Context {
     }
 }
 
-struct Module<'c>(
+/// A module of LLVM IR, in a context that outlives it.
+pub struct Module<'c>(
     mlir_sys::LLVMModuleRef,
     std::marker::PhantomData<&'c Context>,
 );
+
+impl<'c> Module<'c> {
+    /// Takes ownership of `module`, a module of `_context`.
+    ///
+    /// # Safety
+    /// `module` is a valid module created in `_context`, owned by no one else.
+    pub unsafe fn from_raw(_context: &'c Context, module: mlir_sys::LLVMModuleRef) -> Module<'c> {
+        Module(module, std::marker::PhantomData)
+    }
+}
 
 impl Drop for Module<'_> {
     fn drop(&mut self) {
@@ -388,8 +424,8 @@ impl Drop for TargetMachine {
 }
 
 /// The parts of LLVM's C API (`llvm-c/TargetMachine.h`, `Transforms/PassBuilder.h`,
-/// `IRReader.h`, `BitWriter.h`, `BitReader.h`, `Target.h`, `Error.h`) that `mlir-sys` does not
-/// bind; they are in the LLVM libraries it links.
+/// `IRReader.h`, `BitWriter.h`, `BitReader.h`, `Linker.h`, `Target.h`, `Error.h`) that `mlir-sys`
+/// does not bind; they are in the LLVM libraries it links.
 mod ffi {
     use mlir_sys::{LLVMContextRef, LLVMMemoryBufferRef, LLVMModuleRef};
     use std::ffi::{c_char, c_int, c_void};
@@ -412,6 +448,7 @@ mod ffi {
         pub fn LLVMInitializeX86Target();
         pub fn LLVMInitializeX86TargetMC();
         pub fn LLVMInitializeX86AsmPrinter();
+        pub fn LLVMLinkModules2(dest: LLVMModuleRef, src: LLVMModuleRef) -> c_int;
         pub fn LLVMWriteBitcodeToMemoryBuffer(module: LLVMModuleRef) -> LLVMMemoryBufferRef;
         pub fn LLVMParseBitcodeInContext2(
             ctx: LLVMContextRef,

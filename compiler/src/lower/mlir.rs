@@ -7,6 +7,7 @@
 //! catching what LLVM prints on the standard error while it JIT-compiles.
 #![allow(unsafe_code)]
 
+use super::machine;
 use super::text::Lines;
 use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
@@ -385,26 +386,24 @@ fn tempfile() -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
-/// The LLVM IR of a module lowered to the LLVM dialect, as text.
-pub fn llvm_ir(ctx: &Context, module: &Module, source: &str) -> Result<String, Diagnostics> {
-    use std::ffi::CStr;
+/// The LLVM IR of a module lowered to the LLVM dialect, in `llvm`: handed to LLVM as it is, not
+/// printed and parsed again (0.12 s of the d = 1024 training step's compile).
+pub fn llvm_ir<'l>(
+    ctx: &Context,
+    module: &Module,
+    llvm: &'l machine::Context,
+    source: &str,
+) -> Result<machine::Module<'l>, Diagnostics> {
     let diags = Collector::attach(ctx);
-    // SAFETY: the LLVM context and module are created, used and disposed of here, in order;
-    // the printed string is copied before LLVM frees it.
+    // SAFETY: the translation creates a module in `llvm`, which outlives it, owned by the
+    // result alone.
     unsafe {
-        let llvm = mlir_sys::LLVMContextCreate();
         let translated =
-            mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm);
+            mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm.raw());
         if translated.is_null() {
-            mlir_sys::LLVMContextDispose(llvm);
             return Err(diags.take(source, "MLIR could not translate the module to LLVM IR"));
         }
-        let printed = mlir_sys::LLVMPrintModuleToString(translated);
-        let text = CStr::from_ptr(printed).to_string_lossy().into_owned();
-        mlir_sys::LLVMDisposeMessage(printed);
-        mlir_sys::LLVMDisposeModule(translated);
-        mlir_sys::LLVMContextDispose(llvm);
-        Ok(text)
+        Ok(machine::Module::from_raw(llvm, translated))
     }
 }
 

@@ -263,12 +263,13 @@ fn module_text(functions: &[(&str, &Function)], loc: &str, executable: bool) -> 
     out
 }
 
-/// LLVM IR appended to an executable's module, once the MLIR pipelines ran (they may add to
+/// An LLVM IR module linked into an executable's, once the MLIR pipelines ran (they may add to
 /// the manifest: `kernels`): the embedded manifest, `ppc_manifest()` returning it, and
 /// `_mlir__mlir_ciface_ppc_forward(void **args)`, the packed entry the runtime calls,
 /// forwarding `*args[i]` as argument `i` of the C interface (MLIR's JIT makes that one for
 /// itself); the same for `ppc_evaluate`, which every executable defines, as its runtime
 /// names it, but which traps where the manifest lists no arguments for it (it was not built).
+/// It declares the C interfaces it calls, which the executable's module defines.
 pub fn executable_ir(manifest: &Manifest) -> String {
     let text = format!("{}\0", manifest.to_text());
     let bytes: String = text
@@ -311,5 +312,7 @@ fn packed_entry(entry: &str, n: usize) -> String {
     let call: Vec<String> = (0..n).map(|i| format!("ptr %desc{i}")).collect();
     let _ = writeln!(s, "  call void @_mlir_ciface_{entry}({})", call.join(", "));
     s.push_str("  ret void\n}\n");
+    let params = vec!["ptr"; n].join(", ");
+    let _ = writeln!(s, "declare void @_mlir_ciface_{entry}({params})");
     s
 }
