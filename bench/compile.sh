@@ -7,8 +7,9 @@
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/training_rows.sh
 ROUNDS=${ROUNDS:-3}
-PPC=target/release/ppc
+PPC=${PPC:-target/release/ppc}  # PPC=path: another build of ppc (a base to compare)
 VENV=${VENV:-bench/.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   echo "bench-compile: installing jax[cpu] from PyPI into $VENV" >&2
@@ -41,14 +42,7 @@ print(f"{name:44s} {ppc:10.2f} {jit:10.2f} {ppc / jit:11.2f}x")
 PY
 }
 
+training_rows row
 for remat in stage none; do
-  row "--remat=$remat: mlp d=256 h=1024" examples/mlp.ppc "" "" $remat
-  row "--remat=$remat: transformer (example)" examples/transformer.ppc "" \
-    "--model transformer --b 2 --t 16 --heads 4 --dh 16" $remat
-  row "--remat=$remat: gpt2 d=256 t=256 L=8" examples/gpt2.ppc \
-    "--dim t=256 --dim heads=4 --dim dh=64 --layers 8" \
-    "--model gpt2 --b 2 --t 256 --heads 4 --dh 64 --microbatches 4" $remat
-  row "--remat=$remat: transformer d=1024" examples/transformer.ppc \
-    "--dim b=4 --dim t=256 --dim heads=16 --dim dh=64" \
-    "--model transformer --b 4 --t 256 --heads 16 --dh 64" $remat
+  row "train --remat=$remat: transformer d=1024" examples/transformer.ppc "$scale_dims" "$scale_jax" $remat
 done

@@ -11,6 +11,7 @@
 # Needs: a release build of ppc and ppc-exe (the Makefile does it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/training_rows.sh
 STEPS=${STEPS:-30}
 # Each measurement times at least STEPS steps and at least MIN_SECONDS of ppc's steps (a 2 ms
 # step timed 20 times is mostly noise), but no more than MAX_SECONDS of them (and at least 3):
@@ -146,17 +147,7 @@ compare "transformer (example)" examples/transformer.ppc "" "--model transformer
 compare "transformer b=8 t=128 h=8 dh=32" examples/transformer.ppc \
   "--dim b=8 --dim t=128 --dim heads=8 --dim dh=32" \
   "--model transformer --b 8 --t 128 --heads 8 --dh 32"
-for remat in stage none; do
-  compare "train --remat=$remat: mlp d=256 h=1024" examples/mlp.ppc "" "" $remat
-  compare "train --remat=$remat: transformer (example)" examples/transformer.ppc "" \
-    "--model transformer --b 2 --t 16 --heads 4 --dh 16" $remat
-  compare "train --remat=$remat: gpt2 d=256 t=256 L=8" examples/gpt2.ppc \
-    "--dim t=256 --dim heads=4 --dim dh=64 --layers 8" \
-    "--model gpt2 --b 2 --t 256 --heads 4 --dh 64 --microbatches 4" $remat
-done
-# The issue's size (#34): d = 1024, 8 layers, 101 M parameters, 8 microbatches of 4 × 256.
-scale_dims="--dim b=4 --dim t=256 --dim heads=16 --dim dh=64"
-scale_jax="--model transformer --b 4 --t 256 --heads 16 --dh 64"
+training_rows compare
 at_scale "transformer d=1024" examples/transformer.ppc "$scale_dims" "$scale_jax"
 for remat in none stage; do
   at_scale "train --remat=$remat: transformer d=1024" examples/transformer.ppc "$scale_dims" "$scale_jax" $remat

@@ -1,0 +1,65 @@
+"""A cost model of training schedules run as one lockstep loop (BENCHMARKS.md, thirty-first
+session): each tick lasts as long as the busiest rank's work in it, a rank holding `S / ranks`
+consecutive stages. F, B and W cost one unit each, B two with `--remat stage` (it recomputes the
+stage's forward). Prints, per order, a rank's share of the work over the sum of its ticks.
+
+The orders: the compiled parity order of `--schedule 1f1b` and `zb-h1` (one_f_one_b.rs: stage g
+runs the forward of entering microbatch n in tick g + 2n, its backward in 2S - 1 - g + 2n, and
+under zb-h1 its W in the tick after), and the drawn timetables of `ppc schedule`, one unit a tick.
+
+    python3 bench/lockstep_model.py [STAGES MICROBATCHES RANKS]   # default: make bench-mpi's 4 8 2
+"""
+import subprocess
+import sys
+
+
+def parity_order(stages, microbatches):
+    """Per tick and stage, the phases it runs."""
+    ticks = [[[] for _ in range(stages)] for _ in range(2 * (microbatches + stages - 1) + 1)]
+    for g in range(stages):
+        for n in range(microbatches):
+            ticks[g + 2 * n][g].append("F")
+            backward = 2 * stages - 1 - g + 2 * n
+            ticks[backward][g].append("B")
+            ticks[backward + 1][g].append("W")
+    return ticks
+
+
+def drawn(schedule, stages, microbatches):
+    """`ppc schedule --schedule SCHEDULE`'s table, as phases per tick and stage."""
+    text = subprocess.run(
+        ["target/release/ppc", "schedule", "examples/mlp.ppc", "--schedule", schedule,
+         "--stages", str(stages), "--microbatches", str(microbatches)],
+        check=True, capture_output=True, text=True).stdout
+    rows = [line.split()[2:] for line in text.splitlines()
+            if line.startswith("stage ") and line.split()[1].isdigit()]
+    return [[[] if row[t] == ".." else [row[t][0]] for row in rows] for t in range(len(rows[0]))]
+
+
+def efficiency(ticks, stages, microbatches, ranks, b_cost):
+    cost = {"F": 1, "B": b_cost, "W": 1}
+    per_rank = stages // ranks
+    total = sum(
+        max(sum(cost[p] for s in range(r * per_rank, (r + 1) * per_rank) for p in tick[s])
+            for r in range(ranks))
+        for tick in ticks)
+    work = per_rank * microbatches * (2 + b_cost)
+    return work / total
+
+
+def main():
+    stages, microbatches, ranks = (int(a) for a in (sys.argv[1:4] or (4, 8, 2)))
+    orders = {
+        "compiled parity order (1f1b, zb-h1)": parity_order(stages, microbatches),
+        "drawn zb-h1 timetable": drawn("zb-h1", stages, microbatches),
+        "drawn 1f1b timetable": drawn("1f1b", stages, microbatches),
+    }
+    print(f"S={stages} M={microbatches} ranks={ranks}: a rank's work over its ticks")
+    print(f"{'order':40s} {'--remat none':>13s} {'--remat stage':>14s}")
+    for name, ticks in orders.items():
+        none, stage = (efficiency(ticks, stages, microbatches, ranks, b) for b in (1, 2))
+        print(f"{name:40s} {none:13.3f} {stage:14.3f}")
+
+
+if __name__ == "__main__":
+    main()
