@@ -5,7 +5,8 @@ stage's forward). Prints, per order, a rank's share of the work over the sum of 
 
 The orders: the compiled parity order of `--schedule 1f1b` and `zb-h1` (one_f_one_b.rs: stage g
 runs the forward of entering microbatch n in tick g + 2n, its backward in 2S - 1 - g + 2n, and
-under zb-h1 its W in the tick after), and the drawn timetables of `ppc schedule`, one unit a tick.
+under zb-h1 its W in the tick after; also with W cut in two halves, one in each tick, which is
+not built), and the drawn timetables of `ppc schedule`, one unit a tick.
 
     python3 bench/lockstep_model.py [STAGES MICROBATCHES RANKS]   # default: make bench-mpi's 4 8 2
 """
@@ -13,15 +14,20 @@ import subprocess
 import sys
 
 
-def parity_order(stages, microbatches):
-    """Per tick and stage, the phases it runs."""
+def parity_order(stages, microbatches, split_w=False):
+    """Per tick and stage, the phases it runs; with `split_w`, half of each W's weights in the
+    backward tick, after B, and half in the forward tick after it (not built: a candidate)."""
     ticks = [[[] for _ in range(stages)] for _ in range(2 * (microbatches + stages - 1) + 1)]
     for g in range(stages):
         for n in range(microbatches):
             ticks[g + 2 * n][g].append("F")
             backward = 2 * stages - 1 - g + 2 * n
             ticks[backward][g].append("B")
-            ticks[backward + 1][g].append("W")
+            if split_w:
+                ticks[backward][g].append("w")
+                ticks[backward + 1][g].append("w")
+            else:
+                ticks[backward + 1][g].append("W")
     return ticks
 
 
@@ -37,7 +43,7 @@ def drawn(schedule, stages, microbatches):
 
 
 def efficiency(ticks, stages, microbatches, ranks, b_cost):
-    cost = {"F": 1, "B": b_cost, "W": 1}
+    cost = {"F": 1, "B": b_cost, "W": 1, "w": 0.5}
     per_rank = stages // ranks
     total = sum(
         max(sum(cost[p] for s in range(r * per_rank, (r + 1) * per_rank) for p in tick[s])
@@ -51,6 +57,7 @@ def main():
     stages, microbatches, ranks = (int(a) for a in (sys.argv[1:4] or (4, 8, 2)))
     orders = {
         "compiled parity order (1f1b, zb-h1)": parity_order(stages, microbatches),
+        "parity order, W split over both ticks": parity_order(stages, microbatches, True),
         "drawn zb-h1 timetable": drawn("zb-h1", stages, microbatches),
         "drawn 1f1b timetable": drawn("1f1b", stages, microbatches),
     }
