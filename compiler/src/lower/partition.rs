@@ -5,10 +5,12 @@
 //! functions (a stage's forward, its backward, the entry) with the OpenMP regions outlined from
 //! each: instruction selection for GPT-2's was 5 s of a 9.3 s compile on two cores, one idle.
 //! Every function is optimized and compiled on its own (the pipeline in `machine.rs` has
-//! function passes only, and code generation is per function), so cutting the module between
-//! functions leaves each function's machine code as it was: only which object holds it changes.
+//! function passes only, but for `mergefunc`, which runs on the whole module before the cut;
+//! code generation is per function), so cutting the module between functions leaves each
+//! function's machine code as it was: only which object holds it changes.
 //!
-//! Each partition parses the whole module and keeps its share: the functions assigned to it
+//! Each partition has the whole module (the main thread its own, the others a copy read from
+//! bitcode) and keeps its share: the functions assigned to it
 //! (largest first, to the partition with the least so far, by instruction count), the outlined
 //! OpenMP regions among them one by one, as a large stage function's regions are most of its
 //! code. Functions local to the module become hidden external symbols under a name of their
