@@ -41,6 +41,9 @@ FORWARD=(
   "transformer_f32|examples/transformer.ppc||1"
   "transformer_bf16|examples/transformer.ppc|--dtype bf16|1"
   "transformer_2ranks_bf16|examples/transformer.ppc|--ranks 2 --dtype bf16|2"
+  # Rows a block of threads reduces (gpu_reduce.rs): softmax rows of 48 (32 threads, some
+  # with two elements), layernorm rows of 96 (64 threads).
+  "transformer_rows_f32|examples/transformer.ppc|--dim t=48 --dim heads=3 --dim dh=32|1"
 )
 # The training step: losses of 5 steps against the CPU executable's.
 TRAIN=(

@@ -22,6 +22,8 @@ pub struct Source<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gpu {
     pub arch: String,
+    /// The kernels run as CPU loops ([`jit_gpu_program_on_cpu`], tests).
+    pub kernels_on_cpu: bool,
 }
 
 /// How machine code is made: numerics, the CPU of the host code, the GPU of the kernels (none:
@@ -49,6 +51,7 @@ fn lower(
         replicas: executable.unwrap_or(1),
         target: target.cloned(),
         gpu: gpu.map(|g| g.arch.clone()),
+        gpu_kernels_on_cpu: gpu.is_some_and(|g| g.kernels_on_cpu),
     };
     lower::lower(m, &opts, src.file, src.text).map_err(|d| vec![d])
 }
@@ -136,6 +139,7 @@ pub fn jit_gpu_program_on_cpu(
 ) -> Result<mlir::Jit, Diagnostics> {
     let gpu = Gpu {
         arch: "sm_90".into(),
+        kernels_on_cpu: true,
     };
     let l = lower(m, src, numerics, None, Some(&gpu), None)?;
     let ctx = mlir::context();

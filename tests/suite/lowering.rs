@@ -1,5 +1,5 @@
 //! File-driven lowering tests: `tests/lower/<strategy>/<case>.ppc`, one folder per strategy of
-//! `compiler/src/lower/` (fusion, in-place, chains, accumulation, residency).
+//! `compiler/src/lower/` (fusion, in-place, chains, accumulation, residency, gpu-reduce).
 //!
 //! A case's first line is `// LOWER: [FLAGS]` (`--train`, `--exact`, `--target cuda`,
 //! `--stages N`, `--microbatches N`, `--ranks N`, `--remat none`), its second a comment saying what
@@ -112,6 +112,7 @@ fn lowering_cases() {
             replicas: 1,
             target: None,
             gpu: l.cuda.then(|| "sm_90".to_string()),
+            gpu_kernels_on_cpu: false,
         };
         let lowered = lower::lower(&m, &how, &name, &text)
             .unwrap_or_else(|d| panic!("{}", render(&name, &text, &[d])));

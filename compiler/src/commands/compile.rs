@@ -34,6 +34,7 @@ pub fn compile_command(
     } = a;
     let gpu = (device == Device::Cuda).then(|| backend::Gpu {
         arch: gpu_arch.clone(),
+        kernels_on_cpu: false,
     });
     if gpu.is_some() {
         cuda_codegen(&codegen)?;

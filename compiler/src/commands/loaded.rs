@@ -138,6 +138,7 @@ impl Loaded {
         let target = crate::target::resolve("native")?;
         let gpu = backend::Gpu {
             arch: "sm_90".into(),
+            kernels_on_cpu: false,
         };
         let how = backend::Codegen {
             numerics: codegen.numerics(),

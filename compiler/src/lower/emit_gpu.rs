@@ -14,9 +14,13 @@ use ppc_runtime::abi;
 const HOST_INTEGERS: u64 = 1024;
 
 impl<'a> Emitter<'a> {
-    /// Writes for `--target cuda`.
-    pub fn for_gpu(mut self) -> Emitter<'a> {
-        self.gpu = Some(GpuCode::default());
+    /// Writes for `--target cuda`; with `kernels_on_cpu`, for a program whose kernels run as
+    /// CPU loops (tests).
+    pub fn for_gpu(mut self, kernels_on_cpu: bool) -> Emitter<'a> {
+        self.gpu = Some(GpuCode {
+            kernels_on_cpu,
+            ..GpuCode::default()
+        });
         self
     }
 

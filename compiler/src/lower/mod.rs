@@ -19,7 +19,7 @@
 //! batched matmuls and what lies between them
 //! (attention, a decoder's MLP) as one parallel loop over their batch entries
 //! (`batch_split.rs`), reductions along the innermost axis as register loops
-//! (`row_reduce.rs`), loops
+//! (`row_reduce.rs`; on the GPU a block of threads per row, `gpu_reduce.rs`), loops
 //! as `scf.for` with their carried values computed in place where safe and tapes left unfilled
 //! (`in_place.rs`), each
 //! loop nest between `--trace` calls, and every op located at its model-file span, so an MLIR
@@ -40,6 +40,7 @@ mod entry;
 mod fast_math;
 mod fuse;
 pub mod gpu_map;
+mod gpu_reduce;
 mod in_place;
 mod init_array;
 pub mod machine;
@@ -84,6 +85,9 @@ pub struct Options {
     /// `--target cuda`: the GPU architecture (`sm_90`) the kernels are compiled for; loop nests
     /// are tagged for GPU blocks and threads (`gpu_map.rs`) and buffers shared with the host.
     pub gpu: Option<String>,
+    /// With `gpu`: the kernels will run as CPU loops (tests), so only loop nests become
+    /// kernels (`gpu_reduce.rs`).
+    pub gpu_kernels_on_cpu: bool,
 }
 
 /// The MLIR module text and the manifest of its entry.
@@ -194,7 +198,7 @@ fn entry_function(
     let f = &m.funcs[id];
     let mut e = Emitter::new(file, lines);
     if opts.gpu.is_some() {
-        e = e.for_gpu();
+        e = e.for_gpu(opts.gpu_kernels_on_cpu);
     }
     e.share_buffers = entry == Entry::Train;
     let mut w = Walker {

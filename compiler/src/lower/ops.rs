@@ -174,7 +174,7 @@ pub(super) fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
 
 /// Reduces `x` (f32) over `axes` into `acc` (f32, shape without those axes). Sums start from
 /// -0.0, as in the interpreter.
-fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
+fn reduce_into(e: &mut Emitter, num: Numerics, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
     let r = x.ty.rank();
     if e.gpu.is_some() && axes.len() == r && r >= 2 && x.ty.elements() >= GPU_SPLIT_REDUCTION {
         // A kernel needs a parallel loop: on the GPU a big reduction to one number first
@@ -184,8 +184,12 @@ fn reduce_into(e: &mut Emitter, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
             .find(|&k| shape[..k].iter().product::<u64>() >= 1024)
             .unwrap_or(r - 1);
         let rows = e.alloc(&Type::of(acc.ty.dtype, &shape[..lead]));
-        reduce_into(e, x, &(lead..r).collect::<Vec<_>>(), &rows, max);
-        reduce_into(e, &rows, &(0..lead).collect::<Vec<_>>(), acc, max);
+        reduce_into(e, num, x, &(lead..r).collect::<Vec<_>>(), &rows, max);
+        reduce_into(e, num, &rows, &(0..lead).collect::<Vec<_>>(), acc, max);
+        return;
+    }
+    if super::gpu_reduce::applies(e, num, x, axes, acc, max) {
+        super::gpu_reduce::emit(e, x, acc, max);
         return;
     }
     if super::row_reduce::applies(e, x, axes, acc) {
@@ -291,7 +295,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
             } else {
                 f32_scratch(e, out)
             };
-            reduce_into(e, &x, axes, &acc, *op == ReduceOp::Max);
+            reduce_into(e, numerics, &x, axes, &acc, *op == ReduceOp::Max);
             if *op == ReduceOp::Mean {
                 let n = ins[0].ty.elements() / out.ty.elements().max(1);
                 scale_down(e, &acc.clone(), n, &acc);
@@ -299,7 +303,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
             store(e, &acc, out);
         }
         OpKind::Softmax { axis, .. } => softmax(e, numerics, &ins[0], *axis, out),
-        OpKind::LayerNorm { axis, eps, .. } => layernorm(e, &ins[0], *axis, eps.0, out),
+        OpKind::LayerNorm { axis, eps, .. } => layernorm(e, numerics, &ins[0], *axis, eps.0, out),
         OpKind::Rank => {
             e.declare(&abi::RANK);
             let v = e.let_(&abi::RANK.call(&[]));
@@ -473,7 +477,7 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
     let par = vec!["parallel"; r];
     let xf = to_f32(e, x);
     let max = e.alloc(&without(&x.ty, axis));
-    reduce_into(e, &xf, &[axis], &max, true);
+    reduce_into(e, num, &xf, &[axis], &max, true);
     let ex = f32_scratch(e, out);
     e.generic(
         r,
@@ -489,7 +493,7 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
         },
     );
     let sum = e.alloc(&without(&x.ty, axis));
-    reduce_into(e, &ex, &[axis], &sum, false);
+    reduce_into(e, num, &ex, &[axis], &sum, false);
     e.generic(
         r,
         &[(&sum, drop_axis(r, axis))],
@@ -500,13 +504,13 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
     store(e, &ex, out);
 }
 
-fn layernorm(e: &mut Emitter, x: &Buf, axis: usize, eps: f64, out: &Buf) {
+fn layernorm(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, eps: f64, out: &Buf) {
     let r = x.ty.rank();
     let par = vec!["parallel"; r];
     let n = x.ty.dims[axis].size;
     let xf = to_f32(e, x);
     let mean = e.alloc(&without(&x.ty, axis));
-    reduce_into(e, &xf, &[axis], &mean, false);
+    reduce_into(e, num, &xf, &[axis], &mean, false);
     scale_down(e, &mean.clone(), n, &mean);
     let sq = e.alloc(&x.ty.with_dtype(DType::F32));
     e.generic(
@@ -520,7 +524,7 @@ fn layernorm(e: &mut Emitter, x: &Buf, axis: usize, eps: f64, out: &Buf) {
         },
     );
     let var = e.alloc(&without(&x.ty, axis));
-    reduce_into(e, &sq, &[axis], &var, false);
+    reduce_into(e, num, &sq, &[axis], &var, false);
     scale_down(e, &var.clone(), n, &var);
     let y = f32_scratch(e, out);
     let eps = e.constant(f64::from(eps as f32), DType::F32);

@@ -1,0 +1,132 @@
+//! `--target cuda`: reductions along a buffer's innermost axis (a softmax's row maximum and
+//! sum, a layernorm's mean and variance) as one thread block per row.
+//!
+//! As a loop nest mapped by `gpu_map.rs`, such a reduction was one thread per row: a row of
+//! 1–4 K elements walked serially, neighbouring threads a row apart in memory, and a few dozen
+//! blocks for a GPU of 132 SMs (the first H200 run: generated kernels took 2.4× the GEMMs'
+//! time). Here the block's threads stride along the row together, so that consecutive threads
+//! read consecutive elements, and `gpu.all_reduce` combines their partial values (MLIR lowers
+//! it to warp shuffles and a pass through shared memory).
+//!
+//! The order of the sum is then a tree, fixed by the row's length: the same bits on every run
+//! and on any rank count, but not the interpreter's sequential order. So under `--exact` sums
+//! keep the thread-per-row loop nest; a maximum does not depend on the order and always runs
+//! here. When the kernels run as CPU loops (the tests' `jit_gpu_program_on_cpu`), nothing
+//! runs here: there is no GPU to launch on, and the loop nest computes the same values.
+//!
+//! ```text
+//! sum over axis 1 of x: f32[r, n]  ──▶  gpu.launch blocks(%b) in (r) threads(%t) in (T) {
+//!                                         %p = scf.for %j = %t to n step T   (running sum)
+//!                                         %s = gpu.all_reduce add %p
+//!                                         if %t == 0: acc[%b] = %s }
+//! ```
+
+use super::buf::Buf;
+use super::emit::Emitter;
+use super::fast_math::Numerics;
+use ppc_dialect::DType;
+
+/// Threads per block, at most: a row of 4096 takes 16 elements a thread.
+const MAX_THREADS: u64 = 256;
+
+/// Rows shorter than a warp stay one thread's loop.
+const MIN_ROW: u64 = 32;
+
+/// Whether [`emit`] computes `acc = reduce(x over axes)`: one f32 reduction along `x`'s last
+/// axis of at least [`MIN_ROW`] elements, in a GPU program whose kernels run on the GPU; a sum
+/// only with the fast numerics.
+pub fn applies(
+    e: &Emitter,
+    numerics: Numerics,
+    x: &Buf,
+    axes: &[usize],
+    acc: &Buf,
+    max: bool,
+) -> bool {
+    let r = x.ty.rank();
+    e.gpu.as_ref().is_some_and(|g| !g.kernels_on_cpu)
+        && r >= 2
+        && axes == [r - 1]
+        && x.ty.dtype == DType::F32
+        && acc.ty.dtype == DType::F32
+        && x.ty.shape()[r - 1] >= MIN_ROW
+        && (max || numerics == Numerics::Fast)
+        && !e.nest.in_parallel_loop()
+}
+
+/// The threads of a block for rows of `n`: the largest power of two up to `n` and
+/// [`MAX_THREADS`], so that every warp is full.
+pub fn threads(n: u64) -> u64 {
+    let t = MAX_THREADS.min(n);
+    1 << (63 - t.leading_zeros())
+}
+
+/// `acc = max or sum of x along its last axis` (see [`applies`]).
+pub fn emit(e: &mut Emitter, x: &Buf, acc: &Buf, max: bool) {
+    let shape = x.ty.shape();
+    let (rows, n) = shape.split_at(shape.len() - 1);
+    let (n, count) = (n[0], rows.iter().product::<u64>());
+    let block = threads(n);
+    e.device_uses(&[x], acc);
+    let (grid, threads, one) = (e.index(count), e.index(block), e.index(1));
+    let ids: Vec<String> = (0..12).map(|_| e.fresh()).collect();
+    let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = &ids[..] else {
+        unreachable!("twelve names")
+    };
+    e.open(&format!(
+        "gpu.launch blocks({bx}, {by}, {bz}) in ({gx} = {grid}, {gy} = {one}, {gz} = {one}) \
+         threads({tx}, {ty}, {tz}) in ({sx} = {threads}, {sy} = {one}, {sz} = {one}) {{"
+    ));
+    let row = row_indices(e, bx, rows);
+    let (op, init, all) = if max {
+        ("arith.maximumf", "0xFF800000", "maximumf")
+    } else {
+        ("arith.addf", "-0.0", "add")
+    };
+    let start = e.let_(&format!("arith.constant {init} : f32"));
+    let (end, step) = (e.index(n), e.index(block));
+    let (j, a) = (e.fresh(), e.fresh());
+    let partial = e.fresh();
+    e.open(&format!(
+        "{partial} = scf.for {j} = {tx} to {end} step {step} iter_args({a} = {start}) -> (f32) {{"
+    ));
+    let at = row
+        .iter()
+        .chain([&j])
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    let v = e.let_(&format!("memref.load {}[{at}] : {}", x.name, x.mty()));
+    let next = e.let_(&format!("{op} {a}, {v} : f32"));
+    e.op(&format!("scf.yield {next} : f32"));
+    e.close();
+    let value = e.let_(&format!(
+        "gpu.all_reduce {all} {partial} uniform {{}} : (f32) -> (f32)"
+    ));
+    let zero = e.index(0);
+    let first = e.let_(&format!("arith.cmpi eq, {tx}, {zero} : index"));
+    e.open(&format!("scf.if {first} {{"));
+    e.op(&format!(
+        "memref.store {value}, {}[{}] : {}",
+        acc.name,
+        row.join(", "),
+        acc.mty()
+    ));
+    e.close();
+    e.op("gpu.terminator");
+    e.close();
+}
+
+/// The indices of row `block` of `rows` (row-major).
+fn row_indices(e: &mut Emitter, block: &str, rows: &[u64]) -> Vec<String> {
+    let mut below = 1;
+    let mut out = Vec::new();
+    for &size in rows.iter().rev() {
+        let (stride, extent) = (e.index(below), e.index(size));
+        let above = e.let_(&format!("arith.divui {block}, {stride} : index"));
+        out.push(e.let_(&format!("arith.remui {above}, {extent} : index")));
+        below *= size;
+    }
+    out.reverse();
+    out
+}
