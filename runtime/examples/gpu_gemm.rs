@@ -1,7 +1,7 @@
 //! The GPU check's direct GEMM test (`scripts/gpu-check.sh`): the runtime's GEMM entry points,
 //! as generated code calls them, on f32, bf16 and f16 operands — transposed, strided-batched,
-//! broadcast, with masked-out stages and accumulating — against an f64 product of the same
-//! (rounded) operands. Runs the CPU path always and the GPU path (cuBLAS) where a GPU is found,
+//! broadcast, with masked-out stages and accumulating, into f32 and (16-bit operands, not
+//! accumulating) into their own type — against an f64 product of the same (rounded) operands. Runs the CPU path always and the GPU path (cuBLAS) where a GPU is found,
 //! so a dry run without one checks the checker. Exit status 0 only when every case passed.
 //!
 //! `cargo run --release -p ppc-runtime --example gpu_gemm`
@@ -77,9 +77,26 @@ impl Buffer {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
     }
 
-    fn f32s(&self) -> &[f32] {
-        // SAFETY: as above; f32 buffers only, 4-byte aligned.
-        unsafe { std::slice::from_raw_parts(self.ptr.cast(), self.bytes / 4) }
+    /// The values of a buffer of `dtype` elements, as f32.
+    fn values(&self, dtype: DType) -> Vec<f32> {
+        // SAFETY: as above; the buffer holds `dtype` elements, aligned (it is 8-byte aligned).
+        unsafe {
+            match dtype {
+                DType::BF16 => {
+                    std::slice::from_raw_parts(self.ptr.cast::<half::bf16>(), self.bytes / 2)
+                        .iter()
+                        .map(|x| x.to_f32())
+                        .collect()
+                }
+                DType::F16 => {
+                    std::slice::from_raw_parts(self.ptr.cast::<half::f16>(), self.bytes / 2)
+                        .iter()
+                        .map(|x| x.to_f32())
+                        .collect()
+                }
+                _ => std::slice::from_raw_parts(self.ptr.cast::<f32>(), self.bytes / 4).to_vec(),
+            }
+        }
     }
 }
 
@@ -157,9 +174,31 @@ fn plain(
     }
 }
 
-/// Runs `case` on the open backend; returns the largest difference to the f64 reference
-/// relative to its largest value, or why it failed.
-fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String> {
+/// The rounded entry point for 16-bit `dtype` (the result of that type), masked or not, as
+/// generated code calls it.
+fn rounded(
+    dtype: DType,
+) -> (
+    unsafe extern "C" fn(*const Unranked, *const Unranked, *const Unranked),
+    unsafe extern "C" fn(*const Unranked, *const Unranked, *const Unranked, *const Unranked),
+) {
+    match dtype {
+        DType::BF16 => (
+            _mlir_ciface_ppc_matmul_bf16_rounded,
+            _mlir_ciface_ppc_matmul_bf16_rounded_masked,
+        ),
+        DType::F16 => (
+            _mlir_ciface_ppc_matmul_f16_rounded,
+            _mlir_ciface_ppc_matmul_f16_rounded_masked,
+        ),
+        _ => unreachable!("rounded GEMMs are for 16-bit operands"),
+    }
+}
+
+/// Runs `case` on the open backend, into an f32 result or (`out` 16-bit) one of that type;
+/// returns the largest difference to the f64 reference relative to its largest value, or why
+/// it failed.
+fn check(case: &Case, dtype: DType, out: DType, gpu: bool, seed: u64) -> Result<f64, String> {
     let (bt, m, k, n) = (case.batch, case.m, case.k, case.n);
     let width = dtype.size_bytes() as usize;
     let a_vals = values(bt * m * k, seed, dtype);
@@ -202,7 +241,7 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
     let (mut a, mut b, mut c) = (
         Buffer::new(a_vals.len() * width, gpu),
         Buffer::new(b_vals.len() * width, gpu),
-        Buffer::new(c_init.len() * 4, gpu),
+        Buffer::new(c_init.len() * out.size_bytes() as usize, gpu),
     );
     encode(dtype, &a_stored, a.bytes_mut());
     encode(dtype, &b_stored, b.bytes_mut());
@@ -212,7 +251,7 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
     } else {
         vec![f32::NAN; c_init.len()]
     };
-    encode(DType::F32, &poison, c.bytes_mut());
+    encode(out, &poison, c.bytes_mut());
 
     let batched = |sizes: [usize; 2], strides: [usize; 2], step: usize| {
         if bt == 1 {
@@ -257,14 +296,16 @@ fn check(case: &Case, dtype: DType, gpu: bool, seed: u64) -> Result<f64, String>
     let um = dm.unranked();
     // SAFETY: each descriptor covers its buffer, which outlives the call; `c` overlaps neither.
     unsafe {
-        match case.mask {
-            Some(_) => masked(dtype, case.accumulate)(&ua, &ub, &uc, &um),
-            None => plain(dtype, case.accumulate)(&ua, &ub, &uc),
+        match (case.mask.is_some(), out == DType::F32) {
+            (true, true) => masked(dtype, case.accumulate)(&ua, &ub, &uc, &um),
+            (false, true) => plain(dtype, case.accumulate)(&ua, &ub, &uc),
+            (true, false) => rounded(dtype).1(&ua, &ub, &uc, &um),
+            (false, false) => rounded(dtype).0(&ua, &ub, &uc),
         }
     }
     cuda::sync();
 
-    let got = c.f32s();
+    let got = c.values(out);
     let (mut worst, mut largest) = (0f64, 0f64);
     for i in 0..bt {
         let active = case.mask.as_ref().is_none_or(|mask| mask[i]);
@@ -328,16 +369,35 @@ fn main() -> ExitCode {
             mask: masked.then(|| (0..batch).map(|i| i % 3 != 1).collect()),
             accumulate,
         };
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
+        // Into f32, and 16-bit operands also into their own type where nothing accumulates.
+        let outs = [
+            (DType::F32, DType::F32),
+            (DType::BF16, DType::F32),
+            (DType::F16, DType::F32),
+            (DType::BF16, DType::BF16),
+            (DType::F16, DType::F16),
+        ];
+        for (dtype, out) in outs {
+            if out != DType::F32 && case.accumulate {
+                continue;
+            }
             // f32 accumulation of exactly representable products: only the order of the sum
-            // differs from the f64 reference (TF32, where asked, rounds the f32 operands).
-            let tol = if dtype == DType::F32 && std::env::var("PPC_TF32").is_ok_and(|v| v == "1") {
-                2e-3
-            } else {
-                1e-5
+            // differs from the f64 reference (TF32, where asked, rounds the f32 operands); a
+            // 16-bit result adds its rounding: at most 2^-8 (bf16) or 2^-11 (f16) of its
+            // largest value.
+            let tol = match out {
+                DType::BF16 => 4e-3,
+                DType::F16 => 5e-4,
+                _ if dtype == DType::F32 && std::env::var("PPC_TF32").is_ok_and(|v| v == "1") => {
+                    2e-3
+                }
+                _ => 1e-5,
             };
-            let label = format!("{}_{}", case.name, dtype.name());
-            match check(&case, dtype, gpu, seed as u64 * 7 + 1) {
+            let label = match out != DType::F32 {
+                true => format!("{}_{}_rounded", case.name, dtype.name()),
+                false => format!("{}_{}", case.name, dtype.name()),
+            };
+            match check(&case, dtype, out, gpu, seed as u64 * 7 + 1) {
                 Ok(err) if err <= tol => {
                     println!("ok    gemm {label}: {err:.1e} (tolerance {tol:.0e})")
                 }

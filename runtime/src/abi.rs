@@ -193,6 +193,20 @@ const MATMUL: [[[EntryPoint; 2]; 2]; 3] = [
     ],
 ];
 
+/// The GEMMs `c = a · b` whose `c` has the 16-bit type of the operands (bf16, f16), plain or
+/// where a stage mask is true: on the GPU cuBLAS rounds its f32 sums into `c` itself, where
+/// nothing accumulates into it (`--target cuda`; no f32 scratch and conversion kernel).
+const MATMUL_ROUNDED: [[EntryPoint; 2]; 2] = [
+    [
+        entry!(c_interface "ppc_matmul_bf16_rounded"("memref<*xbf16>, memref<*xbf16>, memref<*xbf16>"), _mlir_ciface_ppc_matmul_bf16_rounded),
+        entry!(c_interface "ppc_matmul_bf16_rounded_masked"("memref<*xbf16>, memref<*xbf16>, memref<*xbf16>, memref<*xi1>"), _mlir_ciface_ppc_matmul_bf16_rounded_masked),
+    ],
+    [
+        entry!(c_interface "ppc_matmul_f16_rounded"("memref<*xf16>, memref<*xf16>, memref<*xf16>"), _mlir_ciface_ppc_matmul_f16_rounded),
+        entry!(c_interface "ppc_matmul_f16_rounded_masked"("memref<*xf16>, memref<*xf16>, memref<*xf16>, memref<*xi1>"), _mlir_ciface_ppc_matmul_f16_rounded_masked),
+    ],
+];
+
 fn float_index(d: DType) -> usize {
     match d {
         DType::F32 => 0,
@@ -212,17 +226,29 @@ pub fn matmul(d: DType, accumulate: bool, masked: bool) -> &'static EntryPoint {
     &MATMUL[float_index(d)][usize::from(accumulate)][usize::from(masked)]
 }
 
+/// The GEMM for 16-bit operands of type `d` (bf16, f16) into a result of that type.
+pub fn matmul_rounded(d: DType, masked: bool) -> &'static EntryPoint {
+    let i = match d {
+        DType::BF16 => 0,
+        DType::F16 => 1,
+        _ => panic!("the runtime has no GEMM rounded into {}", d.name()),
+    };
+    &MATMUL_ROUNDED[i][usize::from(masked)]
+}
+
 /// Every entry point, for registering with a JIT.
 pub fn all() -> impl Iterator<Item = &'static EntryPoint> {
     static SINGLES: [EntryPoint; 3] = [RANK, GPU_SYNC, COUNT_STAGE_SLOTS];
     static TRACES: [[EntryPoint; 2]; 3] = [TRACE_GROUP, TRACE_ITERATION, TRACE_BACKWARD];
     static EXCHANGES: [[EntryPoint; 2]; 3] = EXCHANGE;
     static MATMULS: [[[EntryPoint; 2]; 2]; 3] = MATMUL;
+    static ROUNDED: [[EntryPoint; 2]; 2] = MATMUL_ROUNDED;
     SINGLES
         .iter()
         .chain(TRACES.iter().flatten())
         .chain(EXCHANGES.iter().flatten())
         .chain(MATMULS.iter().flatten().flatten())
+        .chain(ROUNDED.iter().flatten())
 }
 
 #[cfg(test)]

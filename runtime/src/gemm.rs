@@ -26,7 +26,7 @@ use std::ops::Deref;
 
 /// The element types of `matmul` operands: f32 on the CPU (other dtypes are converted to f32
 /// first); bf16 and f16 operands also go straight to the GPU's tensor cores (`--target cuda`),
-/// accumulating into an f32 result.
+/// accumulating in f32 into an f32 result or, rounded once, one of their own type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     F32,
@@ -206,7 +206,8 @@ pub(crate) fn batch_offset(v: &View, idx: &[usize]) -> isize {
 /// entries of stages in a bubble slot are skipped); `None`: everywhere.
 ///
 /// # Safety
-/// `a`, `b` point to live memref descriptors of `elem` elements and `c` of f32 ones, whose
+/// `a`, `b` point to live memref descriptors of `elem` elements and `c` of `out` ones (f32,
+/// or `elem` where nothing accumulates), whose
 /// shapes `matmul` type-checked: `a: [..., m, k]`, `b: [..., k, n]`, `c: [batch..., m, n]`
 /// (or, summed over `s..`, `a: [batch..., s.., m, k]` and `b: [batch..., s.., k, n]`);
 /// `c` does not overlap `a` or `b`; `mask` points to a live i1 memref of `c`'s first axis.
@@ -215,27 +216,27 @@ unsafe fn masked(
     b: *const Unranked,
     c: *const Unranked,
     mask: Option<*const Unranked>,
-    elem: Elem,
+    (elem, out): (Elem, Elem),
     accumulate: bool,
 ) {
     let Some(mask) = mask else {
         // SAFETY: forwarded from this function's contract.
-        return unsafe { matmul(a, b, c, None, elem, accumulate) };
+        return unsafe { matmul(a, b, c, None, (elem, out), accumulate) };
     };
     // On a GPU, the host computed the mask, or generated code waited for the GPU before this
     // call (`residency.rs` of the compiler).
     // SAFETY: forwarded from this function's contract.
     unsafe {
         let active = crate::bubble::read_mask(mask);
-        matmul(a, b, c, Some(&active), elem, accumulate)
+        matmul(a, b, c, Some(&active), (elem, out), accumulate)
     }
 }
 
-/// The GEMM entry points of generated code for one operand type and mode: `NAME(a, b, c)` and
-/// `NAME_masked(a, b, c, mask)`; with `accumulate`, `c += a · b` (entries of masked-out
-/// stages left as they are: adding `-0.0` changes nothing).
+/// The GEMM entry points of generated code for one operand type, result type and mode:
+/// `NAME(a, b, c)` and `NAME_masked(a, b, c, mask)`; with `accumulate`, `c += a · b` (entries
+/// of masked-out stages left as they are: adding `-0.0` changes nothing).
 macro_rules! matmul_fns {
-    ($plain:ident, $masked:ident, $elem:expr, $accumulate:expr) => {
+    ($plain:ident, $masked:ident, $elems:expr, $accumulate:expr) => {
         /// `c = a · b` or `c += a · b` (see [`masked`]).
         ///
         /// # Safety
@@ -247,7 +248,7 @@ macro_rules! matmul_fns {
             c: *const Unranked,
         ) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { masked(a, b, c, None, $elem, $accumulate) }
+            unsafe { masked(a, b, c, None, $elems, $accumulate) }
         }
 
         /// The same where `mask` is true (see [`masked`]).
@@ -262,45 +263,58 @@ macro_rules! matmul_fns {
             mask: *const Unranked,
         ) {
             // SAFETY: forwarded from this function's contract.
-            unsafe { masked(a, b, c, Some(mask), $elem, $accumulate) }
+            unsafe { masked(a, b, c, Some(mask), $elems, $accumulate) }
         }
     };
 }
 matmul_fns!(
     _mlir_ciface_ppc_matmul_f32,
     _mlir_ciface_ppc_matmul_f32_masked,
-    Elem::F32,
+    (Elem::F32, Elem::F32),
     false
 );
 matmul_fns!(
     _mlir_ciface_ppc_matmul_bf16,
     _mlir_ciface_ppc_matmul_bf16_masked,
-    Elem::BF16,
+    (Elem::BF16, Elem::F32),
     false
 );
 matmul_fns!(
     _mlir_ciface_ppc_matmul_f16,
     _mlir_ciface_ppc_matmul_f16_masked,
-    Elem::F16,
+    (Elem::F16, Elem::F32),
     false
 );
 matmul_fns!(
     _mlir_ciface_ppc_matmul_acc_f32,
     _mlir_ciface_ppc_matmul_acc_f32_masked,
-    Elem::F32,
+    (Elem::F32, Elem::F32),
     true
 );
 matmul_fns!(
     _mlir_ciface_ppc_matmul_acc_bf16,
     _mlir_ciface_ppc_matmul_acc_bf16_masked,
-    Elem::BF16,
+    (Elem::BF16, Elem::F32),
     true
 );
 matmul_fns!(
     _mlir_ciface_ppc_matmul_acc_f16,
     _mlir_ciface_ppc_matmul_acc_f16_masked,
-    Elem::F16,
+    (Elem::F16, Elem::F32),
     true
+);
+
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_bf16_rounded,
+    _mlir_ciface_ppc_matmul_bf16_rounded_masked,
+    (Elem::BF16, Elem::BF16),
+    false
+);
+matmul_fns!(
+    _mlir_ciface_ppc_matmul_f16_rounded,
+    _mlir_ciface_ppc_matmul_f16_rounded_masked,
+    (Elem::F16, Elem::F16),
+    false
 );
 
 /// # Safety
@@ -310,19 +324,22 @@ unsafe fn matmul(
     b: *const Unranked,
     c: *const Unranked,
     active: Option<&[bool]>,
-    elem: Elem,
+    (elem, out): (Elem, Elem),
     accumulate: bool,
 ) {
     let started = trace::start();
     // SAFETY: forwarded from this function's contract.
-    let (a, b, c) = unsafe { (view(a, elem), view(b, elem), view(c, Elem::F32)) };
+    let (a, b, result) = unsafe { (view(a, elem), view(b, elem), view(c, out)) };
     let on_gpu = crate::cuda::active();
-    // `--target cuda` code with its kernels run on the CPU (tests): widen, then as f32.
+    // `--target cuda` code with its kernels run on the CPU (tests): widen, then as f32, and
+    // round a 16-bit result once from the f32 sums, as cuBLAS does.
     let wide = (elem != Elem::F32 && !on_gpu).then(|| (widened(&a), widened(&b)));
     let (a, b) = match &wide {
         Some(((_, va), (_, vb))) => (*va, *vb),
         None => (a, b),
     };
+    let sums = (out != Elem::F32 && !on_gpu).then(|| f32_like(&result));
+    let c = sums.as_ref().map_or(result, |(_, v)| *v);
     each_summed_entry(
         a,
         b,
@@ -341,6 +358,9 @@ unsafe fn matmul(
             }
         },
     );
+    if let Some((values, _)) = sums {
+        round_into(&values, &result);
+    }
 }
 
 /// Calls `product(a, b, accumulate)` for the products whose sum is `c` (of rank `rank_c`):
@@ -416,19 +436,54 @@ fn fold_summed_into_k(a: &mut View, b: &mut View, summed: usize) -> bool {
     true
 }
 
+/// Row-major f32 zeros of `v`'s shape, and a view of them (which points into the returned
+/// vector: keep it alive).
+fn f32_like(v: &View) -> (Vec<f32>, View) {
+    let data = vec![0.0f32; v.sizes.iter().product()];
+    let view = View {
+        ptr: data.as_ptr().cast_mut().cast(),
+        elem: Elem::F32,
+        sizes: v.sizes,
+        strides: row_major(&v.sizes),
+    };
+    (data, view)
+}
+
+/// Writes row-major f32 `values` into the 16-bit view `v`, each rounded to nearest even.
+fn round_into(values: &[f32], v: &View) {
+    for (flat, &x) in values.iter().enumerate() {
+        let bits = match v.elem {
+            Elem::BF16 => half::bf16::from_f32(x).to_bits(),
+            Elem::F16 => half::f16::from_f32(x).to_bits(),
+            Elem::F32 => unreachable!("invariant: a 16-bit result"),
+        };
+        // SAFETY: the offset is inside the view (each index below its size).
+        unsafe { *v.ptr.cast::<u16>().offset(element_offset(v, flat)) = bits };
+    }
+}
+
+/// The element offset of row-major element `flat` of view `v`.
+fn element_offset(v: &View, flat: usize) -> isize {
+    unflatten(flat, &v.sizes)
+        .iter()
+        .zip(&v.strides)
+        .map(|(&i, &s)| i as isize * s)
+        .sum()
+}
+
+fn row_major(sizes: &Dims<usize>) -> Dims<isize> {
+    let strides = crate::tensor::strides(sizes);
+    Dims::from_fn(strides.len(), |i| strides[i] as isize)
+}
+
 /// A 16-bit (bf16 or f16) operand's values as contiguous row-major f32, and a view of them
 /// (which points into the returned vector: keep it alive).
 fn widened(v: &View) -> (Vec<f32>, View) {
     let n: usize = v.sizes.iter().product();
     let data: Vec<f32> = (0..n)
         .map(|flat| {
-            let at: isize = unflatten(flat, &v.sizes)
-                .iter()
-                .zip(&v.strides)
-                .map(|(&i, &s)| i as isize * s)
-                .sum();
-            // SAFETY: `at` is inside the view (each index below its size).
-            let bits = unsafe { *v.ptr.cast::<u16>().offset(at) };
+            // SAFETY: the offset is inside the view (each index below its size).
+            let bits = unsafe { *v.ptr.cast::<u16>().offset(element_offset(v, flat)) };
             if v.elem == Elem::BF16 {
                 half::bf16::from_bits(bits).to_f32()
             } else {
@@ -440,10 +495,7 @@ fn widened(v: &View) -> (Vec<f32>, View) {
         ptr: data.as_ptr().cast_mut().cast(),
         elem: Elem::F32,
         sizes: v.sizes,
-        strides: {
-            let row_major = crate::tensor::strides(&v.sizes);
-            Dims::from_fn(row_major.len(), |i| row_major[i] as isize)
-        },
+        strides: row_major(&v.sizes),
     };
     (data, view)
 }

@@ -127,6 +127,38 @@ fn kernels_use_blocks_of_threads_and_load_bf16_as_16_bits() {
         .any(|(_, p)| p.contains("ld.global.b16") || p.contains("ld.global.u16")));
 }
 
+/// A 16-bit GEMM writes its 16-bit result itself (cuBLAS rounds its f32 sums once), with no f32
+/// scratch for a kernel to convert; what it computes is `cuda::the_gpu_program_with_cpu_kernels…`'s
+/// and the runtime's `gemm::tests`' to check.
+#[test]
+fn sixteen_bit_gemms_write_their_result_in_sixteen_bits() {
+    let file = root().join("examples/mlp.ppc").display().to_string();
+    for dtype in ["bf16", "f16"] {
+        let (code, mlir, err) = ppc(&[
+            "compile",
+            &file,
+            "--dtype",
+            dtype,
+            "--target",
+            "cuda",
+            "--emit=mlir",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let calls = |name: &str| mlir.matches(&format!("call @{name}(")).count();
+        let rounded = format!("ppc_matmul_{dtype}_rounded");
+        assert!(
+            calls(&rounded) + calls(&format!("{rounded}_masked")) > 0,
+            "{dtype}"
+        );
+        let into_f32 = format!("ppc_matmul_{dtype}");
+        assert_eq!(
+            calls(&into_f32) + calls(&format!("{into_f32}_masked")),
+            0,
+            "{dtype}"
+        );
+    }
+}
+
 #[test]
 fn a_cuda_executable_without_a_driver_says_so_and_exits_nonzero() {
     let dir = scratch("cuda-exe");

@@ -9,7 +9,9 @@ use super::widen::{ext, f32_scratch, store, to_f32};
 use ppc_dialect::DType;
 use ppc_runtime::abi;
 
-/// `out = a · b`, skipping (and zeroing) the first-axis entries where `mask` is false.
+/// `out = a · b`, skipping (and zeroing) the first-axis entries where `mask` is false. On the
+/// GPU, 16-bit operands and result go to cuBLAS as they are, which rounds its f32 sums into
+/// `out`; elsewhere the sums go to an f32 scratch buffer, then to `out`.
 pub fn matmul(
     e: &mut Emitter,
     numerics: Numerics,
@@ -18,9 +20,19 @@ pub fn matmul(
     mask: Option<&Buf>,
     out: &Buf,
 ) {
+    if numerics == Numerics::Fast && sixteen_bit_on_gpu(e, a, b) && out.ty.dtype == a.ty.dtype {
+        return gemm(e, numerics, a, b, mask, out, false);
+    }
     let acc = f32_scratch(e, out);
     gemm(e, numerics, a, b, mask, &acc, false);
     store(e, &acc, out);
+}
+
+/// Whether the GPU multiplies `a` and `b` as they are stored: both bf16 or both f16 (tensor
+/// cores, f32 accumulation); the CPU's GEMM takes f32.
+fn sixteen_bit_on_gpu(e: &Emitter, a: &Buf, b: &Buf) -> bool {
+    let d = a.ty.dtype;
+    e.gpu.is_some() && d == b.ty.dtype && matches!(d, DType::BF16 | DType::F16)
 }
 
 /// `acc += a · b` (f32 `acc`; where `mask` is false, `acc` stays as it is), in the runtime's
@@ -29,7 +41,8 @@ pub fn matmul_into(e: &mut Emitter, a: &Buf, b: &Buf, mask: Option<&Buf>, acc: &
     gemm(e, Numerics::Fast, a, b, mask, acc, true);
 }
 
-/// `acc = a · b`, or `acc += a · b` when `accumulate` (fast numerics only), into f32 `acc`.
+/// `acc = a · b`, or `acc += a · b` when `accumulate` (fast numerics only), into f32 `acc`
+/// (or, not accumulating, a 16-bit `acc` of the operands' type on the GPU).
 fn gemm(
     e: &mut Emitter,
     numerics: Numerics,
@@ -42,20 +55,23 @@ fn gemm(
     let acc = acc.clone();
     match numerics {
         Numerics::Fast => {
-            // The GPU multiplies 16-bit operands as they are stored (tensor cores, f32
-            // accumulation); the CPU's GEMM takes f32.
             let d = a.ty.dtype;
-            let half = e.gpu.is_some() && d == b.ty.dtype && matches!(d, DType::BF16 | DType::F16);
+            let half = sixteen_bit_on_gpu(e, a, b);
             let (fa, fb, t) = if half {
                 (a.clone(), b.clone(), elt(d))
             } else {
                 (to_f32(e, a), to_f32(e, b), "f32")
             };
-            // The f32 GEMMs are declared with the module; the others where used.
             let operands = if half { d } else { DType::F32 };
+            let rounded = acc.ty.dtype != DType::F32;
+            let entry = |masked| match rounded {
+                true => abi::matmul_rounded(operands, masked),
+                false => abi::matmul(operands, accumulate, masked),
+            };
+            // The f32 GEMMs are declared with the module; the others where used.
             if half || accumulate {
                 for masked in [false, true] {
-                    e.declare(abi::matmul(operands, accumulate, masked));
+                    e.declare(entry(masked));
                 }
             }
             let cast = |e: &mut Emitter, x: &Buf, t: &str| {
@@ -65,7 +81,11 @@ fn gemm(
                     x.mty()
                 ))
             };
-            let (ua, ub, uc) = (cast(e, &fa, t), cast(e, &fb, t), cast(e, &acc, "f32"));
+            let (ua, ub, uc) = (
+                cast(e, &fa, t),
+                cast(e, &fb, t),
+                cast(e, &acc, elt(acc.ty.dtype)),
+            );
             // The runtime reads the mask on the host.
             if let Some(m) = mask {
                 e.host_reads(m);
@@ -76,10 +96,10 @@ fn gemm(
                 e.device_uses(&[&fa, &fb], &acc);
             }
             match mask {
-                None => e.op(&abi::matmul(operands, accumulate, false).call(&[&ua, &ub, &uc])),
+                None => e.op(&entry(false).call(&[&ua, &ub, &uc])),
                 Some(m) => {
                     let um = cast(e, m, "i1");
-                    e.op(&abi::matmul(operands, accumulate, true).call(&[&ua, &ub, &uc, &um]));
+                    e.op(&entry(true).call(&[&ua, &ub, &uc, &um]));
                 }
             }
         }

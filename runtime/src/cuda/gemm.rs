@@ -1,6 +1,7 @@
 //! `matmul` on the GPU: cuBLAS's GEMM with f32 accumulation (`CUBLAS_COMPUTE_32F`: f32
 //! operands without TF32 unless `PPC_TF32=1`; bf16 and f16 operands on the tensor cores),
-//! queued on the rank's stream. Batch entries whose operands sit at a constant stride from one another go in
+//! queued on the rank's stream. The result is f32, or of the 16-bit operands' type where
+//! nothing accumulates into it (cuBLAS rounds the f32 sums once). Batch entries whose operands sit at a constant stride from one another go in
 //! one strided-batched call; entries of stages in a bubble slot are not computed: a memset
 //! writes them `-0.0`, as `matmul` defines.
 //!
@@ -118,20 +119,30 @@ pub(crate) fn matmul(a: &View, b: &View, c: &View, active: Option<&[bool]>, accu
             // Skipped entries are -0.0 (accumulating, they stay as they are): each an m × n
             // block of rows `ldc` apart.
             for o in offsets[start..end].iter().filter(|_| !accumulate) {
-                // SAFETY: the block lies inside `c`'s buffer (managed memory); f32 elements.
+                let (ptr, pitch) = (
+                    at(c, o[2]) as cu::CUdeviceptr,
+                    ldc as usize * c.elem.bytes(),
+                );
+                // SAFETY: the block lies inside `c`'s buffer (managed memory) of `c.elem`
+                // elements; -0.0 is the sign bit alone in bf16 and f16.
                 let r = unsafe {
-                    cu::cuMemsetD2D32Async(
-                        at(c, o[2]) as cu::CUdeviceptr,
-                        ldc as usize * 4,
-                        (-0.0f32).to_bits(),
-                        n,
-                        m,
-                        device().stream,
-                    )
+                    match c.elem {
+                        Elem::F32 => cu::cuMemsetD2D32Async(
+                            ptr,
+                            pitch,
+                            (-0.0f32).to_bits(),
+                            n,
+                            m,
+                            device().stream,
+                        ),
+                        Elem::BF16 | Elem::F16 => {
+                            cu::cuMemsetD2D16Async(ptr, pitch, 0x8000, n, m, device().stream)
+                        }
+                    }
                 };
                 or_fail(super::check(
                     r,
-                    "writing skipped entries (cuMemsetD2D32Async)",
+                    "writing skipped entries (cuMemsetD2D*Async)",
                 ));
             }
             start = end;

@@ -226,3 +226,59 @@ fn products_summed_over_a_batch_axis_are_one_chain_over_it() {
     let by_entry = product(&mut a, &mut b, &sc, Some(&active));
     assert_same(&by_entry, &want, "summed, entry by entry");
 }
+
+/// A product of bf16 operands into a bf16 result (`--target cuda` code run on the CPU): the f32
+/// sums of the product into an f32 result, each rounded once to nearest even, masked-out
+/// entries `-0.0`, written through the result's strides (a slice of a wider buffer, whose
+/// other columns stay as they were).
+#[test]
+fn a_16_bit_product_is_its_f32_sums_rounded_once_into_the_result() {
+    use half::bf16;
+    let (sa, sb, sc) = ([2, 3, 8], [2, 8, 5], [2usize, 3, 5]);
+    let bits = |n: usize, seed| -> Vec<u16> {
+        fill(n, seed)
+            .iter()
+            .map(|&x| bf16::from_f32(x * 3.3).to_bits())
+            .collect()
+    };
+    let (mut a, mut b) = (bits(48, 1), bits(80, 2));
+    let unranked = |d: &mut Vec<i64>, rank: usize| Unranked {
+        rank: rank as i64,
+        descriptor: d.as_mut_ptr().cast(),
+    };
+    let mut da = descriptor(a.as_mut_ptr().cast(), &sa);
+    let mut db = descriptor(b.as_mut_ptr().cast(), &sb);
+    let mut mask = vec![1u8, 0];
+    let mut dm = descriptor(mask.as_mut_ptr(), &[2]);
+    let (ua, ub, um) = (
+        unranked(&mut da, 3),
+        unranked(&mut db, 3),
+        unranked(&mut dm, 1),
+    );
+    let mut sums = vec![f32::NAN; 30];
+    let mut ds = descriptor(sums.as_mut_ptr().cast(), &sc);
+    // The result: columns 0..5 of a [2, 3, 8] buffer.
+    const UNTOUCHED: u16 = 0x1234;
+    let mut c = vec![UNTOUCHED; 48];
+    let mut dc = descriptor(c.as_mut_ptr().cast(), &sc);
+    dc[3 + 3..].copy_from_slice(&[24, 8, 1]);
+    let (us, uc) = (unranked(&mut ds, 3), unranked(&mut dc, 3));
+    // SAFETY: the descriptors point at live buffers of the shapes and strides they state.
+    unsafe {
+        _mlir_ciface_ppc_matmul_bf16_masked(&ua, &ub, &us, &um);
+        _mlir_ciface_ppc_matmul_bf16_rounded_masked(&ua, &ub, &uc, &um);
+    }
+    for (i, &got) in c.iter().enumerate() {
+        let (e, row, col) = (i / 24, i % 24 / 8, i % 8);
+        let want = match col < 5 {
+            true => bf16::from_f32(sums[(e * 3 + row) * 5 + col]).to_bits(),
+            false => UNTOUCHED,
+        };
+        assert_eq!(got, want, "element {i}");
+    }
+    // The masked-out stage is -0.0; the other's sums are not all zero.
+    assert!(c[24..]
+        .chunks(8)
+        .all(|r| r[..5].iter().all(|&x| x == 0x8000)));
+    assert!(sums[..15].iter().all(|x| x.is_finite()) && sums[..15].iter().any(|&x| x != 0.0));
+}
