@@ -51,6 +51,11 @@ TRAIN=(
   "train_transformer_bf16|examples/transformer.ppc|--dtype bf16|1"
   # Interleaved 1F1B on one stage: the repeat's weights as views, its gradients added in place.
   "train_mlp_interleaved|examples/mlp.ppc|--schedule 1f1b --repeats 2 --stages 1|1"
+  # The tick loops: 1F1B's `call_if`s into carried buffers; ZB-H1's B and W, on 2 ranks.
+  "train_mlp_1f1b|examples/mlp.ppc|--schedule 1f1b|1"
+  "train_mlp_zbh1_2ranks|examples/mlp.ppc|--schedule zb-h1 --ranks 2|2"
+  # A language model: token embedding and head, cross-entropy, bf16.
+  "train_gpt2_bf16|examples/gpt2.ppc|--dtype bf16|1"
 )
 # The bench: a decoder pipeline of 4 stages × 2 layers, d = 4096, f = 16384, 8 microbatches of
 # 4 × 1024 tokens, bf16 (110 TFLOP a step); the same shape in JAX.
@@ -87,8 +92,9 @@ prepare() {
     IFS='|' read -r name model flags ranks <<<"$case"
     # shellcheck disable=SC2086
     "$ppc" compile "$model" --train $flags "${target[@]}" -o "$DIR/bin/$name" 2>/dev/null
+    # The losses do not depend on the rank count: the reference runs on one rank.
     # shellcheck disable=SC2086
-    "$ppc" compile "$model" --train $flags -o "$DIR/cpu_train" 2>/dev/null
+    "$ppc" compile "$model" --train ${flags/--ranks 2/} -o "$DIR/cpu_train" 2>/dev/null
     "$DIR/cpu_train" --steps 5 --json >"$DIR/ref/$name.jsonl"
     rm "$DIR/cpu_train"
     echo "train $name $ranks $(dtype_of "$flags")" >>"$DIR/cases"
