@@ -236,7 +236,7 @@ unsafe fn masked(
 /// `NAME(a, b, c)` and `NAME_masked(a, b, c, mask)`; with `accumulate`, `c += a · b` (entries
 /// of masked-out stages left as they are: adding `-0.0` changes nothing).
 macro_rules! matmul_fns {
-    ($plain:ident, $masked:ident, $elems:expr, $accumulate:expr) => {
+    ($($plain:ident, $masked:ident, $elems:expr, $accumulate:expr;)*) => {$(
         /// `c = a · b` or `c += a · b` (see [`masked`]).
         ///
         /// # Safety
@@ -265,57 +265,18 @@ macro_rules! matmul_fns {
             // SAFETY: forwarded from this function's contract.
             unsafe { masked(a, b, c, Some(mask), $elems, $accumulate) }
         }
-    };
+    )*};
 }
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_f32,
-    _mlir_ciface_ppc_matmul_f32_masked,
-    (Elem::F32, Elem::F32),
-    false
-);
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_bf16,
-    _mlir_ciface_ppc_matmul_bf16_masked,
-    (Elem::BF16, Elem::F32),
-    false
-);
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_f16,
-    _mlir_ciface_ppc_matmul_f16_masked,
-    (Elem::F16, Elem::F32),
-    false
-);
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_acc_f32,
-    _mlir_ciface_ppc_matmul_acc_f32_masked,
-    (Elem::F32, Elem::F32),
-    true
-);
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_acc_bf16,
-    _mlir_ciface_ppc_matmul_acc_bf16_masked,
-    (Elem::BF16, Elem::F32),
-    true
-);
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_acc_f16,
-    _mlir_ciface_ppc_matmul_acc_f16_masked,
-    (Elem::F16, Elem::F32),
-    true
-);
-
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_bf16_rounded,
-    _mlir_ciface_ppc_matmul_bf16_rounded_masked,
-    (Elem::BF16, Elem::BF16),
-    false
-);
-matmul_fns!(
-    _mlir_ciface_ppc_matmul_f16_rounded,
-    _mlir_ciface_ppc_matmul_f16_rounded_masked,
-    (Elem::F16, Elem::F16),
-    false
-);
+matmul_fns! {
+    _mlir_ciface_ppc_matmul_f32, _mlir_ciface_ppc_matmul_f32_masked, (Elem::F32, Elem::F32), false;
+    _mlir_ciface_ppc_matmul_bf16, _mlir_ciface_ppc_matmul_bf16_masked, (Elem::BF16, Elem::F32), false;
+    _mlir_ciface_ppc_matmul_f16, _mlir_ciface_ppc_matmul_f16_masked, (Elem::F16, Elem::F32), false;
+    _mlir_ciface_ppc_matmul_acc_f32, _mlir_ciface_ppc_matmul_acc_f32_masked, (Elem::F32, Elem::F32), true;
+    _mlir_ciface_ppc_matmul_acc_bf16, _mlir_ciface_ppc_matmul_acc_bf16_masked, (Elem::BF16, Elem::F32), true;
+    _mlir_ciface_ppc_matmul_acc_f16, _mlir_ciface_ppc_matmul_acc_f16_masked, (Elem::F16, Elem::F32), true;
+    _mlir_ciface_ppc_matmul_bf16_rounded, _mlir_ciface_ppc_matmul_bf16_rounded_masked, (Elem::BF16, Elem::BF16), false;
+    _mlir_ciface_ppc_matmul_f16_rounded, _mlir_ciface_ppc_matmul_f16_rounded_masked, (Elem::F16, Elem::F16), false;
+}
 
 /// # Safety
 /// As [`masked`]; `active`, if given, has one entry per index of `c`'s first axis.
@@ -439,12 +400,16 @@ fn fold_summed_into_k(a: &mut View, b: &mut View, summed: usize) -> bool {
 /// Row-major f32 zeros of `v`'s shape, and a view of them (which points into the returned
 /// vector: keep it alive).
 fn f32_like(v: &View) -> (Vec<f32>, View) {
-    let data = vec![0.0f32; v.sizes.iter().product()];
+    f32_view(vec![0.0f32; v.sizes.iter().product()], v)
+}
+
+/// `data`, row-major f32 values of `like`'s shape, with a view of them.
+fn f32_view(data: Vec<f32>, like: &View) -> (Vec<f32>, View) {
     let view = View {
         ptr: data.as_ptr().cast_mut().cast(),
         elem: Elem::F32,
-        sizes: v.sizes,
-        strides: row_major(&v.sizes),
+        sizes: like.sizes,
+        strides: row_major(&like.sizes),
     };
     (data, view)
 }
@@ -491,13 +456,7 @@ fn widened(v: &View) -> (Vec<f32>, View) {
             }
         })
         .collect();
-    let view = View {
-        ptr: data.as_ptr().cast_mut().cast(),
-        elem: Elem::F32,
-        sizes: v.sizes,
-        strides: row_major(&v.sizes),
-    };
-    (data, view)
+    f32_view(data, v)
 }
 
 /// # Safety
