@@ -5,14 +5,13 @@
 //! 1–4 K elements walked serially, neighbouring threads a row apart in memory, and a few dozen
 //! blocks for a GPU of 132 SMs (the first H200 run: generated kernels took 2.4× the GEMMs'
 //! time). Here the block's threads stride along the row together, so that consecutive threads
-//! read consecutive elements, and `gpu.all_reduce` combines their partial values (MLIR lowers
-//! it to warp shuffles and a pass through shared memory).
+//! read consecutive elements, and `gpu.all_reduce` combines their partial values
+//! (`row_blocks.rs`, which also writes the kernel as CPU loops for the tests).
 //!
 //! The order of the sum is then a tree, fixed by the row's length: the same bits on every run
-//! and on any rank count, but not the interpreter's sequential order. So under `--exact` sums
-//! keep the thread-per-row loop nest; a maximum does not depend on the order and always runs
-//! here. When the kernels run as CPU loops (the tests' `jit_gpu_program_on_cpu`), nothing
-//! runs here: there is no GPU to launch on, and the loop nest computes the same values.
+//! and on any rank count, but not the interpreter's sequential order. So with the exact
+//! numerics sums keep the thread-per-row loop nest; a maximum does not depend on the order and
+//! always runs here.
 //!
 //! ```text
 //! sum over axis 1 of x: f32[r, n]  ──▶  gpu.launch blocks(%b) in (r) threads(%t) in (T) {
@@ -24,6 +23,7 @@
 use super::buf::Buf;
 use super::emit::Emitter;
 use super::fast_math::Numerics;
+use super::row_blocks::{Fold, RowBlocks};
 use ppc_dialect::DType;
 
 /// Threads per block, at most: a row of 4096 takes 16 elements a thread.
@@ -33,8 +33,7 @@ const MAX_THREADS: u64 = 256;
 const MIN_ROW: u64 = 32;
 
 /// Whether [`emit`] computes `acc = reduce(x over axes)`: one f32 reduction along `x`'s last
-/// axis of at least [`MIN_ROW`] elements, in a GPU program whose kernels run on the GPU; a sum
-/// only with the fast numerics.
+/// axis of at least [`MIN_ROW`] elements, in a GPU program; a sum only with the fast numerics.
 pub fn applies(
     e: &Emitter,
     numerics: Numerics,
@@ -44,7 +43,7 @@ pub fn applies(
     max: bool,
 ) -> bool {
     let r = x.ty.rank();
-    e.gpu.as_ref().is_some_and(|g| !g.kernels_on_cpu)
+    e.gpu.is_some()
         && r >= 2
         && axes == [r - 1]
         && x.ty.dtype == DType::F32
@@ -65,30 +64,18 @@ pub fn threads(n: u64) -> u64 {
 pub fn emit(e: &mut Emitter, x: &Buf, acc: &Buf, max: bool) {
     let shape = x.ty.shape();
     let (rows, n) = shape.split_at(shape.len() - 1);
-    let (n, count) = (n[0], rows.iter().product::<u64>());
-    let block = threads(n);
+    let n = n[0];
+    let fold = if max { Fold::Max } else { Fold::Sum };
     e.device_uses(&[x], acc);
-    let (grid, threads, one) = (e.index(count), e.index(block), e.index(1));
-    let ids: Vec<String> = (0..12).map(|_| e.fresh()).collect();
-    let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = &ids[..] else {
-        unreachable!("twelve names")
-    };
-    e.open(&format!(
-        "gpu.launch blocks({bx}, {by}, {bz}) in ({gx} = {grid}, {gy} = {one}, {gz} = {one}) \
-         threads({tx}, {ty}, {tz}) in ({sx} = {threads}, {sy} = {one}, {sz} = {one}) {{"
-    ));
-    let row = row_indices(e, bx, rows);
-    let (op, init, all) = if max {
-        ("arith.maximumf", "0xFF800000", "maximumf")
-    } else {
-        ("arith.addf", "-0.0", "add")
-    };
-    let start = e.let_(&format!("arith.constant {init} : f32"));
-    let (end, step) = (e.index(n), e.index(block));
+    let mut k = RowBlocks::open(e, rows.iter().product(), threads(n));
+    let row = row_indices(e, &k.block, rows);
+    let thread = k.begin_threads(e);
+    let start = e.let_(&format!("arith.constant {} : f32", fold.init()));
+    let (end, step) = (e.index(n), e.index(k.threads));
     let (j, a) = (e.fresh(), e.fresh());
     let partial = e.fresh();
     e.open(&format!(
-        "{partial} = scf.for {j} = {tx} to {end} step {step} iter_args({a} = {start}) -> (f32) {{"
+        "{partial} = scf.for {j} = {thread} to {end} step {step} iter_args({a} = {start}) -> (f32) {{"
     ));
     let at = row
         .iter()
@@ -97,24 +84,19 @@ pub fn emit(e: &mut Emitter, x: &Buf, acc: &Buf, max: bool) {
         .collect::<Vec<_>>()
         .join(", ");
     let v = e.let_(&format!("memref.load {}[{at}] : {}", x.name, x.mty()));
-    let next = e.let_(&format!("{op} {a}, {v} : f32"));
+    let next = e.let_(&format!("{} {a}, {v} : f32", fold.op()));
     e.op(&format!("scf.yield {next} : f32"));
     e.close();
-    let value = e.let_(&format!(
-        "gpu.all_reduce {all} {partial} uniform {{}} : (f32) -> (f32)"
-    ));
-    let zero = e.index(0);
-    let first = e.let_(&format!("arith.cmpi eq, {tx}, {zero} : index"));
-    e.open(&format!("scf.if {first} {{"));
-    e.op(&format!(
-        "memref.store {value}, {}[{}] : {}",
-        acc.name,
-        row.join(", "),
-        acc.mty()
-    ));
-    e.close();
-    e.op("gpu.terminator");
-    e.close();
+    let value = k.combine(e, &partial, fold);
+    k.once(e, |e| {
+        e.op(&format!(
+            "memref.store {value}, {}[{}] : {}",
+            acc.name,
+            row.join(", "),
+            acc.mty()
+        ))
+    });
+    k.close(e);
 }
 
 /// The indices of row `block` of `rows` (row-major).

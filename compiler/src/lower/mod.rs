@@ -54,6 +54,7 @@ pub mod partition;
 mod plan;
 pub mod residency;
 mod reuse;
+mod row_blocks;
 mod row_reduce;
 mod stage_split;
 mod summed_matmul;
@@ -85,8 +86,8 @@ pub struct Options {
     /// `--target cuda`: the GPU architecture (`sm_90`) the kernels are compiled for; loop nests
     /// are tagged for GPU blocks and threads (`gpu_map.rs`) and buffers shared with the host.
     pub gpu: Option<String>,
-    /// With `gpu`: the kernels will run as CPU loops (tests), so only loop nests become
-    /// kernels (`gpu_reduce.rs`).
+    /// With `gpu`: the kernels will run as CPU loops (tests), so kernels written as a
+    /// `gpu.launch` are written as the loops that compute the same (`row_blocks.rs`).
     pub gpu_kernels_on_cpu: bool,
 }
 

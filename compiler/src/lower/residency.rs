@@ -129,7 +129,7 @@ pub struct GpuCode {
     pub residency: Residency,
     /// Buffers the next generic's body reads besides its operands.
     pub also_reads: Vec<Buf>,
-    /// The kernels run as CPU loops (tests): only loop nests become kernels, since nothing
-    /// written as a `gpu.launch` could run.
+    /// The kernels run as CPU loops (tests): kernels written as a `gpu.launch` are written as
+    /// the loops that compute the same (`row_blocks.rs`).
     pub kernels_on_cpu: bool,
 }

@@ -1,0 +1,171 @@
+//! `--target cuda`: a kernel of one thread block per row (`gpu_reduce.rs`), as the GPU runs it
+//! or, where the kernels run as CPU loops (the tests), as loops that compute the same values.
+//!
+//! On the GPU it is a `gpu.launch` of one block per row; its threads stride along the row
+//! together and `gpu.all_reduce` combines their values (MLIR lowers it to warp shuffles and a
+//! pass through shared memory); one thread writes the row's result. On the CPU the same code
+//! runs inside a loop over the rows and a loop over the threads; each thread's value goes to a
+//! buffer, and the values are combined in thread order after the loop. So the tests check
+//! everything the kernel computes, its rows' indices and its threads' strides included, except
+//! MLIR's lowering of `gpu.all_reduce`; only the order of the combination differs, which the
+//! GPU check (`scripts/gpu-check.sh`) compares against the interpreter within tolerance.
+//!
+//! ```text
+//! GPU                                       CPU (kernels as loops)
+//! gpu.launch blocks(%b) in (rows)           scf.for %b = 0 to rows {
+//!            threads(%t) in (T) {             scf.for %t = 0 to T { ... store %p, %parts[%t] }
+//!   ... %p ...                                %v = fold of %parts[0..T]
+//!   %v = gpu.all_reduce add %p                store %v
+//!   scf.if %t == 0 { store %v } }           }
+//! ```
+
+use super::buf::Buf;
+use super::emit::Emitter;
+use ppc_dialect::{DType, Type};
+
+/// How the threads' values combine.
+#[derive(Clone, Copy)]
+pub enum Fold {
+    Sum,
+    Max,
+}
+
+impl Fold {
+    /// The op of `gpu.all_reduce`.
+    fn all_reduce(self) -> &'static str {
+        match self {
+            Fold::Sum => "add",
+            Fold::Max => "maximumf",
+        }
+    }
+
+    /// The f32 op that combines two values.
+    pub fn op(self) -> &'static str {
+        match self {
+            Fold::Sum => "arith.addf",
+            Fold::Max => "arith.maximumf",
+        }
+    }
+
+    /// The value a thread starts from (-0.0, as the interpreter's sums; -inf).
+    pub fn init(self) -> &'static str {
+        match self {
+            Fold::Sum => "-0.0",
+            Fold::Max => "0xFF800000",
+        }
+    }
+}
+
+/// An open kernel of one block of `threads` threads per row.
+pub struct RowBlocks {
+    /// The block's index (the row), as an SSA name.
+    pub block: String,
+    /// The thread's index: on the GPU from the start, as CPU loops from
+    /// [`RowBlocks::begin_threads`] to [`RowBlocks::combine`].
+    thread: String,
+    pub threads: u64,
+    /// Kernels as CPU loops: each thread's value before it is combined.
+    parts: Option<Buf>,
+}
+
+impl RowBlocks {
+    /// Opens the kernel of `rows` blocks of `threads` threads; what every thread of a block
+    /// computes alike (the row's indices) follows, then [`RowBlocks::begin_threads`].
+    pub fn open(e: &mut Emitter, rows: u64, threads: u64) -> RowBlocks {
+        let on_cpu = e.gpu.as_ref().is_some_and(|g| g.kernels_on_cpu);
+        if on_cpu {
+            let parts = e.alloc(&Type::of(DType::F32, &[threads]));
+            let block = e.begin_for(rows);
+            return RowBlocks {
+                block,
+                thread: String::new(),
+                threads,
+                parts: Some(parts),
+            };
+        }
+        let (grid, size, one) = (e.index(rows), e.index(threads), e.index(1));
+        let ids: Vec<String> = (0..12).map(|_| e.fresh()).collect();
+        let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = &ids[..] else {
+            unreachable!("twelve names")
+        };
+        e.open(&format!(
+            "gpu.launch blocks({bx}, {by}, {bz}) in ({gx} = {grid}, {gy} = {one}, {gz} = {one}) \
+             threads({tx}, {ty}, {tz}) in ({sx} = {size}, {sy} = {one}, {sz} = {one}) {{"
+        ));
+        RowBlocks {
+            block: bx.clone(),
+            thread: tx.clone(),
+            threads,
+            parts: None,
+        }
+    }
+
+    /// The thread's index, for the code each thread runs up to [`RowBlocks::combine`].
+    pub fn begin_threads(&mut self, e: &mut Emitter) -> String {
+        if self.parts.is_some() {
+            self.thread = e.begin_for(self.threads);
+        }
+        self.thread.clone()
+    }
+
+    /// Each thread's f32 `value` combined over the block: on the GPU every thread has the
+    /// result; as CPU loops the threads' loop ends here, and what follows runs once per row.
+    pub fn combine(&self, e: &mut Emitter, value: &str, fold: Fold) -> String {
+        let Some(parts) = &self.parts else {
+            return e.let_(&format!(
+                "gpu.all_reduce {} {value} uniform {{}} : (f32) -> (f32)",
+                fold.all_reduce()
+            ));
+        };
+        e.op(&format!(
+            "memref.store {value}, {}[{}] : {}",
+            parts.name,
+            self.thread,
+            parts.mty()
+        ));
+        e.end_for();
+        let zero = e.index(0);
+        let first = e.let_(&format!(
+            "memref.load {}[{zero}] : {}",
+            parts.name,
+            parts.mty()
+        ));
+        let (lo, hi, one) = (e.index(1), e.index(self.threads), e.index(1));
+        let (t, a, folded) = (e.fresh(), e.fresh(), e.fresh());
+        e.open(&format!(
+            "{folded} = scf.for {t} = {lo} to {hi} step {one} iter_args({a} = {first}) -> (f32) {{"
+        ));
+        let v = e.let_(&format!(
+            "memref.load {}[{t}] : {}",
+            parts.name,
+            parts.mty()
+        ));
+        let next = e.let_(&format!("{} {a}, {v} : f32", fold.op()));
+        e.op(&format!("scf.yield {next} : f32"));
+        e.close();
+        folded
+    }
+
+    /// Code that one thread runs for the block (after [`RowBlocks::combine`]).
+    pub fn once(&self, e: &mut Emitter, body: impl FnOnce(&mut Emitter)) {
+        if self.parts.is_some() {
+            return body(e);
+        }
+        let zero = e.index(0);
+        let first = e.let_(&format!("arith.cmpi eq, {}, {zero} : index", self.thread));
+        e.open(&format!("scf.if {first} {{"));
+        body(e);
+        e.close();
+    }
+
+    /// Ends the kernel (after [`RowBlocks::combine`]).
+    pub fn close(self, e: &mut Emitter) {
+        match self.parts {
+            Some(_) => e.end_for(),
+            None => {
+                e.op("gpu.terminator");
+                e.close();
+            }
+        }
+    }
+}
