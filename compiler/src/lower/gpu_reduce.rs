@@ -26,11 +26,8 @@ use super::fast_math::Numerics;
 use super::row_blocks::{Fold, RowBlocks};
 use ppc_dialect::DType;
 
-/// Threads per block, at most: a row of 4096 takes 16 elements a thread.
-const MAX_THREADS: u64 = 256;
-
 /// Rows shorter than a warp stay one thread's loop.
-const MIN_ROW: u64 = 32;
+pub const MIN_ROW: u64 = 32;
 
 /// Whether [`emit`] computes `acc = reduce(x over axes)`: one f32 reduction along `x`'s last
 /// axis of at least [`MIN_ROW`] elements, in a GPU program; a sum only with the fast numerics.
@@ -53,41 +50,22 @@ pub fn applies(
         && !e.nest.in_parallel_loop()
 }
 
-/// The threads of a block for rows of `n`: the largest power of two up to `n` and
-/// [`MAX_THREADS`], so that every warp is full.
-pub fn threads(n: u64) -> u64 {
-    let t = MAX_THREADS.min(n);
-    1 << (63 - t.leading_zeros())
-}
-
 /// `acc = max or sum of x along its last axis` (see [`applies`]).
 pub fn emit(e: &mut Emitter, x: &Buf, acc: &Buf, max: bool) {
     let shape = x.ty.shape();
     let (rows, n) = shape.split_at(shape.len() - 1);
-    let n = n[0];
     let fold = if max { Fold::Max } else { Fold::Sum };
     e.device_uses(&[x], acc);
-    let mut k = RowBlocks::open(e, rows.iter().product(), threads(n));
+    let mut k = RowBlocks::open(e, rows.iter().product(), n[0]);
     let row = row_indices(e, &k.block, rows);
-    let thread = k.begin_threads(e);
-    let start = e.let_(&format!("arith.constant {} : f32", fold.init()));
-    let (end, step) = (e.index(n), e.index(k.threads));
-    let (j, a) = (e.fresh(), e.fresh());
-    let partial = e.fresh();
-    e.open(&format!(
-        "{partial} = scf.for {j} = {thread} to {end} step {step} iter_args({a} = {start}) -> (f32) {{"
-    ));
-    let at = row
-        .iter()
-        .chain([&j])
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    let v = e.let_(&format!("memref.load {}[{at}] : {}", x.name, x.mty()));
-    let next = e.let_(&format!("{} {a}, {v} : f32", fold.op()));
-    e.op(&format!("scf.yield {next} : f32"));
-    e.close();
-    let value = k.combine(e, &partial, fold);
+    let value = k.reduce_row(e, fold, |e, j| {
+        e.let_(&format!(
+            "memref.load {}[{}] : {}",
+            x.name,
+            element(&row, j),
+            x.mty()
+        ))
+    });
     k.once(e, |e| {
         e.op(&format!(
             "memref.store {value}, {}[{}] : {}",
@@ -99,8 +77,17 @@ pub fn emit(e: &mut Emitter, x: &Buf, acc: &Buf, max: bool) {
     k.close(e);
 }
 
+/// The indices of element `j` of a row: `%i, %k, %j`.
+pub fn element(row: &[String], j: &str) -> String {
+    row.iter()
+        .map(String::as_str)
+        .chain([j])
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The indices of row `block` of `rows` (row-major).
-fn row_indices(e: &mut Emitter, block: &str, rows: &[u64]) -> Vec<String> {
+pub fn row_indices(e: &mut Emitter, block: &str, rows: &[u64]) -> Vec<String> {
     let mut below = 1;
     let mut out = Vec::new();
     for &size in rows.iter().rev() {

@@ -19,7 +19,8 @@
 //! batched matmuls and what lies between them
 //! (attention, a decoder's MLP) as one parallel loop over their batch entries
 //! (`batch_split.rs`), reductions along the innermost axis as register loops
-//! (`row_reduce.rs`; on the GPU a block of threads per row, `gpu_reduce.rs`), loops
+//! (`row_reduce.rs`; on the GPU a block of threads per row, `gpu_reduce.rs`, which makes a
+//! softmax or a layernorm one kernel, `gpu_norm.rs`), loops
 //! as `scf.for` with their carried values computed in place where safe and tapes left unfilled
 //! (`in_place.rs`), each
 //! loop nest between `--trace` calls, and every op located at its model-file span, so an MLIR
@@ -40,6 +41,7 @@ mod entry;
 mod fast_math;
 mod fuse;
 pub mod gpu_map;
+mod gpu_norm;
 mod gpu_reduce;
 mod in_place;
 mod init_array;

@@ -473,6 +473,9 @@ fn drop_axis(r: usize, axis: usize) -> String {
 }
 
 fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
+    if super::gpu_norm::applies(e, num, x, axis) {
+        return super::gpu_norm::softmax(e, x, out);
+    }
     let r = x.ty.rank();
     let par = vec!["parallel"; r];
     let xf = to_f32(e, x);
@@ -505,6 +508,9 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
 }
 
 fn layernorm(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, eps: f64, out: &Buf) {
+    if super::gpu_norm::applies(e, num, x, axis) {
+        return super::gpu_norm::layernorm(e, x, eps, out);
+    }
     let r = x.ty.rank();
     let par = vec!["parallel"; r];
     let n = x.ty.dims[axis].size;

@@ -23,6 +23,16 @@ use super::buf::Buf;
 use super::emit::Emitter;
 use ppc_dialect::{DType, Type};
 
+/// Threads per block, at most: a row of 4096 takes 16 elements a thread.
+const MAX_THREADS: u64 = 256;
+
+/// The threads of a block for rows of `n`: the largest power of two up to `n` and
+/// [`MAX_THREADS`], so that every warp is full.
+pub fn threads(n: u64) -> u64 {
+    let t = MAX_THREADS.min(n);
+    1 << (63 - t.leading_zeros())
+}
+
 /// How the threads' values combine.
 #[derive(Clone, Copy)]
 pub enum Fold {
@@ -56,22 +66,24 @@ impl Fold {
     }
 }
 
-/// An open kernel of one block of `threads` threads per row.
+/// An open kernel of one block of `threads` threads per row of `n` elements, whose threads
+/// take the row's elements `t, t + threads, ...` (consecutive threads, consecutive elements).
 pub struct RowBlocks {
     /// The block's index (the row), as an SSA name.
     pub block: String,
-    /// The thread's index: on the GPU from the start, as CPU loops from
-    /// [`RowBlocks::begin_threads`] to [`RowBlocks::combine`].
+    /// The thread's index (on the GPU; as CPU loops, set by each loop over the threads).
     thread: String,
-    pub threads: u64,
+    threads: u64,
+    n: u64,
     /// Kernels as CPU loops: each thread's value before it is combined.
     parts: Option<Buf>,
 }
 
 impl RowBlocks {
-    /// Opens the kernel of `rows` blocks of `threads` threads; what every thread of a block
-    /// computes alike (the row's indices) follows, then [`RowBlocks::begin_threads`].
-    pub fn open(e: &mut Emitter, rows: u64, threads: u64) -> RowBlocks {
+    /// Opens the kernel of `rows` blocks for rows of `n` elements: [`threads`] threads each.
+    /// What every thread of a block computes alike (the row's indices) follows.
+    pub fn open(e: &mut Emitter, rows: u64, n: u64) -> RowBlocks {
+        let threads = threads(n);
         let on_cpu = e.gpu.as_ref().is_some_and(|g| g.kernels_on_cpu);
         if on_cpu {
             let parts = e.alloc(&Type::of(DType::F32, &[threads]));
@@ -80,6 +92,7 @@ impl RowBlocks {
                 block,
                 thread: String::new(),
                 threads,
+                n,
                 parts: Some(parts),
             };
         }
@@ -96,21 +109,61 @@ impl RowBlocks {
             block: bx.clone(),
             thread: tx.clone(),
             threads,
+            n,
             parts: None,
         }
     }
 
-    /// The thread's index, for the code each thread runs up to [`RowBlocks::combine`].
-    pub fn begin_threads(&mut self, e: &mut Emitter) -> String {
+    /// `fold` of `value(j)` over the row's elements `j`, every thread's share combined: the
+    /// same f32 value for the whole block.
+    pub fn reduce_row(
+        &mut self,
+        e: &mut Emitter,
+        fold: Fold,
+        value: impl FnOnce(&mut Emitter, &str) -> String,
+    ) -> String {
+        self.begin_threads(e);
+        let start = e.let_(&format!("arith.constant {} : f32", fold.init()));
+        let (from, to, step) = self.bounds(e);
+        let (j, a, partial) = (e.fresh(), e.fresh(), e.fresh());
+        e.open(&format!(
+            "{partial} = scf.for {j} = {from} to {to} step {step} iter_args({a} = {start}) -> (f32) {{"
+        ));
+        let v = value(e, &j);
+        let next = e.let_(&format!("{} {a}, {v} : f32", fold.op()));
+        e.op(&format!("scf.yield {next} : f32"));
+        e.close();
+        self.combine(e, &partial, fold)
+    }
+
+    /// Runs `body(j)` for each of the row's elements `j`, spread over the threads.
+    pub fn for_row(&mut self, e: &mut Emitter, body: impl FnOnce(&mut Emitter, &str)) {
+        self.begin_threads(e);
+        let (from, to, step) = self.bounds(e);
+        let j = e.fresh();
+        e.open(&format!("scf.for {j} = {from} to {to} step {step} {{"));
+        body(e, &j);
+        e.close();
+        if self.parts.is_some() {
+            e.end_for();
+        }
+    }
+
+    /// The thread's first element, the row's end and the threads' stride.
+    fn bounds(&self, e: &mut Emitter) -> (String, String, String) {
+        (self.thread.clone(), e.index(self.n), e.index(self.threads))
+    }
+
+    /// As CPU loops, opens the loop over the threads.
+    fn begin_threads(&mut self, e: &mut Emitter) {
         if self.parts.is_some() {
             self.thread = e.begin_for(self.threads);
         }
-        self.thread.clone()
     }
 
     /// Each thread's f32 `value` combined over the block: on the GPU every thread has the
     /// result; as CPU loops the threads' loop ends here, and what follows runs once per row.
-    pub fn combine(&self, e: &mut Emitter, value: &str, fold: Fold) -> String {
+    fn combine(&self, e: &mut Emitter, value: &str, fold: Fold) -> String {
         let Some(parts) = &self.parts else {
             return e.let_(&format!(
                 "gpu.all_reduce {} {value} uniform {{}} : (f32) -> (f32)",
@@ -146,7 +199,7 @@ impl RowBlocks {
         folded
     }
 
-    /// Code that one thread runs for the block (after [`RowBlocks::combine`]).
+    /// Code that one thread runs for the block (after [`RowBlocks::reduce_row`]).
     pub fn once(&self, e: &mut Emitter, body: impl FnOnce(&mut Emitter)) {
         if self.parts.is_some() {
             return body(e);
@@ -158,7 +211,7 @@ impl RowBlocks {
         e.close();
     }
 
-    /// Ends the kernel (after [`RowBlocks::combine`]).
+    /// Ends the kernel.
     pub fn close(self, e: &mut Emitter) {
         match self.parts {
             Some(_) => e.end_for(),

@@ -1,0 +1,125 @@
+//! `--target cuda`: a softmax or a layernorm along the innermost axis as one kernel, a block of
+//! threads per row (`row_blocks.rs`).
+//!
+//! Written op by op, a softmax is four kernels (the row maximum, the exponentials into an f32
+//! buffer of the whole input's size, their sum, the division) and a layernorm six; each reads
+//! or writes the whole tensor, and a bf16 input is first widened into an f32 copy. Here each
+//! row is read three times by one kernel and its result written once, in the output's type:
+//!
+//! ```text
+//! softmax:   m = max_j x_j          s = Σ_j exp(x_j - m)      y_j = exp(x_j - m) / s
+//! layernorm: μ = (Σ_j x_j) / n      σ² = (Σ_j (x_j - μ)²) / n  y_j = (x_j - μ) · (1 / √(σ² + ε))
+//! ```
+//!
+//! Each value is computed by the ops and in the types of `ops.rs`'s version (the exponential
+//! computed again where it is written gives the same bits), so only the sums' order differs:
+//! a tree over the block's threads, fixed by the row's length, as in `gpu_reduce.rs`. So this
+//! is for the fast numerics only.
+
+use super::buf::Buf;
+use super::emit::Emitter;
+use super::fast_math::{self, Numerics};
+use super::gpu_reduce::{element, row_indices, MIN_ROW};
+use super::row_blocks::{Fold, RowBlocks};
+use super::widen::{convert_value, ext};
+use ppc_dialect::DType;
+
+/// Whether [`softmax`] and [`layernorm`] compute the op along `axis` of `x`: the innermost
+/// axis, of at least [`MIN_ROW`] elements, in a GPU program with the fast numerics.
+pub fn applies(e: &Emitter, numerics: Numerics, x: &Buf, axis: usize) -> bool {
+    let r = x.ty.rank();
+    e.gpu.is_some()
+        && numerics == Numerics::Fast
+        && r >= 2
+        && axis == r - 1
+        && x.ty.shape()[r - 1] >= MIN_ROW
+        && !e.nest.in_parallel_loop()
+}
+
+/// `out = softmax(x)` along the last axis (see [`applies`]).
+pub fn softmax(e: &mut Emitter, x: &Buf, out: &Buf) {
+    let Rows { mut k, row } = Rows::open(e, x, out);
+    let load = |e: &mut Emitter, j: &str| load_f32(e, x, &row, j);
+    let max = k.reduce_row(e, Fold::Max, &load);
+    let exp = |e: &mut Emitter, j: &str| {
+        let v = load(e, j);
+        let s = e.let_(&format!("arith.subf {v}, {max} : f32"));
+        fast_math::exp_flushed(e, &s)
+    };
+    let sum = k.reduce_row(e, Fold::Sum, &exp);
+    k.for_row(e, |e, j| {
+        let y = exp(e, j);
+        let y = e.let_(&format!("arith.divf {y}, {sum} : f32"));
+        store(e, &y, out, &row, j);
+    });
+    k.close(e);
+}
+
+/// `out = layernorm(x)` along the last axis, with `eps` (see [`applies`]).
+pub fn layernorm(e: &mut Emitter, x: &Buf, eps: f64, out: &Buf) {
+    let Rows { mut k, row } = Rows::open(e, x, out);
+    let n = *x.ty.shape().last().expect("invariant: rank >= 2");
+    let size = e.constant(n as f64, DType::F32);
+    let load = |e: &mut Emitter, j: &str| load_f32(e, x, &row, j);
+    let sum = k.reduce_row(e, Fold::Sum, &load);
+    let mean = e.let_(&format!("arith.divf {sum}, {size} : f32"));
+    let centered = |e: &mut Emitter, j: &str| {
+        let v = load(e, j);
+        e.let_(&format!("arith.subf {v}, {mean} : f32"))
+    };
+    let squares = k.reduce_row(e, Fold::Sum, |e, j| {
+        let c = centered(e, j);
+        e.let_(&format!("arith.mulf {c}, {c} : f32"))
+    });
+    let var = e.let_(&format!("arith.divf {squares}, {size} : f32"));
+    let eps = e.constant(f64::from(eps as f32), DType::F32);
+    let one = e.constant(1.0, DType::F32);
+    let ve = e.let_(&format!("arith.addf {var}, {eps} : f32"));
+    let root = e.let_(&format!("math.sqrt {ve} : f32"));
+    let inv = e.let_(&format!("arith.divf {one}, {root} : f32"));
+    k.for_row(e, |e, j| {
+        let c = centered(e, j);
+        let y = e.let_(&format!("arith.mulf {c}, {inv} : f32"));
+        store(e, &y, out, &row, j);
+    });
+    k.close(e);
+}
+
+/// The open kernel and the indices of its block's row.
+struct Rows {
+    k: RowBlocks,
+    row: Vec<String>,
+}
+
+impl Rows {
+    fn open(e: &mut Emitter, x: &Buf, out: &Buf) -> Rows {
+        let shape = x.ty.shape();
+        let (rows, n) = shape.split_at(shape.len() - 1);
+        e.device_uses(&[x], out);
+        let k = RowBlocks::open(e, rows.iter().product(), n[0]);
+        let row = row_indices(e, &k.block, rows);
+        Rows { k, row }
+    }
+}
+
+/// Element `j` of the row, as f32.
+fn load_f32(e: &mut Emitter, x: &Buf, row: &[String], j: &str) -> String {
+    let v = e.let_(&format!(
+        "memref.load {}[{}] : {}",
+        x.name,
+        element(row, j),
+        x.mty()
+    ));
+    ext(e, &v, x.ty.dtype)
+}
+
+/// Stores the f32 `y` as element `j` of the row of `out`, rounded to its type.
+fn store(e: &mut Emitter, y: &str, out: &Buf, row: &[String], j: &str) {
+    let y = convert_value(e, y, DType::F32, out.ty.dtype);
+    e.op(&format!(
+        "memref.store {y}, {}[{}] : {}",
+        out.name,
+        element(row, j),
+        out.mty()
+    ));
+}
