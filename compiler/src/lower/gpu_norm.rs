@@ -40,13 +40,13 @@ pub fn applies(e: &Emitter, numerics: Numerics, x: &Buf, axis: usize) -> bool {
 pub fn softmax(e: &mut Emitter, x: &Buf, out: &Buf) {
     let Rows { mut k, row } = Rows::open(e, x, out);
     let load = |e: &mut Emitter, j: &str| load_f32(e, x, &row, j);
-    let max = k.reduce_row(e, Fold::Max, &load);
+    let max = k.reduce_row(e, Fold::Max, load);
     let exp = |e: &mut Emitter, j: &str| {
         let v = load(e, j);
         let s = e.let_(&format!("arith.subf {v}, {max} : f32"));
         fast_math::exp_flushed(e, &s)
     };
-    let sum = k.reduce_row(e, Fold::Sum, &exp);
+    let sum = k.reduce_row(e, Fold::Sum, exp);
     k.for_row(e, |e, j| {
         let y = exp(e, j);
         let y = e.let_(&format!("arith.divf {y}, {sum} : f32"));
@@ -61,7 +61,7 @@ pub fn layernorm(e: &mut Emitter, x: &Buf, eps: f64, out: &Buf) {
     let n = *x.ty.shape().last().expect("invariant: rank >= 2");
     let size = e.constant(n as f64, DType::F32);
     let load = |e: &mut Emitter, j: &str| load_f32(e, x, &row, j);
-    let sum = k.reduce_row(e, Fold::Sum, &load);
+    let sum = k.reduce_row(e, Fold::Sum, load);
     let mean = e.let_(&format!("arith.divf {sum}, {size} : f32"));
     let centered = |e: &mut Emitter, j: &str| {
         let v = load(e, j);
