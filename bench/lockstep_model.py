@@ -1,7 +1,11 @@
 """A cost model of training schedules run as one lockstep loop (BENCHMARKS.md, thirty-first
 session): each tick lasts as long as the busiest rank's work in it, a rank holding `S / ranks`
 consecutive stages. F, B and W cost one unit each, B two with `--remat stage` (it recomputes the
-stage's forward). Prints, per order, a rank's share of the work over the sum of its ticks.
+stage's forward). Prints, per order, a rank's share of the work over the sum of its ticks; and,
+as "dataflow", the same share if the exchanges did not hold the ranks in step: each rank runs its
+ticks' work in order (a tick's F, then B, then W), each unit starting once the unit it needs from
+the neighbouring stage is done (the thirty-second session's question: would asynchronous
+exchanges reach #32's 0.95?).
 
 The orders: the compiled parity order of `--schedule 1f1b` and `zb-h1` (one_f_one_b.rs: stage g
 runs the forward of entering microbatch n in tick g + 2n, its backward in 2S - 1 - g + 2n, and
@@ -53,6 +57,35 @@ def efficiency(ticks, stages, microbatches, ranks, b_cost):
     return work / total
 
 
+def dataflow(ticks, stages, microbatches, ranks, b_cost):
+    """A rank's share of the work when each unit waits only for what it reads: F for the
+    previous stage's F of its microbatch, B for its own F and the next stage's B, W for its B;
+    a rank runs its units in the table's order."""
+    cost = {"F": 1, "B": b_cost, "W": 1, "w": 0.5}
+    per_rank = stages // ranks
+    seen, done, clock = {}, {}, [0.0] * ranks
+    phase = {"F": 0, "B": 1, "W": 2, "w": 2}
+    for tick in ticks:
+        for r in range(ranks):
+            units = []
+            for s in range(r * per_rank, (r + 1) * per_rank):
+                for p in tick[s]:
+                    n = seen.get((p, s), 0)
+                    seen[(p, s)] = n + 1
+                    units.append((phase[p], s if p == "F" else -s, p, s, n if p != "w" else n // 2))
+            for _, _, p, s, n in sorted(units):
+                ready = 0.0
+                if p == "F" and s > 0:
+                    ready = done[("F", s - 1, n)]
+                elif p == "B":
+                    ready = max(done[("F", s, n)], done.get(("B", s + 1, n), 0.0))
+                elif p in "Ww":
+                    ready = done[("B", s, n)]
+                clock[r] = max(clock[r], ready) + cost[p]
+                done[(p, s, n)] = clock[r]
+    return per_rank * microbatches * (2 + b_cost) / max(clock)
+
+
 def main():
     stages, microbatches, ranks = (int(a) for a in (sys.argv[1:4] or (4, 8, 2)))
     orders = {
@@ -62,10 +95,11 @@ def main():
         "drawn 1f1b timetable": drawn("1f1b", stages, microbatches),
     }
     print(f"S={stages} M={microbatches} ranks={ranks}: a rank's work over its ticks")
-    print(f"{'order':40s} {'--remat none':>13s} {'--remat stage':>14s}")
+    print(f"{'order':40s} {'--remat none':>13s} {'--remat stage':>14s} {'dataflow none':>14s} {'stage':>6s}")
     for name, ticks in orders.items():
         none, stage = (efficiency(ticks, stages, microbatches, ranks, b) for b in (1, 2))
-        print(f"{name:40s} {none:13.3f} {stage:14.3f}")
+        f_none, f_stage = (dataflow(ticks, stages, microbatches, ranks, b) for b in (1, 2))
+        print(f"{name:40s} {none:13.3f} {stage:14.3f} {f_none:14.3f} {f_stage:6.3f}")
 
 
 if __name__ == "__main__":
