@@ -19,7 +19,7 @@
 use super::buf::Buf;
 use super::emit::Emitter;
 use super::fast_math::{self, Numerics};
-use super::gpu_reduce::{element, row_indices, MIN_ROW};
+use super::gpu_reduce::MIN_ROW;
 use super::row_blocks::{Fold, RowBlocks};
 use super::widen::{convert_value, ext};
 use ppc_dialect::DType;
@@ -38,37 +38,39 @@ pub fn applies(e: &Emitter, numerics: Numerics, x: &Buf, axis: usize) -> bool {
 
 /// `out = softmax(x)` along the last axis (see [`applies`]).
 pub fn softmax(e: &mut Emitter, x: &Buf, out: &Buf) {
-    let Rows { mut k, row } = Rows::open(e, x, out);
-    let load = |e: &mut Emitter, j: &str| load_f32(e, x, &row, j);
+    e.device_uses(&[x], out);
+    let mut k = RowBlocks::open(e, &x.ty.shape());
+    let load = |e: &mut Emitter, at: &str| load_f32(e, x, at);
     let max = k.reduce_row(e, Fold::Max, load);
-    let exp = |e: &mut Emitter, j: &str| {
-        let v = load(e, j);
+    let exp = |e: &mut Emitter, at: &str| {
+        let v = load(e, at);
         let s = e.let_(&format!("arith.subf {v}, {max} : f32"));
         fast_math::exp_flushed(e, &s)
     };
     let sum = k.reduce_row(e, Fold::Sum, exp);
-    k.for_row(e, |e, j| {
-        let y = exp(e, j);
+    k.for_row(e, |e, at| {
+        let y = exp(e, at);
         let y = e.let_(&format!("arith.divf {y}, {sum} : f32"));
-        store(e, &y, out, &row, j);
+        store(e, &y, out, at);
     });
     k.close(e);
 }
 
 /// `out = layernorm(x)` along the last axis, with `eps` (see [`applies`]).
 pub fn layernorm(e: &mut Emitter, x: &Buf, eps: f64, out: &Buf) {
-    let Rows { mut k, row } = Rows::open(e, x, out);
+    e.device_uses(&[x], out);
+    let mut k = RowBlocks::open(e, &x.ty.shape());
     let n = *x.ty.shape().last().expect("invariant: rank >= 2");
     let size = e.constant(n as f64, DType::F32);
-    let load = |e: &mut Emitter, j: &str| load_f32(e, x, &row, j);
+    let load = |e: &mut Emitter, at: &str| load_f32(e, x, at);
     let sum = k.reduce_row(e, Fold::Sum, load);
     let mean = e.let_(&format!("arith.divf {sum}, {size} : f32"));
-    let centered = |e: &mut Emitter, j: &str| {
-        let v = load(e, j);
+    let centered = |e: &mut Emitter, at: &str| {
+        let v = load(e, at);
         e.let_(&format!("arith.subf {v}, {mean} : f32"))
     };
-    let squares = k.reduce_row(e, Fold::Sum, |e, j| {
-        let c = centered(e, j);
+    let squares = k.reduce_row(e, Fold::Sum, |e, at| {
+        let c = centered(e, at);
         e.let_(&format!("arith.mulf {c}, {c} : f32"))
     });
     let var = e.let_(&format!("arith.divf {squares}, {size} : f32"));
@@ -77,49 +79,26 @@ pub fn layernorm(e: &mut Emitter, x: &Buf, eps: f64, out: &Buf) {
     let ve = e.let_(&format!("arith.addf {var}, {eps} : f32"));
     let root = e.let_(&format!("math.sqrt {ve} : f32"));
     let inv = e.let_(&format!("arith.divf {one}, {root} : f32"));
-    k.for_row(e, |e, j| {
-        let c = centered(e, j);
+    k.for_row(e, |e, at| {
+        let c = centered(e, at);
         let y = e.let_(&format!("arith.mulf {c}, {inv} : f32"));
-        store(e, &y, out, &row, j);
+        store(e, &y, out, at);
     });
     k.close(e);
 }
 
-/// The open kernel and the indices of its block's row.
-struct Rows {
-    k: RowBlocks,
-    row: Vec<String>,
-}
-
-impl Rows {
-    fn open(e: &mut Emitter, x: &Buf, out: &Buf) -> Rows {
-        let shape = x.ty.shape();
-        let (rows, n) = shape.split_at(shape.len() - 1);
-        e.device_uses(&[x], out);
-        let k = RowBlocks::open(e, rows.iter().product(), n[0]);
-        let row = row_indices(e, &k.block, rows);
-        Rows { k, row }
-    }
-}
-
-/// Element `j` of the row, as f32.
-fn load_f32(e: &mut Emitter, x: &Buf, row: &[String], j: &str) -> String {
-    let v = e.let_(&format!(
-        "memref.load {}[{}] : {}",
-        x.name,
-        element(row, j),
-        x.mty()
-    ));
+/// The element of `x` at `at`, as f32.
+fn load_f32(e: &mut Emitter, x: &Buf, at: &str) -> String {
+    let v = e.let_(&format!("memref.load {}[{at}] : {}", x.name, x.mty()));
     ext(e, &v, x.ty.dtype)
 }
 
-/// Stores the f32 `y` as element `j` of the row of `out`, rounded to its type.
-fn store(e: &mut Emitter, y: &str, out: &Buf, row: &[String], j: &str) {
+/// Stores the f32 `y` as the element of `out` at `at`, rounded to its type.
+fn store(e: &mut Emitter, y: &str, out: &Buf, at: &str) {
     let y = convert_value(e, y, DType::F32, out.ty.dtype);
     e.op(&format!(
-        "memref.store {y}, {}[{}] : {}",
+        "memref.store {y}, {}[{at}] : {}",
         out.name,
-        element(row, j),
         out.mty()
     ));
 }

@@ -52,50 +52,18 @@ pub fn applies(
 
 /// `acc = max or sum of x along its last axis` (see [`applies`]).
 pub fn emit(e: &mut Emitter, x: &Buf, acc: &Buf, max: bool) {
-    let shape = x.ty.shape();
-    let (rows, n) = shape.split_at(shape.len() - 1);
     let fold = if max { Fold::Max } else { Fold::Sum };
     e.device_uses(&[x], acc);
-    let mut k = RowBlocks::open(e, rows.iter().product(), n[0]);
-    let row = row_indices(e, &k.block, rows);
-    let value = k.reduce_row(e, fold, |e, j| {
-        e.let_(&format!(
-            "memref.load {}[{}] : {}",
-            x.name,
-            element(&row, j),
-            x.mty()
-        ))
+    let mut k = RowBlocks::open(e, &x.ty.shape());
+    let value = k.reduce_row(e, fold, |e, at| {
+        e.let_(&format!("memref.load {}[{at}] : {}", x.name, x.mty()))
     });
-    k.once(e, |e| {
+    k.once(e, |e, row| {
         e.op(&format!(
-            "memref.store {value}, {}[{}] : {}",
+            "memref.store {value}, {}[{row}] : {}",
             acc.name,
-            row.join(", "),
             acc.mty()
         ))
     });
     k.close(e);
-}
-
-/// The indices of element `j` of a row: `%i, %k, %j`.
-pub fn element(row: &[String], j: &str) -> String {
-    row.iter()
-        .map(String::as_str)
-        .chain([j])
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The indices of row `block` of `rows` (row-major).
-pub fn row_indices(e: &mut Emitter, block: &str, rows: &[u64]) -> Vec<String> {
-    let mut below = 1;
-    let mut out = Vec::new();
-    for &size in rows.iter().rev() {
-        let (stride, extent) = (e.index(below), e.index(size));
-        let above = e.let_(&format!("arith.divui {block}, {stride} : index"));
-        out.push(e.let_(&format!("arith.remui {above}, {extent} : index")));
-        below *= size;
-    }
-    out.reverse();
-    out
 }

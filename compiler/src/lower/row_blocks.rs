@@ -1,5 +1,6 @@
-//! `--target cuda`: a kernel of one thread block per row (`gpu_reduce.rs`), as the GPU runs it
-//! or, where the kernels run as CPU loops (the tests), as loops that compute the same values.
+//! `--target cuda`: a kernel of one thread block per row (`gpu_reduce.rs`, `gpu_norm.rs`), as
+//! the GPU runs it or, where the kernels run as CPU loops (the tests), as loops that compute the
+//! same values.
 //!
 //! On the GPU it is a `gpu.launch` of one block per row; its threads stride along the row
 //! together and `gpu.all_reduce` combines their values (MLIR lowers it to warp shuffles and a
@@ -28,7 +29,7 @@ const MAX_THREADS: u64 = 256;
 
 /// The threads of a block for rows of `n`: the largest power of two up to `n` and
 /// [`MAX_THREADS`], so that every warp is full.
-pub fn threads(n: u64) -> u64 {
+fn threads(n: u64) -> u64 {
     let t = MAX_THREADS.min(n);
     1 << (63 - t.leading_zeros())
 }
@@ -50,7 +51,7 @@ impl Fold {
     }
 
     /// The f32 op that combines two values.
-    pub fn op(self) -> &'static str {
+    fn op(self) -> &'static str {
         match self {
             Fold::Sum => "arith.addf",
             Fold::Max => "arith.maximumf",
@@ -58,7 +59,7 @@ impl Fold {
     }
 
     /// The value a thread starts from (-0.0, as the interpreter's sums; -inf).
-    pub fn init(self) -> &'static str {
+    fn init(self) -> &'static str {
         match self {
             Fold::Sum => "-0.0",
             Fold::Max => "0xFF800000",
@@ -69,8 +70,8 @@ impl Fold {
 /// An open kernel of one block of `threads` threads per row of `n` elements, whose threads
 /// take the row's elements `t, t + threads, ...` (consecutive threads, consecutive elements).
 pub struct RowBlocks {
-    /// The block's index (the row), as an SSA name.
-    pub block: String,
+    /// The indices of the block's row.
+    row: Vec<String>,
     /// The thread's index (on the GPU; as CPU loops, set by each loop over the threads).
     thread: String,
     threads: u64,
@@ -80,23 +81,25 @@ pub struct RowBlocks {
 }
 
 impl RowBlocks {
-    /// Opens the kernel of `rows` blocks for rows of `n` elements: [`threads`] threads each.
-    /// What every thread of a block computes alike (the row's indices) follows.
-    pub fn open(e: &mut Emitter, rows: u64, n: u64) -> RowBlocks {
+    /// Opens the kernel over the rows of a buffer of `shape` (its last axis the row): one block
+    /// per row, of [`threads`] threads.
+    pub fn open(e: &mut Emitter, shape: &[u64]) -> RowBlocks {
+        let (rows, n) = shape.split_at(shape.len() - 1);
+        let (count, n) = (rows.iter().product(), n[0]);
         let threads = threads(n);
         let on_cpu = e.gpu.as_ref().is_some_and(|g| g.kernels_on_cpu);
         if on_cpu {
             let parts = e.alloc(&Type::of(DType::F32, &[threads]));
-            let block = e.begin_for(rows);
+            let block = e.begin_for(count);
             return RowBlocks {
-                block,
+                row: row_indices(e, &block, rows),
                 thread: String::new(),
                 threads,
                 n,
                 parts: Some(parts),
             };
         }
-        let (grid, size, one) = (e.index(rows), e.index(threads), e.index(1));
+        let (grid, size, one) = (e.index(count), e.index(threads), e.index(1));
         let ids: Vec<String> = (0..12).map(|_| e.fresh()).collect();
         let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = &ids[..] else {
             unreachable!("twelve names")
@@ -106,7 +109,7 @@ impl RowBlocks {
              threads({tx}, {ty}, {tz}) in ({sx} = {size}, {sy} = {one}, {sz} = {one}) {{"
         ));
         RowBlocks {
-            block: bx.clone(),
+            row: row_indices(e, bx, rows),
             thread: tx.clone(),
             threads,
             n,
@@ -114,8 +117,18 @@ impl RowBlocks {
         }
     }
 
-    /// `fold` of `value(j)` over the row's elements `j`, every thread's share combined: the
-    /// same f32 value for the whole block.
+    /// The indices of element `j` of the block's row: `%i, %k, %j`.
+    fn element(&self, j: &str) -> String {
+        self.row
+            .iter()
+            .map(String::as_str)
+            .chain([j])
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `fold` of `value(at)` over the row's elements (`at`: an element's indices, `%i, %k, %j`),
+    /// every thread's share combined: the same f32 value for the whole block.
     pub fn reduce_row(
         &mut self,
         e: &mut Emitter,
@@ -129,20 +142,21 @@ impl RowBlocks {
         e.open(&format!(
             "{partial} = scf.for {j} = {from} to {to} step {step} iter_args({a} = {start}) -> (f32) {{"
         ));
-        let v = value(e, &j);
+        let v = value(e, &self.element(&j));
         let next = e.let_(&format!("{} {a}, {v} : f32", fold.op()));
         e.op(&format!("scf.yield {next} : f32"));
         e.close();
         self.combine(e, &partial, fold)
     }
 
-    /// Runs `body(j)` for each of the row's elements `j`, spread over the threads.
+    /// Runs `body(at)` for each of the row's elements, spread over the threads (`at`: the
+    /// element's indices).
     pub fn for_row(&mut self, e: &mut Emitter, body: impl FnOnce(&mut Emitter, &str)) {
         self.begin_threads(e);
         let (from, to, step) = self.bounds(e);
         let j = e.fresh();
         e.open(&format!("scf.for {j} = {from} to {to} step {step} {{"));
-        body(e, &j);
+        body(e, &self.element(&j));
         e.close();
         if self.parts.is_some() {
             e.end_for();
@@ -199,15 +213,17 @@ impl RowBlocks {
         folded
     }
 
-    /// Code that one thread runs for the block (after [`RowBlocks::reduce_row`]).
-    pub fn once(&self, e: &mut Emitter, body: impl FnOnce(&mut Emitter)) {
+    /// Code that one thread runs for the block (after [`RowBlocks::reduce_row`]): `body(row)`,
+    /// `row` the indices of the block's row.
+    pub fn once(&self, e: &mut Emitter, body: impl FnOnce(&mut Emitter, &str)) {
+        let row = self.row.join(", ");
         if self.parts.is_some() {
-            return body(e);
+            return body(e, &row);
         }
         let zero = e.index(0);
         let first = e.let_(&format!("arith.cmpi eq, {}, {zero} : index", self.thread));
         e.open(&format!("scf.if {first} {{"));
-        body(e);
+        body(e, &row);
         e.close();
     }
 
@@ -221,4 +237,18 @@ impl RowBlocks {
             }
         }
     }
+}
+
+/// The indices of row `block` of `rows` (row-major).
+fn row_indices(e: &mut Emitter, block: &str, rows: &[u64]) -> Vec<String> {
+    let mut below = 1;
+    let mut out = Vec::new();
+    for &size in rows.iter().rev() {
+        let (stride, extent) = (e.index(below), e.index(size));
+        let above = e.let_(&format!("arith.divui {block}, {stride} : index"));
+        out.push(e.let_(&format!("arith.remui {above}, {extent} : index")));
+        below *= size;
+    }
+    out.reverse();
+    out
 }
