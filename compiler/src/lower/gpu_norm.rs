@@ -19,27 +19,19 @@
 use super::buf::Buf;
 use super::emit::Emitter;
 use super::fast_math::{self, Numerics};
-use super::gpu_reduce::MIN_ROW;
-use super::row_blocks::{Fold, RowBlocks};
+use super::row_blocks::{fits, Fold, RowBlocks};
 use super::widen::{convert_value, ext};
 use ppc_dialect::DType;
 
-/// Whether [`softmax`] and [`layernorm`] compute the op along `axis` of `x`: the innermost
-/// axis, of at least [`MIN_ROW`] elements, in a GPU program with the fast numerics.
+/// Whether [`softmax`] and [`layernorm`] compute the op along `axis` of `x`: a row that fits a
+/// block per row (`row_blocks::fits`), with the fast numerics.
 pub fn applies(e: &Emitter, numerics: Numerics, x: &Buf, axis: usize) -> bool {
-    let r = x.ty.rank();
-    e.gpu.is_some()
-        && numerics == Numerics::Fast
-        && r >= 2
-        && axis == r - 1
-        && x.ty.shape()[r - 1] >= MIN_ROW
-        && !e.nest.in_parallel_loop()
+    numerics == Numerics::Fast && fits(e, x, axis)
 }
 
 /// `out = softmax(x)` along the last axis (see [`applies`]).
 pub fn softmax(e: &mut Emitter, x: &Buf, out: &Buf) {
-    e.device_uses(&[x], out);
-    let mut k = RowBlocks::open(e, &x.ty.shape());
+    let mut k = RowBlocks::open(e, x, out);
     let load = |e: &mut Emitter, at: &str| load_f32(e, x, at);
     let max = k.reduce_row(e, Fold::Max, load);
     let exp = |e: &mut Emitter, at: &str| {
@@ -58,8 +50,7 @@ pub fn softmax(e: &mut Emitter, x: &Buf, out: &Buf) {
 
 /// `out = layernorm(x)` along the last axis, with `eps` (see [`applies`]).
 pub fn layernorm(e: &mut Emitter, x: &Buf, eps: f64, out: &Buf) {
-    e.device_uses(&[x], out);
-    let mut k = RowBlocks::open(e, &x.ty.shape());
+    let mut k = RowBlocks::open(e, x, out);
     let n = *x.ty.shape().last().expect("invariant: rank >= 2");
     let size = e.constant(n as f64, DType::F32);
     let load = |e: &mut Emitter, at: &str| load_f32(e, x, at);

@@ -1,5 +1,6 @@
-//! `--target cuda`: reductions along a buffer's innermost axis (a softmax's row maximum and
-//! sum, a layernorm's mean and variance) as one thread block per row.
+//! `--target cuda`: reductions along a buffer's innermost axis (a loss's row maximum and sum,
+//! an RMS norm's mean, a backward's row sums) as one thread block per row; a whole softmax or
+//! layernorm is one kernel of its own (`gpu_norm.rs`).
 //!
 //! As a loop nest mapped by `gpu_map.rs`, such a reduction was one thread per row: a row of
 //! 1–4 K elements walked serially, neighbouring threads a row apart in memory, and a few dozen
@@ -23,14 +24,11 @@
 use super::buf::Buf;
 use super::emit::Emitter;
 use super::fast_math::Numerics;
-use super::row_blocks::{Fold, RowBlocks};
+use super::row_blocks::{fits, Fold, RowBlocks};
 use ppc_dialect::DType;
 
-/// Rows shorter than a warp stay one thread's loop.
-pub const MIN_ROW: u64 = 32;
-
-/// Whether [`emit`] computes `acc = reduce(x over axes)`: one f32 reduction along `x`'s last
-/// axis of at least [`MIN_ROW`] elements, in a GPU program; a sum only with the fast numerics.
+/// Whether [`emit`] computes `acc = reduce(x over axes)`: one f32 reduction along a row that
+/// fits a block per row (`row_blocks::fits`); a sum only with the fast numerics.
 pub fn applies(
     e: &Emitter,
     numerics: Numerics,
@@ -39,22 +37,16 @@ pub fn applies(
     acc: &Buf,
     max: bool,
 ) -> bool {
-    let r = x.ty.rank();
-    e.gpu.is_some()
-        && r >= 2
-        && axes == [r - 1]
+    matches!(axes, &[axis] if fits(e, x, axis))
         && x.ty.dtype == DType::F32
         && acc.ty.dtype == DType::F32
-        && x.ty.shape()[r - 1] >= MIN_ROW
         && (max || numerics == Numerics::Fast)
-        && !e.nest.in_parallel_loop()
 }
 
 /// `acc = max or sum of x along its last axis` (see [`applies`]).
 pub fn emit(e: &mut Emitter, x: &Buf, acc: &Buf, max: bool) {
     let fold = if max { Fold::Max } else { Fold::Sum };
-    e.device_uses(&[x], acc);
-    let mut k = RowBlocks::open(e, &x.ty.shape());
+    let mut k = RowBlocks::open(e, x, acc);
     let value = k.reduce_row(e, fold, |e, at| {
         e.let_(&format!("memref.load {}[{at}] : {}", x.name, x.mty()))
     });

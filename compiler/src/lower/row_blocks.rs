@@ -27,6 +27,21 @@ use ppc_dialect::{DType, Type};
 /// Threads per block, at most: a row of 4096 takes 16 elements a thread.
 const MAX_THREADS: u64 = 256;
 
+/// Rows shorter than a warp stay one thread's loop.
+const MIN_ROW: u64 = 32;
+
+/// Whether work along `axis` of `x` can be such a kernel: a GPU program, the innermost axis of
+/// at least [`MIN_ROW`] elements, no parallel loop around (there would be nothing to launch
+/// from).
+pub fn fits(e: &Emitter, x: &Buf, axis: usize) -> bool {
+    let r = x.ty.rank();
+    e.gpu.is_some()
+        && r >= 2
+        && axis == r - 1
+        && x.ty.shape()[r - 1] >= MIN_ROW
+        && !e.nest.in_parallel_loop()
+}
+
 /// The threads of a block for rows of `n`: the largest power of two up to `n` and
 /// [`MAX_THREADS`], so that every warp is full.
 fn threads(n: u64) -> u64 {
@@ -81,9 +96,11 @@ pub struct RowBlocks {
 }
 
 impl RowBlocks {
-    /// Opens the kernel over the rows of a buffer of `shape` (its last axis the row): one block
-    /// per row, of [`threads`] threads.
-    pub fn open(e: &mut Emitter, shape: &[u64]) -> RowBlocks {
+    /// Opens the kernel over the rows of `x` (its last axis the row), which writes `out`: one
+    /// block per row, of [`threads`] threads.
+    pub fn open(e: &mut Emitter, x: &Buf, out: &Buf) -> RowBlocks {
+        e.device_uses(&[x], out);
+        let shape = x.ty.shape();
         let (rows, n) = shape.split_at(shape.len() - 1);
         let (count, n) = (rows.iter().product(), n[0]);
         let threads = threads(n);
