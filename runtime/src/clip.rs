@@ -37,14 +37,19 @@ pub fn global_norm(m: &Manifest, params: &[&Arg], grads: &[&[f32]]) -> f64 {
     total.sqrt()
 }
 
+/// What gradients of global norm `norm` are multiplied by to clip them to `max`: `max / norm`
+/// where `norm > max`, else `None` (they stay as they are).
+pub fn scale(norm: f64, max: f64) -> Option<f32> {
+    (norm > max).then(|| (max / norm) as f32)
+}
+
 /// Scales `grads` by `max / norm` where `norm > max`; returns the norm.
 pub fn clip(m: &Manifest, params: &[&Arg], grads: &mut [&mut [f32]], max: f64) -> f64 {
     let norm = {
         let shared: Vec<&[f32]> = grads.iter().map(|g| &**g).collect();
         global_norm(m, params, &shared)
     };
-    if norm > max {
-        let scale = (max / norm) as f32;
+    if let Some(scale) = scale(norm, max) {
         for g in grads.iter_mut() {
             g.iter_mut().for_each(|v| *v *= scale);
         }

@@ -89,7 +89,14 @@ impl Data {
             .as_mut()
             .expect("invariant: a batch is unlabelled");
         let zero = HostBuffer::zeros(target.dtype, &target.shape);
-        bufs.evaluate(program, x.clone(), zero, teacher)?;
+        // The teacher's weights are staged for the call only: the trained ones stay.
+        bufs.evaluate(
+            program,
+            x.clone(),
+            zero,
+            teacher,
+            crate::exec::Staging::Once,
+        )?;
         let y = bufs.output.to_tensor();
         let t = match target.dtype {
             DType::I32 => argmax_last(&y, target),

@@ -11,6 +11,7 @@
 //! (parameter files, safetensors files, the call's arguments, the trace file).
 
 use crate::comm;
+use crate::cuda::resident::Access;
 use crate::files::WriteError;
 use crate::init::{self, Layers, Shard, Source};
 use crate::manifest::{Manifest, Role};
@@ -80,8 +81,21 @@ pub struct Program {
     entry: PackedFn,
     /// `ppc_evaluate`, where the manifest lists its arguments.
     evaluate: Option<PackedFn>,
+    /// A CUDA training step's optimizer updates (`gpu_update.rs`): AdamW's, SGD's.
+    update: Option<(PackedFn, PackedFn)>,
     /// A CUDA program's arguments on the GPU.
     resident: crate::cuda::resident::Resident,
+}
+
+/// Where a CUDA program's arguments stay for a call ([`crate::cuda::resident`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staging {
+    /// With the program, from call to call; results come back after the call.
+    Kept,
+    /// As `Kept`, but the gradients stay on the GPU, for the optimizer's update there.
+    KeptWithGradients,
+    /// For this call only: a teacher's weights, which must not take the trained ones' place.
+    Once,
 }
 
 impl Program {
@@ -93,8 +107,61 @@ impl Program {
             manifest,
             entry,
             evaluate: None,
+            update: None,
             resident: Default::default(),
         }
+    }
+
+    /// The program with its optimizer updates, where it is a CUDA training step (else it has
+    /// none, and they are never called).
+    ///
+    /// # Safety
+    /// `adamw` and `sgd` must be the packed C-interface wrappers of entry functions whose
+    /// memref arguments are exactly [`crate::gpu_update::args`]' for AdamW and SGD, in order.
+    pub unsafe fn with_update(mut self, adamw: PackedFn, sgd: PackedFn) -> Program {
+        if crate::gpu_update::built(&self.manifest) {
+            self.update = Some((adamw, sgd));
+        }
+        self
+    }
+
+    /// Whether the optimizer's update can run as this program's kernels, its weights, moments
+    /// and gradients kept on the GPU (`gpu_update.rs`).
+    pub fn updates_on_gpu(&self) -> bool {
+        self.update.is_some()
+    }
+
+    /// Runs the optimizer's update of `kind` on `bufs`, one per argument of
+    /// [`crate::gpu_update::args`], in order; everything it writes stays on the GPU.
+    pub(crate) fn update(
+        &self,
+        kind: crate::optim::Kind,
+        bufs: Vec<&mut HostBuffer>,
+    ) -> Result<(), CallError> {
+        let (adamw, sgd) = self.update.expect("invariant: called where updates_on_gpu");
+        let entry = match kind {
+            crate::optim::Kind::AdamW => adamw,
+            crate::optim::Kind::Sgd => sgd,
+        };
+        let args = crate::gpu_update::args(&self.manifest, kind);
+        let access = |role| Access {
+            reads: true,
+            writes: !matches!(role, Role::Grad | Role::Hyper),
+        };
+        self.call_entry(&args, entry, bufs, &self.resident, &access, &|_| true)
+    }
+
+    /// Brings argument `role` `name` of a CUDA program back into `buf` where the GPU holds
+    /// newer contents than the host (a result kept there); else leaves `buf` as it is.
+    pub fn fetch(&self, role: Role, name: &str, buf: &mut HostBuffer) {
+        if self.manifest.gpu.is_some() {
+            self.resident.fetch(role, name, buf);
+        }
+    }
+
+    /// Bytes a CUDA program copied to the GPU and back so far.
+    pub fn bytes_moved(&self) -> (u64, u64) {
+        self.resident.bytes_moved()
     }
 
     /// The program with its training step's evaluation, where the manifest lists its
@@ -139,9 +206,10 @@ impl Program {
                 .and_then(|(_, b)| b.take()),
             Role::Loss => loss.take(),
             Role::Output => output.take(),
-            Role::Grad => None,
+            _ => None,
         })?;
-        self.call_entry(&self.manifest.evaluate, entry, bufs)?;
+        let args = &self.manifest.evaluate;
+        self.call_entry(args, entry, bufs, &self.resident, &step_access, &|_| false)?;
         Ok(true)
     }
 
@@ -236,22 +304,47 @@ impl Program {
             Role::Input => input.take(),
             Role::Param => params.next(),
             Role::Output => output.take(),
-            Role::Target | Role::Loss | Role::Grad => None,
+            _ => None,
         })?;
         self.call(bufs)
     }
 
     /// Calls the generated code on `bufs`, one per manifest argument, in order (checked).
     pub fn call(&self, bufs: Vec<&mut HostBuffer>) -> Result<(), CallError> {
-        self.call_entry(&self.manifest.args, self.entry, bufs)
+        self.call_staged(bufs, Staging::Kept)
     }
 
-    /// Calls `entry`, which takes `args`, on `bufs`, one per argument, in order (checked).
+    /// [`Program::call`], a CUDA program's arguments staged as `staging` says.
+    pub fn call_staged(
+        &self,
+        bufs: Vec<&mut HostBuffer>,
+        staging: Staging,
+    ) -> Result<(), CallError> {
+        let (args, entry, access) = (&self.manifest.args, self.entry, &step_access);
+        match staging {
+            Staging::Kept => self.call_entry(args, entry, bufs, &self.resident, access, &|_| false),
+            Staging::KeptWithGradients => {
+                let keep = |role| role == Role::Grad;
+                self.call_entry(args, entry, bufs, &self.resident, access, &keep)
+            }
+            Staging::Once => {
+                let once = crate::cuda::resident::Resident::default();
+                self.call_entry(args, entry, bufs, &once, access, &|_| false)
+            }
+        }
+    }
+
+    /// Calls `entry`, which takes `args`, on `bufs`, one per argument, in order (checked). A
+    /// CUDA program's arguments are staged in `resident`: what `access` says each role reads
+    /// goes in where the host changed it, what it writes comes back unless `keep` keeps it.
     fn call_entry(
         &self,
         args: &[crate::manifest::Arg],
         entry: PackedFn,
         mut bufs: Vec<&mut HostBuffer>,
+        resident: &crate::cuda::resident::Resident,
+        access: &dyn Fn(Role) -> Access,
+        keep: &dyn Fn(Role) -> bool,
     ) -> Result<(), CallError> {
         if bufs.len() != args.len() {
             return Err(CallError::Arity {
@@ -270,12 +363,13 @@ impl Program {
                 });
             }
         }
-        // A CUDA program's kernels address only GPU memory: its arguments are kept there.
-        let gpu = crate::cuda::active();
-        let fills: Vec<bool> = args.iter().map(|a| a.role.is_result()).collect();
+        // A CUDA program's kernels address only GPU memory: its arguments are kept there (in
+        // host memory of their own where its kernels run as CPU loops, the tests).
+        let gpu = self.manifest.gpu.is_some();
+        let access: Vec<Access> = args.iter().map(|a| access(a.role)).collect();
         let mut descriptors: Vec<Vec<i64>> = if gpu {
             crate::cuda::bind_this_thread();
-            self.resident.stage(&bufs, &fills)
+            resident.stage(args, &bufs, &access)
         } else {
             bufs.iter_mut().map(|b| b.descriptor()).collect()
         };
@@ -293,9 +387,18 @@ impl Program {
         // with the checked dtype and shape, and all of them outlive the call.
         unsafe { entry(packed.as_mut_ptr()) };
         if gpu {
-            self.resident.fetch(&mut bufs, &fills);
+            resident.finish(args, &mut bufs, &access, keep);
         }
         Ok(())
+    }
+}
+
+/// How a step (forward, training, evaluation) uses its arguments: it reads its inputs and
+/// weights and writes its results.
+fn step_access(role: Role) -> Access {
+    Access {
+        reads: !role.is_result(),
+        writes: role.is_result(),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod data;
 pub mod error;
 pub mod exec;
 pub mod gemm;
+pub mod gpu_update;
 pub mod heap;
 pub mod lr_schedule;
 pub mod manifest;

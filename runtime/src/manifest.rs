@@ -38,7 +38,7 @@ pub enum ManifestError {
     InputOutput,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Input,
@@ -50,6 +50,13 @@ pub enum Role {
     Loss,
     /// Training programs: the f32 gradient of the parameter of the same name.
     Grad,
+    /// The arguments of a CUDA training step's optimizer update (`gpu_update.rs`), never in
+    /// a manifest's lists: the f32 first and second moments (SGD: momentum in the first) and
+    /// the f32 master of the parameter of the same name, and the step's hyper-parameters.
+    Moment1,
+    Moment2,
+    Master,
+    Hyper,
 }
 
 impl Role {

@@ -140,6 +140,17 @@ impl Config {
         Ok(())
     }
 
+    /// The settings for a parameter that decays or not ([`decays`]).
+    pub fn for_param(self, decays: bool) -> Config {
+        match decays {
+            true => self,
+            false => Config {
+                weight_decay: 0.0,
+                ..self
+            },
+        }
+    }
+
     pub fn new(kind: Kind) -> Config {
         match kind {
             Kind::Sgd => Config {
@@ -222,19 +233,25 @@ impl Optimizer {
         params[i].f32s().unwrap_or(&self.master[i])
     }
 
-    /// One step: updates the masters from `grads` (f32, one per parameter, same sizes) and
-    /// writes them, rounded to each parameter's dtype, into `params` in place (an f32
-    /// parameter is its own master, updated where it is). Elementwise, so
-    /// it runs in chunks on the pool's threads with the same bits whatever the split.
-    pub fn update(&mut self, params: &mut [HostBuffer], grads: &[&[f32]]) {
-        const CHUNK: usize = 1 << 14;
+    /// Counts a step; returns its settings (the scheduled learning rate) and AdamW's bias
+    /// corrections `(1 - beta1^t, 1 - beta2^t)`.
+    pub fn next_step(&mut self) -> (Config, (f32, f32)) {
         self.step += 1;
         let c = Config {
             lr: self.config.schedule.lr_at(self.config.lr, self.step),
             ..self.config
         };
         let t = self.step as i32;
-        let bias = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
+        (c, (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t)))
+    }
+
+    /// One step: updates the masters from `grads` (f32, one per parameter, same sizes) and
+    /// writes them, rounded to each parameter's dtype, into `params` in place (an f32
+    /// parameter is its own master, updated where it is). Elementwise, so
+    /// it runs in chunks on the pool's threads with the same bits whatever the split.
+    pub fn update(&mut self, params: &mut [HostBuffer], grads: &[&[f32]]) {
+        const CHUNK: usize = 1 << 14;
+        let (c, bias) = self.next_step();
         let mut v = self.v.iter_mut();
         let mut chunks = Vec::new();
         for ((((w, m), g), p), &decays) in self
@@ -245,13 +262,7 @@ impl Optimizer {
             .zip(params)
             .zip(&self.decays)
         {
-            let config = match decays {
-                true => c,
-                false => Config {
-                    weight_decay: 0.0,
-                    ..c
-                },
-            };
+            let config = c.for_param(decays);
             let (dtype, size) = (p.dtype, p.dtype.size_bytes() as usize);
             // SGD has no second moment: empty slices stand in for its chunks.
             let vs: Box<dyn Iterator<Item = &mut [f32]>> = match v.next() {

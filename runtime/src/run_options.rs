@@ -153,6 +153,10 @@ pub struct TrainOptions {
     /// iteration (forward and backward), loop nest, GEMM and exchange.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// --target cuda: run the optimizer on the host, copying the weights to the GPU and the
+    /// gradients back every step (by default it runs on the GPU, where they stay), to compare.
+    #[arg(long)]
+    pub host_optimizer: bool,
     /// The optimizer and its settings: the model file's `train { ... }` block, then the
     /// command line's (see [`optimizer_args`]).
     #[arg(skip = Config::new(Kind::AdamW))]

@@ -14,8 +14,9 @@
 
 use crate::checkpoint::{resume, save, CheckpointError};
 use crate::data::Data;
-use crate::exec::{bench, CallError, Program};
+use crate::exec::{bench, CallError, Program, Staging};
 use crate::files::WriteError;
+use crate::gpu_update::GpuUpdate;
 use crate::init::Source;
 use crate::manifest::{Arg, Role};
 use crate::memref::HostBuffer;
@@ -126,6 +127,13 @@ pub fn train(
     let speaks = crate::comm::rank() == 0 && crate::comm::replica() == 0;
     let mut data = Data::training(program, opts, (speaks && !opts.json).then_some(&mut *err))?;
     let mut bufs = Buffers::new(program)?;
+    // A CUDA program updates its weights with its own kernels, where they stay.
+    let mut gpu = (program.updates_on_gpu() && !opts.host_optimizer)
+        .then(|| GpuUpdate::new(&optimizer, &params));
+    let staging = match gpu {
+        Some(_) => Staging::KeptWithGradients,
+        None => Staging::Kept,
+    };
     let first = optimizer.step;
     let mut losses = Vec::new();
     let started = Instant::now();
@@ -137,14 +145,20 @@ pub fn train(
     // Replica `j` of `D` trains on batch `step·D + j`; the step's gradient is their mean.
     let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
     let batch_of = |step: u64| step * replicas + replica;
+    let clip = f64::from(optimizer.config.grad_clip);
     let step_once = |bufs: &mut Buffers,
                      params: &mut Vec<HostBuffer>,
                      optimizer: &mut Optimizer,
+                     gpu: &mut Option<GpuUpdate>,
                      data: &Data,
                      step: u64|
      -> Result<f32, TrainError> {
         let (input, target) = data.batch(m, batch_of(step));
-        let mut loss = bufs.run(program, input, target, params)?;
+        let mut loss = bufs.run(program, input, target, params, staging)?;
+        if gpu.is_some() {
+            // What the host combines comes back from the GPU.
+            bufs.fetch_grads(program, replicas > 1 || clip > 0.0);
+        }
         bufs.share_held_by_all();
         if replicas > 1 {
             let d = replicas as f32;
@@ -158,15 +172,23 @@ pub fn train(
             loss = l[0] / d;
         }
         let loss = shared_loss(loss);
-        if optimizer.config.grad_clip > 0.0 {
-            bufs.clip(m, &params_args, f64::from(optimizer.config.grad_clip));
-        }
-        let grads: Vec<&[f32]> = bufs
-            .grads_by_param()
-            .map(|g| g.f32s().expect("invariant: gradients are f32"))
-            .collect();
         let updating = crate::trace::start();
-        optimizer.update(params, &grads);
+        if let Some(gpu) = gpu {
+            let scale = match clip > 0.0 {
+                true => bufs.clip_scale(m, &params_args, clip),
+                false => 1.0,
+            };
+            gpu.step(program, optimizer, params, bufs.grads_by_param_mut(), scale)?;
+        } else {
+            if clip > 0.0 {
+                bufs.clip(m, &params_args, clip);
+            }
+            let grads: Vec<&[f32]> = bufs
+                .grads_by_param()
+                .map(|g| g.f32s().expect("invariant: gradients are f32"))
+                .collect();
+            optimizer.update(params, &grads);
+        }
         crate::trace::record(crate::trace::Kind::Optimizer, step as i64, updating);
         Ok(loss)
     };
@@ -185,7 +207,14 @@ pub fn train(
             }
         }
         let t = Instant::now();
-        let loss = step_once(&mut bufs, &mut params, &mut optimizer, &data, step)?;
+        let loss = step_once(
+            &mut bufs,
+            &mut params,
+            &mut optimizer,
+            &mut gpu,
+            &data,
+            step,
+        )?;
         crate::trace::record(crate::trace::Kind::Step, step as i64, Some(t));
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
@@ -220,7 +249,7 @@ pub fn train(
         }
         let due = done % u64::from(opts.val_every) == 0 || done == u64::from(opts.steps);
         if let (Some(val), true) = (&val, due) {
-            let loss = validate(program, val, &mut bufs, &mut params)?;
+            let loss = validate(program, val, &mut bufs, &mut params, staging)?;
             if !speaks {
             } else if opts.json {
                 writeln!(out, "{{\"step\":{},\"val_loss\":{loss:e}}}", step + 1)?;
@@ -238,6 +267,9 @@ pub fn train(
         if crate::comm::rank() == 0 {
             writeln!(err, "wrote {}", path.display())?;
         }
+    }
+    if let Some(gpu) = &mut gpu {
+        gpu.fetch(program, &mut optimizer, &mut params);
     }
     if let Some(path) = &opts.save {
         if save(path, m, &params_args, &params, &optimizer)? {
@@ -262,7 +294,15 @@ pub fn train(
         }
         bench(m, flops, n, out, &mut || {
             step += 1;
-            step_once(&mut bufs, &mut params, &mut bench_opt, &data, step).map(|_| ())
+            step_once(
+                &mut bufs,
+                &mut params,
+                &mut bench_opt,
+                &mut gpu,
+                &data,
+                step,
+            )
+            .map(|_| ())
         })?;
     }
     Ok(Trained { losses, optimizer })
@@ -304,7 +344,7 @@ pub fn step(
     params: &mut [HostBuffer],
 ) -> Result<StepOutput, TrainError> {
     let mut bufs = Buffers::new(program)?;
-    let loss = bufs.run(program, input, target, params)?;
+    let loss = bufs.run(program, input, target, params, Staging::Kept)?;
     bufs.share_held_by_all();
     Ok(StepOutput {
         loss,
@@ -358,21 +398,46 @@ impl Buffers {
 
     /// Clips the gradients to the global norm `max` ([`crate::clip`]).
     fn clip(&mut self, m: &crate::manifest::Manifest, params: &[&Arg], max: f64) {
-        let mut by_param: Vec<Option<&mut [f32]>> = self
-            .grads
-            .iter_mut()
-            .map(|g| Some(g.f32s_mut().expect("invariant: gradients are f32")))
-            .collect();
         let mut grads: Vec<&mut [f32]> = self
-            .grad_of
-            .iter()
+            .grads_by_param_mut()
+            .into_iter()
+            .map(|g| g.f32s_mut().expect("invariant: gradients are f32"))
+            .collect();
+        crate::clip::clip(m, params, &mut grads, max);
+    }
+
+    /// What clipping the gradients to the global norm `max` multiplies them by (1: nothing
+    /// to clip), leaving them as they are ([`crate::clip`]).
+    fn clip_scale(&self, m: &crate::manifest::Manifest, params: &[&Arg], max: f64) -> f32 {
+        let grads: Vec<&[f32]> = self
+            .grads_by_param()
+            .map(|g| g.f32s().expect("invariant: gradients are f32"))
+            .collect();
+        crate::clip::scale(crate::clip::global_norm(m, params, &grads), max).unwrap_or(1.0)
+    }
+
+    /// Brings the gradients the GPU kept back to the host: those of the parameters every rank
+    /// holds where several ranks sum them, or (`all`) every one.
+    fn fetch_grads(&mut self, program: &Program, all: bool) {
+        let m = &program.manifest;
+        let names = m.args.iter().filter(|a| a.role == Role::Grad);
+        for ((g, a), &held) in self.grads.iter_mut().zip(names).zip(&self.held_by_all) {
+            if all || (held && m.ranks > 1) {
+                program.fetch(Role::Grad, &a.name, g);
+            }
+        }
+    }
+
+    /// The gradient of each parameter, in the manifest's order of parameters.
+    fn grads_by_param_mut(&mut self) -> Vec<&mut HostBuffer> {
+        let mut by_grad: Vec<Option<&mut HostBuffer>> = self.grads.iter_mut().map(Some).collect();
+        (self.grad_of.iter())
             .map(|&g| {
-                by_param[g]
+                by_grad[g]
                     .take()
                     .expect("invariant: one gradient per parameter")
             })
-            .collect();
-        crate::clip::clip(m, params, &mut grads, max);
+            .collect()
     }
 
     /// Sums the gradients of the parameters every rank holds over the pipeline's ranks
@@ -391,13 +456,14 @@ impl Buffers {
         self.grad_of.iter().map(|&g| &self.grads[g])
     }
 
-    /// Runs the step; returns the loss.
+    /// Runs the step, a CUDA program's arguments staged as `staging` says; returns the loss.
     pub(crate) fn run(
         &mut self,
         program: &Program,
         mut input: HostBuffer,
         mut target: HostBuffer,
         params: &mut [HostBuffer],
+        staging: Staging,
     ) -> Result<f32, CallError> {
         let (mut params, mut grads) = (params.iter_mut(), self.grads.iter_mut());
         let (mut i, mut t, mut o, mut l) = (
@@ -413,8 +479,9 @@ impl Buffers {
             Role::Output => o.take(),
             Role::Loss => l.take(),
             Role::Grad => grads.next(),
+            _ => None,
         })?;
-        program.call(bufs)?;
+        program.call_staged(bufs, staging)?;
         Ok(self.loss.to_tensor().data[0])
     }
 
@@ -427,10 +494,11 @@ impl Buffers {
         mut input: HostBuffer,
         mut target: HostBuffer,
         params: &mut [HostBuffer],
+        staging: Staging,
     ) -> Result<f32, CallError> {
         let (loss, output) = (&mut self.loss, &mut self.output);
         if !program.evaluate(&mut input, &mut target, params, loss, output)? {
-            return self.run(program, input, target, params);
+            return self.run(program, input, target, params, staging);
         }
         Ok(self.loss.to_tensor().data[0])
     }
@@ -443,11 +511,12 @@ fn validate(
     val: &Data,
     bufs: &mut Buffers,
     params: &mut [HostBuffer],
+    staging: Staging,
 ) -> Result<f32, TrainError> {
     let mut sum = 0.0f64;
     for b in 0..VAL_BATCHES {
         let (input, target) = val.batch(&program.manifest, b);
-        let loss = bufs.evaluate(program, input, target, params)?;
+        let loss = bufs.evaluate(program, input, target, params, staging)?;
         sum += f64::from(shared_loss(loss));
     }
     Ok((sum / VAL_BATCHES as f64) as f32)

@@ -537,3 +537,163 @@ fn a_long_gpu_program_runs_in_two_mib_of_stack() {
         .expect("the program ran in 2 MiB of stack");
     assert!(y.data.iter().all(|v| v.is_finite()), "finite outputs");
 }
+
+/// The optimizer's update kernels round every operation once, as the host's update does:
+/// `.rn` adds, multiplies, divisions and roots, no fused multiply-add, no approximation. So the
+/// GPU's update is the host's bits (`lower/update.rs`).
+#[test]
+fn the_update_kernels_round_every_operation_as_the_host_does() {
+    let file = crate::common::path("examples/transformer.ppc");
+    let modules = kernels(&[file.as_str(), "--train", "--dtype", "bf16"]);
+    let updates: Vec<&(String, String)> = modules
+        .iter()
+        .filter(|(name, _)| name.starts_with("ppc_update_"))
+        .collect();
+    assert!(
+        updates
+            .iter()
+            .any(|(n, _)| n.starts_with("ppc_update_adamw"))
+            && updates.iter().any(|(n, _)| n.starts_with("ppc_update_sgd")),
+        "no update kernels in {:?}",
+        modules.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    for (name, ptx) in updates {
+        let arithmetic = ptx
+            .split(|c: char| c.is_whitespace() || c == ';')
+            .filter(|w| w.ends_with(".f32"))
+            .filter(|w| {
+                ["add.", "sub.", "mul.", "div.", "sqrt."]
+                    .iter()
+                    .any(|o| w.starts_with(o))
+            });
+        for op in arithmetic {
+            assert!(op.contains(".rn."), "{name}: `{op}` is not rounded once");
+        }
+        for loose in [".approx", ".ftz", "rcp.", "rsqrt."] {
+            assert!(!ptx.contains(loose), "{name}: `{loose}`");
+        }
+        assert!(!ptx.contains("fma."), "{name}: a fused multiply-add");
+        if name.starts_with("ppc_update_adamw") {
+            assert!(
+                ptx.contains("sqrt.rn.f32"),
+                "{name}: no correctly rounded root"
+            );
+            assert!(
+                ptx.contains("div.rn.f32"),
+                "{name}: no correctly rounded division"
+            );
+        }
+    }
+}
+
+/// Training a CUDA program whose kernels run as CPU loops, its optimizer's update as its own
+/// kernels against the host's update of the same program (`--host-optimizer`): the same losses
+/// and the same checkpoint bytes (weights, moments, masters) after three steps, for AdamW and
+/// SGD, weights in f32 and bf16, clipped or not. And the weights, gradients and optimizer state
+/// stay with the program: a step copies in only its batch and hyper-parameters, and back only
+/// its loss and outputs (and, to clip, the gradients, for their norm).
+#[test]
+fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there() {
+    use ppc_dialect::{DType, Overrides};
+    use ppc_runtime::manifest::Role;
+    use ppc_runtime::optim::{Config, Kind};
+    let transformer_dims = [("b", 2), ("t", 8), ("heads", 2), ("dh", 8)]
+        .map(|(n, v)| (n.to_string(), v))
+        .to_vec();
+    for (file, dims, dtype, kind, clip) in [
+        (
+            "examples/mlp.ppc",
+            vec![("d".to_string(), 32), ("h".to_string(), 64)],
+            DType::F32,
+            Kind::AdamW,
+            0.0,
+        ),
+        (
+            "examples/transformer.ppc",
+            transformer_dims.clone(),
+            DType::BF16,
+            Kind::Sgd,
+            0.0,
+        ),
+        (
+            "examples/transformer.ppc",
+            transformer_dims,
+            DType::BF16,
+            Kind::AdamW,
+            1e-3,
+        ),
+    ] {
+        let what = format!("{file} {dtype} {} clip {clip}", kind.name());
+        let text = std::fs::read_to_string(root().join(file)).expect("example");
+        let ov = Overrides {
+            dims,
+            float_dtype: (dtype != DType::F32).then_some(dtype),
+            ..Overrides::default()
+        };
+        let mut m = load(&text, &ov);
+        let opts = crate::grad::train_opts(false, ppc::passes::Remat::Stage);
+        ppc::pipeline::compile(&mut m, &opts, None, None).expect("compiles for training");
+        let src = ppc::backend::Source { file, text: &text };
+        let jit = ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 0)
+            .expect("JIT");
+        let program = &jit.program;
+        assert!(program.updates_on_gpu(), "{what}: no update entries");
+        let dir = scratch("gpu-update");
+        let mut config = Config::new(kind);
+        config.grad_clip = clip;
+        // Losses, checkpoint bytes and the bytes copied in and back.
+        let train = |host_optimizer: bool, steps: u32| {
+            let save = dir.join(format!("{host_optimizer}-{steps}.safetensors"));
+            let opts = ppc_runtime::run_options::TrainOptions {
+                steps,
+                data: None,
+                val_data: None,
+                val_every: 100,
+                token_dtype: Default::default(),
+                save: Some(save.clone()),
+                resume: None,
+                seed: 3,
+                json: true,
+                bench: None,
+                trace: None,
+                host_optimizer,
+                optimizer: config,
+            };
+            let before = program.bytes_moved();
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let trained = ppc_runtime::train::train(program, &opts, &mut out, &mut err)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let after = program.bytes_moved();
+            let losses: Vec<u32> = trained.losses.iter().map(|l| l.to_bits()).collect();
+            let bytes = std::fs::read(&save).expect("checkpoint");
+            (losses, bytes, (after.0 - before.0, after.1 - before.1))
+        };
+        let (gpu_losses, gpu_checkpoint, _) = train(false, 3);
+        let (host_losses, host_checkpoint, _) = train(true, 3);
+        assert_eq!(gpu_losses, host_losses, "{what}: losses");
+        assert!(
+            gpu_checkpoint == host_checkpoint,
+            "{what}: checkpoints differ"
+        );
+        // The third step's copies: the other two steps' and the end's are in both runs.
+        let ((in2, out2), (in3, out3)) = (train(false, 2).2, train(false, 3).2);
+        let bytes = |role| -> u64 {
+            (program.manifest.args.iter())
+                .filter(|a| a.role == role)
+                .map(|a| a.shape.iter().product::<usize>() as u64 * a.dtype.size_bytes())
+                .sum()
+        };
+        let hyper = 4 * ppc_runtime::gpu_update::hyper::COUNT as u64;
+        assert_eq!(
+            in3 - in2,
+            bytes(Role::Input) + bytes(Role::Target) + hyper,
+            "{what}: bytes copied in by a step"
+        );
+        let norms = if clip > 0.0 { bytes(Role::Grad) } else { 0 };
+        assert_eq!(
+            out3 - out2,
+            bytes(Role::Loss) + bytes(Role::Output) + norms,
+            "{what}: bytes copied back by a step"
+        );
+    }
+}

@@ -289,19 +289,32 @@ pub struct Jit {
 pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit, Diagnostics> {
     // The engine compiles lazily, at the first lookup; LLVM reports what goes wrong there (a
     // symbol nothing defines, say) on the standard error only.
-    let ((engine, ptr), said) = capture_stderr(|| {
+    // The entries the manifest says the module defines: the step, and maybe its evaluation
+    // and (a CUDA training step) its optimizer updates.
+    let updates = ppc_runtime::gpu_update::built(&manifest);
+    let wanted = [
+        (ENTRY, true),
+        (abi::EVALUATE, !manifest.evaluate.is_empty()),
+        (ppc_runtime::gpu_update::ADAMW, updates),
+        (ppc_runtime::gpu_update::SGD, updates),
+    ];
+    let ((engine, found), said) = capture_stderr(|| {
         let engine = ExecutionEngine::new(module, opt_level, &[], false, false);
         // SAFETY: the lowered module declares the runtime's functions with their signatures.
         unsafe { register_runtime(&engine) };
-        let ptr = engine.lookup(&format!("_mlir__mlir_ciface_{ENTRY}"));
-        let evaluate = match manifest.evaluate.is_empty() {
-            true => std::ptr::null_mut(),
-            false => engine.lookup(&format!("_mlir__mlir_ciface_{}", abi::EVALUATE)),
-        };
-        (engine, (ptr, evaluate))
+        let found: Vec<*mut ()> = (wanted.iter())
+            .map(|&(name, defined)| match defined {
+                true => engine.lookup(&format!("_mlir__mlir_ciface_{name}")),
+                false => std::ptr::null_mut(),
+            })
+            .collect();
+        (engine, found)
     });
-    let (ptr, evaluate) = ptr;
-    if ptr.is_null() || (evaluate.is_null() && !manifest.evaluate.is_empty()) {
+    if wanted
+        .iter()
+        .zip(&found)
+        .any(|((_, defined), p)| *defined && p.is_null())
+    {
         let why = if said.trim().is_empty() {
             "LLVM gave no reason".to_string()
         } else {
@@ -315,17 +328,19 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
         // Warnings from LLVM: not ours to hide.
         eprint!("{said}");
     }
-    // SAFETY: `ptr` is the packed wrapper MLIR generates for the C interface of `ENTRY`, whose
-    // arguments are the manifest's, in order (both come from the same `lower` call), and
-    // `evaluate`, where it was looked up, that of `abi::EVALUATE`, whose arguments are the
-    // manifest's `evaluate`.
+    // SAFETY: each pointer is the packed wrapper MLIR generates for the C interface of the
+    // entry of its name, which `lower` wrote with the arguments the runtime passes: the
+    // manifest's (`ENTRY`), its `evaluate` (`abi::EVALUATE`), `gpu_update::args` (the updates).
     let program = unsafe {
-        let entry: PackedFn = std::mem::transmute::<*mut (), PackedFn>(ptr);
-        let program = Program::new(manifest, entry);
-        match evaluate.is_null() {
-            true => program,
-            false => program.with_evaluate(std::mem::transmute::<*mut (), PackedFn>(evaluate)),
+        let packed = |p: *mut ()| std::mem::transmute::<*mut (), PackedFn>(p);
+        let mut program = Program::new(manifest, packed(found[0]));
+        if !found[1].is_null() {
+            program = program.with_evaluate(packed(found[1]));
         }
+        if updates {
+            program = program.with_update(packed(found[2]), packed(found[3]));
+        }
+        program
     };
     Ok(Jit {
         program,

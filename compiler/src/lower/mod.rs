@@ -61,6 +61,7 @@ mod row_reduce;
 mod stage_split;
 mod summed_matmul;
 mod text;
+mod update;
 mod views;
 mod walk;
 mod widen;
@@ -71,7 +72,9 @@ pub use fast_math::Numerics;
 use ppc_dialect::ir::{Item, Module};
 use ppc_dialect::{DType, Diagnostic};
 use ppc_runtime::abi;
+use ppc_runtime::gpu_update;
 use ppc_runtime::manifest::Manifest;
+use ppc_runtime::optim::Kind;
 use std::fmt::Write;
 use text::{escape, Lines};
 use walk::Walker;
@@ -149,12 +152,17 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
     // Entry arguments are located at the pipeline block, return and frees at the end.
     let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
     let loc = format!(" loc(\"{}\":{l}:{c})", escape(file));
+    let updates = match gpu_update::built(&manifest) {
+        true => update_functions(m, opts, &manifest, file, &lines),
+        false => Vec::new(),
+    };
     let functions: Vec<(&str, &Function)> = [
         (abi::FORWARD, Some(&main)),
         (abi::EVALUATE, evaluate.as_ref()),
     ]
     .into_iter()
     .filter_map(|(name, f)| Some((name, f?)))
+    .chain(updates.iter().map(|(name, f)| (*name, f)))
     .collect();
     let mut out = module_text(&functions, &loc, opts.executable);
     match &main.written.tilings {
@@ -180,6 +188,33 @@ impl Function {
     fn manifest_args(&self) -> Vec<ppc_runtime::manifest::Arg> {
         self.args.iter().map(entry::Argument::manifest).collect()
     }
+}
+
+/// A CUDA training step's optimizer updates (`update.rs`), AdamW's and SGD's, named.
+fn update_functions(
+    m: &Module,
+    opts: &Options,
+    manifest: &Manifest,
+    file: &str,
+    lines: &Lines,
+) -> Vec<(&'static str, Function)> {
+    [
+        (gpu_update::ADAMW, Kind::AdamW),
+        (gpu_update::SGD, Kind::Sgd),
+    ]
+    .into_iter()
+    .map(|(name, kind)| {
+        let mut e = Emitter::new(file, lines).for_gpu(opts.gpu_kernels_on_cpu);
+        e.at(m.spans.get(&Item::Pipeline));
+        let (written, args) = update::write(manifest, kind, e);
+        let f = Function {
+            written,
+            args,
+            ticks: false,
+        };
+        (name, f)
+    })
+    .collect()
 }
 
 /// Writes the entry function that runs `entry`'s function of `m`, numbering its traced loop
@@ -274,8 +309,9 @@ fn module_text(functions: &[(&str, &Function)], loc: &str, executable: bool) -> 
 /// the manifest: `kernels`): the embedded manifest, `ppc_manifest()` returning it, and
 /// `_mlir__mlir_ciface_ppc_forward(void **args)`, the packed entry the runtime calls,
 /// forwarding `*args[i]` as argument `i` of the C interface (MLIR's JIT makes that one for
-/// itself); the same for `ppc_evaluate`, which every executable defines, as its runtime
-/// names it, but which traps where the manifest lists no arguments for it (it was not built).
+/// itself); the same for `ppc_evaluate` and a CUDA training step's updates
+/// (`ppc_update_adamw`, `ppc_update_sgd`), which every executable defines, as its runtime
+/// names them, but which trap where the program has no such entry (it was not built).
 /// It declares the C interfaces it calls, which the executable's module defines.
 pub fn executable_ir(manifest: &Manifest) -> String {
     let text = format!("{}\0", manifest.to_text());
@@ -293,17 +329,31 @@ pub fn executable_ir(manifest: &Manifest) -> String {
         text.len()
     );
     s.push_str(&packed_entry(abi::FORWARD, manifest.args.len()));
-    match manifest.evaluate.len() {
-        0 => {
-            let _ = write!(
-                s,
-                "\ndefine void @_mlir__mlir_ciface_{}(ptr %args) {{\n  call void @llvm.trap()\n  unreachable\n}}\n\
-                 declare void @llvm.trap()\n",
-                abi::EVALUATE
-            );
+    let (adamw, sgd) = (gpu_update::ADAMW, gpu_update::SGD);
+    let built = gpu_update::built(manifest);
+    let entries = [
+        (abi::EVALUATE, manifest.evaluate.len()),
+        (
+            adamw,
+            usize::from(built) * gpu_update::args(manifest, Kind::AdamW).len(),
+        ),
+        (
+            sgd,
+            usize::from(built) * gpu_update::args(manifest, Kind::Sgd).len(),
+        ),
+    ];
+    for (entry, n) in entries {
+        match n {
+            0 => {
+                let _ = write!(
+                    s,
+                    "\ndefine void @_mlir__mlir_ciface_{entry}(ptr %args) {{\n  call void @llvm.trap()\n  unreachable\n}}\n"
+                );
+            }
+            n => s.push_str(&packed_entry(entry, n)),
         }
-        n => s.push_str(&packed_entry(abi::EVALUATE, n)),
     }
+    s.push_str("declare void @llvm.trap()\n");
     s
 }
 
