@@ -54,8 +54,10 @@ TRAIN=(
   # The tick loops: 1F1B's `call_if`s into carried buffers; ZB-H1's B and W, on 2 ranks.
   "train_mlp_1f1b|examples/mlp.ppc|--schedule 1f1b|1"
   "train_mlp_zbh1_2ranks|examples/mlp.ppc|--schedule zb-h1 --ranks 2|2"
-  # A language model: token embedding and head, cross-entropy, bf16.
+  # A language model: token embedding and head, cross-entropy, bf16; on 2 ranks the
+  # embedding's and head's gradients are summed across the pipeline through the host.
   "train_gpt2_bf16|examples/gpt2.ppc|--dtype bf16|1"
+  "train_gpt2_2ranks_bf16|examples/gpt2.ppc|--dtype bf16 --ranks 2|2"
 )
 # The bench: a decoder pipeline of 4 stages × 2 layers, d = 4096, f = 16384, 8 microbatches of
 # 4 × 1024 tokens, bf16 (110 TFLOP a step); the same shape in JAX.
@@ -209,9 +211,18 @@ print('managed memory:', ', '.join(f'{n}={rt.deviceGetAttribute(a, 0)}' for a, n
     else
       local tol=1e-3
       [ "$dtype" = bf16 ] && tol=3e-2
-      if timeout 180 "${launch[@]}" "$dir/bin/$name" --steps 5 --json </dev/null >"$out/$name.jsonl" 2>"$out/$name.log" &&
+      if timeout 180 "${launch[@]}" "$dir/bin/$name" --steps 5 --json --save "$out/$name.gpu.ckpt" </dev/null >"$out/$name.jsonl" 2>"$out/$name.log" &&
         line=$("$PYTHON" -c "$LOSSES" "$dir/ref/$name.jsonl" "$out/$name.jsonl" "$tol"); then
         echo "ok    $name: losses of 5 steps against the CPU's $line"
+        # The optimizer's update as the program's kernels against the host's update of the
+        # same program: the same bytes (weights, moments, masters; lower/update.rs).
+        if timeout 180 "${launch[@]}" "$dir/bin/$name" --steps 5 --json --host-optimizer --save "$out/$name.host.ckpt" </dev/null >/dev/null 2>"$out/$name.host.log" &&
+          cmp -s "$out/$name.gpu.ckpt" "$out/$name.host.ckpt"; then
+          echo "ok    $name: the update on the GPU wrote the host's bytes"
+        else
+          echo "FAIL  $name: the update on the GPU and the host's differ $(tail -1 "$out/$name.host.log")"
+          failed=1
+        fi
       else
         echo "FAIL  $name: ${line:-$(tail -3 "$out/$name.log")}"
         failed=1

@@ -304,6 +304,10 @@ pub fn train(
             )
             .map(|_| ())
         })?;
+        // The GPU's copies no newer than the host's: the program is ready for another run.
+        if let Some(gpu) = &mut gpu {
+            gpu.fetch(program, &mut bench_opt, &mut params);
+        }
     }
     Ok(Trained { losses, optimizer })
 }

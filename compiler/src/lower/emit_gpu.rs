@@ -112,6 +112,27 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Opens a `gpu.launch` of `blocks` blocks of `threads` threads (x only); returns the
+    /// block's and the thread's index. Close it with [`Emitter::close_launch`].
+    pub fn open_launch(&mut self, blocks: u64, threads: u64) -> (String, String) {
+        let (grid, size, one) = (self.index(blocks), self.index(threads), self.index(1));
+        let ids: Vec<String> = (0..12).map(|_| self.fresh()).collect();
+        let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = &ids[..] else {
+            unreachable!("twelve names")
+        };
+        self.open(&format!(
+            "gpu.launch blocks({bx}, {by}, {bz}) in ({gx} = {grid}, {gy} = {one}, {gz} = {one}) \
+             threads({tx}, {ty}, {tz}) in ({sx} = {size}, {sy} = {one}, {sz} = {one}) {{"
+        ));
+        (bx.clone(), tx.clone())
+    }
+
+    /// Ends the `gpu.launch` [`Emitter::open_launch`] began.
+    pub fn close_launch(&mut self) {
+        self.op("gpu.terminator");
+        self.close();
+    }
+
     fn wait_for_gpu(&mut self) {
         self.declare(&abi::GPU_SYNC);
         self.op(&abi::GPU_SYNC.call(&[]));

@@ -116,18 +116,10 @@ impl RowBlocks {
                 parts: Some(parts),
             };
         }
-        let (grid, size, one) = (e.index(count), e.index(threads), e.index(1));
-        let ids: Vec<String> = (0..12).map(|_| e.fresh()).collect();
-        let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = &ids[..] else {
-            unreachable!("twelve names")
-        };
-        e.open(&format!(
-            "gpu.launch blocks({bx}, {by}, {bz}) in ({gx} = {grid}, {gy} = {one}, {gz} = {one}) \
-             threads({tx}, {ty}, {tz}) in ({sx} = {size}, {sy} = {one}, {sz} = {one}) {{"
-        ));
+        let (bx, tx) = e.open_launch(count, threads);
         RowBlocks {
-            row: row_indices(e, bx, rows),
-            thread: tx.clone(),
+            row: row_indices(e, &bx, rows),
+            thread: tx,
             threads,
             n,
             parts: None,
@@ -248,10 +240,7 @@ impl RowBlocks {
     pub fn close(self, e: &mut Emitter) {
         match self.parts {
             Some(_) => e.end_for(),
-            None => {
-                e.op("gpu.terminator");
-                e.close();
-            }
+            None => e.close_launch(),
         }
     }
 }

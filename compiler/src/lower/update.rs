@@ -110,15 +110,7 @@ fn parameter(e: &mut Emitter, kind: Kind, p: &Parts, h: &[String], decays: bool)
     let i = match on_cpu {
         true => e.begin_for(n),
         false => {
-            let (grid, size, one) = (e.index(n.div_ceil(THREADS)), e.index(THREADS), e.index(1));
-            let ids: Vec<String> = (0..12).map(|_| e.fresh()).collect();
-            let [bx, by, bz, gx, gy, gz, tx, ty, tz, sx, sy, sz] = &ids[..] else {
-                unreachable!("twelve names")
-            };
-            e.open(&format!(
-                "gpu.launch blocks({bx}, {by}, {bz}) in ({gx} = {grid}, {gy} = {one}, {gz} = {one}) \
-                 threads({tx}, {ty}, {tz}) in ({sx} = {size}, {sy} = {one}, {sz} = {one}) {{"
-            ));
+            let (bx, tx) = e.open_launch(n.div_ceil(THREADS), THREADS);
             let threads = e.index(THREADS);
             let first = e.let_(&format!("arith.muli {bx}, {threads} : index"));
             let i = e.let_(&format!("arith.addi {first}, {tx} : index"));
@@ -202,8 +194,7 @@ fn parameter(e: &mut Emitter, kind: Kind, p: &Parts, h: &[String], decays: bool)
         true => e.end_for(),
         false => {
             e.close();
-            e.op("gpu.terminator");
-            e.close();
+            e.close_launch();
         }
     }
 }

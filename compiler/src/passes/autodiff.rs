@@ -472,7 +472,15 @@ impl Diff<'_> {
         if !self.is_float(v) {
             return Ok(());
         }
+        // A parameter's gradient is f32 (`slot_type`). Where it has several uses (a tied
+        // weight, in `@embed` and `@head`), their cotangents add in f32, as ranks that each
+        // hold one use add theirs across the pipeline: the rank count changes no bit.
+        let is_param = self.f.params.iter().any(|p| p.value == v);
         let sum = match cots.values.get(&v) {
+            Some(&e) if is_param => {
+                let (e, c) = (to_f32(b, e)?, to_f32(b, c)?);
+                bin(b, BinaryOp::Add, e, c)?
+            }
             Some(&e) => bin(b, BinaryOp::Add, e, c)?,
             None => c,
         };
@@ -492,6 +500,11 @@ impl Diff<'_> {
         index: ValueId,
         axis: usize,
     ) -> Result<(), Diagnostic> {
+        // Into a parameter's cotangent already summed in f32 ([`Diff::add`]), in f32.
+        let d = match cots.values.get(&x) {
+            Some(&e) if b.ty(e).dtype != b.ty(d).dtype => to_f32(b, d)?,
+            _ => d,
+        };
         let (base, update) = match cots.values.get(&x) {
             Some(&e) if cots.fresh.remove(&e) => (e, d),
             Some(&e) => {
