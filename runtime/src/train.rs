@@ -364,9 +364,9 @@ pub(crate) struct Buffers {
     grads: Vec<HostBuffer>,
     /// For each parameter, the index of its gradient (the one of the same name).
     grad_of: Vec<usize>,
-    /// For each gradient, whether every rank of the pipeline holds its parameter (one of
-    /// `@embed`'s or `@head`'s, which has no layer axes).
-    held_by_all: Vec<bool>,
+    /// For each gradient, whether the pipeline's ranks sum it: a parameter every rank holds
+    /// (one of `@embed`'s or `@head`'s, which has no layer axes), on more than one rank.
+    summed_across_ranks: Vec<bool>,
 }
 
 impl Buffers {
@@ -388,15 +388,15 @@ impl Buffers {
                     })
             })
             .collect::<Result<_, _>>()?;
-        let held_by_all = of(Role::Grad)
-            .map(|g| of(Role::Param).any(|p| p.name == g.name && p.layer_axes == 0))
+        let summed_across_ranks = of(Role::Grad)
+            .map(|g| m.ranks > 1 && of(Role::Param).any(|p| p.name == g.name && p.layer_axes == 0))
             .collect();
         Ok(Buffers {
             output: zeros(m.output()),
             loss: zeros(m.arg(Role::Loss).expect("invariant: checked above")),
             grads: of(Role::Grad).map(zeros).collect(),
             grad_of,
-            held_by_all,
+            summed_across_ranks,
         })
     }
 
@@ -420,13 +420,13 @@ impl Buffers {
         crate::clip::scale(crate::clip::global_norm(m, params, &grads), max).unwrap_or(1.0)
     }
 
-    /// Brings the gradients the GPU kept back to the host: those of the parameters every rank
-    /// holds where several ranks sum them, or (`all`) every one.
+    /// Brings the gradients the GPU kept back to the host: those the pipeline's ranks sum, or
+    /// (`all`) every one.
     fn fetch_grads(&mut self, program: &Program, all: bool) {
-        let m = &program.manifest;
-        let names = m.args.iter().filter(|a| a.role == Role::Grad);
-        for ((g, a), &held) in self.grads.iter_mut().zip(names).zip(&self.held_by_all) {
-            if all || (held && m.ranks > 1) {
+        let names = (program.manifest.args.iter()).filter(|a| a.role == Role::Grad);
+        let summed = &self.summed_across_ranks;
+        for ((g, a), &summed) in self.grads.iter_mut().zip(names).zip(summed) {
+            if all || summed {
                 program.fetch(Role::Grad, &a.name, g);
             }
         }
@@ -445,10 +445,11 @@ impl Buffers {
     }
 
     /// Sums the gradients of the parameters every rank holds over the pipeline's ranks
-    /// ([`crate::comm::sum_across_pipeline`]), so every copy takes the same update.
+    /// ([`crate::comm::sum_across_pipeline`]), so every copy takes the same update; on one
+    /// rank touches nothing (a gradient kept on the GPU stays there).
     fn share_held_by_all(&mut self) {
-        for (g, &all) in self.grads.iter_mut().zip(&self.held_by_all) {
-            if all {
+        for (g, &summed) in self.grads.iter_mut().zip(&self.summed_across_ranks) {
+            if summed {
                 crate::comm::sum_across_pipeline(
                     g.f32s_mut().expect("invariant: gradients are f32"),
                 );

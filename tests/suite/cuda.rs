@@ -589,7 +589,8 @@ fn the_update_kernels_round_every_operation_as_the_host_does() {
 /// Training a CUDA program whose kernels run as CPU loops, its optimizer's update as its own
 /// kernels against the host's update of the same program (`--host-optimizer`): the same losses
 /// and the same checkpoint bytes (weights, moments, masters) after three steps, for AdamW and
-/// SGD, weights in f32 and bf16, clipped or not. And the weights, gradients and optimizer state
+/// SGD, weights in f32 and bf16, clipped or not, the MLP, the transformer and the language
+/// models. And the weights, gradients and optimizer state
 /// stay with the program: a step copies in only its batch and hyper-parameters, and back only
 /// its loss and outputs (and, to clip, the gradients, for their norm).
 #[test]
@@ -621,6 +622,22 @@ fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there()
             DType::BF16,
             Kind::AdamW,
             1e-3,
+        ),
+        // The language models: embeddings (GPT-2's tied to its head), norm gains that do not
+        // decay, bf16 weights with f32 masters.
+        (
+            "examples/gpt2.ppc",
+            Vec::new(),
+            DType::BF16,
+            Kind::AdamW,
+            0.0,
+        ),
+        (
+            "examples/llama.ppc",
+            Vec::new(),
+            DType::BF16,
+            Kind::AdamW,
+            1.0,
         ),
     ] {
         let what = format!("{file} {dtype} {} clip {clip}", kind.name());
