@@ -2,37 +2,67 @@
 //! parameter of every layer, exceeds `max`, every gradient is scaled by `max / norm`.
 //!
 //! The norm is one number on every rank and the same on any rank count: each (parameter, model
-//! layer) slice's sum of squares is added up in f64 in element order by the rank that holds it,
-//! the slices are gathered from the pipeline's ranks (one reduction per step) and added in
-//! model order. A parameter every rank holds (`@embed`'s, `@head`'s) counts once, rank 0's.
+//! layer) slice's sum of squares is added up in f64 in a fixed order ([`sum_of_squares`]) by
+//! the rank that holds it, the slices are gathered from the pipeline's ranks (one reduction per
+//! step) and added in model order. A parameter every rank holds (`@embed`'s, `@head`'s) counts
+//! once, rank 0's. A CUDA program computes the slices' sums on the GPU in the same order
+//! (`compiler/src/lower/grad_norms.rs`), so its norm is the host's, bit for bit.
 
 use crate::manifest::{Arg, Manifest};
 
+/// The lanes a slice's sum of squares is split over: element `i` adds into lane `i % LANES`,
+/// in element order, and the lanes add up in lane order (on a GPU a thread per lane, its
+/// neighbours reading neighbouring elements).
+pub const LANES: usize = 4096;
+
+/// The sum of squares of `slice`, in f64, in [`LANES`]' order.
+pub fn sum_of_squares(slice: &[f32]) -> f64 {
+    let mut lanes = vec![0.0f64; LANES.min(slice.len())];
+    for (i, &v) in slice.iter().enumerate() {
+        lanes[i % LANES] += f64::from(v) * f64::from(v);
+    }
+    lanes.iter().fold(0.0, |sum, &lane| sum + lane)
+}
+
+/// How many `[layer axes...]` slices parameter `a` has (one for `@embed`'s and `@head`'s).
+pub fn slices(a: &Arg) -> usize {
+    a.shape[..a.layer_axes].iter().product()
+}
+
 /// The global norm of `grads` (of parameters `params`, in order) on this rank's pipeline.
 pub fn global_norm(m: &Manifest, params: &[&Arg], grads: &[&[f32]]) -> f64 {
+    let sums: Vec<Vec<f64>> = (params.iter().zip(grads))
+        .map(|(a, g)| {
+            let n = g.len() / slices(a).max(1);
+            g.chunks(n.max(1)).map(sum_of_squares).collect()
+        })
+        .collect();
+    global_norm_of_sums(m, params, &sums)
+}
+
+/// The global norm from this rank's sums of squares: `sums[i]` those of parameter `i`'s
+/// [`slices`], in order.
+pub fn global_norm_of_sums(m: &Manifest, params: &[&Arg], sums: &[Vec<f64>]) -> f64 {
     let rank = crate::comm::rank();
     let layers = m.layers as usize;
     // Slot (parameter, model layer): this rank's sum of squares there, else 0.
-    let mut sums = vec![0.0f64; params.len() * layers];
-    for (i, (a, g)) in params.iter().zip(grads).enumerate() {
+    let mut slots = vec![0.0f64; params.len() * layers];
+    for (i, (a, sums)) in params.iter().zip(sums).enumerate() {
         if a.layer_axes == 0 && rank != 0 {
             continue;
         }
-        let ids = m.layer_ids(a, rank);
-        let n = g.len() / ids.len().max(1);
-        for (l, slice) in ids.into_iter().zip(g.chunks(n.max(1))) {
+        for (l, &sum) in m.layer_ids(a, rank).into_iter().zip(sums) {
             // Empty slots of uneven depth (zero gradients) hold no layer.
             if l < m.layers {
-                sums[i * layers + l as usize] =
-                    slice.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                slots[i * layers + l as usize] = sum;
             }
         }
     }
-    let all = crate::comm::gather_pipeline_f64(&sums);
+    let all = crate::comm::gather_pipeline_f64(&slots);
     let mut total = 0.0f64;
-    for slot in 0..sums.len() {
+    for slot in 0..slots.len() {
         // Exactly one rank holds each slot: the others add 0.
-        total += all.chunks(sums.len()).map(|part| part[slot]).sum::<f64>();
+        total += all.chunks(slots.len()).map(|part| part[slot]).sum::<f64>();
     }
     total.sqrt()
 }

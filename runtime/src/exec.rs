@@ -81,10 +81,19 @@ pub struct Program {
     entry: PackedFn,
     /// `ppc_evaluate`, where the manifest lists its arguments.
     evaluate: Option<PackedFn>,
-    /// A CUDA training step's optimizer updates (`gpu_update.rs`): AdamW's, SGD's.
-    update: Option<(PackedFn, PackedFn)>,
+    /// A CUDA training step's optimizer entries (`gpu_update.rs`).
+    update: Option<UpdateEntries>,
     /// A CUDA program's arguments on the GPU.
     resident: crate::cuda::resident::Resident,
+}
+
+/// A CUDA training step's optimizer entries: AdamW's update, SGD's, the gradients' sums of
+/// squares ([`crate::gpu_update`]).
+#[derive(Clone, Copy)]
+struct UpdateEntries {
+    adamw: PackedFn,
+    sgd: PackedFn,
+    squares: PackedFn,
 }
 
 /// Where a CUDA program's arguments stay for a call ([`crate::cuda::resident`]).
@@ -112,15 +121,25 @@ impl Program {
         }
     }
 
-    /// The program with its optimizer updates, where it is a CUDA training step (else it has
+    /// The program with its optimizer entries, where it is a CUDA training step (else it has
     /// none, and they are never called).
     ///
     /// # Safety
-    /// `adamw` and `sgd` must be the packed C-interface wrappers of entry functions whose
-    /// memref arguments are exactly [`crate::gpu_update::args`]' for AdamW and SGD, in order.
-    pub unsafe fn with_update(mut self, adamw: PackedFn, sgd: PackedFn) -> Program {
+    /// `adamw`, `sgd` and `squares` must be the packed C-interface wrappers of entry functions
+    /// whose memref arguments are exactly [`crate::gpu_update::args`]' for AdamW and SGD and
+    /// [`crate::gpu_update::squares_args`]', in order.
+    pub unsafe fn with_update(
+        mut self,
+        adamw: PackedFn,
+        sgd: PackedFn,
+        squares: PackedFn,
+    ) -> Program {
         if crate::gpu_update::built(&self.manifest) {
-            self.update = Some((adamw, sgd));
+            self.update = Some(UpdateEntries {
+                adamw,
+                sgd,
+                squares,
+            });
         }
         self
     }
@@ -138,10 +157,10 @@ impl Program {
         kind: crate::optim::Kind,
         bufs: Vec<&mut HostBuffer>,
     ) -> Result<(), CallError> {
-        let (adamw, sgd) = self.update.expect("invariant: called where updates_on_gpu");
+        let entries = self.update.expect("invariant: called where updates_on_gpu");
         let entry = match kind {
-            crate::optim::Kind::AdamW => adamw,
-            crate::optim::Kind::Sgd => sgd,
+            crate::optim::Kind::AdamW => entries.adamw,
+            crate::optim::Kind::Sgd => entries.sgd,
         };
         let args = crate::gpu_update::args(&self.manifest, kind);
         let access = |role| Access {
@@ -149,6 +168,30 @@ impl Program {
             writes: !matches!(role, Role::Grad | Role::Hyper),
         };
         self.call_entry(&args, entry, bufs, &self.resident, &access, &|_| true)
+    }
+
+    /// Computes the sums of squares of `grads` (one per parameter, in order) into `squares`
+    /// ([`crate::gpu_update::squares_args`]).
+    pub(crate) fn squares<'b>(
+        &self,
+        mut grads: Vec<&'b mut HostBuffer>,
+        squares: &'b mut HostBuffer,
+    ) -> Result<(), CallError> {
+        let entries = self.update.expect("invariant: called where updates_on_gpu");
+        let args = crate::gpu_update::squares_args(&self.manifest);
+        grads.push(squares);
+        let access = |role| Access {
+            reads: role == Role::Grad,
+            writes: role == Role::Squares,
+        };
+        self.call_entry(
+            &args,
+            entries.squares,
+            grads,
+            &self.resident,
+            &access,
+            &|_| false,
+        )
     }
 
     /// Brings argument `role` `name` of a CUDA program back into `buf` where the GPU holds

@@ -7,10 +7,13 @@
 //! [`crate::optim::Optimizer::update`]'s operations in its order, each rounded once (PTX `.rn`,
 //! no fused multiply-adds), so that they compute the same bits as the host would.
 //!
+//! With `grad_clip`, more kernels compute the sums of squares of the gradients' (parameter,
+//! layer) slices in `clip.rs`'s order: the host fetches those numbers only, finds the global
+//! norm (across ranks too), and the update's kernels apply the scale.
+//!
 //! What still goes through the host: the gradients of the parameters every rank holds (summed
-//! across the pipeline), every gradient with `--replicas` (summed across the replicas) and,
-//! with `grad_clip`, every gradient for the global norm (`clip.rs`; the kernels apply the
-//! scale). They are fetched, combined, and copied back where the host changed them.
+//! across the pipeline) and every gradient with `--replicas` (summed across the replicas). They
+//! are fetched, summed, and copied back.
 
 use crate::exec::{CallError, Program};
 use crate::manifest::{Arg, Manifest, Role};
@@ -18,9 +21,10 @@ use crate::memref::HostBuffer;
 use crate::optim::{Kind, Optimizer};
 use crate::tensor::{DType, Tensor};
 
-/// The entry points: AdamW's update, SGD's.
+/// The entry points: AdamW's update, SGD's, the gradients' sums of squares.
 pub const ADAMW: &str = "ppc_update_adamw";
 pub const SGD: &str = "ppc_update_sgd";
+pub const SQUARES: &str = "ppc_grad_squares";
 
 /// The slots of the update's last argument (role `Hyper`, f32).
 pub mod hyper {
@@ -72,6 +76,64 @@ pub fn args(m: &Manifest, kind: Kind) -> Vec<Arg> {
         shard_axis: None,
     });
     args
+}
+
+/// The arguments of the gradients' sums of squares: each parameter's gradient (f32, of the
+/// parameter's shape, in the manifest's order), then the sums: for each parameter its
+/// `clip::slices` sums in order, each f64 as two i32 (its bits, low half first).
+pub fn squares_args(m: &Manifest) -> Vec<Arg> {
+    let params = m.args.iter().filter(|a| a.role == Role::Param);
+    let mut args: Vec<Arg> = params
+        .clone()
+        .map(|p| Arg {
+            role: Role::Grad,
+            dtype: DType::F32,
+            ..p.clone()
+        })
+        .collect();
+    let slices: usize = params.map(crate::clip::slices).sum();
+    args.push(Arg {
+        role: Role::Squares,
+        name: "squares".into(),
+        dtype: DType::I32,
+        shape: vec![2 * slices],
+        init: crate::Init::Zeros,
+        layer_axes: 0,
+        shard_axis: None,
+    });
+    args
+}
+
+/// The sums of squares of the [`crate::clip::slices`] of `grads` (one per parameter of
+/// `params`, the program's, in order), computed by the program's kernels in `clip.rs`'s order
+/// ([`crate::clip::sum_of_squares`]): only these numbers leave the GPU.
+pub fn sums_of_squares(
+    program: &Program,
+    params: &[&Arg],
+    grads: Vec<&mut HostBuffer>,
+) -> Result<Vec<Vec<f64>>, CallError> {
+    let slices: Vec<usize> = params.iter().map(|a| crate::clip::slices(a)).collect();
+    let mut out = HostBuffer::zeros(DType::I32, &[2 * slices.iter().sum::<usize>()]);
+    program.squares(grads, &mut out)?;
+    let mut sums = (out.bytes().chunks(8))
+        .map(|b| f64::from_le_bytes(b.try_into().expect("invariant: eight bytes")));
+    Ok(slices
+        .iter()
+        .map(|&n| sums.by_ref().take(n).collect())
+        .collect())
+}
+
+/// What clipping `grads` (one per parameter of `params`, in order) to the global norm `max`
+/// multiplies them by (1: nothing to clip), from their [`sums_of_squares`] on the GPU.
+pub fn clip_scale(
+    program: &Program,
+    params: &[&Arg],
+    grads: Vec<&mut HostBuffer>,
+    max: f64,
+) -> Result<f32, CallError> {
+    let sums = sums_of_squares(program, params, grads)?;
+    let norm = crate::clip::global_norm_of_sums(&program.manifest, params, &sums);
+    Ok(crate::clip::scale(norm, max).unwrap_or(1.0))
 }
 
 /// The optimizer's state as the update's arguments: per parameter, its first and second

@@ -52,11 +52,13 @@ pub enum Role {
     Grad,
     /// The arguments of a CUDA training step's optimizer update (`gpu_update.rs`), never in
     /// a manifest's lists: the f32 first and second moments (SGD: momentum in the first) and
-    /// the f32 master of the parameter of the same name, and the step's hyper-parameters.
+    /// the f32 master of the parameter of the same name, the step's hyper-parameters, and the
+    /// gradients' sums of squares (for the global norm, `clip.rs`).
     Moment1,
     Moment2,
     Master,
     Hyper,
+    Squares,
 }
 
 impl Role {

@@ -156,8 +156,8 @@ pub fn train(
         let (input, target) = data.batch(m, batch_of(step));
         let mut loss = bufs.run(program, input, target, params, staging)?;
         if gpu.is_some() {
-            // What the host combines comes back from the GPU.
-            bufs.fetch_grads(program, replicas > 1 || clip > 0.0);
+            // What the host sums comes back from the GPU.
+            bufs.fetch_grads(program, replicas > 1);
         }
         bufs.share_held_by_all();
         if replicas > 1 {
@@ -175,7 +175,10 @@ pub fn train(
         let updating = crate::trace::start();
         if let Some(gpu) = gpu {
             let scale = match clip > 0.0 {
-                true => bufs.clip_scale(m, &params_args, clip),
+                true => {
+                    let grads = bufs.grads_by_param_mut();
+                    crate::gpu_update::clip_scale(program, &params_args, grads, clip)?
+                }
                 false => 1.0,
             };
             gpu.step(program, optimizer, params, bufs.grads_by_param_mut(), scale)?;
@@ -408,16 +411,6 @@ impl Buffers {
             .map(|g| g.f32s_mut().expect("invariant: gradients are f32"))
             .collect();
         crate::clip::clip(m, params, &mut grads, max);
-    }
-
-    /// What clipping the gradients to the global norm `max` multiplies them by (1: nothing
-    /// to clip), leaving them as they are ([`crate::clip`]).
-    fn clip_scale(&self, m: &crate::manifest::Manifest, params: &[&Arg], max: f64) -> f32 {
-        let grads: Vec<&[f32]> = self
-            .grads_by_param()
-            .map(|g| g.f32s().expect("invariant: gradients are f32"))
-            .collect();
-        crate::clip::scale(crate::clip::global_norm(m, params, &grads), max).unwrap_or(1.0)
     }
 
     /// Brings the gradients the GPU kept back to the host: those the pipeline's ranks sum, or

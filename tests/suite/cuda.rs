@@ -538,29 +538,32 @@ fn a_long_gpu_program_runs_in_two_mib_of_stack() {
     assert!(y.data.iter().all(|v| v.is_finite()), "finite outputs");
 }
 
-/// The optimizer's update kernels round every operation once, as the host's update does:
-/// `.rn` adds, multiplies, divisions and roots, no fused multiply-add, no approximation. So the
-/// GPU's update is the host's bits (`lower/update.rs`).
+/// The optimizer's kernels round every operation once, as the host does: `.rn` adds,
+/// multiplies, divisions and roots, no fused multiply-add, no approximation. So the GPU's
+/// update and sums of squares are the host's bits (`lower/update.rs`, `lower/grad_squares.rs`).
 #[test]
 fn the_update_kernels_round_every_operation_as_the_host_does() {
     let file = crate::common::path("examples/transformer.ppc");
     let modules = kernels(&[file.as_str(), "--train", "--dtype", "bf16"]);
     let updates: Vec<&(String, String)> = modules
         .iter()
-        .filter(|(name, _)| name.starts_with("ppc_update_"))
+        .filter(|(name, _)| name.starts_with("ppc_update_") || name.starts_with("ppc_grad_squares"))
         .collect();
     assert!(
         updates
             .iter()
             .any(|(n, _)| n.starts_with("ppc_update_adamw"))
-            && updates.iter().any(|(n, _)| n.starts_with("ppc_update_sgd")),
+            && updates.iter().any(|(n, _)| n.starts_with("ppc_update_sgd"))
+            && updates
+                .iter()
+                .any(|(n, _)| n.starts_with("ppc_grad_squares")),
         "no update kernels in {:?}",
         modules.iter().map(|(n, _)| n).collect::<Vec<_>>()
     );
     for (name, ptx) in updates {
         let arithmetic = ptx
             .split(|c: char| c.is_whitespace() || c == ';')
-            .filter(|w| w.ends_with(".f32"))
+            .filter(|w| w.ends_with(".f32") || w.ends_with(".f64"))
             .filter(|w| {
                 ["add.", "sub.", "mul.", "div.", "sqrt."]
                     .iter()
@@ -589,10 +592,11 @@ fn the_update_kernels_round_every_operation_as_the_host_does() {
 /// Training a CUDA program whose kernels run as CPU loops, its optimizer's update as its own
 /// kernels against the host's update of the same program (`--host-optimizer`): the same losses
 /// and the same checkpoint bytes (weights, moments, masters) after three steps, for AdamW and
-/// SGD, weights in f32 and bf16, clipped or not, the MLP, the transformer and the language
-/// models. And the weights, gradients and optimizer state
-/// stay with the program: a step copies in only its batch and hyper-parameters, and back only
-/// its loss and outputs (and, to clip, the gradients, for their norm).
+/// SGD, weights in f32 and bf16, clipped or not (the global norm from sums of squares on the
+/// GPU), the MLP, the transformer and the language models. And the weights, gradients and
+/// optimizer state stay with the program: a step copies in only its batch and
+/// hyper-parameters, and back only its loss and outputs (and, to clip, a sum of squares per
+/// slice).
 #[test]
 fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there() {
     use ppc_dialect::{DType, Overrides};
@@ -706,11 +710,87 @@ fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there()
             bytes(Role::Input) + bytes(Role::Target) + hyper,
             "{what}: bytes copied in by a step"
         );
-        let norms = if clip > 0.0 { bytes(Role::Grad) } else { 0 };
+        // Clipping fetches one f64 sum of squares per (parameter, layer) slice.
+        let slices: usize = (program.manifest.args.iter())
+            .filter(|a| a.role == Role::Param)
+            .map(ppc_runtime::clip::slices)
+            .sum();
+        let squares = if clip > 0.0 { 8 * slices as u64 } else { 0 };
         assert_eq!(
             out3 - out2,
-            bytes(Role::Loss) + bytes(Role::Output) + norms,
+            bytes(Role::Loss) + bytes(Role::Output) + squares,
             "{what}: bytes copied back by a step"
         );
     }
+}
+
+/// The gradients' sums of squares on the GPU (its kernels as CPU loops) are `clip.rs`'s bit for
+/// bit: gradients of magnitudes from 2^-20 to 2^20, whose f64 sums change with the order of
+/// their additions (checked: the plain element order gives other bits).
+#[test]
+fn the_gpu_sums_of_squares_are_the_hosts_bit_for_bit() {
+    use ppc_runtime::clip::{slices, sum_of_squares};
+    use ppc_runtime::manifest::Role;
+    let file = "examples/transformer.ppc";
+    let text = std::fs::read_to_string(root().join(file)).expect("example");
+    let ov = ppc_dialect::Overrides {
+        // Slices of 64 K elements (`w1`, `w2`): 16 per lane.
+        dims: [("b", 1), ("t", 8), ("heads", 4), ("dh", 32)]
+            .map(|(n, v)| (n.to_string(), v))
+            .to_vec(),
+        ..Default::default()
+    };
+    let mut m = load(&text, &ov);
+    let opts = crate::grad::train_opts(false, ppc::passes::Remat::Stage);
+    ppc::pipeline::compile(&mut m, &opts, None, None).expect("compiles for training");
+    let src = ppc::backend::Source { file, text: &text };
+    let jit =
+        ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 0).expect("JIT");
+    let program = &jit.program;
+    let params: Vec<&ppc_runtime::manifest::Arg> = (program.manifest.args.iter())
+        .filter(|a| a.role == Role::Param)
+        .collect();
+    let mut state = 7u64;
+    let mut grads: Vec<ppc_runtime::memref::HostBuffer> = params
+        .iter()
+        .map(|a| {
+            let n: usize = a.shape.iter().product();
+            let values = (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let (e, f) = ((state >> 33) % 41, (state >> 8) & 0xFFFF);
+                    let v = (1.0 + f as f32 / 65536.0) * 2f32.powi(e as i32 - 20);
+                    if state & 1 == 0 {
+                        v
+                    } else {
+                        -v
+                    }
+                })
+                .collect();
+            let t = ppc_runtime::Tensor::new(ppc_runtime::DType::F32, a.shape.clone(), values);
+            ppc_runtime::memref::HostBuffer::from_tensor(&t)
+        })
+        .collect();
+    let got =
+        ppc_runtime::gpu_update::sums_of_squares(program, &params, grads.iter_mut().collect())
+            .expect("runs");
+    let mut order_matters = false;
+    for ((a, g), got) in params.iter().zip(&grads).zip(&got) {
+        let g = g.f32s().expect("f32");
+        let n = g.len() / slices(a);
+        let want: Vec<u64> = g.chunks(n).map(|s| sum_of_squares(s).to_bits()).collect();
+        let got: Vec<u64> = got.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{}: sums of squares", a.name);
+        let plain = g.chunks(n).map(|s| {
+            s.iter()
+                .fold(0.0f64, |t, &v| t + f64::from(v) * f64::from(v))
+        });
+        order_matters |= plain.zip(&want).any(|(p, &w)| p.to_bits() != w);
+    }
+    assert!(
+        order_matters,
+        "no sum depends on its order: the test cannot tell orders apart"
+    );
 }

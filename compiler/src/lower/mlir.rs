@@ -297,6 +297,7 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
         (abi::EVALUATE, !manifest.evaluate.is_empty()),
         (ppc_runtime::gpu_update::ADAMW, updates),
         (ppc_runtime::gpu_update::SGD, updates),
+        (ppc_runtime::gpu_update::SQUARES, updates),
     ];
     let ((engine, found), said) = capture_stderr(|| {
         let engine = ExecutionEngine::new(module, opt_level, &[], false, false);
@@ -330,7 +331,8 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
     }
     // SAFETY: each pointer is the packed wrapper MLIR generates for the C interface of the
     // entry of its name, which `lower` wrote with the arguments the runtime passes: the
-    // manifest's (`ENTRY`), its `evaluate` (`abi::EVALUATE`), `gpu_update::args` (the updates).
+    // manifest's (`ENTRY`), its `evaluate` (`abi::EVALUATE`), `gpu_update::args` (the updates)
+    // and `gpu_update::squares_args`.
     let program = unsafe {
         let packed = |p: *mut ()| std::mem::transmute::<*mut (), PackedFn>(p);
         let mut program = Program::new(manifest, packed(found[0]));
@@ -338,7 +340,7 @@ pub fn jit(module: &Module, manifest: Manifest, opt_level: usize) -> Result<Jit,
             program = program.with_evaluate(packed(found[1]));
         }
         if updates {
-            program = program.with_update(packed(found[2]), packed(found[3]));
+            program = program.with_update(packed(found[2]), packed(found[3]), packed(found[4]));
         }
         program
     };

@@ -43,6 +43,7 @@ mod fuse;
 pub mod gpu_map;
 mod gpu_norm;
 mod gpu_reduce;
+mod grad_squares;
 mod in_place;
 mod init_array;
 pub mod machine;
@@ -190,7 +191,8 @@ impl Function {
     }
 }
 
-/// A CUDA training step's optimizer updates (`update.rs`), AdamW's and SGD's, named.
+/// A CUDA training step's optimizer entries, named: AdamW's and SGD's update (`update.rs`), the
+/// gradients' sums of squares (`grad_squares.rs`).
 fn update_functions(
     m: &Module,
     opts: &Options,
@@ -198,23 +200,26 @@ fn update_functions(
     file: &str,
     lines: &Lines,
 ) -> Vec<(&'static str, Function)> {
-    [
+    let emitter = || {
+        let mut e = Emitter::new(file, lines).for_gpu(opts.gpu_kernels_on_cpu);
+        e.at(m.spans.get(&Item::Pipeline));
+        e
+    };
+    let function = |(written, args)| Function {
+        written,
+        args,
+        ticks: false,
+    };
+    let updates = [
         (gpu_update::ADAMW, Kind::AdamW),
         (gpu_update::SGD, Kind::Sgd),
     ]
-    .into_iter()
-    .map(|(name, kind)| {
-        let mut e = Emitter::new(file, lines).for_gpu(opts.gpu_kernels_on_cpu);
-        e.at(m.spans.get(&Item::Pipeline));
-        let (written, args) = update::write(manifest, kind, e);
-        let f = Function {
-            written,
-            args,
-            ticks: false,
-        };
-        (name, f)
-    })
-    .collect()
+    .map(|(name, kind)| (name, function(update::write(manifest, kind, emitter()))));
+    let squares = (
+        gpu_update::SQUARES,
+        function(grad_squares::write(manifest, emitter())),
+    );
+    updates.into_iter().chain([squares]).collect()
 }
 
 /// Writes the entry function that runs `entry`'s function of `m`, numbering its traced loop
@@ -309,8 +314,8 @@ fn module_text(functions: &[(&str, &Function)], loc: &str, executable: bool) -> 
 /// the manifest: `kernels`): the embedded manifest, `ppc_manifest()` returning it, and
 /// `_mlir__mlir_ciface_ppc_forward(void **args)`, the packed entry the runtime calls,
 /// forwarding `*args[i]` as argument `i` of the C interface (MLIR's JIT makes that one for
-/// itself); the same for `ppc_evaluate` and a CUDA training step's updates
-/// (`ppc_update_adamw`, `ppc_update_sgd`), which every executable defines, as its runtime
+/// itself); the same for `ppc_evaluate` and a CUDA training step's optimizer entries
+/// (`ppc_update_adamw`, `ppc_update_sgd`, `ppc_grad_squares`), which every executable defines, as its runtime
 /// names them, but which trap where the program has no such entry (it was not built).
 /// It declares the C interfaces it calls, which the executable's module defines.
 pub fn executable_ir(manifest: &Manifest) -> String {
@@ -340,6 +345,10 @@ pub fn executable_ir(manifest: &Manifest) -> String {
         (
             sgd,
             usize::from(built) * gpu_update::args(manifest, Kind::Sgd).len(),
+        ),
+        (
+            gpu_update::SQUARES,
+            usize::from(built) * gpu_update::squares_args(manifest).len(),
         ),
     ];
     for (entry, n) in entries {

@@ -107,19 +107,7 @@ fn parameter(e: &mut Emitter, kind: Kind, p: &Parts, h: &[String], decays: bool)
     let v = p.v.map(|b| flat(e, b));
     let master = p.master.map(|b| flat(e, b));
     let on_cpu = e.gpu.as_ref().is_some_and(|g| g.kernels_on_cpu);
-    let i = match on_cpu {
-        true => e.begin_for(n),
-        false => {
-            let (bx, tx) = e.open_launch(n.div_ceil(THREADS), THREADS);
-            let threads = e.index(THREADS);
-            let first = e.let_(&format!("arith.muli {bx}, {threads} : index"));
-            let i = e.let_(&format!("arith.addi {first}, {tx} : index"));
-            let end = e.index(n);
-            let inside = e.let_(&format!("arith.cmpi ult, {i}, {end} : index"));
-            e.open(&format!("scf.if {inside} {{"));
-            i
-        }
-    };
+    let i = open_elementwise(e, n);
     let load =
         |e: &mut Emitter, b: &str| e.let_(&format!("memref.load {b}[{i}] : memref<{n}xf32>"));
     let f =
@@ -190,13 +178,32 @@ fn parameter(e: &mut Emitter, kind: Kind, p: &Parts, h: &[String], decays: bool)
             super::buf::elt(d)
         ));
     }
-    match on_cpu {
-        true => e.end_for(),
-        false => {
-            e.close();
-            e.close_launch();
-        }
+    close_elementwise(e);
+}
+
+/// Opens a kernel of one thread per index `0..n` (blocks of [`THREADS`]); returns the
+/// thread's index. Where kernels run as CPU loops, a loop over the indices.
+pub(super) fn open_elementwise(e: &mut Emitter, n: u64) -> String {
+    if e.gpu.as_ref().is_some_and(|g| g.kernels_on_cpu) {
+        return e.begin_for(n);
     }
+    let (block, thread) = e.open_launch(n.div_ceil(THREADS), THREADS);
+    let threads = e.index(THREADS);
+    let first = e.let_(&format!("arith.muli {block}, {threads} : index"));
+    let i = e.let_(&format!("arith.addi {first}, {thread} : index"));
+    let end = e.index(n);
+    let inside = e.let_(&format!("arith.cmpi ult, {i}, {end} : index"));
+    e.open(&format!("scf.if {inside} {{"));
+    i
+}
+
+/// Ends the kernel [`open_elementwise`] began.
+pub(super) fn close_elementwise(e: &mut Emitter) {
+    if e.gpu.as_ref().is_some_and(|g| g.kernels_on_cpu) {
+        return e.end_for();
+    }
+    e.close();
+    e.close_launch();
 }
 
 /// `memref.store value, b[i]` of an f32 buffer of `n` elements.
@@ -206,7 +213,7 @@ fn store(e: &mut Emitter, value: &str, b: &str, i: &str, n: u64) {
 
 /// `b` as a one-dimensional buffer of its `n` elements (rows are contiguous: entry arguments
 /// have the identity layout).
-fn flatten(e: &mut Emitter, b: &Buf, n: u64) -> String {
+pub(super) fn flatten(e: &mut Emitter, b: &Buf, n: u64) -> String {
     let (rank, elt) = (b.ty.rank(), super::buf::elt(b.ty.dtype));
     match rank {
         1 => b.name.clone(),

@@ -1,7 +1,8 @@
 //! `ppc_main`: the entry point of executables written by `ppc compile -o`. The generated object
 //! defines `main` (which calls `ppc_main`), `ppc_manifest` (the embedded manifest text) and the
 //! packed entries `_mlir__mlir_ciface_ppc_forward`, `_mlir__mlir_ciface_ppc_evaluate` and a CUDA
-//! training step's optimizer updates, `_mlir__mlir_ciface_ppc_update_{adamw,sgd}`.
+//! training step's optimizer entries, `_mlir__mlir_ciface_ppc_update_{adamw,sgd}` and
+//! `_mlir__mlir_ciface_ppc_grad_squares`.
 //!
 //! Every executable is an MPI program: `./model` is one rank, `mpirun.mpich -n R ./model` is R.
 //! A program compiled with `--ranks R` must be launched on exactly R ranks; any error on any rank
@@ -28,6 +29,7 @@ extern "C" {
     fn _mlir__mlir_ciface_ppc_evaluate(args: *mut *mut std::ffi::c_void);
     fn _mlir__mlir_ciface_ppc_update_adamw(args: *mut *mut std::ffi::c_void);
     fn _mlir__mlir_ciface_ppc_update_sgd(args: *mut *mut std::ffi::c_void);
+    fn _mlir__mlir_ciface_ppc_grad_squares(args: *mut *mut std::ffi::c_void);
 }
 
 /// A forward executable's command line: the run options `ppc run` takes too.
@@ -241,15 +243,16 @@ fn run(prog: &str, manifest: Manifest, job: &Job, world_size: usize) -> c_int {
         _mlir__mlir_ciface_ppc_forward,
         _mlir__mlir_ciface_ppc_evaluate,
     );
-    let (adamw, sgd): (PackedFn, PackedFn) = (
+    let (adamw, sgd, squares): (PackedFn, PackedFn, PackedFn) = (
         _mlir__mlir_ciface_ppc_update_adamw,
         _mlir__mlir_ciface_ppc_update_sgd,
+        _mlir__mlir_ciface_ppc_grad_squares,
     );
     // SAFETY: the object that defines the entries was compiled together with this manifest.
     let program = unsafe {
         Program::new(manifest, entry)
             .with_evaluate(evaluate)
-            .with_update(adamw, sgd)
+            .with_update(adamw, sgd, squares)
     };
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     let mut together = false;
