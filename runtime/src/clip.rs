@@ -18,8 +18,12 @@ pub const LANES: usize = 4096;
 /// The sum of squares of `slice`, in f64, in [`LANES`]' order.
 pub fn sum_of_squares(slice: &[f32]) -> f64 {
     let mut lanes = vec![0.0f64; LANES.min(slice.len())];
-    for (i, &v) in slice.iter().enumerate() {
-        lanes[i % LANES] += f64::from(v) * f64::from(v);
+    // Row by row of LANES elements: each lane adds its elements in order, the lanes side by
+    // side (vectorized).
+    for row in slice.chunks(LANES) {
+        for (lane, &v) in lanes.iter_mut().zip(row) {
+            *lane += f64::from(v) * f64::from(v);
+        }
     }
     lanes.iter().fold(0.0, |sum, &lane| sum + lane)
 }
