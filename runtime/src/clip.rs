@@ -109,6 +109,27 @@ mod tests {
         }
     }
 
+    /// Element `i` adds into lane `i % LANES` in element order, the lanes in lane order: the
+    /// order the GPU's kernels share. Three small squares in one lane add up before they meet a
+    /// large one; in element order the large one absorbs each of them.
+    #[test]
+    fn squares_add_in_lanes_then_the_lanes_in_order() {
+        let big = 2f32.powi(27); // its square 2^54, whose f64 ulp is 4
+        let mut slice = vec![0.0f32; 2 * LANES + 2];
+        slice[0] = big;
+        for i in [1, LANES + 1, 2 * LANES + 1] {
+            slice[i] = 1.0;
+        }
+        let lanes = [f64::from(big) * f64::from(big), 3.0];
+        let want = (0.0 + lanes[0]) + lanes[1];
+        assert_eq!(sum_of_squares(&slice).to_bits(), want.to_bits());
+        let element_order = slice
+            .iter()
+            .fold(0.0f64, |s, &v| s + f64::from(v) * f64::from(v));
+        assert_ne!(want, element_order, "the example tells the orders apart");
+        assert_eq!(sum_of_squares(&[]), 0.0);
+    }
+
     #[test]
     fn the_norm_covers_every_layer_and_clipping_scales_to_the_limit() {
         let m = Manifest {

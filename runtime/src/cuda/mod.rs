@@ -10,7 +10,8 @@
 //! generated code asks (`ppc_gpu_sync`: where the host would race with queued work, as the
 //! compiler's `residency.rs` decides) and before the results of a call are read.
 //!
-//! Nothing here has run on a GPU yet: `scripts/gpu-check.sh` is the check to run on one.
+//! `scripts/gpu-check.sh` is the check to run on a GPU; what was written after its last run
+//! there (the README's GPU section lists it) has run only with its kernels as CPU loops.
 #![allow(unsafe_code)]
 
 pub mod abi;
