@@ -14,7 +14,8 @@
 #       against an f64 product (examples/gpu_gemm.rs of the runtime), every case on the GPU
 #       against its reference, then the bf16 transformer pipeline sized to keep an H200 busy
 #       (TFLOP/s, and MFU against the measured bf16 GEMM rate of 790 TFLOP/s), then JAX's SPMD
-#       GPipe of the same shape on the same GPU, then where the bench's step goes
+#       GPipe of the same shape on the same GPU, then GPT-2 small's training step with its
+#       optimizer on the GPU against on the host, then where the bench's step goes
 #       (PPC_CUDA_PROFILE=1). Exit status 0 only when all passed; GPU_CHECK_LOGS=DIR keeps
 #       every case's log.
 #
@@ -63,7 +64,11 @@ TRAIN=(
 # 4 × 1024 tokens, bf16 (110 TFLOP a step); the same shape in JAX.
 BENCH_DIMS="--dim b=4 --dim t=1024 --dim heads=32 --dim dh=128"
 BENCH_JAX="--model transformer --b 4 --t 1024 --heads 32 --dh 128 --layers-per-stage 2 --stages 4 --microbatches 8"
+# The training bench: GPT-2 small's shape (d = 768, 12 layers on 4 stages, 50304 tokens,
+# 8 microbatches of 4 × 1024 tokens) in bf16, its optimizer on the GPU against on the host.
+TRAIN_BENCH_DIMS="--dim b=4 --dim t=1024 --dim heads=12 --dim dh=64 --dim vocab=50304 --layers-per-stage 3 --microbatches 8"
 if [ "$CPU" = 1 ]; then
+  TRAIN_BENCH_DIMS="--dim b=2 --dim t=64 --dim heads=2 --dim dh=32 --layers-per-stage 3 --microbatches 8"
   BENCH_DIMS="--dim b=2 --dim t=64 --dim heads=4 --dim dh=32"
   BENCH_JAX="--model transformer --b 2 --t 64 --heads 4 --dh 32 --layers-per-stage 2 --stages 4 --microbatches 8"
 fi
@@ -104,6 +109,8 @@ prepare() {
   # shellcheck disable=SC2086
   "$ppc" compile examples/transformer.ppc --dtype bf16 $BENCH_DIMS "${target[@]}" -o "$DIR/bin/bench" 2>/dev/null
   echo "$BENCH_JAX" >"$DIR/bench_jax_args"
+  # shellcheck disable=SC2086
+  "$ppc" compile examples/gpt2.ppc --train --dtype bf16 $TRAIN_BENCH_DIMS "${target[@]}" -o "$DIR/bin/train_bench" 2>/dev/null
   cp target/release/examples/gpu_gemm "$DIR/bin/"
   cp bench/jax_gpipe.py "$DIR/"
   strip "$DIR"/bin/*
@@ -257,6 +264,19 @@ print(f"bench transformer bf16: ppc {p:.1f} TFLOP/s ({100 * p / peak:.1f}% MFU, 
       f"JAX {j:.1f} TFLOP/s ({100 * j / peak:.1f}% MFU, "
       f"jit {jax['jit_s']:.1f} s, {jax['devices']}); ppc/JAX {p / j:.2f}x")
 PY
+  # The training bench: the optimizer on the GPU (weights, gradients and its state stay there)
+  # against on the host (weights in, gradients out, AdamW on the CPU every step).
+  local on_gpu on_host
+  on_gpu=$(timeout 200 "$dir/bin/train_bench" --steps 0 --bench 5 </dev/null 2>"$out/train_bench.log" | tail -1) || { echo "FAIL  train bench: $(tail -1 "$out/train_bench.log")"; failed=1; }
+  on_host=$(timeout 200 "$dir/bin/train_bench" --steps 0 --bench 5 --host-optimizer </dev/null 2>>"$out/train_bench.log" | tail -1) || { echo "FAIL  train bench --host-optimizer"; failed=1; }
+  [ -n "$on_gpu" ] && [ -n "$on_host" ] && "$PYTHON" - "$on_gpu" "$on_host" "$PEAK_TFLOPS" <<'PY' || true
+import json, sys
+gpu, host, peak = json.loads(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
+g, h = gpu["median_step_s"], host["median_step_s"]
+print(f"train bench GPT-2 small bf16: optimizer on the GPU {g * 1e3:.1f} ms/step "
+      f"({gpu['useful_gflops'] / 1e3:.1f} TFLOP/s, {100 * gpu['useful_gflops'] / 1e3 / peak:.1f}% MFU), "
+      f"on the host {h * 1e3:.1f} ms/step; {h / g:.2f}x")
+PY
   # Where the bench's forward step goes, kernel by kernel (each waited for: slower overall).
   [ "$CPU" = 1 ] || PPC_CUDA_PROFILE=1 timeout 120 "$dir/bin/bench" --seed 0 2>&1 | grep -A32 "GPU profile" || true
   # GPU_CHECK_LOGS=DIR keeps every case's log (DIR/gpu-check-logs.tar.gz).
@@ -271,5 +291,5 @@ PY
 case "$MODE" in
   prepare) prepare ;;
   run) run ;;
-  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
