@@ -166,8 +166,9 @@ impl Program {
         let access = |role| Access {
             reads: true,
             writes: !matches!(role, Role::Grad | Role::Hyper),
+            keeps: true,
         };
-        self.call_entry(&args, entry, bufs, &self.resident, &access, &|_| true)
+        self.call_entry(&args, entry, bufs, &self.resident, &access)
     }
 
     /// Computes the sums of squares of `grads` (one per parameter, in order) into `squares`
@@ -183,15 +184,9 @@ impl Program {
         let access = |role| Access {
             reads: role == Role::Grad,
             writes: role == Role::Squares,
+            keeps: false,
         };
-        self.call_entry(
-            &args,
-            entries.squares,
-            grads,
-            &self.resident,
-            &access,
-            &|_| false,
-        )
+        self.call_entry(&args, entries.squares, grads, &self.resident, &access)
     }
 
     /// Brings argument `role` `name` of a CUDA program back into `buf` where the GPU holds
@@ -252,7 +247,7 @@ impl Program {
             _ => None,
         })?;
         let args = &self.manifest.evaluate;
-        self.call_entry(args, entry, bufs, &self.resident, &step_access, &|_| false)?;
+        self.call_entry(args, entry, bufs, &self.resident, &step_access)?;
         Ok(true)
     }
 
@@ -365,21 +360,24 @@ impl Program {
     ) -> Result<(), CallError> {
         let (args, entry, access) = (&self.manifest.args, self.entry, &step_access);
         match staging {
-            Staging::Kept => self.call_entry(args, entry, bufs, &self.resident, access, &|_| false),
+            Staging::Kept => self.call_entry(args, entry, bufs, &self.resident, access),
             Staging::KeptWithGradients => {
-                let keep = |role| role == Role::Grad;
-                self.call_entry(args, entry, bufs, &self.resident, access, &keep)
+                let access = |role| Access {
+                    keeps: role == Role::Grad,
+                    ..step_access(role)
+                };
+                self.call_entry(args, entry, bufs, &self.resident, &access)
             }
             Staging::Once => {
                 let once = crate::cuda::resident::Resident::default();
-                self.call_entry(args, entry, bufs, &once, access, &|_| false)
+                self.call_entry(args, entry, bufs, &once, access)
             }
         }
     }
 
     /// Calls `entry`, which takes `args`, on `bufs`, one per argument, in order (checked). A
     /// CUDA program's arguments are staged in `resident`: what `access` says each role reads
-    /// goes in where the host changed it, what it writes comes back unless `keep` keeps it.
+    /// goes in where the host changed it, what it writes comes back unless the GPU keeps it.
     fn call_entry(
         &self,
         args: &[crate::manifest::Arg],
@@ -387,7 +385,6 @@ impl Program {
         mut bufs: Vec<&mut HostBuffer>,
         resident: &crate::cuda::resident::Resident,
         access: &dyn Fn(Role) -> Access,
-        keep: &dyn Fn(Role) -> bool,
     ) -> Result<(), CallError> {
         if bufs.len() != args.len() {
             return Err(CallError::Arity {
@@ -430,7 +427,7 @@ impl Program {
         // with the checked dtype and shape, and all of them outlive the call.
         unsafe { entry(packed.as_mut_ptr()) };
         if gpu {
-            resident.finish(args, &mut bufs, &access, keep);
+            resident.finish(args, &mut bufs, &access);
         }
         Ok(())
     }
@@ -442,6 +439,7 @@ fn step_access(role: Role) -> Access {
     Access {
         reads: !role.is_result(),
         writes: role.is_result(),
+        keeps: false,
     }
 }
 

@@ -39,11 +39,12 @@ struct Slot {
 unsafe impl Send for Slot {}
 
 /// How a call uses an argument: reads it (copied in where the host changed it), writes it
-/// (copied back, unless kept).
+/// (copied back after the call, unless the GPU keeps what it wrote).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Access {
     pub reads: bool,
     pub writes: bool,
+    pub keeps: bool,
 }
 
 impl Resident {
@@ -94,15 +95,9 @@ impl Resident {
         descriptors
     }
 
-    /// After the call: waits for the GPU and copies what it wrote back into `bufs`, except the
-    /// arguments whose role `keep` keeps on the GPU.
-    pub fn finish(
-        &self,
-        args: &[Arg],
-        bufs: &mut [&mut HostBuffer],
-        access: &[Access],
-        keep: &dyn Fn(Role) -> bool,
-    ) {
+    /// After the call: waits for the GPU and copies what it wrote back into `bufs`, except
+    /// what it keeps.
+    pub fn finish(&self, args: &[Arg], bufs: &mut [&mut HostBuffer], access: &[Access]) {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         sync();
         let mut moved = 0;
@@ -113,7 +108,7 @@ impl Resident {
             if !access.writes {
                 continue;
             }
-            if keep(a.role) {
+            if access.keeps {
                 slot.newer = true;
                 slot.holds = Some(b.stamp());
             } else {
@@ -270,18 +265,13 @@ mod tests {
     fn copies_follow_the_host_buffers_and_kept_results_wait_for_a_fetch() {
         let r = Resident::default();
         let (w, g) = (arg(Role::Param, "w"), arg(Role::Grad, "w"));
-        let read = Access {
-            reads: true,
-            writes: false,
+        let access = |reads, writes, keeps| Access {
+            reads,
+            writes,
+            keeps,
         };
-        let write = Access {
-            reads: false,
-            writes: true,
-        };
-        let both = Access {
-            reads: true,
-            writes: true,
-        };
+        let (read, write) = (access(true, false, false), access(false, true, true));
+        let both = access(true, true, true);
         let mut wb =
             HostBuffer::from_tensor(&crate::Tensor::new(DType::F32, vec![4], vec![1.0; 4]));
         let mut gb = HostBuffer::zeros(DType::F32, &[4]);
@@ -291,9 +281,7 @@ mod tests {
         assert_eq!(contents(&d[0]), vec![1.0; 4]);
         // SAFETY: the gradient's copy holds 4 f32s.
         unsafe { std::slice::from_raw_parts_mut(d[1][1] as *mut f32, 4).fill(0.5) };
-        r.finish(&args, &mut [&mut wb, &mut gb], &[read, write], &|role| {
-            role == Role::Grad
-        });
+        r.finish(&args, &mut [&mut wb, &mut gb], &[read, write]);
         assert_eq!(r.bytes_moved(), (16, 0), "the weight in, nothing back");
         assert_eq!(gb.to_tensor().data, vec![0.0; 4], "the gradient stays");
         // An update: reads both, writes the weight in place, which stays too.
@@ -301,7 +289,7 @@ mod tests {
         assert_eq!(contents(&d[1]), vec![0.5; 4], "the step's gradient");
         // SAFETY: the weight's copy holds 4 f32s.
         unsafe { std::slice::from_raw_parts_mut(d[0][1] as *mut f32, 4).fill(2.0) };
-        r.finish(&args, &mut [&mut wb, &mut gb], &[both, read], &|_| true);
+        r.finish(&args, &mut [&mut wb, &mut gb], &[both, read]);
         assert_eq!(r.bytes_moved(), (16, 0), "nothing copied for the update");
         r.fetch(Role::Param, "w", &mut wb);
         assert_eq!(wb.to_tensor().data, vec![2.0; 4]);
