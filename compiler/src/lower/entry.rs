@@ -76,6 +76,23 @@ impl Argument {
     }
 }
 
+/// The arguments `args` of an entry the runtime defines (the optimizer's on the GPU), as
+/// buffers `%{prefix}0`, `%{prefix}1`, ...
+pub fn of_runtime(e: &mut Emitter, args: &[Arg], prefix: &str) -> Vec<Argument> {
+    (args.iter().enumerate())
+        .map(|(i, a)| {
+            let shape: Vec<u64> = a.shape.iter().map(|&s| s as u64).collect();
+            Argument {
+                role: a.role,
+                name: a.name.clone(),
+                buf: argument_buf(e, &format!("{prefix}{i}"), &Type::of(a.dtype, &shape)),
+                param: None,
+                init: Init::Zeros,
+            }
+        })
+        .collect()
+}
+
 /// A buffer the entry function takes as argument `%name`.
 fn argument_buf(e: &mut Emitter, name: &str, ty: &Type) -> Buf {
     Buf {

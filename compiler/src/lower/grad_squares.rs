@@ -11,10 +11,8 @@
 
 use super::buf::Buf;
 use super::emit::{Emitter, Written};
-use super::entry::Argument;
+use super::entry::{self, Argument};
 use super::update::{close_elementwise, flatten, open_elementwise};
-use ppc_dialect::ir::Init;
-use ppc_dialect::Type;
 use ppc_runtime::clip::{slices, LANES};
 use ppc_runtime::gpu_update;
 use ppc_runtime::manifest::Manifest;
@@ -23,17 +21,8 @@ use ppc_runtime::manifest::Manifest;
 /// the GPU); returns what it wrote and the function's arguments.
 pub fn write(m: &Manifest, mut e: Emitter) -> (Written, Vec<Argument>) {
     let args = gpu_update::squares_args(m);
-    let bufs: Vec<Buf> = (args.iter().enumerate())
-        .map(|(i, a)| {
-            let shape: Vec<u64> = a.shape.iter().map(|&s| s as u64).collect();
-            Buf {
-                name: format!("%g{i}"),
-                base: e.buffer_id(),
-                ty: Type::of(a.dtype, &shape),
-                layout: None,
-            }
-        })
-        .collect();
+    let arguments = entry::of_runtime(&mut e, &args, "g");
+    let bufs: Vec<&Buf> = arguments.iter().map(|a| &a.buf).collect();
     let (out, grads) = bufs.split_last().expect("invariant: the sums come last");
     let mut first = 0;
     for (grad, a) in grads.iter().zip(&args) {
@@ -41,15 +30,6 @@ pub fn write(m: &Manifest, mut e: Emitter) -> (Written, Vec<Argument>) {
         parameter(&mut e, grad, count, out, first);
         first += count;
     }
-    let arguments = (args.iter().zip(bufs))
-        .map(|(a, buf)| Argument {
-            role: a.role,
-            name: a.name.clone(),
-            buf,
-            param: None,
-            init: Init::Zeros,
-        })
-        .collect();
     (e.finish(), arguments)
 }
 

@@ -20,9 +20,8 @@
 
 use super::buf::Buf;
 use super::emit::{Emitter, Written};
-use super::entry::Argument;
-use ppc_dialect::ir::Init;
-use ppc_dialect::{DType, Type};
+use super::entry::{self, Argument};
+use ppc_dialect::DType;
 use ppc_runtime::gpu_update::{self, hyper};
 use ppc_runtime::manifest::{Manifest, Role};
 use ppc_runtime::optim::{decays, Kind};
@@ -34,17 +33,8 @@ const THREADS: u64 = 256;
 /// returns what it wrote and the function's arguments.
 pub fn write(m: &Manifest, kind: Kind, mut e: Emitter) -> (Written, Vec<Argument>) {
     let args = gpu_update::args(m, kind);
-    let bufs: Vec<Buf> = (args.iter().enumerate())
-        .map(|(i, a)| {
-            let shape: Vec<u64> = a.shape.iter().map(|&s| s as u64).collect();
-            Buf {
-                name: format!("%u{i}"),
-                base: e.buffer_id(),
-                ty: Type::of(a.dtype, &shape),
-                layout: None,
-            }
-        })
-        .collect();
+    let arguments = entry::of_runtime(&mut e, &args, "u");
+    let bufs: Vec<&Buf> = arguments.iter().map(|a| &a.buf).collect();
     let hyper = bufs
         .last()
         .expect("invariant: the hyper-parameters come last");
@@ -64,9 +54,9 @@ pub fn write(m: &Manifest, kind: Kind, mut e: Emitter) -> (Written, Vec<Argument
         let end = (i + 1..args.len())
             .find(|&j| matches!(args[j].role, Role::Param | Role::Hyper))
             .expect("invariant: the hyper-parameters come last");
-        let operand = |role| (i..end).find(|&j| args[j].role == role).map(|j| &bufs[j]);
+        let operand = |role| (i..end).find(|&j| args[j].role == role).map(|j| bufs[j]);
         let parts = Parts {
-            weight: &bufs[i],
+            weight: bufs[i],
             grad: operand(Role::Grad).expect("invariant: a gradient per parameter"),
             m: operand(Role::Moment1).expect("invariant: a first moment per parameter"),
             v: operand(Role::Moment2),
@@ -75,15 +65,6 @@ pub fn write(m: &Manifest, kind: Kind, mut e: Emitter) -> (Written, Vec<Argument
         parameter(&mut e, kind, &parts, &h, decays(&args[i]));
         i = end;
     }
-    let arguments = (args.iter().zip(bufs))
-        .map(|(a, buf)| Argument {
-            role: a.role,
-            name: a.name.clone(),
-            buf,
-            param: None,
-            init: Init::Zeros,
-        })
-        .collect();
     (e.finish(), arguments)
 }
 
