@@ -592,7 +592,7 @@ fn the_update_kernels_round_every_operation_as_the_host_does() {
 /// Training a CUDA program whose kernels run as CPU loops, its optimizer's update as its own
 /// kernels against the host's update of the same program (`--host-optimizer`): the same losses
 /// and the same checkpoint bytes (weights, moments, masters) after three steps, for AdamW and
-/// SGD, weights in f32 and bf16, clipped or not (the global norm from sums of squares on the
+/// SGD, weights in f32, bf16 and f16, clipped or not (the global norm from sums of squares on the
 /// GPU), the MLP, the transformer and the language models. And the weights, gradients and
 /// optimizer state stay with the program: a step copies in only its batch and
 /// hyper-parameters, and back only its loss and outputs (and, to clip, a sum of squares per
@@ -611,6 +611,13 @@ fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there()
             vec![("d".to_string(), 32), ("h".to_string(), 64)],
             DType::F32,
             Kind::AdamW,
+            0.0,
+        ),
+        (
+            "examples/mlp.ppc",
+            vec![("d".to_string(), 32), ("h".to_string(), 64)],
+            DType::F16,
+            Kind::Sgd,
             0.0,
         ),
         (
