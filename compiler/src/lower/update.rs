@@ -6,10 +6,10 @@
 //!
 //! Each thread computes the host's update (`runtime/src/optim.rs`) operation by operation, in
 //! its order and without fast-math flags: the kernels' PTX rounds every operation once (`.rn`,
-//! no fused multiply-add, `sqrt.rn`, `div.rn`), so the GPU's update gives the host's bits. Whether a
-//! parameter decays is the manifest's (`optim::decays`); the hyper-parameters are read by the
-//! host from the last argument once per call and reach the kernels by value. Where the kernels
-//! run as CPU loops (the tests) each kernel is a loop over the elements.
+//! no fused multiply-add, `sqrt.rn`, `div.rn`), so the GPU's update gives the host's bits.
+//! Whether a parameter decays is the manifest's (`optim::decays`); the hyper-parameters are
+//! read by the host from the last argument once per call and reach the kernels by value. Where
+//! the kernels run as CPU loops (the tests) each kernel is a loop over the elements.
 //!
 //! ```text
 //! gpu.launch blocks(%b) in (⌈n / 256⌉) threads(%t) in (256) {
