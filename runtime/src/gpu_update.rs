@@ -66,16 +66,21 @@ pub fn args(m: &Manifest, kind: Kind) -> Vec<Arg> {
             args.push(f32_as(Role::Master));
         }
     }
-    args.push(Arg {
-        role: Role::Hyper,
-        name: "hyper".into(),
-        dtype: DType::F32,
-        shape: vec![hyper::COUNT],
+    args.push(vector(Role::Hyper, DType::F32, hyper::COUNT));
+    args
+}
+
+/// A vector argument of the optimizer's entries, named as its role.
+fn vector(role: Role, dtype: DType, len: usize) -> Arg {
+    Arg {
+        role,
+        name: format!("{role:?}").to_lowercase(),
+        dtype,
+        shape: vec![len],
         init: crate::Init::Zeros,
         layer_axes: 0,
         shard_axis: None,
-    });
-    args
+    }
 }
 
 /// The arguments of the gradients' sums of squares: each parameter's gradient (f32, of the
@@ -92,15 +97,7 @@ pub fn squares_args(m: &Manifest) -> Vec<Arg> {
         })
         .collect();
     let slices: usize = params.map(crate::clip::slices).sum();
-    args.push(Arg {
-        role: Role::Squares,
-        name: "squares".into(),
-        dtype: DType::I32,
-        shape: vec![2 * slices],
-        init: crate::Init::Zeros,
-        layer_axes: 0,
-        shard_axis: None,
-    });
+    args.push(vector(Role::Squares, DType::I32, 2 * slices));
     args
 }
 
