@@ -385,6 +385,38 @@ fn the_gpu_program_with_cpu_kernels_computes_what_the_interpreter_does() {
     matches_the_interpreter_with_cpu_kernels(&transformer, DType::F32, 1, &dims);
 }
 
+/// `file` (under the repository's root, or absolute) with `ov`, through the passes `opts`: the
+/// module and its CUDA program with its kernels as CPU loops, JIT-compiled at `opt_level`.
+fn program_on_cpu_kernels(
+    file: &str,
+    ov: &ppc_dialect::Overrides,
+    opts: &ppc::passes::Options,
+    opt_level: usize,
+) -> (ppc_dialect::Module, ppc::lower::mlir::Jit) {
+    let text = std::fs::read_to_string(root().join(file)).expect("example");
+    let mut m = load(&text, ov);
+    ppc::pipeline::compile(&mut m, opts, None, None).expect("compiles");
+    let src = ppc::backend::Source { file, text: &text };
+    let jit = ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, opt_level)
+        .expect("JIT");
+    (m, jit)
+}
+
+/// The output of `program`'s forward pass on `inputs`, its weights seeded with `seed`.
+fn forward(
+    program: &ppc_runtime::exec::Program,
+    inputs: &ppc_runtime::Tensor,
+    seed: u64,
+) -> ppc_runtime::Tensor {
+    let mut x = ppc_runtime::memref::HostBuffer::from_tensor(inputs);
+    let mut params = program
+        .params(&ppc_runtime::init::Source::Seeded(seed))
+        .expect("params");
+    let mut y = program.output_buffer();
+    program.run(&mut x, &mut params, &mut y).expect("runs");
+    y.to_tensor()
+}
+
 /// `model` with `dims`, its CUDA program's kernels run as CPU loops, against the interpreter.
 fn matches_the_interpreter_with_cpu_kernels(
     model: &Path,
@@ -396,31 +428,16 @@ fn matches_the_interpreter_with_cpu_kernels(
     use ppc_dialect::interp::Interp;
     use ppc_dialect::{DType, Overrides};
     let file = model.display().to_string();
-    let text = std::fs::read_to_string(model).expect("example");
     let mut ov = Overrides::default();
     ov.dims
         .extend(dims.iter().map(|&(name, size)| (name.to_string(), size)));
     ov.float_dtype = (dtype != DType::F32).then_some(dtype);
     ov.repeats = Some(repeats);
-    let mut m = load(&text, &ov);
-    ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None).expect("compiles");
+    let (m, jit) = program_on_cpu_kernels(&file, &ov, &ppc::passes::Options::default(), 1);
     let mut interp = Interp::new(&m, 3);
     let inputs = interp.synthetic_inputs();
     let want = interp.forward(&inputs).expect("interpreter");
-    let src = ppc::backend::Source {
-        file: &file,
-        text: &text,
-    };
-    let jit =
-        ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 1).expect("JIT");
-    let program = &jit.program;
-    let mut x = ppc_runtime::memref::HostBuffer::from_tensor(&inputs);
-    let mut params = program
-        .params(&ppc_runtime::init::Source::Seeded(3))
-        .expect("params");
-    let mut y = program.output_buffer();
-    program.run(&mut x, &mut params, &mut y).expect("runs");
-    let c = compare(&want, &y.to_tensor());
+    let c = compare(&want, &forward(&jit.program, &inputs, 3));
     assert!(
         c.max_rel <= tolerance(dtype),
         "{file} {dtype} repeats {repeats} {dims:?}: {:e}",
@@ -501,33 +518,16 @@ fn host_loops_give_their_stack_back_every_iteration() {
 #[test]
 fn a_long_gpu_program_runs_in_two_mib_of_stack() {
     let run = || {
-        let file = crate::common::path("examples/transformer.ppc");
-        let text = std::fs::read_to_string(&file).expect("example");
         let ov = ppc_dialect::Overrides {
             dims: vec![("b".into(), 1), ("t".into(), 2)],
             microbatches: Some(256),
             layers_per_stage: Some(4),
             ..Default::default()
         };
-        let mut m = load(&text, &ov);
-        ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None)
-            .expect("compiles");
-        let src = ppc::backend::Source {
-            file: &file,
-            text: &text,
-        };
-        let jit = ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 0)
-            .expect("JIT");
-        let program = &jit.program;
-        let interp = ppc_dialect::interp::Interp::new(&m, 1);
-        let inputs = interp.synthetic_inputs();
-        let mut x = ppc_runtime::memref::HostBuffer::from_tensor(&inputs);
-        let mut params = program
-            .params(&ppc_runtime::init::Source::Seeded(1))
-            .expect("params");
-        let mut y = program.output_buffer();
-        program.run(&mut x, &mut params, &mut y).expect("runs");
-        y.to_tensor()
+        let opts = ppc::passes::Options::default();
+        let (m, jit) = program_on_cpu_kernels("examples/transformer.ppc", &ov, &opts, 0);
+        let inputs = ppc_dialect::interp::Interp::new(&m, 1).synthetic_inputs();
+        forward(&jit.program, &inputs, 1)
     };
     let y = std::thread::Builder::new()
         .stack_size(2 << 20)
@@ -652,18 +652,13 @@ fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there()
         ),
     ] {
         let what = format!("{file} {dtype} {} clip {clip}", kind.name());
-        let text = std::fs::read_to_string(root().join(file)).expect("example");
         let ov = Overrides {
             dims,
             float_dtype: (dtype != DType::F32).then_some(dtype),
             ..Overrides::default()
         };
-        let mut m = load(&text, &ov);
         let opts = crate::grad::train_opts(false, ppc::passes::Remat::Stage);
-        ppc::pipeline::compile(&mut m, &opts, None, None).expect("compiles for training");
-        let src = ppc::backend::Source { file, text: &text };
-        let jit = ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 0)
-            .expect("JIT");
+        let (_, jit) = program_on_cpu_kernels(file, &ov, &opts, 0);
         let program = &jit.program;
         assert!(program.updates_on_gpu(), "{what}: no update entries");
         let dir = scratch("gpu-update");
@@ -738,8 +733,6 @@ fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there()
 fn the_gpu_sums_of_squares_are_the_hosts_bit_for_bit() {
     use ppc_runtime::clip::{slices, sum_of_squares};
     use ppc_runtime::manifest::Role;
-    let file = "examples/transformer.ppc";
-    let text = std::fs::read_to_string(root().join(file)).expect("example");
     let ov = ppc_dialect::Overrides {
         // Slices of 64 K elements (`w1`, `w2`): 16 per lane.
         dims: [("b", 1), ("t", 8), ("heads", 4), ("dh", 32)]
@@ -747,12 +740,8 @@ fn the_gpu_sums_of_squares_are_the_hosts_bit_for_bit() {
             .to_vec(),
         ..Default::default()
     };
-    let mut m = load(&text, &ov);
     let opts = crate::grad::train_opts(false, ppc::passes::Remat::Stage);
-    ppc::pipeline::compile(&mut m, &opts, None, None).expect("compiles for training");
-    let src = ppc::backend::Source { file, text: &text };
-    let jit =
-        ppc::backend::jit_gpu_program_on_cpu(&m, &src, ppc::lower::Numerics::Fast, 0).expect("JIT");
+    let (_, jit) = program_on_cpu_kernels("examples/transformer.ppc", &ov, &opts, 0);
     let program = &jit.program;
     let params: Vec<&ppc_runtime::manifest::Arg> = (program.manifest.args.iter())
         .filter(|a| a.role == Role::Param)

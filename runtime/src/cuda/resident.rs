@@ -123,7 +123,12 @@ impl Resident {
     pub fn fetch(&self, role: Role, name: &str, buf: &mut HostBuffer) {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(slot) = slots.get_mut(&(role, name.to_string())) {
-            if slot.newer && slot.len == buf.bytes().len() {
+            if slot.newer && slot.len != buf.bytes().len() {
+                super::fail(&format!(
+                    "internal error: fetching {role:?} `{name}` into a buffer of another size"
+                ));
+            }
+            if slot.newer {
                 sync();
                 let moved = copy_back(slot, buf);
                 self.moved.lock().unwrap_or_else(|e| e.into_inner()).1 += moved;
