@@ -1,14 +1,14 @@
 //! Single-thread GEMM rates on pipeline-stage shapes: ppc's own GEMM (`sgemm.rs`, whose
 //! results do not depend on how a product is cut) against OpenBLAS, with the weight as it is
 //! (`A · B`, the forward), used transposed (`A · Bᵀ`, the input gradient), and with the
-//! activations read transposed (`Aᵀ · B`, the weight gradient), and the AVX-512 few-row kernel
+//! activations read transposed (`Aᵀ · B`, the weight gradient), and the AVX-512 few-row kernels
 //! where the CPU has it, then two threads of ppc's GEMM on the d = 1024 products (the rate a
 //! two-core training step is held against). ppc runs its widest register block;
 //! `PPC_CPU_DISABLE=avx512f` shows the AVX2 block's. BENCHMARKS.md has the figures:
 //! `cargo run --release -p ppc-runtime --example gemm`.
 
 use ppc_runtime::sgemm::{self, Operand};
-use ppc_runtime::small_m;
+use ppc_runtime::{small_m, small_m_bt};
 use std::time::Instant;
 
 /// OpenBLAS, the maintained GEMM that ppc's runtime used before its own (for the comparison
@@ -95,12 +95,13 @@ enum Layout {
 }
 
 /// The columns printed: a kernel on a layout each.
-const COLUMNS: [(&str, Kernel, Layout); 7] = [
+const COLUMNS: [(&str, Kernel, Layout); 8] = [
     ("ppc", Kernel::Ppc, Layout::Forward),
     ("OpenBLAS", Kernel::OpenBlas, Layout::Forward),
     ("small_m", Kernel::SmallM, Layout::Forward),
     ("ppc ·Bᵀ", Kernel::Ppc, Layout::WeightTransposed),
     ("OpenBLAS ·Bᵀ", Kernel::OpenBlas, Layout::WeightTransposed),
+    ("small_m ·Bᵀ", Kernel::SmallM, Layout::WeightTransposed),
     ("ppc Aᵀ·", Kernel::Ppc, Layout::InputTransposed),
     ("OpenBLAS Aᵀ·", Kernel::OpenBlas, Layout::InputTransposed),
 ];
@@ -196,6 +197,9 @@ fn main() {
                             }
                             Kernel::OpenBlas => {
                                 openblas::sgemm(m, k, n, operands.0, operands.1, operands.2)
+                            }
+                            Kernel::SmallM if layout == Layout::WeightTransposed => {
+                                small_m_bt::sgemm(m, k, n, ap, k, b, k, cp, n)
                             }
                             Kernel::SmallM => small_m::sgemm(m, k, n, ap, k, b, n, cp, n),
                         }

@@ -1,7 +1,7 @@
 //! The GEMM that generated CPU code calls for f32 `matmul`: `C = A · B` over any batch axes,
-//! with NumPy broadcasting of the batch axes: the few-row kernel of `small_m.rs` for the
-//! few-row products of pipeline stages with wide weights on AVX-512 CPUs, `sgemm.rs` (AVX-512
-//! or AVX2 register blocks) otherwise.
+//! with NumPy broadcasting of the batch axes: the few-row kernels of `small_m.rs` (`X · W`)
+//! and `small_m_bt.rs` (`dY · Wᵀ`) for the few-row products of pipeline stages with wide
+//! weights on AVX-512 CPUs, `sgemm.rs` (AVX-512 or AVX2 register blocks) otherwise.
 //!
 //! Both compute every element as the same chain of fused multiply-adds in k order, so how a
 //! product is cut into tasks here (from the shapes and the thread count, for speed) never
@@ -525,12 +525,26 @@ unsafe fn multiply(
             let ap = a.base().offset(batch_offset(a, &idx));
             let bp = b.base().offset(batch_offset(b, &idx) + j0 as isize * bs);
             let width = j1 - j0;
-            if a.strides[ra - 1] == 1
-                && bs == 1
+            let few_rows = a.strides[ra - 1] == 1
                 && cs == 1
                 && !accumulate
-                && few_row_kernel_wins(m, k, width)
-            {
+                && few_row_kernel_wins(m, k, width);
+            if few_rows && b.strides[rb - 2] == 1 && m.is_multiple_of(16) {
+                // `B` is a row-major weight transposed: its columns are the weight's rows.
+                // The kernel's vectors run along 16 rows of `C`; with a ragged block it lost
+                // to `sgemm.rs` (24 rows: 77 against 83 GFLOP/s, BENCHMARKS.md).
+                crate::small_m_bt::sgemm(
+                    m,
+                    k,
+                    width,
+                    ap,
+                    a.strides[ra - 2] as usize,
+                    bp,
+                    bs as usize,
+                    cp,
+                    c.strides[r - 2] as usize,
+                );
+            } else if few_rows && bs == 1 {
                 crate::small_m::sgemm(
                     m,
                     k,

@@ -27,6 +27,7 @@ pub mod pool;
 pub mod run_options;
 pub mod sgemm;
 pub mod small_m;
+pub mod small_m_bt;
 pub mod tokens;
 pub mod trace;
 pub mod train;

@@ -70,6 +70,7 @@ fn dispatched_at_run_time(function: &str) -> bool {
         "kernel_target_avx512",
         "core::core_arch::x86::avx512",
         "ppc_runtime::small_m::",
+        "ppc_runtime::small_m_bt::",
         "ppc_runtime::sgemm::zmm::kernel",
     ]
     .iter()

@@ -140,9 +140,11 @@ fn batched_products_with_broadcast_weights_match_the_loops() {
 
 /// Few-row products with per-stage weights used transposed (`dY · Wᵀ`, the weights stored
 /// `[S, n, k]`), with a bubble stage: the bits of the k-ordered chains of `W` transposed.
+/// The weights are large enough for the few-row kernel (`small_m_bt.rs`, where the CPU has
+/// AVX-512), with columns past its blocks of 8.
 #[test]
 fn products_with_transposed_weights_match_the_loops() {
-    let (s, m, k, n) = (3, 16, 300, 40);
+    let (s, m, k, n) = (3, 16, 700, 230);
     let stored = fill(s * n * k, 2);
     // The same weights, transposed into row-major [S, k, n], for the reference.
     let mut plain = vec![0.0; s * k * n];
@@ -168,7 +170,7 @@ fn products_with_transposed_weights_match_the_loops() {
         strides: Some(strides),
     };
     let got = product(&mut a, &mut b, &sc, Some(&active));
-    assert_same(&got, &want, "[3, 16, 300] · [3, 40, 300]ᵀ");
+    assert_same(&got, &want, "[3, 16, 700] · [3, 230, 700]ᵀ");
 }
 
 /// A weight gradient summed over its batch axis, `C[S] = Σ_b A[S, b] · B[S, b]` (`A` a
