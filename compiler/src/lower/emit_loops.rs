@@ -13,20 +13,32 @@ impl Emitter<'_> {
     /// sees each stage's slices; with `parallel`, the stages run in parallel, buffers are
     /// allocated per stage and loop nests are not made parallel themselves; otherwise the
     /// stages run in turn, sharing their buffers, each loop nest parallel as outside.
-    pub fn begin_stage_split(&mut self, stages: u64, parallel: bool) {
-        let iv = match parallel {
-            true => self.begin_round_robin(stages),
-            false => {
+    ///
+    /// With `active` (the call's stage mask, where a bubble stage only fills its results), the
+    /// parallel stages are dealt out by the mask: thread `j` of `T` takes the active stages
+    /// `j, j + T, ...` in stage order, and the bubble stages by index. The ticked schedules
+    /// (1F1B, ZB-H1) run every other stage in a phase: dealt out by index, stages 0 and 2 of 4
+    /// both fell to thread 0, which ran them in turn while thread 1 waited (BENCHMARKS.md,
+    /// thirty-fourth session).
+    pub fn begin_stage_split(&mut self, stages: u64, parallel: bool, active: Option<&Buf>) {
+        let (iv, active_seen) = match (parallel, active) {
+            (true, Some(mask)) => {
+                let (iv, seen) = self.begin_dealt_out(stages, mask);
+                (iv, Some(seen))
+            }
+            (true, None) => (self.begin_round_robin(stages), None),
+            (false, _) => {
                 let (lo, hi, one) = (self.index(0), self.index(stages), self.index(1));
                 let iv = self.fresh();
                 self.open(&format!("scf.for {iv} = {lo} to {hi} step {one} {{"));
-                iv
+                (iv, None)
             }
         };
         self.nest.split = Some(Split {
             stages,
             iv,
             parallel,
+            active_seen,
         });
     }
 
@@ -36,7 +48,12 @@ impl Emitter<'_> {
             .split
             .take()
             .expect("begin_stage_split opened the loop");
-        if split.parallel {
+        if let Some(seen) = split.active_seen {
+            self.close();
+            self.raw(&format!("scf.yield {seen} : index"));
+            self.close();
+            self.end_round_robin("stages");
+        } else if split.parallel {
             self.close();
             self.end_round_robin("stages");
         } else {
@@ -44,6 +61,28 @@ impl Emitter<'_> {
             let close = format!("}} {{ppc.in_turn_over = \"stages\"}}{}", self.loc);
             self.raw(&close);
         }
+    }
+
+    /// Opens the parallel loop over `count` stages dealt out by `mask` (`i1[count]`, see
+    /// [`Emitter::begin_stage_split`]): each thread walks every stage, counting the active
+    /// ones, and runs those that fall to it. Returns the stage's index and the count after
+    /// it, which the walk's `scf.yield` carries ([`Emitter::end_stage_split`] writes it).
+    fn begin_dealt_out(&mut self, count: u64, mask: &Buf) -> (String, String) {
+        let (lo, hi, one) = (self.index(0), self.index(count), self.index(1));
+        let (thread, team) = self.open_team(&lo, &hi, &one);
+        let (iv, seen) = (self.fresh(), self.fresh());
+        let walked = self.fresh();
+        self.open(&format!(
+            "{walked} = scf.for {iv} = {lo} to {hi} step {one} iter_args({seen} = {lo}) -> (index) {{"
+        ));
+        let active = self.let_(&format!("memref.load {}[{iv}] : {}", mask.name, mask.mty()));
+        let turn = self.let_(&format!("arith.select {active}, {seen}, {iv} : index"));
+        let owner = self.let_(&format!("arith.remui {turn}, {team} : index"));
+        let mine = self.let_(&format!("arith.cmpi eq, {owner}, {thread} : index"));
+        let counted = self.let_(&format!("arith.addi {seen}, {one} : index"));
+        let next = self.let_(&format!("arith.select {active}, {counted}, {seen} : index"));
+        self.open(&format!("scf.if {mine} {{"));
+        (iv, next)
     }
 
     /// Closes the parallel loop of [`Emitter::begin_round_robin`], marked with what it runs
@@ -59,9 +98,19 @@ impl Emitter<'_> {
     /// so in the fill and drain too they spread over the threads as evenly as they can).
     /// Returns the iteration's index; close the inner loop, then [`Emitter::end_round_robin`].
     pub(super) fn begin_round_robin(&mut self, count: u64) -> String {
+        let (lo, hi, one) = (self.index(0), self.index(count), self.index(1));
+        let (thread, team) = self.open_team(&lo, &hi, &one);
+        let iv = self.fresh();
+        self.open(&format!("scf.for {iv} = {thread} to {hi} step {team} {{"));
+        iv
+    }
+
+    /// Opens the parallel loop over the threads that share the `hi` iterations from `lo` (at
+    /// most one thread each); returns the thread's index and the team's size. Close with
+    /// [`Emitter::end_round_robin`].
+    fn open_team(&mut self, lo: &str, hi: &str, one: &str) -> (String, String) {
         self.declarations
             .insert("func.func private @omp_get_max_threads() -> i32".into());
-        let (lo, hi, one) = (self.index(0), self.index(count), self.index(1));
         let threads = self.let_("func.call @omp_get_max_threads() : () -> i32");
         let threads = self.let_(&format!("arith.index_cast {threads} : i32 to index"));
         let team = self.let_(&format!("arith.minsi {threads}, {hi} : index"));
@@ -71,9 +120,7 @@ impl Emitter<'_> {
             "scf.parallel ({thread}) = ({lo}) to ({team}) step ({one}) {{"
         ));
         self.nest.thread_body = (self.body.len(), self.indent);
-        let iv = self.fresh();
-        self.open(&format!("scf.for {iv} = {thread} to {hi} step {team} {{"));
-        iv
+        (thread, team)
     }
 
     /// Opens a parallel loop over the entries of leading axes of sizes `prefix`, each entry

@@ -38,11 +38,15 @@ pub(super) struct LoopBuffers {
 }
 
 /// A loop over a call's stages (`stage_split.rs`): its stage count, induction variable and
-/// whether its stages run in parallel or in turn.
+/// whether its stages run in parallel or in turn; where the active stages are dealt out
+/// ([`Emitter::begin_stage_split`]), the count of active stages its loop carries to the next.
+///
+/// [`Emitter::begin_stage_split`]: super::emit::Emitter::begin_stage_split
 pub(super) struct Split {
     pub(super) stages: u64,
     pub(super) iv: String,
     pub(super) parallel: bool,
+    pub(super) active_seen: Option<String>,
 }
 
 /// The loop over a batched chain's entries being written (`batch_split.rs`).

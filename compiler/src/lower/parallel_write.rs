@@ -43,7 +43,19 @@ impl Walker<'_, '_> {
                 None => self.e.alloc(g.ty(r)),
             })
             .collect();
-        self.e.begin_stage_split(stages.stages, stages.parallel);
+        // A bubble stage of a callee whose every result it masks skips the body; an
+        // accumulator is then left as it is, which needs its result's constant to be -0.0
+        // (the additive identity: `acc + -0.0` is `acc`, bit for bit).
+        let minus_zero = |c: &Option<ppc_dialect::op::Float>| {
+            c.is_none_or(|c| c.0.to_bits() == (-0.0f64).to_bits())
+        };
+        let masked = stage_split::masked_results(g, read)
+            .filter(|(_, fills)| add_into.keys().all(|&i| minus_zero(&fills[i])));
+        // Such a call's stages in parallel are dealt out by its mask, so that the active ones
+        // spread over the threads (`Emitter::begin_stage_split`).
+        let mask = masked.as_ref().map(|(at, _)| &args[*at]);
+        self.e
+            .begin_stage_split(stages.stages, stages.parallel, mask);
         // A stage's body is a function of its own, called by the parallel loop: LLVM's loop
         // passes and code generation cost more than linearly in the loops one function nests
         // in another (the transformer example's stage backward: 672 loops in the region).
@@ -56,14 +68,6 @@ impl Walker<'_, '_> {
             .zip(&g.body.args)
             .map(|(a, &v)| self.e.stage_slice(a, g.ty(v)))
             .collect();
-        // A bubble stage of a callee whose every result it masks skips the body; an
-        // accumulator is then left as it is, which needs its result's constant to be -0.0
-        // (the additive identity: `acc + -0.0` is `acc`, bit for bit).
-        let minus_zero = |c: &Option<ppc_dialect::op::Float>| {
-            c.is_none_or(|c| c.0.to_bits() == (-0.0f64).to_bits())
-        };
-        let masked = stage_split::masked_results(g, read)
-            .filter(|(_, fills)| add_into.keys().all(|&i| minus_zero(&fills[i])));
         if let Some((at, _)) = &masked {
             let (mask, zero) = (&args[*at], self.e.index(0));
             let active = self.e.let_(&format!(
