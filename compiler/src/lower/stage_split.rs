@@ -33,7 +33,10 @@
 //! When every result of the callee that the caller reads is masked by the stage mask
 //! (`select(%active, v, c)`, as the training step's backward stage functions end, or a matmul
 //! masked by it: a bubble stage contributes nothing), a bubble stage skips the whole body and
-//! those results get the constants ([`masked_results`]).
+//! those results get the constants ([`masked_results`]). In parallel, such a call's active
+//! stages are dealt out to the threads in stage order by the mask (not `%s = %j step %threads`),
+//! so that the every-other active stages of 1F1B's and ZB-H1's parity order spread over them
+//! (`Emitter::begin_stage_split`).
 //!
 //! [`stage_loop`] decides whether and how a call is split: no op of the callee may look across
 //! stages (a reduction over the stage axis, an exchange, an iota or a softmax along it, a
