@@ -8,7 +8,9 @@
 //! rows are packed k-major (16 to a zmm register, a small copy), and each step `l` broadcasts
 //! `W[j, l]` for 8 rows `j` of `W` at once, each read in place along its row. So `W` comes from
 //! memory once, untransposed, and a block of `C` is 16 rows by 8 columns in 8 registers; its
-//! columns go to `C` through a small buffer at the end.
+//! columns go to `C` through a small buffer at the end. The 8 rows of `W` are 8 sequential
+//! streams, which the hardware prefetchers follow: prefetching them in software gained nothing
+//! (BENCHMARKS.md, thirty-fourth session).
 //!
 //! Each element is still the chain of fused multiply-adds in k order from zero that `sgemm.rs`
 //! computes (`fma(A[i,l], W[j,l], c)`; a product's two factors commute exactly), so the two
@@ -88,16 +90,10 @@ unsafe fn columns<const J: usize>(
     rows: usize,
 ) {
     use std::arch::x86_64::*;
-    // SAFETY: every access stays inside the extents of the contract; the prefetch hint reads
-    // nothing.
+    // SAFETY: every access stays inside the extents of the contract.
     unsafe {
         let mut acc = [_mm512_setzero_ps(); J];
         for l in 0..k {
-            if l % 16 == 0 {
-                for jj in 0..J {
-                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(jj * ldw + l + 64).cast());
-                }
-            }
             let av = _mm512_loadu_ps(ap.add(l * ROWS));
             for (jj, acc) in acc.iter_mut().enumerate() {
                 *acc = _mm512_fmadd_ps(av, _mm512_set1_ps(*w.add(jj * ldw + l)), *acc);
