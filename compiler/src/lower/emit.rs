@@ -494,8 +494,12 @@ impl<'a> Emitter<'a> {
         ));
     }
 
-    /// `dst = src` elementwise over `dst`'s shape (both identity-indexed).
+    /// `dst = src` elementwise over `dst`'s shape (both identity-indexed); nothing where they
+    /// are the same buffer (a value computed where its copy would go).
     pub fn copy(&mut self, src: &Buf, dst: &Buf) {
+        if src.name == dst.name {
+            return;
+        }
         self.update_with(src, dst, |_, a| a[0].clone());
     }
 
@@ -507,7 +511,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// `dst = body(src, dst)` elementwise over `dst`'s shape (both identity-indexed); `body`
-    /// gets the two elements' SSA names in that order.
+    /// gets the two elements' SSA names in that order. Where `src` is `dst` itself it is read
+    /// through the output's block argument: as an input besides the output it would alias it.
     pub(super) fn update_with(
         &mut self,
         src: &Buf,
@@ -516,12 +521,20 @@ impl<'a> Emitter<'a> {
     ) {
         let r = dst.ty.rank();
         let id = identity(r);
+        let itself = src.name == dst.name;
+        let ins = match itself {
+            true => Vec::new(),
+            false => vec![(src, id.clone())],
+        };
         self.generic(
             r,
-            &[(src, id.clone())],
+            &ins,
             (dst, id),
             &vec!["parallel"; r],
-            body,
+            |e, a| match itself {
+                true => body(e, &[a[0].clone(), a[0].clone()]),
+                false => body(e, a),
+            },
         );
     }
 

@@ -146,6 +146,11 @@ fn broadcast(src: &[u64], dst: &[u64]) -> Map {
 enum Node<'f> {
     /// Input `i` of the generic.
     Input(usize),
+    /// The output's element where it is written: a value whose buffer is the output itself
+    /// (an elementwise op computed in the slice it reads, `Decision::ElementwiseIntoSlice`),
+    /// read through the output's block argument. As an input besides the output it would
+    /// alias it, and LLVM would not vectorize the loop.
+    Output,
     Op {
         kind: &'f OpKind,
         ins: Vec<Node<'f>>,
@@ -160,6 +165,8 @@ struct Fusion<'f, 'e> {
     env: &'e HashMap<ValueId, Buf>,
     deferred: &'e HashSet<ValueId>,
     block: &'f Block,
+    /// The buffer the generic writes.
+    out: &'e Buf,
     /// The generic's inputs: a buffer and its map, each once.
     inputs: Vec<(Buf, Map)>,
 }
@@ -173,6 +180,9 @@ impl<'f> Fusion<'f, '_> {
             return self.op(&op.kind, self.f.ty(v).dtype, &self.f.ty(v).shape(), &map);
         }
         let buf = &self.env[&v];
+        if buf.name == self.out.name && map.iter().enumerate().all(|(i, d)| *d == Some(i)) {
+            return Node::Output;
+        }
         let at = self
             .inputs
             .iter()
@@ -207,6 +217,7 @@ impl<'f> Fusion<'f, '_> {
 fn eval(e: &mut Emitter, numerics: Numerics, node: &Node, args: &[String]) -> String {
     match node {
         Node::Input(i) => args[*i].clone(),
+        Node::Output => args.last().expect("the output's block argument").clone(),
         Node::Op {
             kind,
             ins,
@@ -257,6 +268,7 @@ pub fn emit(e: &mut Emitter, numerics: Numerics, scope: &Scope, root: OpId, out:
         env,
         deferred,
         block,
+        out,
         inputs: Vec::new(),
     };
     let shape = out.ty.shape();

@@ -98,7 +98,7 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
 }
 
 /// `arg` and the views of it in `body` (reshapes, transposes, indexes, of it or of its views).
-fn aliases(f: &Func, body: &Block, arg: ValueId) -> HashSet<ValueId> {
+pub(super) fn aliases(f: &Func, body: &Block, arg: ValueId) -> HashSet<ValueId> {
     let mut out = HashSet::from([arg]);
     for &id in &body.ops {
         let op = &f.ops[id];

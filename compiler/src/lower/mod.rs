@@ -59,6 +59,7 @@ pub mod residency;
 mod reuse;
 mod row_blocks;
 mod row_reduce;
+mod slabs;
 mod stage_split;
 mod summed_matmul;
 mod text;

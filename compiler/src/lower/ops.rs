@@ -9,6 +9,7 @@ use super::buf::{elt, Buf};
 use super::emit::Emitter;
 use super::fast_math::{self, Numerics};
 use super::matmul::matmul;
+use super::slabs;
 use super::text::identity;
 use super::widen::{
     convert_value, ext, f32_scratch, fill_value, select_value, store, to_f32, trunc,
@@ -234,17 +235,12 @@ fn reduce_into(e: &mut Emitter, num: Numerics, x: &Buf, axes: &[usize], acc: &Bu
 /// [`reduce_into`]); below it, the host sums them.
 const GPU_SPLIT_REDUCTION: u64 = 4096;
 
-/// `out = x / n` elementwise (f32).
-fn scale_down(e: &mut Emitter, x: &Buf, n: u64, out: &Buf) {
-    let r = out.ty.rank();
+/// `acc /= n` elementwise (f32), in place.
+fn scale_down(e: &mut Emitter, acc: &Buf, n: u64) {
     let c = e.constant(n as f64, DType::F32);
-    e.generic(
-        r,
-        &[(x, identity(r))],
-        (out, identity(r)),
-        &vec!["parallel"; r],
-        |e, a| e.let_(&format!("arith.divf {}, {c} : f32", a[0])),
-    );
+    e.update_with(acc, acc, |e, a| {
+        e.let_(&format!("arith.divf {}, {c} : f32", a[0]))
+    });
 }
 
 /// Lowers one op whose result is a fresh buffer `out`.
@@ -298,7 +294,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
             reduce_into(e, numerics, &x, axes, &acc, *op == ReduceOp::Max);
             if *op == ReduceOp::Mean {
                 let n = ins[0].ty.elements() / out.ty.elements().max(1);
-                scale_down(e, &acc.clone(), n, &acc);
+                scale_down(e, &acc, n);
             }
             store(e, &acc, out);
         }
@@ -377,6 +373,9 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
         }
         OpKind::Index { axis, .. } => {
             let (x, idx, axis) = (&ins[0], &ins[1], *axis);
+            if slabs::copy_slabs(e, x, idx, axis, out) {
+                return;
+            }
             let n = x.ty.dims[axis].size;
             let (xname, xty) = (x.name.clone(), x.mty());
             e.also_reads(x);
@@ -397,6 +396,9 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
         }
         OpKind::Gather { axis, .. } => {
             let (table, ids, axis) = (&ins[0], &ins[1], *axis);
+            if slabs::copy_slabs(e, table, ids, axis, out) {
+                return;
+            }
             let n = table.ty.dims[axis].size;
             let q = ids.ty.rank();
             let (tname, tty) = (table.name.clone(), table.mty());
@@ -517,7 +519,7 @@ fn layernorm(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, eps: f64, out
     let xf = to_f32(e, x);
     let mean = e.alloc(&without(&x.ty, axis));
     reduce_into(e, num, &xf, &[axis], &mean, false);
-    scale_down(e, &mean.clone(), n, &mean);
+    scale_down(e, &mean, n);
     let sq = e.alloc(&x.ty.with_dtype(DType::F32));
     e.generic(
         r,
@@ -531,7 +533,7 @@ fn layernorm(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, eps: f64, out
     );
     let var = e.alloc(&without(&x.ty, axis));
     reduce_into(e, num, &sq, &[axis], &var, false);
-    scale_down(e, &var.clone(), n, &var);
+    scale_down(e, &var, n);
     let y = f32_scratch(e, out);
     let eps = e.constant(f64::from(eps as f32), DType::F32);
     let one = e.constant(1.0, DType::F32);

@@ -102,6 +102,13 @@ pub enum Decision {
     MatMulIntoSlice {
         update: OpId,
     },
+    /// An elementwise op that only `update` reads, computed in the slice the update writes in
+    /// place, as [`Decision::MatMulIntoSlice`] is: a stage keeping its stash entry where it is
+    /// idle (`select(active, new, index(ring, k))` then `update(ring, ·, k)`) reads and writes
+    /// the slice once, with no buffer of its own and no copy.
+    ElementwiseIntoSlice {
+        update: OpId,
+    },
     /// A `reduce_sum` of a matmul's batch axes: one GEMM summing over them too
     /// (`summed_matmul.rs`; the matmul is skipped).
     SummedMatMul {
@@ -242,7 +249,7 @@ impl BlockPlan {
                     Decision::MatMulInto
                 }
                 OpKind::MatMul { .. } if !cx.gpu && !in_chains.contains(&id) => {
-                    match slice_writer(f, block, &sole_readers, id, split) {
+                    match slice_writer(f, block, (&sole_readers, deferred), id, split) {
                         Some(update) => Decision::MatMulIntoSlice { update },
                         None => Decision::Compute,
                     }
@@ -253,6 +260,12 @@ impl BlockPlan {
                     Decision::Unfilled
                 }
                 OpKind::Loop { .. } => Decision::Loop,
+                kind if kind.is_elementwise() && !cx.gpu && !in_chains.contains(&id) => {
+                    match slice_writer(f, block, (&sole_readers, deferred), id, split) {
+                        Some(update) => Decision::ElementwiseIntoSlice { update },
+                        None => Decision::Elementwise,
+                    }
+                }
                 kind if kind.is_elementwise() => Decision::Elementwise,
                 _ => Decision::Compute,
             }
@@ -273,12 +286,7 @@ impl BlockPlan {
 /// Whether `v` is read only by `index` ops of `block`, which read a strided view as well as a
 /// buffer (the ring of stage inputs of `--schedule 1f1b`, read stage-major).
 fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
-    let mut nested = HashSet::new();
-    for &id in &block.ops {
-        if let OpKind::Loop { body, .. } = &f.ops[id].kind {
-            fuse::used_in(f, body, &mut nested);
-        }
-    }
+    let nested = read_in_loops(f, block);
     let indexed = |kind: &OpKind| {
         !kind.operands().contains(&v)
             || matches!(kind, OpKind::Index { x, index, .. } if *x == v && *index != v)
@@ -288,12 +296,25 @@ fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
         && block.ops.iter().all(|&id| indexed(&f.ops[id].kind))
 }
 
-/// The `update` that alone reads matmul `id`'s f32 result and writes it, at an index known
-/// before the matmul, into a slice of a value that nothing else in `block` reads.
+/// The values the loops of `block` read.
+fn read_in_loops(f: &Func, block: &Block) -> HashSet<ValueId> {
+    let mut nested = HashSet::new();
+    for &id in &block.ops {
+        if let OpKind::Loop { body, .. } = &f.ops[id].kind {
+            fuse::used_in(f, body, &mut nested);
+        }
+    }
+    nested
+}
+
+/// The `update` that alone reads op `id`'s result (a matmul's in f32, or an elementwise op's)
+/// and writes it, at an index known before the op, into a slice of a value that nothing else
+/// in `block` reads; for an elementwise op, nothing else from the op on
+/// ([`read_only_at_slice`]).
 fn slice_writer(
     f: &Func,
     block: &Block,
-    sole_readers: &HashMap<ValueId, OpId>,
+    (sole_readers, deferred): (&HashMap<ValueId, OpId>, &HashSet<ValueId>),
     id: OpId,
     in_split: bool,
 ) -> Option<OpId> {
@@ -316,9 +337,61 @@ fn slice_writer(
             .position(|&o| f.ops[o].results.contains(&v))
     };
     let known_before = at(scalar).is_none_or(|p| Some(p) < at(result));
-    (*value == result
-        && f.ty(result).dtype == ppc_dialect::DType::F32
-        && sole_readers.get(x) == Some(&update)
-        && known_before)
-        .then_some(update)
+    let kind = &f.ops[id].kind;
+    let (typed, x_read) = match kind {
+        OpKind::MatMul { .. } => (
+            f.ty(result).dtype == ppc_dialect::DType::F32,
+            sole_readers.get(x) == Some(&update),
+        ),
+        _ => (
+            true,
+            read_only_at_slice(f, block, (sole_readers, deferred), *x, update, id),
+        ),
+    };
+    (*value == result && typed && x_read && known_before).then_some(update)
+}
+
+/// Whether op `id` may write into the slice of `x` that `update` writes: from `id` to the update
+/// nothing reads `x` or a view of it (a value deferred into a later op included), except `id`
+/// itself through `index` ops at the update's position that only it reads. Ops before `id`
+/// read `x` before it changes; placing the update in place checked that none reads it after.
+fn read_only_at_slice(
+    f: &Func,
+    block: &Block,
+    (sole_readers, deferred): (&HashMap<ValueId, OpId>, &HashSet<ValueId>),
+    x: ValueId,
+    update: OpId,
+    id: OpId,
+) -> bool {
+    let OpKind::Update { index: at, .. } = &f.ops[update].kind else {
+        return false;
+    };
+    let mut views = in_place::aliases(f, block, x);
+    for &o in &block.ops {
+        let op = &f.ops[o];
+        if deferred.contains(&op.results[0]) && op.kind.operands().iter().any(|v| views.contains(v))
+        {
+            views.insert(op.results[0]);
+        }
+    }
+    let same_slice = |v: ValueId| {
+        fuse::producer(f, block, v).is_some_and(|p| {
+            matches!(&f.ops[p].kind, OpKind::Index { x: of, index, .. } if *of == x && index == at)
+        }) && sole_readers.get(&v) == Some(&id)
+    };
+    let (Some(from), Some(to)) = (
+        block.ops.iter().position(|&o| o == id),
+        block.ops.iter().position(|&o| o == update),
+    ) else {
+        return false;
+    };
+    block.ops[from..to].iter().all(|&o| {
+        let mut reads: HashSet<ValueId> = f.ops[o].kind.operands().into_iter().collect();
+        if let OpKind::Loop { body, .. } = &f.ops[o].kind {
+            fuse::used_in(f, body, &mut reads);
+        }
+        reads
+            .into_iter()
+            .all(|v| !views.contains(&v) || (o == id && same_slice(v)))
+    })
 }

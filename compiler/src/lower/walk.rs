@@ -50,7 +50,8 @@ struct Written {
     fresh: Vec<ValueId>,
     /// Adds the call before them did.
     folded: HashSet<OpId>,
-    /// In-place updates whose value was computed in their slice (`MatMulIntoSlice`).
+    /// In-place updates whose value was computed in their slice (`MatMulIntoSlice`,
+    /// `ElementwiseIntoSlice`).
     in_slice: HashSet<OpId>,
     /// The GPipe loops written so far (`--trace` spans).
     gpipe_loops: usize,
@@ -358,18 +359,8 @@ impl Walker<'_, '_> {
                 env.insert(result, out);
             }
             Decision::MatMulIntoSlice { update } => {
-                let OpKind::Update { x, index, axis, .. } = &f.ops[*update].kind else {
-                    unreachable!("invariant: planned for updates")
-                };
-                let written = f.ops[*update].results[0];
-                let carried = (s.into.get(&written)).filter(|_| !s.sums.contains_key(&written));
-                let out = match carried.filter(|b| b.name == env[x].name) {
-                    Some(whole) => {
-                        let split = self.e.nest.in_stage_split();
-                        let scalar = views::uniform(f, *index, split).expect("checked by the plan");
-                        st.in_slice.insert(*update);
-                        views::index(&mut self.e, whole, &env[&scalar], *axis)
-                    }
+                let out = match self.slice_in_place(s, st, env, *update, id) {
+                    Some(slice) => slice,
                     None => {
                         let out = self.output(s, st, result);
                         if !s.placed(st, result) {
@@ -380,6 +371,10 @@ impl Walker<'_, '_> {
                 };
                 ops::lower(&mut self.e, self.numerics, &op.kind, &ins, &out);
                 env.insert(result, out);
+            }
+            Decision::ElementwiseIntoSlice { update } => {
+                let slice = self.slice_in_place(s, st, env, *update, id);
+                self.elementwise(s, st, env, id, slice);
             }
             Decision::GuardedUpdate { update, scalar } => {
                 let OpKind::Select { cond, on_false, .. } = &op.kind else {
@@ -450,7 +445,7 @@ impl Walker<'_, '_> {
                 env.insert(result, out);
             }
             Decision::Loop => self.for_loop(s, st, env, id, &ins)?,
-            Decision::Elementwise => self.elementwise(s, st, env, id),
+            Decision::Elementwise => self.elementwise(s, st, env, id, None),
             Decision::Compute => {
                 let out = self.output(s, st, result);
                 if !s.placed(st, result) {
@@ -752,10 +747,11 @@ impl Walker<'_, '_> {
         st: &mut Written,
         env: &mut HashMap<ValueId, Buf>,
         id: OpId,
+        into: Option<Buf>,
     ) {
         let f = s.f;
         let result = f.ops[id].results[0];
-        let own = !s.placed(st, result);
+        let own = into.is_none() && !s.placed(st, result);
         let dying = own
             .then(|| {
                 let ty = value_type(&self.e, f, result);
@@ -765,9 +761,10 @@ impl Walker<'_, '_> {
                     .find(|w| s.plan.sole_readers.get(w) == Some(&id) && env[w].ty.same_as(&ty))
             })
             .flatten();
-        let out = match dying {
-            Some(w) => env[&w].clone(),
-            None => self.output(s, st, result),
+        let out = match (into, dying) {
+            (Some(slice), _) => slice,
+            (None, Some(w)) => env[&w].clone(),
+            (None, None) => self.output(s, st, result),
         };
         let scope = fuse::Scope {
             f,
@@ -786,6 +783,40 @@ impl Walker<'_, '_> {
             st.fresh.push(result);
         }
         env.insert(result, out);
+    }
+
+    /// The slice of the carried buffer that `update` writes in place, where it does: the value
+    /// it writes is then computed there by op `writer`, and the update copies nothing
+    /// (`in_slice`). Where `writer` reads that slice through an `index`, its view is the one.
+    fn slice_in_place(
+        &mut self,
+        s: &Scope,
+        st: &mut Written,
+        env: &HashMap<ValueId, Buf>,
+        update: OpId,
+        writer: OpId,
+    ) -> Option<Buf> {
+        let f = s.f;
+        let OpKind::Update { x, index, axis, .. } = &f.ops[update].kind else {
+            unreachable!("invariant: planned for updates")
+        };
+        let written = f.ops[update].results[0];
+        let whole = (s.into.get(&written))
+            .filter(|_| !s.sums.contains_key(&written))
+            .filter(|b| b.name == env[x].name)?;
+        st.in_slice.insert(update);
+        let same_slice = |v: &ValueId| {
+            fuse::producer(f, s.block, *v).is_some_and(|p| {
+                matches!(&f.ops[p].kind, OpKind::Index { x: of, index: at, .. }
+                    if of == x && at == index)
+            }) && env.get(v).is_some_and(|b| b.base == whole.base)
+        };
+        if let Some(read) = f.ops[writer].kind.operands().iter().find(|v| same_slice(v)) {
+            return Some(env[read].clone());
+        }
+        let split = self.e.nest.in_stage_split();
+        let scalar = views::uniform(f, *index, split).expect("checked by the plan");
+        Some(views::index(&mut self.e, whole, &env[&scalar], *axis))
     }
 
     /// Starts the `--trace` span of the loop nests op `id` of `f` lowers to, named `name` and
