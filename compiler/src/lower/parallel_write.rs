@@ -4,9 +4,9 @@
 
 use super::batch_split;
 use super::buf::Buf;
-use super::ops;
 use super::stage_split::{self, StageLoop};
 use super::walk::{self, Walker};
+use super::{ops, views};
 use ppc_dialect::ir::{Func, FuncId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{Diagnostic, Type};
@@ -27,7 +27,7 @@ impl Walker<'_, '_> {
     pub(super) fn split_call(
         &mut self,
         callee: FuncId,
-        args: Vec<Buf>,
+        (args, at_slots): (Vec<Buf>, &HashMap<usize, (Buf, usize)>),
         read: &[bool],
         add_into: &HashMap<usize, Buf>,
         stages: StageLoop,
@@ -63,10 +63,17 @@ impl Walker<'_, '_> {
         if outline {
             self.e.begin_outlined();
         }
-        let args: Vec<Buf> = args
-            .iter()
-            .zip(&g.body.args)
-            .map(|(a, &v)| self.e.stage_slice(a, g.ty(v)))
+        // An argument read at a slot per stage (`Decision::IndexPerStage`) is the stage's slot
+        // of its indexed buffer.
+        let args: Vec<Buf> = (args.iter().zip(&g.body.args).enumerate())
+            .map(|(i, (a, &v))| match at_slots.get(&i) {
+                Some((index, axis)) => {
+                    let stage = self.e.stage_slice(a, &a.ty);
+                    let slot = self.e.stage_slice(index, &index.ty);
+                    views::index(&mut self.e, &stage, &slot, *axis)
+                }
+                None => self.e.stage_slice(a, g.ty(v)),
+            })
             .collect();
         if let Some((at, _)) = &masked {
             let (mask, zero) = (&args[*at], self.e.index(0));

@@ -80,6 +80,10 @@ pub enum Decision {
     IndexView {
         scalar: ValueId,
     },
+    /// `index` at a position per stage (`[stages, slots, ...]` at `[stages]`: a stage reading
+    /// its ring slot) that only a call split into stages reads: in the call's loop, each
+    /// stage's slot as a view, no copy of all of them before it (`Walker::call`).
+    IndexPerStage,
     /// A call, inlined; `stages`: as one loop over the callee's stages.
     Call {
         stages: Option<StageLoop>,
@@ -182,6 +186,21 @@ impl BlockPlan {
             .collect();
         let guarded_updates: HashSet<OpId> = fusion.guarded.values().copied().collect();
         let split = cx.in_stage_split;
+        // How a call runs over its callee's stages, if it does (`None` for any other op).
+        let call_stages = |id: OpId| {
+            let op = &f.ops[id];
+            let OpKind::Call { callee, on, .. } = &op.kind else {
+                return None;
+            };
+            let gemm_adds = gemm_accumulations.iter().any(|a| a.call == id);
+            match (cx.gpu, cx.in_parallel_loop || gemm_adds, on) {
+                (false, false, None) => {
+                    let read = stage_split::results_read(f, op);
+                    stage_split::stage_loop(m, &m.funcs[*callee], &read)
+                }
+                _ => None,
+            }
+        };
         let decide = |id: OpId| {
             let op = &f.ops[id];
             if op.results.first().is_some_and(|v| deferred.contains(v))
@@ -232,19 +251,15 @@ impl BlockPlan {
                 }
                 OpKind::Index { index, .. } => match views::uniform(f, *index, split) {
                     Some(scalar) => Decision::IndexView { scalar },
+                    None if per_stage_index(f, op) => match sole_readers.get(&op.results[0]) {
+                        Some(&call) if call_stages(call).is_some() => Decision::IndexPerStage,
+                        _ => Decision::Compute,
+                    },
                     None => Decision::Compute,
                 },
-                OpKind::Call { callee, on, .. } => {
-                    let gemm_adds = gemm_accumulations.iter().any(|a| a.call == id);
-                    let stages = match (cx.gpu, cx.in_parallel_loop || gemm_adds, on) {
-                        (false, false, None) => {
-                            let read = stage_split::results_read(f, op);
-                            stage_split::stage_loop(m, &m.funcs[*callee], &read)
-                        }
-                        _ => None,
-                    };
-                    Decision::Call { stages }
-                }
+                OpKind::Call { .. } => Decision::Call {
+                    stages: call_stages(id),
+                },
                 OpKind::MatMul { .. } if cx.accumulated.contains(&op.results[0]) => {
                     Decision::MatMulInto
                 }
@@ -294,6 +309,15 @@ fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
     !nested.contains(&v)
         && !block.results.contains(&v)
         && block.ops.iter().all(|&id| indexed(&f.ops[id].kind))
+}
+
+/// Whether `index` op `op` reads one position per stage: its index is `[stages]`, along `x`'s
+/// first axis, the stage axis.
+fn per_stage_index(f: &Func, op: &ppc_dialect::ir::Op) -> bool {
+    let OpKind::Index { x, index, .. } = &op.kind else {
+        return false;
+    };
+    f.ty(*index).rank() == 1 && f.ty(*x).stage_axis().is_some_and(|(at, _)| at == 0)
 }
 
 /// The values the loops of `block` read.

@@ -50,6 +50,9 @@ struct Written {
     fresh: Vec<ValueId>,
     /// Adds the call before them did.
     folded: HashSet<OpId>,
+    /// `index` results a split call reads a stage's slot of (`IndexPerStage`): the index and
+    /// the axis; the value's buffer in `env` is the indexed one.
+    per_stage: HashMap<ValueId, (Buf, usize)>,
     /// In-place updates whose value was computed in their slice (`MatMulIntoSlice`,
     /// `ElementwiseIntoSlice`).
     in_slice: HashSet<OpId>,
@@ -404,6 +407,13 @@ impl Walker<'_, '_> {
                 let view = views::index(&mut self.e, &env[x], &env[scalar], *axis);
                 env.insert(result, view);
             }
+            Decision::IndexPerStage => {
+                let OpKind::Index { x, index, axis } = &op.kind else {
+                    unreachable!("invariant: planned for indexes")
+                };
+                st.per_stage.insert(result, (env[index].clone(), *axis));
+                env.insert(result, env[x].clone());
+            }
             Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
             Decision::Alias { of } => {
                 env.insert(result, env[of].clone());
@@ -475,11 +485,19 @@ impl Walker<'_, '_> {
         split: Option<StageLoop>,
     ) -> Result<(), Diagnostic> {
         let (f, op) = (s.f, &s.f.ops[id]);
-        let OpKind::Call { callee, on, .. } = &op.kind else {
+        let OpKind::Call { callee, on, args } = &op.kind else {
             unreachable!("invariant: planned for calls")
         };
         let mut ins = ins;
         let guard = on.map(|_| ins.remove(0));
+        // Arguments a stage reads at its own slot: each stage's slot, in the loop over them.
+        let at_slots: HashMap<usize, (Buf, usize)> = (args.iter().enumerate())
+            .filter_map(|(i, a)| st.per_stage.get(a).map(|slot| (i, slot.clone())))
+            .collect();
+        assert!(
+            at_slots.is_empty() || split.is_some(),
+            "invariant: a stage's slot is read by a call split into stages"
+        );
         // A `call_if` inlined on the CPU adds the results no GEMM adds into after its body,
         // inside its test: a skipped call makes no pass over the accumulator (the ticked
         // schedules' weight gradients, whose calls run in fewer than half the ticks).
@@ -551,7 +569,7 @@ impl Walker<'_, '_> {
         let outs = match split {
             Some(stages) => {
                 let read = stage_split::results_read(f, op);
-                self.split_call(*callee, ins, &read, &add_into, stages)?
+                self.split_call(*callee, (ins, &at_slots), &read, &add_into, stages)?
             }
             None => {
                 let true_args = on.map(|c| guard_args(f, c, op)).unwrap_or_default();
