@@ -93,9 +93,9 @@ pub fn results_read(f: &Func, op: &Op) -> Vec<bool> {
 }
 
 /// If every result of `g` that the caller reads (`read[i]`) is `select(m, v, c)` with `m` one
-/// `i1` argument with the stage axis (or a reshape of it) and `c` a constant, or a matmul
-/// masked by that argument (`-0.0` where it is false): that argument's position and each read
-/// result's constant. A stage where the argument is false computes nothing that is kept.
+/// `i1` argument with the stage axis (or a reshape of it) and `c` a constant, a matmul masked
+/// by that argument (`-0.0` where it is false), or that argument itself (false there): that
+/// argument's position and each read result's constant. A stage where the argument is false computes nothing that is kept.
 pub fn masked_results(g: &Func, read: &[bool]) -> Option<(usize, Vec<Option<Float>>)> {
     let defined = |v| producer(g, &g.body, v).map(|id| &g.ops[id].kind);
     let mut mask = None;
@@ -104,6 +104,14 @@ pub fn masked_results(g: &Func, read: &[bool]) -> Option<(usize, Vec<Option<Floa
         if !read {
             fills.push(None);
             continue;
+        }
+        // The stage mask argument itself is false where it is false (ZB-H1's `B` stashes it).
+        if let Some(arg) = g.body.args.iter().position(|&a| a == r) {
+            if g.ty(r).is_stage_mask() && *mask.get_or_insert(arg) == arg {
+                fills.push(Some(Float(0.0)));
+                continue;
+            }
+            return None;
         }
         // A matmul masked by a stage mask argument is `-0.0` where it is false.
         if let Some(&OpKind::MatMul { mask: Some(m), .. }) = defined(r) {

@@ -19,11 +19,16 @@
 //!   iteration, the values of its own that `W`'s iteration reads (a tape, slot `t` holding
 //!   iteration `t`'s); `W`'s carries the accumulators and reads the tape at the same `t`.
 //!
+//! - An idle stage's stash is -0.0 (`B` masks it by the stage mask, as its other results are),
+//!   so that a loop over the stages skips an idle stage's `B` whole; `W` masks what it
+//!   computes from it.
+//!
 //! Every value is computed by the same ops from the same operands as in `@g`, and `W` adds
 //! its terms in the same order, so the two halves give `@g`'s results bit for bit (tested).
 
 use super::autodiff_kept::free_values;
 use super::gpipe_step::unexpected;
+use super::stage_mask::mask_inactive;
 use super::vjp::zeros;
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
@@ -209,11 +214,21 @@ impl<'a> Cut<'a> {
             }
         }
         let mut outs: Vec<ValueId> = self.input_results.iter().map(|v| env[v]).collect();
+        // A bubble stage stashes nothing: each stash value is -0.0 (false) where the stage is
+        // idle, as the first results are, so that a loop over the stages skips an idle stage's
+        // `B` whole (`stage_split::masked_results`) instead of computing it for `W` to mask.
+        let active = (g.body.args.iter())
+            .find(|&&a| g.ty(a).is_stage_mask())
+            .map(|a| env[a]);
         for s in &self.stash {
-            outs.push(match *s {
+            let v = match *s {
                 Stashed::Value(v) => env[&v],
                 Stashed::Tape(id, i) => tapes[&id][i],
-            });
+            };
+            match Some(v) == active {
+                true => outs.push(v), // false where the stage is idle already
+                false => outs.push(mask_inactive(&mut b, active, v)?),
+            }
         }
         let mut f = b.finish(outs);
         f.remove_dead_ops();
