@@ -369,6 +369,14 @@ impl<'a> Emitter<'a> {
         self.let_(&format!("arith.constant {v} : index"))
     }
 
+    /// The position `[0, n)` of the i32 index value `v` (clamped, as XLA does), as an `index`.
+    pub fn clamped_index(&mut self, v: &str, n: u64) -> String {
+        let i = self.let_(&format!("arith.index_cast {v} : i32 to index"));
+        let (zero, last) = (self.index(0), self.index(n - 1));
+        let lo = self.let_(&format!("arith.maxsi {i}, {zero} : index"));
+        self.let_(&format!("arith.minsi {lo}, {last} : index"))
+    }
+
     /// A scalar constant of an MLIR element type given by name.
     pub fn constant(&mut self, value: f64, ty: impl Into<Scalar>) -> String {
         let ty = ty.into();

@@ -165,14 +165,6 @@ pub fn elementwise_value(
     }
 }
 
-/// The clamped position `[0, n)` of an i32 index value, as an `index`.
-pub(super) fn clamp_index(e: &mut Emitter, v: &str, n: u64) -> String {
-    let i = e.let_(&format!("arith.index_cast {v} : i32 to index"));
-    let (zero, last) = (e.index(0), e.index(n - 1));
-    let lo = e.let_(&format!("arith.maxsi {i}, {zero} : index"));
-    e.let_(&format!("arith.minsi {lo}, {last} : index"))
-}
-
 /// Reduces `x` (f32) over `axes` into `acc` (f32, shape without those axes). Sums start from
 /// -0.0, as in the interpreter.
 fn reduce_into(e: &mut Emitter, num: Numerics, x: &Buf, axes: &[usize], acc: &Buf, max: bool) {
@@ -385,7 +377,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                 (out, identity(r)),
                 &par,
                 |e, a| {
-                    let k = clamp_index(e, &a[0], n);
+                    let k = e.clamped_index(&a[0], n);
                     let mut at: Vec<String> = (0..r)
                         .map(|i| e.let_(&format!("linalg.index {i} : index")))
                         .collect();
@@ -409,7 +401,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                 (out, identity(r)),
                 &par,
                 |e, a| {
-                    let k = clamp_index(e, &a[0], n);
+                    let k = e.clamped_index(&a[0], n);
                     let mut at: Vec<String> = (0..axis)
                         .chain(q..r)
                         .map(|i| e.let_(&format!("linalg.index {i} : index")))
@@ -436,7 +428,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
                 (out, identity(r)),
                 &par,
                 |e, a| {
-                    let k = clamp_index(e, &a[2], n);
+                    let k = e.clamped_index(&a[2], n);
                     let here = e.let_(&format!("linalg.index {axis} : index"));
                     let hit = e.let_(&format!("arith.cmpi eq, {here}, {k} : index"));
                     select_value(e, &hit, &a[1], &a[0], d)

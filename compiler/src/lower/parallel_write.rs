@@ -27,7 +27,7 @@ impl Walker<'_, '_> {
     pub(super) fn split_call(
         &mut self,
         callee: FuncId,
-        (args, at_slots): (Vec<Buf>, &HashMap<usize, (Buf, usize)>),
+        (args, at_slots): (Vec<Buf>, &HashMap<usize, walk::StageSlot>),
         read: &[bool],
         add_into: &HashMap<usize, Buf>,
         stages: StageLoop,
@@ -63,14 +63,21 @@ impl Walker<'_, '_> {
         if outline {
             self.e.begin_outlined();
         }
-        // An argument read at a slot per stage (`Decision::IndexPerStage`) is the stage's slot
+        // An argument read at a slot per stage (`Decision::AtStageSlot`) is the stage's slot
         // of its indexed buffer.
         let args: Vec<Buf> = (args.iter().zip(&g.body.args).enumerate())
             .map(|(i, (a, &v))| match at_slots.get(&i) {
-                Some((index, axis)) => {
+                Some(at) => {
                     let stage = self.e.stage_slice(a, &a.ty);
-                    let slot = self.e.stage_slice(index, &index.ty);
-                    views::index(&mut self.e, &stage, &slot, *axis)
+                    let slot = self.e.stage_slice(&at.index, &at.index.ty);
+                    let kept = views::index(&mut self.e, &stage, &slot, at.axis);
+                    match &at.perm {
+                        Some(perm) => {
+                            let ty = stage_split::slice_type(g.ty(v));
+                            views::transpose(&mut self.e, &kept, perm, &ty)
+                        }
+                        None => kept,
+                    }
                 }
                 None => self.e.stage_slice(a, g.ty(v)),
             })

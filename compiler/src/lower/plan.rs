@@ -81,9 +81,11 @@ pub enum Decision {
         scalar: ValueId,
     },
     /// `index` at a position per stage (`[stages, slots, ...]` at `[stages]`: a stage reading
-    /// its ring slot) that only a call split into stages reads: in the call's loop, each
-    /// stage's slot as a view, no copy of all of them before it (`Walker::call`).
-    IndexPerStage,
+    /// its ring slot) that only a call split into stages reads, directly or through a
+    /// transpose that moves the stage axis back (the stage axis after a layer axis): in the
+    /// call's loop, each stage's slot as a view, no copy of all of them before it
+    /// (`Walker::call`). The transpose gets this decision too.
+    AtStageSlot,
     /// A call, inlined; `stages`: as one loop over the callee's stages.
     Call {
         stages: Option<StageLoop>,
@@ -201,6 +203,31 @@ impl BlockPlan {
                 _ => None,
             }
         };
+        // Read only by a call split into stages.
+        let split_call =
+            |v: ValueId| (sole_readers.get(&v)).is_some_and(|&call| call_stages(call).is_some());
+        // An `index` at a slot per stage a split call reads, directly or through a transpose
+        // moving the stage axis; or that transpose.
+        let per_stage = |id: OpId| per_stage_index(f, &f.ops[id], split);
+        let at_stage_slot = |id: OpId| {
+            let (op, result) = (&f.ops[id], f.ops[id].results[0]);
+            match &op.kind {
+                OpKind::Index { .. } => {
+                    per_stage(id)
+                        && (split_call(result)
+                            || (sole_readers.get(&result)).is_some_and(|&t| {
+                                moves_stage_axis(f, t) && split_call(f.ops[t].results[0])
+                            }))
+                }
+                OpKind::Transpose { x, .. } => {
+                    moves_stage_axis(f, id)
+                        && split_call(result)
+                        && sole_readers.get(x) == Some(&id)
+                        && fuse::producer(f, block, *x).is_some_and(per_stage)
+                }
+                _ => false,
+            }
+        };
         let decide = |id: OpId| {
             let op = &f.ops[id];
             if op.results.first().is_some_and(|v| deferred.contains(v))
@@ -213,6 +240,7 @@ impl BlockPlan {
                 return Decision::SummedMatMul { matmul };
             }
             match &op.kind {
+                _ if at_stage_slot(id) => Decision::AtStageSlot,
                 OpKind::Select { .. } | OpKind::Transpose { .. }
                     if cx.summed.contains(&op.results[0]) =>
                 {
@@ -251,10 +279,6 @@ impl BlockPlan {
                 }
                 OpKind::Index { index, .. } => match views::uniform(f, *index, split) {
                     Some(scalar) => Decision::IndexView { scalar },
-                    None if per_stage_index(f, op) => match sole_readers.get(&op.results[0]) {
-                        Some(&call) if call_stages(call).is_some() => Decision::IndexPerStage,
-                        _ => Decision::Compute,
-                    },
                     None => Decision::Compute,
                 },
                 OpKind::Call { .. } => Decision::Call {
@@ -311,13 +335,25 @@ fn only_indexed(f: &Func, block: &Block, v: ValueId) -> bool {
         && block.ops.iter().all(|&id| indexed(&f.ops[id].kind))
 }
 
-/// Whether `index` op `op` reads one position per stage: its index is `[stages]`, along `x`'s
-/// first axis, the stage axis.
-fn per_stage_index(f: &Func, op: &ppc_dialect::ir::Op) -> bool {
+/// Whether `index` op `op` reads one position per stage, not the same for all: its index is
+/// `[stages]`, along `x`'s first axis, the stage axis.
+fn per_stage_index(f: &Func, op: &ppc_dialect::ir::Op, in_split: bool) -> bool {
     let OpKind::Index { x, index, .. } = &op.kind else {
         return false;
     };
-    f.ty(*index).rank() == 1 && f.ty(*x).stage_axis().is_some_and(|(at, _)| at == 0)
+    f.ty(*index).rank() == 1
+        && f.ty(*x).stage_axis().is_some_and(|(at, _)| at == 0)
+        && views::uniform(f, *index, in_split).is_none()
+}
+
+/// Whether op `id` is a transpose that only moves its operand's stage axis, the first, to
+/// another place (the other axes keep their order).
+fn moves_stage_axis(f: &Func, id: OpId) -> bool {
+    let OpKind::Transpose { x, perm } = &f.ops[id].kind else {
+        return false;
+    };
+    let others: Vec<usize> = perm.iter().copied().filter(|&a| a != 0).collect();
+    f.ty(*x).stage_axis().is_some_and(|(at, _)| at == 0) && others.is_sorted()
 }
 
 /// The values the loops of `block` read.

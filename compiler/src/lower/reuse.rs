@@ -36,9 +36,10 @@ pub(super) fn last_reads(f: &Func, block: &Block, plan: &BlockPlan) -> HashMap<V
         let Step::Op(id) = *step else { continue };
         let op = &f.ops[id];
         // An op computed inside its consumer's loop nest reads its operands there, as does an
-        // `index` a split call reads a stage's slot of, in its loop over the stages.
+        // `index` a split call reads a stage's slot of (and its transpose), in its loop over the
+        // stages.
         let at = match plan.decisions.get(&id) {
-            Some(Decision::Skip | Decision::IndexPerStage) => (op.results.iter())
+            Some(Decision::Skip | Decision::AtStageSlot) => (op.results.iter())
                 .filter_map(|r| last.get(r).copied())
                 .max()
                 .unwrap_or(k)

@@ -8,7 +8,6 @@
 
 use super::buf::Buf;
 use super::emit::Emitter;
-use super::ops::clamp_index;
 
 /// `out[p.., ..] = x[p[..axis].., clamp(idx[p..]), ..]` for every position `p` of `idx`, whose
 /// first `axis` axes are `x`'s first. False, with nothing emitted, where a loop of copies does
@@ -25,7 +24,7 @@ pub fn copy_slabs(e: &mut Emitter, x: &Buf, idx: &Buf, axis: usize, out: &Buf) -
         ivs.join(", "),
         idx.mty()
     ));
-    let k = clamp_index(e, &k, x.ty.dims[axis].size);
+    let k = e.clamped_index(&k, x.ty.dims[axis].size);
     let at_x: Vec<(usize, String)> = ivs[..axis]
         .iter()
         .cloned()

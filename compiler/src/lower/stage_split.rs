@@ -95,7 +95,8 @@ pub fn results_read(f: &Func, op: &Op) -> Vec<bool> {
 /// If every result of `g` that the caller reads (`read[i]`) is `select(m, v, c)` with `m` one
 /// `i1` argument with the stage axis (or a reshape of it) and `c` a constant, a matmul masked
 /// by that argument (`-0.0` where it is false), or that argument itself (false there): that
-/// argument's position and each read result's constant. A stage where the argument is false computes nothing that is kept.
+/// argument's position and each read result's constant. A stage where the argument is false
+/// computes nothing that is kept.
 pub fn masked_results(g: &Func, read: &[bool]) -> Option<(usize, Vec<Option<Float>>)> {
     let defined = |v| producer(g, &g.body, v).map(|id| &g.ops[id].kind);
     let mut mask = None;

@@ -8,7 +8,6 @@
 
 use super::buf::{list, Buf, Layout};
 use super::emit::Emitter;
-use super::ops::clamp_index;
 use ppc_dialect::ir::{Func, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::Type;
@@ -55,7 +54,7 @@ pub fn index(e: &mut Emitter, x: &Buf, k: &Buf, axis: usize) -> Buf {
         at.join(", "),
         k.mty()
     ));
-    let at = clamp_index(e, &v, shape[axis]);
+    let at = e.clamped_index(&v, shape[axis]);
     e.slot(x, &at, axis, false)
 }
 

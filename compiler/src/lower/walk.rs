@@ -50,9 +50,9 @@ struct Written {
     fresh: Vec<ValueId>,
     /// Adds the call before them did.
     folded: HashSet<OpId>,
-    /// `index` results a split call reads a stage's slot of (`IndexPerStage`): the index and
-    /// the axis; the value's buffer in `env` is the indexed one.
-    per_stage: HashMap<ValueId, (Buf, usize)>,
+    /// Values a split call reads at each stage's slot (`AtStageSlot`); their buffer in `env`
+    /// is the indexed one.
+    per_stage: HashMap<ValueId, StageSlot>,
     /// In-place updates whose value was computed in their slice (`MatMulIntoSlice`,
     /// `ElementwiseIntoSlice`).
     in_slice: HashSet<OpId>,
@@ -60,6 +60,16 @@ struct Written {
     gpipe_loops: usize,
     /// The ticks of the loops over ticks (`--schedule 1f1b`) written so far.
     ticks: u64,
+}
+
+/// Where a split call's argument is read at each stage's own slot (`Decision::AtStageSlot`):
+/// position `index[stage]` along `axis` of the stage's slice of the indexed buffer, then, where
+/// the stage axis is not first in the callee's argument, permuted by `perm` (a view either way).
+#[derive(Clone)]
+pub(super) struct StageSlot {
+    pub index: Buf,
+    pub axis: usize,
+    pub perm: Option<Vec<usize>>,
 }
 
 /// The type of `v`'s buffer: its stage's slice inside a loop over a call's stages, its entry's
@@ -407,12 +417,26 @@ impl Walker<'_, '_> {
                 let view = views::index(&mut self.e, &env[x], &env[scalar], *axis);
                 env.insert(result, view);
             }
-            Decision::IndexPerStage => {
-                let OpKind::Index { x, index, axis } = &op.kind else {
-                    unreachable!("invariant: planned for indexes")
+            Decision::AtStageSlot => {
+                let slot = match &op.kind {
+                    OpKind::Index { x, index, axis } => {
+                        env.insert(result, env[x].clone());
+                        StageSlot {
+                            index: env[index].clone(),
+                            axis: *axis,
+                            perm: None,
+                        }
+                    }
+                    OpKind::Transpose { x, perm } => {
+                        env.insert(result, env[x].clone());
+                        StageSlot {
+                            perm: Some(perm.clone()),
+                            ..st.per_stage[x].clone()
+                        }
+                    }
+                    _ => unreachable!("invariant: planned for indexes and their transposes"),
                 };
-                st.per_stage.insert(result, (env[index].clone(), *axis));
-                env.insert(result, env[x].clone());
+                st.per_stage.insert(result, slot);
             }
             Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
             Decision::Alias { of } => {
@@ -491,7 +515,7 @@ impl Walker<'_, '_> {
         let mut ins = ins;
         let guard = on.map(|_| ins.remove(0));
         // Arguments a stage reads at its own slot: each stage's slot, in the loop over them.
-        let at_slots: HashMap<usize, (Buf, usize)> = (args.iter().enumerate())
+        let at_slots: HashMap<usize, StageSlot> = (args.iter().enumerate())
             .filter_map(|(i, a)| st.per_stage.get(a).map(|slot| (i, slot.clone())))
             .collect();
         assert!(
