@@ -44,6 +44,7 @@ pub mod gpu_map;
 mod gpu_norm;
 mod gpu_reduce;
 mod grad_squares;
+mod idle_keep;
 mod in_place;
 mod init_array;
 pub mod machine;

@@ -387,7 +387,13 @@ impl Walker<'_, '_> {
             }
             Decision::ElementwiseIntoSlice { update } => {
                 let slice = self.slice_in_place(s, st, env, *update, id);
-                self.elementwise(s, st, env, id, slice);
+                let scope = (f, s.block, &s.plan.fusion.deferred);
+                match slice {
+                    Some(slice) if self.keep_idle_stages(scope, env, id, &slice) => {
+                        env.insert(result, slice);
+                    }
+                    slice => self.elementwise(s, st, env, id, slice),
+                }
             }
             Decision::GuardedUpdate { update, scalar } => {
                 let OpKind::Select { cond, on_false, .. } = &op.kind else {
