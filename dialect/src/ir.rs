@@ -467,6 +467,13 @@ pub mod names {
     /// the backward of the next (a tape, as the report counts what the step keeps).
     pub const RECOMPUTED: &str = "tape_recomputed";
 
+    /// The names a stage's forward has: `@stage`, `@stage_fwd` (keeping residuals), and each
+    /// masked for the ticked schedules' loop ([`masked`]).
+    pub fn stage_forwards() -> [String; 4] {
+        let (stage, fwd) = (STAGE.to_string(), fwd(STAGE));
+        [masked(&stage), masked(&fwd), stage, fwd]
+    }
+
     /// The names a stage's backward has: `@stage_vjp` (recomputing its forward) or
     /// `@stage_bwd` (from kept residuals).
     pub fn stage_backwards() -> [String; 2] {
@@ -521,6 +528,12 @@ pub mod names {
     /// what `@f_input` stashed: `@f_weight`.
     pub fn weight_grad(f: &str) -> String {
         format!("{f}_weight")
+    }
+
+    /// A stage's forward `@f` with its results `-0.0` where the stage does not run (the ticked
+    /// schedules' loop, `--schedule 1f1b` and `zb-h1`): `@f_masked`.
+    pub fn masked(f: &str) -> String {
+        format!("{f}_masked")
     }
 
     /// `@f_fwd` run again for `@f_bwd`, not as a forward (`autodiff --remat=tick`, for

@@ -390,7 +390,7 @@ impl Lockstep<'_> {
         let stage = names::STAGE;
         let backwards = names::stage_backwards();
         let role = match g.name.as_str() {
-            n if n == stage || n == names::fwd(stage) => Some(Role::Forward),
+            n if names::stage_forwards().iter().any(|f| n == f) => Some(Role::Forward),
             n if backwards.iter().any(|b| n == b) => Some(Role::Backward),
             n if n == names::recompute(stage) => Some(Role::Recompute),
             n if backwards.iter().any(|b| n == names::input_grad(b)) => Some(Role::Input),

@@ -354,7 +354,7 @@ fn every_stage_call_of_a_tick_runs_between_its_two_exchanges() {
             _ => vec![names::vjp(&stage)],
         };
         let exchanges = at(&|k| matches!(k, OpKind::Exchange { .. }));
-        let calls = calls_of(&[[stage.clone()].as_slice(), &backward].concat());
+        let calls = calls_of(&[names::stage_forwards().as_slice(), &backward].concat());
         let what = format!(
             "{ranks} ranks, --remat {}: exchanges at {exchanges:?}, stage calls at {calls:?}",
             remat.name()

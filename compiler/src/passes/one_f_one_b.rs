@@ -23,7 +23,10 @@
 //! - **Forward half** of a tick: L1's body with each stage's item replaced by its entering microbatch in
 //!   the stages of this parity (`-1`, no work, elsewhere), stage 0 fed microbatch `M-1-τ`, and
 //!   the outputs written where the last stage finished one. Each microbatch's values are
-//!   computed by the same ops, so they are the same bytes in another tick.
+//!   computed by the same ops, so they are the same bytes in another tick. With several
+//!   stages on a rank, the forward is called with its results masked (`@stage_masked`,
+//!   `stage_mask::masked_twin`): a stage runs a forward in one tick of two, and a loop over
+//!   the stages skips it in the other (with one, the call is skipped there, `call_if`).
 //! - **Backward half**: L2's body with each stage's microbatch replaced likewise, and the
 //!   cotangent masked to `-0.0` where a stage does not run, as GPipe's bubbles see it (there
 //!   the slot holds a cotangent of another tick). Every stage still meets its microbatches in
@@ -65,6 +68,7 @@ use super::bw_split::split;
 use super::gpipe_step::{after_forward, exchanging, loop_body, unexpected, Kept, Parts};
 use super::options::Options;
 use super::remat::Remat;
+use super::stage_mask::masked_twin;
 use super::tick::{and, entering, int, stage_call, within, Halves, Held, Step, Tick, Ticks};
 use super::tick_backward::{backward_half, recompute_ahead, weight_call};
 use super::tick_interleaved::Interleaved;
@@ -102,28 +106,55 @@ pub fn one_f_one_b(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
     let Some(id) = m.func_id(&train) else {
         return refuse("`1f1b` needs `@train_vjp`: run `autodiff` first");
     };
-    if opts.schedule != Kind::ZbH1 {
-        m.funcs[id] = build(m, id, None).map_err(|d| vec![d])?;
-        return Ok(());
-    }
-    let halves = split_backward(m, id).map_err(|d| vec![d])?;
-    let mut f = build(m, id, Some(halves)).map_err(|d| vec![d])?;
-    // Callees come before their callers: `B` takes GPipe's step's place, `W` `B`'s, and the
-    // step goes last.
-    let Halves { input, weight, .. } = halves;
-    for op in f.ops.values_mut() {
-        if let OpKind::Call { callee, .. } = &mut op.kind {
-            *callee = match *callee {
-                c if c == input => id,
-                c if c == weight => input,
-                c => c,
-            };
-        }
-    }
-    let b_fn = std::mem::replace(&mut m.funcs[input], Func::new(""));
-    m.funcs[input] = std::mem::replace(&mut m.funcs[weight], f);
-    m.funcs[id] = b_fn;
+    let halves = match opts.schedule {
+        Kind::ZbH1 => Some(split_backward(m, id).map_err(|d| vec![d])?),
+        _ => None,
+    };
+    let masked = masked_forward(m, id).map_err(|d| vec![d])?;
+    let f = build(m, id, halves, masked).map_err(|d| vec![d])?;
+    let added = halves.iter().flat_map(|h| [h.input, h.weight]);
+    replace_step(
+        m,
+        id,
+        added.chain(masked.map(|(_, twin)| twin)).collect(),
+        f,
+    );
     Ok(())
+}
+
+/// Puts `step` in place of the step `id`, which is last in `m`, with the functions `added` to
+/// `m` for it: callees come before their callers, so the first added function takes the
+/// step's place, each other the place of the one before, and the step goes last.
+fn replace_step(m: &mut Module, id: FuncId, added: Vec<FuncId>, step: Func) {
+    let slots: Vec<FuncId> = std::iter::once(id).chain(added.iter().copied()).collect();
+    let moved: HashMap<FuncId, FuncId> = added.iter().copied().zip(slots.iter().copied()).collect();
+    let mut funcs: Vec<Func> = (added.iter())
+        .map(|&a| std::mem::replace(&mut m.funcs[a], Func::new("")))
+        .collect();
+    funcs.push(step);
+    for (mut f, slot) in funcs.into_iter().zip(slots) {
+        for op in f.ops.values_mut() {
+            if let OpKind::Call { callee, .. } = &mut op.kind {
+                *callee = moved.get(callee).copied().unwrap_or(*callee);
+            }
+        }
+        m.funcs[slot] = f;
+    }
+}
+
+/// With several stages on a rank, the forward the tick loop calls with its results masked
+/// by the stage mask (`stage_mask::masked_twin`), added to `m`: the forward and its twin. (With
+/// one stage a rank, the loop calls the forward only where the stage runs, `call_if`.)
+fn masked_forward(m: &mut Module, id: FuncId) -> Result<Option<(FuncId, FuncId)>, Diagnostic> {
+    if m.pipeline.stages_per_rank() == 1 {
+        return Ok(None);
+    }
+    let f = &m.funcs[id];
+    let parts = Parts::find(m, f)?;
+    let OpKind::Call { callee, .. } = f.ops[parts.forward_call].kind else {
+        unreachable!("invariant: a stage call")
+    };
+    Ok(masked_twin(m, &m.funcs[callee])?.map(|twin| (callee, m.funcs.push(twin))))
 }
 
 /// Cuts the stage's backward that GPipe's step calls into `B` and `W` (`bw_split.rs`) and
@@ -146,7 +177,12 @@ fn split_backward(m: &mut Module, id: FuncId) -> Result<Halves, Diagnostic> {
     })
 }
 
-fn build(m: &Module, id: FuncId, halves: Option<Halves>) -> Result<Func, Diagnostic> {
+fn build(
+    m: &Module,
+    id: FuncId,
+    halves: Option<Halves>,
+    masked_forward: Option<(FuncId, FuncId)>,
+) -> Result<Func, Diagnostic> {
     let f = &m.funcs[id];
     let parts = Parts::find(m, f)?;
     let mut b = Builder::new(&f.name);
@@ -162,7 +198,8 @@ fn build(m: &Module, id: FuncId, halves: Option<Halves>) -> Result<Func, Diagnos
     let (early, late) = after_forward(f, &f.body.ops[first + 1..last], parts.forward);
     b.copy_ops(m, f, &f.body.ops[..first], &mut env)?;
     b.copy_ops(m, f, &early, &mut env)?;
-    let ticks = ticks(&mut b, m, f, parts.forward, &env, halves)?;
+    let mut ticks = ticks(&mut b, m, f, parts.forward, &env, halves)?;
+    ticks.masked_forward = masked_forward;
     let results = tick_loop(&mut b, m, f, &parts, &ticks, &env)?;
     let l1 = &f.ops[parts.forward].results;
     env.insert(l1[0], results.state);
@@ -244,6 +281,7 @@ fn ticks(
         d_outputs,
         microbatch_loss,
         halves,
+        masked_forward: None,
         interleaved,
     })
 }

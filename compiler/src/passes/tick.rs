@@ -35,6 +35,10 @@ pub(super) struct Ticks {
     pub(super) microbatch_loss: FuncId,
     /// Under `--schedule zb-h1`, the stage's backward cut in two (`bw_split.rs`).
     pub(super) halves: Option<Halves>,
+    /// With several stages on a rank: the forward, and its twin with its results `-0.0` where
+    /// the stage does not run (`stage_mask::masked_twin`), which the loop calls instead, so
+    /// that a loop over the stages skips those that run no forward in the tick.
+    pub(super) masked_forward: Option<(FuncId, FuncId)>,
     /// On a circular pipeline, the interleaved order (`tick_interleaved.rs`); else the parity
     /// order.
     pub(super) interleaved: Option<Interleaved>,
@@ -140,7 +144,11 @@ pub(super) fn stage_call(
     let mask = mask_of(f, args).map(|a| env[&a]);
     let hint = &f.values[f.ops[id].results[0]].name;
     let args = args.iter().map(|a| env[a]).collect();
-    let (results, on) = call_stage(b, st, hint, *callee, args, mask)?;
+    let callee = match st.ticks.masked_forward {
+        Some((forward, twin)) if forward == *callee => twin,
+        _ => *callee,
+    };
+    let (results, on) = call_stage(b, st, hint, callee, args, mask)?;
     env.extend(f.ops[id].results.iter().copied().zip(results));
     Ok(on)
 }
