@@ -297,6 +297,21 @@ impl Builder {
         Ok(())
     }
 
+    /// Takes `g`'s arguments (their names, types and spans) as this function's and its
+    /// parameters ([`Builder::bind_params_of`]), each bound in `env` to this function's: the
+    /// start of a function made from `g`.
+    pub fn signature_of(
+        &mut self,
+        g: &Func,
+        env: &mut HashMap<ValueId, ValueId>,
+    ) -> Result<(), Diagnostic> {
+        for &a in &g.body.args {
+            self.span = g.value_spans.get(&a);
+            env.insert(a, self.arg(&g.values[a].name, g.ty(a).clone()));
+        }
+        self.bind_params_of(g, env)
+    }
+
     /// This function's parameter called `name`.
     pub fn param_named(&self, name: &str) -> Option<ValueId> {
         self.func

@@ -198,11 +198,7 @@ impl<'a> Cut<'a> {
         let g = self.g;
         let mut b = Builder::new(&names::input_grad(&g.name));
         let mut env = HashMap::new();
-        for &a in &g.body.args {
-            b.span = g.value_spans.get(&a);
-            env.insert(a, b.arg(&g.values[a].name, g.ty(a).clone()));
-        }
-        b.bind_params_of(g, &mut env)?;
+        b.signature_of(g, &mut env)?;
         let mut tapes: HashMap<OpId, Vec<ValueId>> = HashMap::new();
         for &id in g.body.ops.iter().filter(|o| self.input_ops.contains(o)) {
             match self.loops.get(&id) {

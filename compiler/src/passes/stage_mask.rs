@@ -71,11 +71,7 @@ pub(super) fn masked_twin(m: &Module, g: &Func) -> Result<Option<Func>, Diagnost
     }
     let mut b = Builder::new(&names::masked(&g.name));
     let mut env = HashMap::new();
-    for &a in &g.body.args {
-        b.span = g.value_spans.get(&a);
-        env.insert(a, b.arg(&g.values[a].name, g.ty(a).clone()));
-    }
-    b.bind_params_of(g, &mut env)?;
+    b.signature_of(g, &mut env)?;
     b.copy_ops(m, g, &g.body.ops, &mut env)?;
     let active = Some(env[&mask]);
     let results = (g.body.results.iter())
