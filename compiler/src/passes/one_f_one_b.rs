@@ -198,8 +198,7 @@ fn build(
     let (early, late) = after_forward(f, &f.body.ops[first + 1..last], parts.forward);
     b.copy_ops(m, f, &f.body.ops[..first], &mut env)?;
     b.copy_ops(m, f, &early, &mut env)?;
-    let mut ticks = ticks(&mut b, m, f, parts.forward, &env, halves)?;
-    ticks.masked_forward = masked_forward;
+    let ticks = ticks(&mut b, m, f, parts.forward, &env, (halves, masked_forward))?;
     let results = tick_loop(&mut b, m, f, &parts, &ticks, &env)?;
     let l1 = &f.ops[parts.forward].results;
     env.insert(l1[0], results.state);
@@ -220,7 +219,7 @@ fn ticks(
     f: &Func,
     forward: OpId,
     env: &HashMap<ValueId, ValueId>,
-    halves: Option<Halves>,
+    (halves, masked_forward): (Option<Halves>, Option<(FuncId, FuncId)>),
 ) -> Result<Ticks, Diagnostic> {
     let p = m.pipeline;
     let find = |name: &str| {
@@ -281,7 +280,7 @@ fn ticks(
         d_outputs,
         microbatch_loss,
         halves,
-        masked_forward: None,
+        masked_forward,
         interleaved,
     })
 }
