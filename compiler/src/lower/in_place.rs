@@ -9,7 +9,8 @@
 //! written.
 //!
 //! A `call_if` (1F1B's recomputation) writes a result into the carried buffer on the same
-//! terms, reading no view of it.
+//! terms, reading no view of it; so does a select guarding an update ([`guarded_updates`]):
+//! the backward's zeroing of the output slot a microbatch left by.
 //!
 //! [`overwritten`]: a carried value that each iteration `t` of `trips` only updates at a slice
 //! of its own, `t` or `trips - 1 - t` (the training step's tapes of what the forward keeps for
@@ -59,12 +60,30 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
             fuse::used_in(f, inner, &mut later);
         }
     }
+    // A deferred value is computed where it is read: what it reads is read there too.
+    let mut pending: Vec<ValueId> = later.iter().copied().collect();
+    while let Some(v) = pending.pop() {
+        if let Some(id) = fuse::producer(f, body, v).filter(|_| deferred.contains(&v)) {
+            let reads = f.ops[id].kind.operands();
+            pending.extend(reads.iter().copied().filter(|&o| later.insert(o)));
+        }
+    }
     // An update of one slice of `arg` (an accumulator's) writes just that slice, if neither
     // `arg` nor a view of it is read afterwards.
     if let OpKind::Update { x, index, .. } = kind {
         return *x == arg
             && views::uniform(f, *index, false).is_some()
             && aliases(f, body, arg).iter().all(|v| !later.contains(v));
+    }
+    // A select guarding an update of one slice (`guarded_updates`) copies the value it keeps
+    // into its buffer, then writes the slice if its condition holds: into `arg`'s, if neither
+    // `arg` nor a view of it is read afterwards, and what it keeps is `arg` or no view of it.
+    if let OpKind::Select { on_false, .. } = kind {
+        if guarded_updates(f, body).contains_key(&body.ops[pos]) {
+            let views = aliases(f, body, arg);
+            return (*on_false == arg || !views.contains(on_false))
+                && views.iter().all(|v| !later.contains(v));
+        }
     }
     // A `call_if` computes its results into the buffers it is given (1F1B's recomputed
     // residuals): into `arg`'s if it reads no view of `arg`, which nothing reads afterwards.

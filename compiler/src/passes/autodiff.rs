@@ -399,7 +399,13 @@ impl Diff<'_> {
                     if !self.is_float(r) {
                         continue;
                     }
-                    for (v, c) in vjp::rule(b, self.f, env, kind, r, d)? {
+                    let cotangents = match (kind, vjp::guarding(self.f, kind)) {
+                        (OpKind::Select { cond, .. }, Some(update)) => {
+                            vjp::guarded_update(b, self.f, env, (*cond, &update), d)?
+                        }
+                        _ => vjp::rule(b, self.f, env, kind, r, d)?,
+                    };
+                    for (v, c) in cotangents {
                         self.add(b, cots, v, c)?;
                     }
                 }

@@ -63,6 +63,72 @@ pub fn reads(f: &Func, op: &Op) -> Vec<ValueId> {
     }
 }
 
+/// If `op` is `select(c, w, x)` with a scalar `c`, `w = update(x, u, i)`, and `w` and `x` read
+/// nowhere else in `f` (a pipeline loop writing its outputs where a microbatch left the last
+/// stage): that update. Its cotangents are one guarded update ([`guarded_update`]).
+pub fn guarding(f: &Func, op: &OpKind) -> Option<OpKind> {
+    let &OpKind::Select {
+        cond,
+        on_true,
+        on_false,
+    } = op
+    else {
+        return None;
+    };
+    let update = f.ops.values().find(|o| o.results.contains(&on_true))?;
+    let single = f.ty(cond).rank() == 0
+        && matches!(update.kind, OpKind::Update { x, .. } if x == on_false)
+        && f.uses(&f.body, on_true) == 1
+        && f.uses(&f.body, on_false) == 2;
+    single.then(|| update.kind.clone())
+}
+
+/// The cotangents of `select(c, update(x, u, i), x)` ([`guarding`]), given `d`: `u`'s
+/// `select(c, index(d, i), -0.0)` and `x`'s `select(c, update(d, -0.0, i), d)`, a guarded
+/// update, which the lowering writes as a slice under an `scf.if` (`lower/in_place.rs`). The
+/// two ops' own rules give the same bits as whole-buffer selects and an add of `x`'s two
+/// parts, one of which is `-0.0` everywhere.
+pub fn guarded_update(
+    b: &mut Builder,
+    f: &Func,
+    env: &Env,
+    (cond, update): (ValueId, &OpKind),
+    d: ValueId,
+) -> Result<Vec<(ValueId, ValueId)>, Diagnostic> {
+    let &OpKind::Update {
+        x,
+        update: u,
+        index,
+        axis,
+    } = update
+    else {
+        unreachable!("invariant: `guarding` gives an update")
+    };
+    let (c, i) = (env[&cond], env[&index]);
+    // The slot is read before it is zeroed, so that the update may be written in place.
+    let read = b.op(
+        "d",
+        OpKind::Index {
+            x: d,
+            index: i,
+            axis,
+        },
+        None,
+    )?;
+    let zero = scalar(b, f.ty(u).dtype, -0.0)?;
+    let du = select(b, c, read, zero)?;
+    let z = zeros(b, f.ty(u))?;
+    let zeroed = OpKind::Update {
+        x: d,
+        update: z,
+        index: i,
+        axis,
+    };
+    let zeroed = b.op("d", zeroed, None)?;
+    let dx = select(b, c, zeroed, d)?;
+    Ok(vec![(x, dx), (u, du)])
+}
+
 /// The cotangents `(operand, cotangent)` of `op`'s float operands, given `d`, the cotangent of
 /// its result `r`. Operands whose cotangent is zero by construction are left out.
 pub fn rule(
