@@ -9,8 +9,9 @@
 //! written.
 //!
 //! A `call_if` (1F1B's recomputation) writes a result into the carried buffer on the same
-//! terms, reading no view of it; so does a select guarding an update ([`guarded_updates`]):
-//! the backward's zeroing of the output slot a microbatch left by.
+//! terms, reading no view of it; so does a select guarding an update ([`guarded_updates`]): a
+//! pipeline loop writing a finished microbatch into its outputs, and the backward zeroing that
+//! slot of their cotangent.
 //!
 //! [`overwritten`]: a carried value that each iteration `t` of `trips` only updates at a slice
 //! of its own, `t` or `trips - 1 - t` (the training step's tapes of what the forward keeps for
@@ -77,11 +78,19 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
     }
     // A select guarding an update of one slice (`guarded_updates`) copies the value it keeps
     // into its buffer, then writes the slice if its condition holds: into `arg`'s, if neither
-    // `arg` nor a view of it is read afterwards, and what it keeps is `arg` or no view of it.
+    // `arg` nor a view of it is read afterwards, what it keeps is `arg` or no view of it, and
+    // what it writes is no view of it (which the copy would have overwritten).
     if let OpKind::Select { on_false, .. } = kind {
-        if guarded_updates(f, body).contains_key(&body.ops[pos]) {
+        if let Some(&update) = guarded_updates(f, body).get(&body.ops[pos]) {
+            let OpKind::Update {
+                update: written, ..
+            } = &f.ops[update].kind
+            else {
+                unreachable!("invariant: guarded_updates pairs selects with updates")
+            };
             let views = aliases(f, body, arg);
             return (*on_false == arg || !views.contains(on_false))
+                && !views.contains(written)
                 && views.iter().all(|v| !later.contains(v));
         }
     }
