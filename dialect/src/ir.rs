@@ -319,6 +319,11 @@ impl Func {
             .collect()
     }
 
+    /// The op (of any block) whose results include `v`; `None` for an argument.
+    pub fn producer(&self, v: ValueId) -> Option<&Op> {
+        self.ops.values().find(|op| op.results.contains(&v))
+    }
+
     /// How many times `block` (nested loop bodies included) reads `v`: as an operand, or as a
     /// block's result.
     pub fn uses(&self, block: &Block, v: ValueId) -> usize {

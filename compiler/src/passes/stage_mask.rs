@@ -86,14 +86,7 @@ pub(super) fn masked_twin(m: &Module, g: &Func) -> Result<Option<Func>, Diagnost
 /// Whether `d` is a matmul masked by `active` (or its f32 conversion): `-0.0` wherever
 /// `active` is false, computed from nothing there.
 fn masked_by(b: &Builder, d: ValueId, active: ValueId) -> bool {
-    let producer = |v: ValueId| {
-        b.func
-            .ops
-            .values()
-            .find(|op| op.results.contains(&v))
-            .map(|op| &op.kind)
-    };
-    match producer(d) {
+    match b.func.producer(d).map(|op| &op.kind) {
         Some(OpKind::Convert { x }) => masked_by(b, *x, active),
         Some(OpKind::MatMul { mask, .. }) => *mask == Some(active),
         _ => false,

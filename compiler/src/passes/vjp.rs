@@ -75,9 +75,11 @@ pub fn guarding(f: &Func, op: &OpKind) -> Option<OpKind> {
     else {
         return None;
     };
-    let update = f.ops.values().find(|o| o.results.contains(&on_true))?;
-    let single = f.ty(cond).rank() == 0
-        && matches!(update.kind, OpKind::Update { x, .. } if x == on_false)
+    if f.ty(cond).rank() != 0 {
+        return None; // the common case, a mask: no search for the producer
+    }
+    let update = f.producer(on_true)?;
+    let single = matches!(update.kind, OpKind::Update { x, .. } if x == on_false)
         && f.uses(&f.body, on_true) == 1
         && f.uses(&f.body, on_false) == 2;
     single.then(|| update.kind.clone())
