@@ -11,6 +11,7 @@ use ppc_dialect::ir::{names, FuncId, Init, Item, Module, Param};
 use ppc_dialect::op::{Float, OpKind};
 use ppc_dialect::{Axis, Diagnostic, Type};
 use ppc_runtime::manifest::{Arg, Role};
+use std::collections::HashMap;
 
 /// What the entry function computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +141,6 @@ pub fn write(w: &mut Walker, id: FuncId, entry: Entry) -> Result<Vec<Argument>, 
             args.push(b);
         }
     }
-    let results = w.func(id, args)?;
     // The results that leave the entry: (role, name, index in `f`'s results).
     let mut outputs: Vec<(Role, String, usize)> = Vec::new();
     match entry {
@@ -157,21 +157,39 @@ pub fn write(w: &mut Walker, id: FuncId, entry: Entry) -> Result<Vec<Argument>, 
             .func_id(names::TRAIN)
             .ok_or_else(|| Diagnostic::plain("no `@train`"))?;
         let slots = crate::passes::trainables(m, train);
-        let first = results.len() - slots.len();
+        let first = f.body.results.len() - slots.len();
         for (i, (g, p)) in slots.into_iter().enumerate() {
             let f = &m.funcs[g];
             let name = f.values[f.params[p].value].name.clone();
             outputs.push((Role::Grad, name, first + i));
         }
     }
+    let out_bufs: Vec<Buf> = (outputs.iter().enumerate())
+        .map(|(i, (role, name, r))| {
+            let id = match role {
+                Role::Grad => format!("grad{i}"),
+                _ => name.clone(),
+            };
+            argument_buf(&mut w.e, &id, f.ty(f.body.results[*r]))
+        })
+        .collect();
+    // On the CPU each result is computed straight into its argument where the walk can (a
+    // weight gradient's accumulator from its fill on), not into a buffer copied at the end;
+    // a result the walk places elsewhere (a view, an argument) is copied.
+    let mut into: HashMap<usize, Buf> = HashMap::new();
+    if w.e.gpu.is_none() {
+        for ((_, _, r), buf) in outputs.iter().zip(&out_bufs) {
+            let value = f.body.results[*r];
+            // A value returned twice goes into the first of its arguments.
+            if (f.body.results.iter()).position(|&v| v == value) == Some(*r) {
+                into.insert(*r, buf.clone());
+            }
+        }
+    }
+    let results = w.func(id, args, &into)?;
     w.e.at(m.spans.get(&Item::Pipeline));
     let mut outs = Vec::new();
-    for (i, (role, name, r)) in outputs.into_iter().enumerate() {
-        let id = match role {
-            Role::Grad => format!("grad{i}"),
-            _ => name.clone(),
-        };
-        let buf = argument_buf(&mut w.e, &id, &results[r].ty);
+    for ((role, name, r), buf) in outputs.into_iter().zip(out_bufs) {
         w.e.copy(&results[r], &buf);
         outs.push(argument(role, &name, buf));
     }

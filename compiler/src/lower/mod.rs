@@ -34,6 +34,7 @@
 mod accumulate;
 mod batch_split;
 pub mod buf;
+mod destinations;
 pub mod emit;
 mod emit_gpu;
 mod emit_loops;

@@ -12,7 +12,7 @@ use super::fast_math::Numerics;
 use super::params::{ParamId, Params};
 use super::plan::{self, BlockPlan, Decision, Fusion};
 use super::stage_split::{self, StageLoop};
-use super::{fuse, in_place, matmul, ops, summed_matmul, views};
+use super::{destinations, fuse, in_place, matmul, ops, summed_matmul, views};
 use ppc_dialect::ir::{names, Block, Func, FuncId, Module, OpId, ValueId};
 use ppc_dialect::op::OpKind;
 use ppc_dialect::{DType, Diagnostic, Type};
@@ -25,6 +25,9 @@ struct Scope<'s> {
     block: &'s Block,
     plan: &'s BlockPlan,
     into: &'s HashMap<ValueId, Buf>,
+    /// Among them, those in a buffer given from outside that nothing else reads, and the
+    /// values computed in place on the way to them (`destinations.rs`).
+    dest: &'s HashMap<ValueId, Buf>,
     add_into: &'s HashMap<ValueId, Buf>,
     /// Values the caller adds into these accumulators, slice by slice where their loop writes
     /// each (`accumulate::summed_by_slices`).
@@ -105,10 +108,17 @@ pub(super) struct Walker<'m, 'a> {
 }
 
 impl Walker<'_, '_> {
-    /// Emits `f`'s body with `args` bound; returns its result buffers.
-    pub fn func(&mut self, f: FuncId, args: Vec<Buf>) -> Result<Vec<Buf>, Diagnostic> {
+    /// Emits `f`'s body with `args` bound, its results computed straight into the buffers of
+    /// `into` (by result index) where the walk can (the entry's results into its arguments);
+    /// returns its result buffers.
+    pub fn func(
+        &mut self,
+        f: FuncId,
+        args: Vec<Buf>,
+        into: &HashMap<usize, Buf>,
+    ) -> Result<Vec<Buf>, Diagnostic> {
         let none = HashMap::new();
-        self.func_into(f, args, &none, &none, &none, &[])
+        self.func_into(f, args, into, &none, &none, &[])
     }
 
     /// As [`Walker::func_into`] (no `sum_into`), with results `sums` (by index) added into the
@@ -222,11 +232,17 @@ impl Walker<'_, '_> {
             summed: sums.keys().copied().collect(),
         };
         let plan = BlockPlan::new(self.m, f, block, fusion, &cx);
+        let dest = destinations::of(f, block, &plan, into, env);
+        let mut into = into.clone();
+        for (v, b) in &dest {
+            into.entry(*v).or_insert_with(|| b.clone());
+        }
         let s = Scope {
             f,
             block,
             plan: &plan,
-            into,
+            into: &into,
+            dest: &dest,
             add_into,
             sums,
         };
@@ -555,9 +571,9 @@ impl Walker<'_, '_> {
         if self.calls == 0 && self.e.nest.loops > 0 {
             self.count_stage_slots(*callee, &ins);
         }
-        // The adds this call's results fold into: into the accumulator's own buffer, or a
-        // fresh one holding a copy of it (made before a `call_if`'s test: where the call is
-        // skipped, the sum is the accumulator).
+        // The adds this call's results fold into: into the accumulator's own buffer (where it
+        // is the sum's, or the add reads it last), or a fresh one holding a copy of it (made
+        // before a `call_if`'s test: where the call is skipped, the sum is the accumulator).
         let accumulations = match split {
             Some(_) => &s.plan.stage_accumulations,
             None => &s.plan.gemm_accumulations,
@@ -569,9 +585,18 @@ impl Walker<'_, '_> {
             let out = match s.into.get(&sum) {
                 Some(b) if b.name != acc.name => continue,
                 Some(b) => b.clone(),
+                None if st.fresh.contains(&a.acc)
+                    && s.plan.sole_readers.get(&a.acc) == Some(&a.add)
+                    && acc.ty.same_as(&value_type(&self.e, f, sum)) =>
+                {
+                    st.fresh.retain(|&v| v != a.acc);
+                    st.fresh.push(sum);
+                    acc
+                }
                 None => {
                     let b = self.e.alloc(&value_type(&self.e, f, sum));
                     self.e.copy(&acc, &b);
+                    st.fresh.push(sum);
                     b
                 }
             };
@@ -706,13 +731,17 @@ impl Walker<'_, '_> {
         // (`accumulate::summed_by_slices`) is carried in the accumulator, and each iteration
         // adds its slice there.
         let overwritten = in_place::overwritten(f, body, *trips);
+        // Else a carried value goes where the loop's result goes (`destinations.rs`), or
+        // starts in its init's buffer where the loop reads that last, or in a buffer of its own.
         let carried: Vec<Buf> = (ins.iter().zip(&op.results).enumerate())
-            .map(|(j, (b, r))| match s.sums.get(r) {
-                Some(acc) => {
+            .map(|(j, (b, r))| match (s.sums.get(r), s.dest.get(r)) {
+                (Some(acc), _) => {
                     assert!(overwritten.contains(&j), "invariant: checked by the caller");
                     acc.clone()
                 }
-                None => self.e.alloc(&b.ty),
+                (None, Some(d)) => d.clone(),
+                (None, None) if self.init_taken_over(s, st, id, j) => b.clone(),
+                (None, None) => self.e.alloc(&b.ty),
             })
             .collect();
         let sums: HashMap<ValueId, Buf> = (op.results.iter().zip(&body.results))
@@ -782,8 +811,31 @@ impl Walker<'_, '_> {
         if gpipe {
             self.e.end_loop_buffers();
         }
+        // A carried buffer is the loop's own (or its init's, taken over): an elementwise op or
+        // a GEMM's accumulation after the loop may write over it where it reads it last.
+        let own: Vec<ValueId> = (op.results.iter().copied())
+            .filter(|&r| !s.sums.contains_key(&r) && !s.placed(st, r))
+            .collect();
+        st.fresh.extend(own);
         env.extend(op.results.iter().copied().zip(carried));
         Ok(())
+    }
+
+    /// Whether loop `id` starts carried value `j` in its init's buffer: one this block made
+    /// for it (`fresh`) that the loop reads last (`destinations::loop_takes_init`). Where the
+    /// init was a fill of zeros (a gradient's accumulator), the loop then starts from it with
+    /// no copy into a buffer of its own.
+    fn init_taken_over(&self, s: &Scope, st: &mut Written, id: OpId, j: usize) -> bool {
+        let OpKind::Loop { inits, .. } = &s.f.ops[id].kind else {
+            unreachable!("invariant: planned for loops")
+        };
+        let v = inits[j];
+        let taken =
+            st.fresh.contains(&v) && destinations::loop_takes_init(s.f, s.block, s.plan, id, j);
+        if taken {
+            st.fresh.retain(|&w| w != v);
+        }
+        taken
     }
 
     /// An elementwise op and the deferred values it reads, as one loop nest: over a buffer of
