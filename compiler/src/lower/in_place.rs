@@ -8,8 +8,8 @@
 //! it is an `update` of one slice of it (a gradient accumulator's): then only that slice is
 //! written.
 //!
-//! A `call_if` (1F1B's recomputation) writes a result into the carried buffer on the same
-//! terms, reading no view of it; so does a select guarding an update ([`guarded_updates`]): a
+//! A call (1F1B's recomputation, ZB-H1's `B` and its stash) writes a result into the carried
+//! buffer on the same terms, reading no view of it; so does a select guarding an update ([`guarded_updates`]): a
 //! pipeline loop writing a finished microbatch into its outputs, and the backward zeroing that
 //! slot of their cotangent.
 //!
@@ -31,16 +31,49 @@ use std::collections::{HashMap, HashSet};
 /// For a loop body, the yielded values that may be computed in place: value → position of the
 /// carried value (block argument `1 + position`) whose buffer it is written into. `deferred`:
 /// the body's values computed inside their consumers (`fuse::deferred`).
+///
+/// A guarded update placed so whose kept value is another guarded update of the same carried
+/// value, read nowhere else, takes that one's place too, where it is safe: the backward's
+/// zeroing of an output's cotangent slot, then the seed of the microbatch that left (ZB-H1's
+/// tick), write the carried buffer in turn, where the first wrote a buffer of its own that the
+/// second copied back (a whole `[microbatches, b, d]` copy each way, every tick).
 pub fn plan(f: &Func, body: &Block, deferred: &HashSet<ValueId>) -> HashMap<ValueId, usize> {
-    body.results
-        .iter()
-        .enumerate()
-        .filter(|&(j, y)| {
-            body.results.iter().filter(|&r| r == y).count() == 1
-                && safe(f, body, deferred, body.args[1 + j], *y)
-        })
-        .map(|(j, &y)| (y, j))
-        .collect()
+    let guarded = guarded_updates(f, body);
+    let mut placed = HashMap::new();
+    for (j, &y) in body.results.iter().enumerate() {
+        let arg = body.args[1 + j];
+        if body.results.iter().filter(|&&r| r == y).count() != 1 || !safe(f, body, deferred, arg, y)
+        {
+            continue;
+        }
+        placed.insert(y, j);
+        let mut at = y;
+        while let Some(kept) = kept_guarded_update(f, body, &guarded, at) {
+            if kept == arg || !safe(f, body, deferred, arg, kept) {
+                break;
+            }
+            placed.insert(kept, j);
+            at = kept;
+        }
+    }
+    placed
+}
+
+/// The value the guarded update computing `v` keeps (`select(c, update(x, u, i), x)`: `x`),
+/// where `x` is itself a guarded update's of `body` that only this one reads.
+fn kept_guarded_update(
+    f: &Func,
+    body: &Block,
+    guarded: &HashMap<OpId, OpId>,
+    v: ValueId,
+) -> Option<ValueId> {
+    let select = fuse::producer(f, body, v).filter(|id| guarded.contains_key(id))?;
+    let OpKind::Select { on_false, .. } = f.ops[select].kind else {
+        unreachable!("invariant: guarded_updates holds selects")
+    };
+    let kept_by = fuse::producer(f, body, on_false).filter(|id| guarded.contains_key(id))?;
+    // Read by the select and the update it guards, nothing else.
+    (f.uses(body, on_false) == 2 && kept_by != select).then_some(on_false)
 }
 
 /// Whether the op computing `y` may write into the buffer of the carried value `arg`.
@@ -94,12 +127,10 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
                 && views.iter().all(|v| !later.contains(v));
         }
     }
-    // A `call_if` computes its results into the buffers it is given (1F1B's recomputed
-    // residuals): into `arg`'s if it reads no view of `arg`, which nothing reads afterwards.
-    if let OpKind::Call {
-        args, on: Some(_), ..
-    } = kind
-    {
+    // A call computes its results into the buffers it is given (1F1B's recomputed residuals,
+    // ZB-H1's stash for `W`): into `arg`'s if it reads no view of `arg`, which nothing reads
+    // afterwards.
+    if let OpKind::Call { args, .. } = kind {
         let views = aliases(f, body, arg);
         return args.iter().all(|a| !views.contains(a)) && views.iter().all(|v| !later.contains(v));
     }

@@ -23,13 +23,14 @@ pub(super) struct OpenChain {
 impl Walker<'_, '_> {
     /// Emits a call of `callee` (`g`) as one loop over its stages (`stage_split.rs`); returns
     /// the whole result buffers. `read[i]`: whether the caller reads result `i`; results in
-    /// `add_into` (by index) are added into the given buffer, stage by stage.
+    /// `into` (by index) are computed in the given buffer, those in `add_into` added into it,
+    /// stage by stage.
     pub(super) fn split_call(
         &mut self,
         callee: FuncId,
         (args, at_slots): (Vec<Buf>, &HashMap<usize, walk::StageSlot>),
         read: &[bool],
-        add_into: &HashMap<usize, Buf>,
+        (into, add_into): (&HashMap<usize, Buf>, &HashMap<usize, Buf>),
         stages: StageLoop,
     ) -> Result<Vec<Buf>, Diagnostic> {
         let g = &self.m.funcs[callee];
@@ -38,9 +39,10 @@ impl Walker<'_, '_> {
             .results
             .iter()
             .enumerate()
-            .map(|(i, &r)| match add_into.get(&i) {
-                Some(acc) => acc.clone(),
-                None => self.e.alloc(g.ty(r)),
+            .map(|(i, &r)| match (add_into.get(&i), into.get(&i)) {
+                (Some(acc), _) => acc.clone(),
+                (None, Some(b)) => b.clone(),
+                (None, None) => self.e.alloc(g.ty(r)),
             })
             .collect();
         // A bubble stage of a callee whose every result it masks skips the body; an

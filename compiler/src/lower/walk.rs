@@ -557,7 +557,9 @@ impl Walker<'_, '_> {
         let added_in_test = |i: usize| after_body.iter().any(|a| a.result == i);
         // `call_if`: the callee computes into buffers allocated outside the `scf.if` (or the
         // loop's carried buffers, where `in_place.rs` allows), which its `else` fills with
-        // -0.0; a result added in the test is read there only and needs none.
+        // -0.0; a result added in the test is read there only and needs none. Any other call
+        // computes into the carried buffers `in_place.rs` allows (ZB-H1's `B`, the stash its
+        // `W` reads in the next tick), where it can.
         let finals: HashMap<usize, Buf> = match guard {
             Some(_) => (op.results.iter().enumerate())
                 .filter(|&(i, _)| !added_in_test(i))
@@ -566,7 +568,9 @@ impl Walker<'_, '_> {
                     None => (i, self.e.alloc(&value_type(&self.e, f, r))),
                 })
                 .collect(),
-            None => HashMap::new(),
+            None => (op.results.iter().enumerate())
+                .filter_map(|(i, r)| Some((i, s.into.get(r)?.clone())))
+                .collect(),
         };
         if self.calls == 0 && self.e.nest.loops > 0 {
             self.count_stage_slots(*callee, &ins);
@@ -624,7 +628,8 @@ impl Walker<'_, '_> {
         let outs = match split {
             Some(stages) => {
                 let read = stage_split::results_read(f, op);
-                self.split_call(*callee, (ins, &at_slots), &read, &add_into, stages)?
+                let placed = (&finals, &add_into);
+                self.split_call(*callee, (ins, &at_slots), &read, placed, stages)?
             }
             None => {
                 let true_args = on.map(|c| guard_args(f, c, op)).unwrap_or_default();
