@@ -1,5 +1,6 @@
 //! File-driven lowering tests: `tests/lower/<strategy>/<case>.ppc`, one folder per strategy of
-//! `compiler/src/lower/` (fusion, in-place, chains, accumulation, residency, gpu-reduce, slabs, ...).
+//! `compiler/src/lower/` (fusion, in-place, destinations, chains, accumulation, residency,
+//! gpu-reduce, slabs, ...).
 //!
 //! A case's first line is `// LOWER: [FLAGS]` (`--train`, `--exact`, `--target cuda`,
 //! `--stages N`, `--microbatches N`, `--ranks N`, `--remat none`), its second a comment saying what
