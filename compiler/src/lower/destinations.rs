@@ -72,7 +72,8 @@ pub(super) fn of(
             }
         }
         if let (Some(&acc), Some(d)) = (by_add.get(&id), dest.get(&op.results[0])) {
-            if made_in(f, block, acc) && plan.sole_readers.get(&acc) == Some(&id) {
+            let same_type = f.ty(acc).same_as(f.ty(op.results[0]));
+            if same_type && made_in(f, block, acc) && plan.sole_readers.get(&acc) == Some(&id) {
                 before.push((acc, d.clone()));
             }
         }

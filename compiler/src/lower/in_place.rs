@@ -94,10 +94,13 @@ fn safe(f: &Func, body: &Block, deferred: &HashSet<ValueId>, arg: ValueId, y: Va
             fuse::used_in(f, inner, &mut later);
         }
     }
-    // A deferred value is computed where it is read: what it reads is read there too.
+    // A deferred value is computed where it is read: what it reads is read there too. So is a
+    // matmul's, which a `reduce_sum` of it may compute as one GEMM (`summed_matmul.rs`).
     let mut pending: Vec<ValueId> = later.iter().copied().collect();
     while let Some(v) = pending.pop() {
-        if let Some(id) = fuse::producer(f, body, v).filter(|_| deferred.contains(&v)) {
+        let computed_there =
+            |id: &OpId| deferred.contains(&v) || matches!(f.ops[*id].kind, OpKind::MatMul { .. });
+        if let Some(id) = fuse::producer(f, body, v).filter(computed_there) {
             let reads = f.ops[id].kind.operands();
             pending.extend(reads.iter().copied().filter(|&o| later.insert(o)));
         }

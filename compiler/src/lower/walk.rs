@@ -168,10 +168,16 @@ impl Walker<'_, '_> {
             let buf = self.e.stage_slice(&buf, f.ty(p.value));
             env.insert(p.value, buf);
         }
+        // A value returned at several indices goes where its first one says (not where a
+        // hash order does).
         let by_value = |bufs: &HashMap<usize, Buf>| -> HashMap<ValueId, Buf> {
-            bufs.iter()
-                .map(|(&i, b)| (f.body.results[i], b.clone()))
-                .collect()
+            let mut at: Vec<(&usize, &Buf)> = bufs.iter().collect();
+            at.sort_by_key(|&(&i, _)| i);
+            let mut out = HashMap::new();
+            for (&i, b) in at {
+                out.entry(f.body.results[i]).or_insert_with(|| b.clone());
+            }
+            out
         };
         let fusion = Fusion::of(f, &f.body);
         let true_masks = true_masks(f, true_args.iter().map(|&i| f.body.args[i]));
@@ -232,6 +238,7 @@ impl Walker<'_, '_> {
             summed: sums.keys().copied().collect(),
         };
         let plan = BlockPlan::new(self.m, f, block, fusion, &cx);
+        // The plan was made without them: `Context::carried` lists `into`'s own values only.
         let dest = destinations::of(f, block, &plan, into, env);
         let mut into = into.clone();
         for (v, b) in &dest {
@@ -560,16 +567,19 @@ impl Walker<'_, '_> {
         // -0.0; a result added in the test is read there only and needs none. Any other call
         // computes into the carried buffers `in_place.rs` allows (ZB-H1's `B`, the stash its
         // `W` reads in the next tick), where it can.
+        // Never into a buffer an argument is bound to (a select aliased to its operand is one
+        // that `in_place.rs` cannot see): the callee would write what it still reads.
+        let unread = |b: &&Buf| ins.iter().all(|a| a.base != b.base);
         let finals: HashMap<usize, Buf> = match guard {
             Some(_) => (op.results.iter().enumerate())
                 .filter(|&(i, _)| !added_in_test(i))
-                .map(|(i, &r)| match s.into.get(&r) {
+                .map(|(i, &r)| match s.into.get(&r).filter(unread) {
                     Some(b) => (i, b.clone()),
                     None => (i, self.e.alloc(&value_type(&self.e, f, r))),
                 })
                 .collect(),
             None => (op.results.iter().enumerate())
-                .filter_map(|(i, r)| Some((i, s.into.get(r)?.clone())))
+                .filter_map(|(i, r)| Some((i, s.into.get(r).filter(unread)?.clone())))
                 .collect(),
         };
         if self.calls == 0 && self.e.nest.loops > 0 {
