@@ -9,9 +9,9 @@
 //! written.
 //!
 //! A call (1F1B's recomputation, ZB-H1's `B` and its stash) writes a result into the carried
-//! buffer on the same terms, reading no view of it; so does a select guarding an update ([`guarded_updates`]): a
-//! pipeline loop writing a finished microbatch into its outputs, and the backward zeroing that
-//! slot of their cotangent.
+//! buffer on the same terms, reading no view of it; so does a select guarding an update
+//! ([`guarded_updates`]): a pipeline loop writing a finished microbatch into its outputs, and
+//! the backward zeroing that slot of their cotangent.
 //!
 //! [`overwritten`]: a carried value that each iteration `t` of `trips` only updates at a slice
 //! of its own, `t` or `trips - 1 - t` (the training step's tapes of what the forward keeps for
