@@ -86,9 +86,13 @@ pub enum Decision {
     /// call's loop, each stage's slot as a view, no copy of all of them before it
     /// (`Walker::call`). The transpose gets this decision too.
     AtStageSlot,
-    /// A call, inlined; `stages`: as one loop over the callee's stages.
+    /// A call, inlined; `stages`: as one loop over the callee's stages. `in_slices`: results
+    /// (by index) that only an `update` reads, computed in the slice of the carried value it
+    /// writes in place, as [`Decision::MatMulIntoSlice`] is (a training step's forward
+    /// writing each stage's tapes into the slot of the pipeline's tape for the iteration).
     Call {
         stages: Option<StageLoop>,
+        in_slices: Vec<(usize, OpId)>,
     },
     /// `select %c, %x, %y` where `%c` holds only `true` and nothing else reads `%x`: `%x`'s
     /// buffer, no loop nest (a stage function's masking of its results, inside a call that
@@ -281,14 +285,30 @@ impl BlockPlan {
                     Some(scalar) => Decision::IndexView { scalar },
                     None => Decision::Compute,
                 },
-                OpKind::Call { .. } => Decision::Call {
+                OpKind::Call { on, .. } => Decision::Call {
                     stages: call_stages(id),
+                    in_slices: match (cx.gpu, on) {
+                        (false, None) => (op.results.iter().enumerate())
+                            .filter_map(|(i, &r)| {
+                                let writes = (&sole_readers, deferred);
+                                Some((i, slice_writer(f, block, writes, id, r, split)?))
+                            })
+                            .collect(),
+                        _ => Vec::new(),
+                    },
                 },
                 OpKind::MatMul { .. } if cx.accumulated.contains(&op.results[0]) => {
                     Decision::MatMulInto
                 }
                 OpKind::MatMul { .. } if !cx.gpu && !in_chains.contains(&id) => {
-                    match slice_writer(f, block, (&sole_readers, deferred), id, split) {
+                    match slice_writer(
+                        f,
+                        block,
+                        (&sole_readers, deferred),
+                        id,
+                        op.results[0],
+                        split,
+                    ) {
                         Some(update) => Decision::MatMulIntoSlice { update },
                         None => Decision::Compute,
                     }
@@ -300,7 +320,14 @@ impl BlockPlan {
                 }
                 OpKind::Loop { .. } => Decision::Loop,
                 kind if kind.is_elementwise() && !cx.gpu && !in_chains.contains(&id) => {
-                    match slice_writer(f, block, (&sole_readers, deferred), id, split) {
+                    match slice_writer(
+                        f,
+                        block,
+                        (&sole_readers, deferred),
+                        id,
+                        op.results[0],
+                        split,
+                    ) {
                         Some(update) => Decision::ElementwiseIntoSlice { update },
                         None => Decision::Elementwise,
                     }
@@ -367,18 +394,18 @@ fn read_in_loops(f: &Func, block: &Block) -> HashSet<ValueId> {
     nested
 }
 
-/// The `update` that alone reads op `id`'s result (a matmul's in f32, or an elementwise op's)
-/// and writes it, at an index known before the op, into a slice of a value that nothing else
-/// in `block` reads; for an elementwise op, nothing else from the op on
-/// ([`read_only_at_slice`]).
+/// The `update` that alone reads `result` of op `id` (a matmul's in f32, an elementwise op's
+/// or a call's) and writes it, at an index known before the op, into a slice of a value that
+/// nothing else in `block` reads; for an elementwise op or a call, nothing else from the op
+/// on ([`read_only_at_slice`]).
 fn slice_writer(
     f: &Func,
     block: &Block,
     (sole_readers, deferred): (&HashMap<ValueId, OpId>, &HashSet<ValueId>),
     id: OpId,
+    result: ValueId,
     in_split: bool,
 ) -> Option<OpId> {
-    let result = f.ops[id].results[0];
     let update = *sole_readers.get(&result)?;
     let OpKind::Update {
         x,
@@ -413,7 +440,8 @@ fn slice_writer(
 
 /// Whether op `id` may write into the slice of `x` that `update` writes: from `id` to the update
 /// nothing reads `x` or a view of it (a value deferred into a later op included), except `id`
-/// itself through `index` ops at the update's position that only it reads. Ops before `id`
+/// itself through `index` ops at the update's position that only it reads, where it is not a
+/// call (a callee may write a result before it reads all of an argument). Ops before `id`
 /// read `x` before it changes; placing the update in place checked that none reads it after.
 fn read_only_at_slice(
     f: &Func,
@@ -434,8 +462,10 @@ fn read_only_at_slice(
             views.insert(op.results[0]);
         }
     }
+    let elementwise = !matches!(f.ops[id].kind, OpKind::Call { .. });
     let same_slice = |v: ValueId| {
-        fuse::producer(f, block, v).is_some_and(|p| {
+        elementwise
+            && fuse::producer(f, block, v).is_some_and(|p| {
             matches!(&f.ops[p].kind, OpKind::Index { x: of, index, .. } if *of == x && index == at)
         }) && sole_readers.get(&v) == Some(&id)
     };

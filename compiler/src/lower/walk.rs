@@ -467,7 +467,9 @@ impl Walker<'_, '_> {
                 };
                 st.per_stage.insert(result, slot);
             }
-            Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
+            Decision::Call { stages, in_slices } => {
+                self.call(s, st, env, id, ins, (*stages, in_slices))?
+            }
             Decision::Alias { of } => {
                 env.insert(result, env[of].clone());
             }
@@ -527,7 +529,9 @@ impl Walker<'_, '_> {
     }
 
     /// A call, inlined (or as one loop over the callee's stages), with the adds of
-    /// its results the plan found folded into it where the accumulator's buffer allows.
+    /// its results the plan found folded into it where the accumulator's buffer allows, and
+    /// the results an in-place `update` writes into a slice computed in that slice
+    /// (`in_slices`).
     fn call(
         &mut self,
         s: &Scope,
@@ -535,7 +539,7 @@ impl Walker<'_, '_> {
         env: &mut HashMap<ValueId, Buf>,
         id: OpId,
         ins: Vec<Buf>,
-        split: Option<StageLoop>,
+        (split, in_slices): (Option<StageLoop>, &[(usize, OpId)]),
     ) -> Result<(), Diagnostic> {
         let (f, op) = (s.f, &s.f.ops[id]);
         let OpKind::Call { callee, on, args } = &op.kind else {
@@ -566,7 +570,8 @@ impl Walker<'_, '_> {
         // loop's carried buffers, where `in_place.rs` allows), which its `else` fills with
         // -0.0; a result added in the test is read there only and needs none. Any other call
         // computes into the carried buffers `in_place.rs` allows (ZB-H1's `B`, the stash its
-        // `W` reads in the next tick), where it can.
+        // `W` reads in the next tick), where it can, and into the slice of one that an update
+        // writes in place (the training forward's tapes, each iteration's slot).
         // Never into a buffer an argument is bound to (a select aliased to its operand is one
         // that `in_place.rs` cannot see): the callee would write what it still reads.
         let unread = |b: &&Buf| ins.iter().all(|a| a.base != b.base);
@@ -578,9 +583,23 @@ impl Walker<'_, '_> {
                     None => (i, self.e.alloc(&value_type(&self.e, f, r))),
                 })
                 .collect(),
-            None => (op.results.iter().enumerate())
-                .filter_map(|(i, r)| Some((i, s.into.get(r).filter(unread)?.clone())))
-                .collect(),
+            None => {
+                let mut finals: HashMap<usize, Buf> = (op.results.iter().enumerate())
+                    .filter_map(|(i, r)| Some((i, s.into.get(r).filter(unread)?.clone())))
+                    .collect();
+                for &(i, update) in in_slices {
+                    let OpKind::Update { x, .. } = &f.ops[update].kind else {
+                        unreachable!("invariant: planned for updates")
+                    };
+                    if finals.contains_key(&i) || !unread(&&env[x]) {
+                        continue;
+                    }
+                    if let Some(slice) = self.slice_in_place(s, st, env, update, id) {
+                        finals.insert(i, slice);
+                    }
+                }
+                finals
+            }
         };
         if self.calls == 0 && self.e.nest.loops > 0 {
             self.count_stage_slots(*callee, &ins);
@@ -648,23 +667,23 @@ impl Walker<'_, '_> {
             }
         };
         self.calls -= 1;
-        // Copied where the plan could not compute a result into its buffer (a view, an
-        // argument), inside the region, which may define the view. A result added into its
-        // accumulator stays there: where a `call_if` is skipped, the sum is the accumulator.
-        let outs: Vec<Buf> = match guard {
-            Some(_) => (outs.iter().enumerate())
-                .map(|(i, out)| {
-                    if adds.contains_key(&i) {
-                        return out.clone();
+        // Copied where the callee could not compute a result into its buffer (an argument it
+        // returns, a view), inside the region, which may define the view. A result added into
+        // its accumulator stays there: where a `call_if` is skipped, the sum is the
+        // accumulator.
+        let outs: Vec<Buf> = (outs.iter().enumerate())
+            .map(
+                |(i, out)| match finals.get(&i).filter(|_| !adds.contains_key(&i)) {
+                    Some(fin) => {
+                        if out.name != fin.name {
+                            self.e.copy(out, fin);
+                        }
+                        fin.clone()
                     }
-                    if out.name != finals[&i].name {
-                        self.e.copy(out, &finals[&i]);
-                    }
-                    finals[&i].clone()
-                })
-                .collect(),
-            None => outs,
-        };
+                    None => out.clone(),
+                },
+            )
+            .collect();
         // The results are buffers allocated at function entry (a stage's layer loop's carried
         // values, a split call's wholes, a `call_if`'s), so code after the region can name
         // them; a view made inside it (a reshape the stage returns when it has no layer loop)
