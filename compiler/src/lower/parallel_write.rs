@@ -103,11 +103,24 @@ impl Walker<'_, '_> {
         let slots: Vec<Buf> = (results.iter().zip(&g.body.results))
             .map(|(whole, &v)| self.e.stage_slice(whole, g.ty(v)))
             .collect();
+        // A stage computes the results its layer loop carries (its activations, the tapes it
+        // keeps of each layer) in their slots, and the others in buffers of its own, copied
+        // there: a value given a buffer from outside is left out of the loops over batch
+        // entries (`Context::carried`), which would split attention's chain.
         let sums = (add_into.keys()).map(|&i| (i, slots[i].clone())).collect();
+        let looped = |v: &ValueId| {
+            (g.body.ops.iter()).any(|&o| {
+                matches!(g.ops[o].kind, OpKind::Loop { .. }) && g.ops[o].results.contains(v)
+            })
+        };
+        let into: HashMap<usize, Buf> = (slots.iter().enumerate())
+            .filter(|&(i, _)| !add_into.contains_key(&i) && looped(&g.body.results[i]))
+            .map(|(i, slot)| (i, slot.clone()))
+            .collect();
         let none = HashMap::new();
-        let outs = self.func_adding(callee, args, (&none, &none), &true_args, &sums)?;
+        let outs = self.func_adding(callee, args, (&into, &none), &true_args, &sums)?;
         for (i, (out, slot)) in outs.iter().zip(&slots).enumerate() {
-            if !add_into.contains_key(&i) {
+            if !add_into.contains_key(&i) && out.name != slot.name {
                 self.e.copy(out, slot);
             }
         }

@@ -86,13 +86,9 @@ pub enum Decision {
     /// call's loop, each stage's slot as a view, no copy of all of them before it
     /// (`Walker::call`). The transpose gets this decision too.
     AtStageSlot,
-    /// A call, inlined; `stages`: as one loop over the callee's stages. `in_slices`: results
-    /// (by index) that only an `update` reads, computed in the slice of the carried value it
-    /// writes in place, as [`Decision::MatMulIntoSlice`] is (a training step's forward
-    /// writing each stage's tapes into the slot of the pipeline's tape for the iteration).
+    /// A call, inlined; `stages`: as one loop over the callee's stages.
     Call {
         stages: Option<StageLoop>,
-        in_slices: Vec<(usize, OpId)>,
     },
     /// `select %c, %x, %y` where `%c` holds only `true` and nothing else reads `%x`: `%x`'s
     /// buffer, no loop nest (a stage function's masking of its results, inside a call that
@@ -146,6 +142,10 @@ pub struct BlockPlan {
     /// For each value read once in this block, the op that reads it (elementwise ops may write
     /// over such a buffer; none on the GPU).
     pub sole_readers: HashMap<ValueId, OpId>,
+    /// Values computed in the slot of a loop's carried value that an in-place `update` writes
+    /// them into, with that update ([`slot_writers`]; those a [`Decision::MatMulIntoSlice`]
+    /// or [`Decision::ElementwiseIntoSlice`] computes there are not listed).
+    pub in_slots: Vec<(ValueId, OpId)>,
     pub decisions: HashMap<OpId, Decision>,
 }
 
@@ -285,30 +285,14 @@ impl BlockPlan {
                     Some(scalar) => Decision::IndexView { scalar },
                     None => Decision::Compute,
                 },
-                OpKind::Call { on, .. } => Decision::Call {
+                OpKind::Call { .. } => Decision::Call {
                     stages: call_stages(id),
-                    in_slices: match (cx.gpu, on) {
-                        (false, None) => (op.results.iter().enumerate())
-                            .filter_map(|(i, &r)| {
-                                let writes = (&sole_readers, deferred);
-                                Some((i, slice_writer(f, block, writes, id, r, split)?))
-                            })
-                            .collect(),
-                        _ => Vec::new(),
-                    },
                 },
                 OpKind::MatMul { .. } if cx.accumulated.contains(&op.results[0]) => {
                     Decision::MatMulInto
                 }
                 OpKind::MatMul { .. } if !cx.gpu && !in_chains.contains(&id) => {
-                    match slice_writer(
-                        f,
-                        block,
-                        (&sole_readers, deferred),
-                        id,
-                        op.results[0],
-                        split,
-                    ) {
+                    match slice_writer(f, block, (&sole_readers, deferred), id, split) {
                         Some(update) => Decision::MatMulIntoSlice { update },
                         None => Decision::Compute,
                     }
@@ -320,14 +304,7 @@ impl BlockPlan {
                 }
                 OpKind::Loop { .. } => Decision::Loop,
                 kind if kind.is_elementwise() && !cx.gpu && !in_chains.contains(&id) => {
-                    match slice_writer(
-                        f,
-                        block,
-                        (&sole_readers, deferred),
-                        id,
-                        op.results[0],
-                        split,
-                    ) {
+                    match slice_writer(f, block, (&sole_readers, deferred), id, split) {
                         Some(update) => Decision::ElementwiseIntoSlice { update },
                         None => Decision::Elementwise,
                     }
@@ -336,8 +313,24 @@ impl BlockPlan {
                 _ => Decision::Compute,
             }
         };
-        let decisions = block.ops.iter().map(|&id| (id, decide(id))).collect();
+        let decisions: HashMap<OpId, Decision> =
+            block.ops.iter().map(|&id| (id, decide(id))).collect();
+        let in_slice = |id: &OpId| {
+            matches!(
+                decisions[id],
+                Decision::MatMulIntoSlice { .. } | Decision::ElementwiseIntoSlice { .. }
+            )
+        };
+        let in_slots = match cx.gpu {
+            false => slot_writers(f, block, (&sole_readers, deferred), &in_chains)
+                .into_iter()
+                .filter(|(_, made, _)| !in_slice(made))
+                .map(|(v, _, update)| (v, update))
+                .collect(),
+            true => Vec::new(),
+        };
         BlockPlan {
+            in_slots,
             steps: batch_split::schedule(block, &chains),
             fusion,
             gemm_accumulations,
@@ -394,18 +387,18 @@ fn read_in_loops(f: &Func, block: &Block) -> HashSet<ValueId> {
     nested
 }
 
-/// The `update` that alone reads `result` of op `id` (a matmul's in f32, an elementwise op's
-/// or a call's) and writes it, at an index known before the op, into a slice of a value that
-/// nothing else in `block` reads; for an elementwise op or a call, nothing else from the op
-/// on ([`read_only_at_slice`]).
+/// The `update` that alone reads op `id`'s result (a matmul's in f32, or an elementwise op's)
+/// and writes it, at an index known before the op, into a slice of a value that nothing else
+/// in `block` reads; for an elementwise op, nothing else from the op on
+/// ([`read_only_at_slice`]).
 fn slice_writer(
     f: &Func,
     block: &Block,
     (sole_readers, deferred): (&HashMap<ValueId, OpId>, &HashSet<ValueId>),
     id: OpId,
-    result: ValueId,
     in_split: bool,
 ) -> Option<OpId> {
+    let result = f.ops[id].results[0];
     let update = *sole_readers.get(&result)?;
     let OpKind::Update {
         x,
@@ -438,10 +431,55 @@ fn slice_writer(
     (*value == result && typed && x_read && known_before).then_some(update)
 }
 
+/// The values of a loop body that an `update` writes, at the loop's counter, into the carried
+/// value it yields, and that other ops read too (a training forward's tapes of a layer's
+/// activations, which the layer reads on): computed in that slot, where the other ops read
+/// them, and the update copies nothing (`Walker::block`; where the update is not in place, or
+/// the op computes no buffer of its own, it copies as before). Only where nothing reads the
+/// carried value from the value's op to the update ([`read_only_at_slice`]), and not for a
+/// value a chain computes (its entries interleave with its other ops'). Each with the op that
+/// computes it and the update.
+fn slot_writers(
+    f: &Func,
+    block: &Block,
+    (sole_readers, deferred): (&HashMap<ValueId, OpId>, &HashSet<ValueId>),
+    in_chains: &HashSet<OpId>,
+) -> Vec<(ValueId, OpId, OpId)> {
+    let mut slots: Vec<(ValueId, OpId, OpId)> = Vec::new();
+    for &update in &block.ops {
+        let op = &f.ops[update];
+        let OpKind::Update {
+            x,
+            update: v,
+            index,
+            ..
+        } = &op.kind
+        else {
+            continue;
+        };
+        let at_counter = block.args.first() == Some(index) && f.ty(*index).rank() == 0;
+        let made = (block.ops.iter()).find(|&&o| f.ops[o].results.contains(v));
+        let Some(&made) = made else {
+            continue;
+        };
+        let fits = at_counter
+            && block.results.contains(&op.results[0])
+            && !block.results.contains(v)
+            && !deferred.contains(v)
+            && !in_chains.contains(&made)
+            && !slots.iter().any(|&(w, _, _)| w == *v)
+            && read_only_at_slice(f, block, (sole_readers, deferred), *x, update, made);
+        if fits {
+            slots.push((*v, made, update));
+        }
+    }
+    slots
+}
+
 /// Whether op `id` may write into the slice of `x` that `update` writes: from `id` to the update
 /// nothing reads `x` or a view of it (a value deferred into a later op included), except `id`
-/// itself through `index` ops at the update's position that only it reads, where it is not a
-/// call (a callee may write a result before it reads all of an argument). Ops before `id`
+/// itself, where it is elementwise, through `index` ops at the update's position that only it
+/// reads (any other op may write an element before it reads all it needs). Ops before `id`
 /// read `x` before it changes; placing the update in place checked that none reads it after.
 fn read_only_at_slice(
     f: &Func,
@@ -462,7 +500,7 @@ fn read_only_at_slice(
             views.insert(op.results[0]);
         }
     }
-    let elementwise = !matches!(f.ops[id].kind, OpKind::Call { .. });
+    let elementwise = f.ops[id].kind.is_elementwise();
     let same_slice = |v: ValueId| {
         elementwise
             && fuse::producer(f, block, v).is_some_and(|p| {

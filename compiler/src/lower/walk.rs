@@ -28,6 +28,8 @@ struct Scope<'s> {
     /// Among them, those in a buffer given from outside that nothing else reads, and the
     /// values computed in place on the way to them (`destinations.rs`).
     dest: &'s HashMap<ValueId, Buf>,
+    /// The slot each update of `BlockPlan::in_slots` writes, where its value goes there.
+    slots: &'s HashMap<OpId, Buf>,
     add_into: &'s HashMap<ValueId, Buf>,
     /// Values the caller adds into these accumulators, slice by slice where their loop writes
     /// each (`accumulate::summed_by_slices`).
@@ -244,12 +246,33 @@ impl Walker<'_, '_> {
         for (v, b) in &dest {
             into.entry(*v).or_insert_with(|| b.clone());
         }
+        // A value an in-place update writes into its slot is computed there: the slot's view
+        // is made first, the loop's counter being known.
+        let mut slots = HashMap::new();
+        for &(v, update) in &plan.in_slots {
+            let OpKind::Update { x, index, axis, .. } = &f.ops[update].kind else {
+                unreachable!("invariant: planned for updates")
+            };
+            let written = f.ops[update].results[0];
+            let whole = (into.get(&written))
+                .filter(|b| b.name == env[x].name && !sums.contains_key(&written));
+            let Some(whole) = whole.cloned() else {
+                continue;
+            };
+            if into.contains_key(&v) {
+                continue;
+            }
+            let slot = views::index(&mut self.e, &whole, &env[index], *axis);
+            into.insert(v, slot.clone());
+            slots.insert(update, slot);
+        }
         let s = Scope {
             f,
             block,
             plan: &plan,
             into: &into,
             dest: &dest,
+            slots: &slots,
             add_into,
             sums,
         };
@@ -375,7 +398,9 @@ impl Walker<'_, '_> {
                     Some(acc) => acc.clone(),
                     None => self.output(s, st, result),
                 };
-                if !st.in_slice.contains(&id) {
+                // Where the value was computed in its slot (`BlockPlan::in_slots`), it is there.
+                let in_slot = s.slots.get(&id).is_some_and(|b| b.name == ins[1].name);
+                if !st.in_slice.contains(&id) && !in_slot {
                     let name = if summed.is_some() {
                         "update+add"
                     } else {
@@ -467,9 +492,7 @@ impl Walker<'_, '_> {
                 };
                 st.per_stage.insert(result, slot);
             }
-            Decision::Call { stages, in_slices } => {
-                self.call(s, st, env, id, ins, (*stages, in_slices))?
-            }
+            Decision::Call { stages } => self.call(s, st, env, id, ins, *stages)?,
             Decision::Alias { of } => {
                 env.insert(result, env[of].clone());
             }
@@ -529,9 +552,7 @@ impl Walker<'_, '_> {
     }
 
     /// A call, inlined (or as one loop over the callee's stages), with the adds of
-    /// its results the plan found folded into it where the accumulator's buffer allows, and
-    /// the results an in-place `update` writes into a slice computed in that slice
-    /// (`in_slices`).
+    /// its results the plan found folded into it where the accumulator's buffer allows.
     fn call(
         &mut self,
         s: &Scope,
@@ -539,7 +560,7 @@ impl Walker<'_, '_> {
         env: &mut HashMap<ValueId, Buf>,
         id: OpId,
         ins: Vec<Buf>,
-        (split, in_slices): (Option<StageLoop>, &[(usize, OpId)]),
+        split: Option<StageLoop>,
     ) -> Result<(), Diagnostic> {
         let (f, op) = (s.f, &s.f.ops[id]);
         let OpKind::Call { callee, on, args } = &op.kind else {
@@ -570,8 +591,8 @@ impl Walker<'_, '_> {
         // loop's carried buffers, where `in_place.rs` allows), which its `else` fills with
         // -0.0; a result added in the test is read there only and needs none. Any other call
         // computes into the carried buffers `in_place.rs` allows (ZB-H1's `B`, the stash its
-        // `W` reads in the next tick), where it can, and into the slice of one that an update
-        // writes in place (the training forward's tapes, each iteration's slot).
+        // `W` reads in the next tick) or their slots (`BlockPlan::in_slots`: the training
+        // forward's tapes), where it can.
         // Never into a buffer an argument is bound to (a select aliased to its operand is one
         // that `in_place.rs` cannot see): the callee would write what it still reads.
         let unread = |b: &&Buf| ins.iter().all(|a| a.base != b.base);
@@ -583,23 +604,9 @@ impl Walker<'_, '_> {
                     None => (i, self.e.alloc(&value_type(&self.e, f, r))),
                 })
                 .collect(),
-            None => {
-                let mut finals: HashMap<usize, Buf> = (op.results.iter().enumerate())
-                    .filter_map(|(i, r)| Some((i, s.into.get(r).filter(unread)?.clone())))
-                    .collect();
-                for &(i, update) in in_slices {
-                    let OpKind::Update { x, .. } = &f.ops[update].kind else {
-                        unreachable!("invariant: planned for updates")
-                    };
-                    if finals.contains_key(&i) || !unread(&&env[x]) {
-                        continue;
-                    }
-                    if let Some(slice) = self.slice_in_place(s, st, env, update, id) {
-                        finals.insert(i, slice);
-                    }
-                }
-                finals
-            }
+            None => (op.results.iter().enumerate())
+                .filter_map(|(i, r)| Some((i, s.into.get(r).filter(unread)?.clone())))
+                .collect(),
         };
         if self.calls == 0 && self.e.nest.loops > 0 {
             self.count_stage_slots(*callee, &ins);
