@@ -674,23 +674,25 @@ impl Walker<'_, '_> {
             }
         };
         self.calls -= 1;
-        // Copied where the callee could not compute a result into its buffer (an argument it
-        // returns, a view), inside the region, which may define the view. A result added into
-        // its accumulator stays there: where a `call_if` is skipped, the sum is the
-        // accumulator.
-        let outs: Vec<Buf> = (outs.iter().enumerate())
-            .map(
-                |(i, out)| match finals.get(&i).filter(|_| !adds.contains_key(&i)) {
-                    Some(fin) => {
-                        if out.name != fin.name {
-                            self.e.copy(out, fin);
-                        }
-                        fin.clone()
+        // A `call_if`'s results are copied where the plan could not compute them into their
+        // buffer (a view, an argument), inside the region, which may define the view. A
+        // result added into its accumulator stays there: where a `call_if` is skipped, the
+        // sum is the accumulator. Another call's result left elsewhere is copied by what
+        // reads it: the loop's yield, the update writing it into its slot.
+        let outs: Vec<Buf> = match guard {
+            Some(_) => (outs.iter().enumerate())
+                .map(|(i, out)| {
+                    if adds.contains_key(&i) {
+                        return out.clone();
                     }
-                    None => out.clone(),
-                },
-            )
-            .collect();
+                    if out.name != finals[&i].name {
+                        self.e.copy(out, &finals[&i]);
+                    }
+                    finals[&i].clone()
+                })
+                .collect(),
+            None => outs,
+        };
         // The results are buffers allocated at function entry (a stage's layer loop's carried
         // values, a split call's wholes, a `call_if`'s), so code after the region can name
         // them; a view made inside it (a reshape the stage returns when it has no layer loop)
