@@ -427,3 +427,26 @@ fn the_training_report_counts_what_the_backward_loop_keeps() {
         assert!(err.contains(needs), "{cmd}: {err}");
     }
 }
+
+/// Under `--remat none` the transformer's forward keeps, per iteration, stage and layer, the
+/// values its layer's rules read (`examples/transformer.ppc`): not the attention scores `%s`,
+/// which only a constant multiplies (`%ss = mul %s, %scale`: `%scale` has no cotangent, so
+/// nothing needs `%s`), and which are the size of the largest value kept.
+#[test]
+fn remat_none_keeps_only_what_the_backward_reads() {
+    let transformer = path("examples/transformer.ppc");
+    let args = ["compile", &transformer, "--train", "--remat", "none"];
+    let (code, out, err) = ppc(&[&args[..], &["--report=json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let r = json_last_line(&out);
+    // The example's dims: b = 2, t = 16, heads = 4, dh = 16, d = 64, f = 256; f32.
+    let (b, t, heads, d, f) = (2, 16, 4, 64, 256);
+    // layernorm's input and result (x, n1; x1, n2), the matmuls' other operands (h1, qh, kt,
+    // vh, om, h2, a), softmax's result (p) and GELU's input (ub).
+    let per_layer = (10 * b * t * d + b * heads * t * t + 2 * b * t * f) * 4;
+    let count = |key: &str| r[key].as_u64().expect(key);
+    let (iterations, stages) = (count("iterations"), count("stages"));
+    // And the stage's active flag, a byte per iteration and stage.
+    let kept = iterations * stages * (count("layers_per_stage") * per_layer + 1);
+    assert_eq!(r["training"]["kept_activation_bytes_per_rank"], kept, "{r}");
+}

@@ -73,6 +73,7 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             m,
             id,
             f: &m.funcs[id],
+            fixed: vjp::fixed_values(&m.funcs[id]),
             remat,
             vjps: &vjps,
             splits: &splits,
@@ -91,8 +92,7 @@ pub fn autodiff(m: &mut Module, opts: &Options) -> Result<(), Diagnostics> {
             None
         };
         let mut push = |mut g: Func| {
-            // Rules give every operand a cotangent; those of constants (a mask value, a
-            // scale) go nowhere.
+            // Rules give operands cotangents that may go nowhere (a select's mask value).
             g.remove_dead_ops();
             m.funcs.push(g)
         };
@@ -403,7 +403,7 @@ impl Diff<'_> {
                         (OpKind::Select { cond, .. }, Some(update)) => {
                             vjp::guarded_update(b, self.f, env, (*cond, &update), d)?
                         }
-                        _ => vjp::rule(b, self.f, env, kind, r, d)?,
+                        _ => vjp::rule(b, (self.f, &self.fixed), env, kind, r, d)?,
                     };
                     for (v, c) in cotangents {
                         self.add(b, cots, v, c)?;

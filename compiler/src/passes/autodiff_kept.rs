@@ -28,14 +28,14 @@ impl Diff<'_> {
         let args = block.args.iter().filter(|a| !available.contains(a));
         if self.remat != Remat::None {
             // The carried values the recomputation starts from.
-            let (_, needed) = needed(self.f, block);
+            let (_, needed) = needed(self.f, &self.fixed, block);
             return args
                 .filter(|a| needed.contains(a))
                 .map(|&a| Kept::Value(a))
                 .collect();
         }
         let recomputed = recomputable(self.f, block, available);
-        let reads = backward_reads(self.f, block, &recomputed);
+        let reads = backward_reads(self.f, &self.fixed, block, &recomputed);
         let fresh: HashSet<ValueId> = recomputed
             .iter()
             .flat_map(|&id| self.f.ops[id].results.iter().copied())
@@ -130,7 +130,11 @@ pub(super) fn bind(k: Kept, x: ValueId, env: &mut Env, residues: &mut Residues) 
 
 /// What the backward of `block` reads: the ops to recompute and the values they need (the
 /// primal values the rules read, closed over their producers in `block`).
-pub(super) fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId>) {
+pub(super) fn needed(
+    f: &Func,
+    fixed: &HashSet<ValueId>,
+    block: &Block,
+) -> (HashSet<OpId>, HashSet<ValueId>) {
     let producer: HashMap<ValueId, OpId> = block
         .ops
         .iter()
@@ -139,7 +143,7 @@ pub(super) fn needed(f: &Func, block: &Block) -> (HashSet<OpId>, HashSet<ValueId
     let mut want: Vec<ValueId> = block
         .ops
         .iter()
-        .flat_map(|&id| vjp::reads(f, &f.ops[id]))
+        .flat_map(|&id| vjp::reads(f, fixed, &f.ops[id]))
         .collect();
     let (mut ops, mut values) = (HashSet::new(), HashSet::new());
     while let Some(v) = want.pop() {

@@ -117,7 +117,7 @@ impl Diff<'_> {
         let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
         let kept = self.kept(body, &body.args[..1]);
         let recompute = match self.remat {
-            Remat::Stage | Remat::Tick => needed(self.f, body).0,
+            Remat::Stage | Remat::Tick => needed(self.f, &self.fixed, body).0,
             Remat::None => recomputable(self.f, body, &body.args[..1]),
         };
         let outs = b.loop_op(*trips, inits_r, &hints, |b, tr, car| {

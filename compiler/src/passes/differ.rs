@@ -39,6 +39,8 @@ pub(super) struct Diff<'a> {
     pub(super) m: &'a Module,
     pub(super) id: FuncId,
     pub(super) f: &'a Func,
+    /// `f`'s values whose cotangent is zero by construction ([`super::vjp::fixed_values`]).
+    pub(super) fixed: HashSet<ValueId>,
     pub(super) remat: Remat,
     pub(super) vjps: &'a HashMap<FuncId, FuncId>,
     pub(super) splits: &'a HashMap<FuncId, Split>,

@@ -82,19 +82,24 @@ pub fn recomputable(f: &Func, block: &Block, available: &[ValueId]) -> HashSet<O
 
 /// The source values the backward of `block` reads (`--remat=none`), wherever defined: what
 /// the rules read, what recomputed ops read, and what nested loops' backwards read. A call's
-/// backward reads only the residuals its `@g_fwd` returned.
-pub fn backward_reads(f: &Func, block: &Block, recomputed: &HashSet<OpId>) -> HashSet<ValueId> {
+/// backward reads only the residuals its `@g_fwd` returned; `fixed`: [`vjp::fixed_values`].
+pub fn backward_reads(
+    f: &Func,
+    fixed: &HashSet<ValueId>,
+    block: &Block,
+    recomputed: &HashSet<OpId>,
+) -> HashSet<ValueId> {
     let mut out = HashSet::new();
     for &id in &block.ops {
         let op = &f.ops[id];
         match &op.kind {
             OpKind::Loop { body, .. } => {
                 let inner = recomputable(f, body, &body.args[..1]);
-                out.extend(backward_reads(f, body, &inner));
+                out.extend(backward_reads(f, fixed, body, &inner));
             }
             OpKind::Call { .. } => {}
             kind if recomputed.contains(&id) => out.extend(kind.operands()),
-            _ => out.extend(vjp::reads(f, op)),
+            _ => out.extend(vjp::reads(f, fixed, op)),
         }
     }
     out

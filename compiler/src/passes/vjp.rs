@@ -10,16 +10,46 @@
 
 use ppc_dialect::build::Builder;
 use ppc_dialect::diag::Diagnostic;
-use ppc_dialect::ir::{Func, Op, ValueId};
+use ppc_dialect::ir::{Block, Func, Op, ValueId};
 use ppc_dialect::op::{BinaryOp, CmpPred, Float, OpKind, ReduceOp, UnaryOp};
 use ppc_dialect::{DType, Dim, Type};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Source value → the value that holds it in the function being built.
 pub type Env = HashMap<ValueId, ValueId>;
 
-/// The primal values (operands or the result) that `op`'s rule reads, besides shapes.
-pub fn reads(f: &Func, op: &Op) -> Vec<ValueId> {
+/// The values of `f` whose cotangent is zero by construction: constants, iotas and what is
+/// computed from them alone (a scale `1 / sqrt(dh)`, a mask, RoPE's angle tables), not from
+/// an argument, a parameter, a loop's carried value or a call's result. No rule computes
+/// their cotangents, so none reads what only those would need: `mul %s, %scale` does not
+/// keep `%s` for the backward.
+pub fn fixed_values(f: &Func) -> HashSet<ValueId> {
+    fn walk(f: &Func, block: &Block, fixed: &mut HashSet<ValueId>) {
+        for &id in &block.ops {
+            let op = &f.ops[id];
+            let operands = op.kind.operands();
+            let made_of_fixed = match &op.kind {
+                OpKind::Constant { .. } | OpKind::Iota { .. } => true,
+                OpKind::Loop { body, .. } => {
+                    walk(f, body, fixed);
+                    false
+                }
+                OpKind::Call { .. } | OpKind::Exchange { .. } | OpKind::Rank => false,
+                _ => !operands.is_empty() && operands.iter().all(|v| fixed.contains(v)),
+            };
+            if made_of_fixed {
+                fixed.extend(&op.results);
+            }
+        }
+    }
+    let mut fixed = HashSet::new();
+    walk(f, &f.body, &mut fixed);
+    fixed
+}
+
+/// The primal values (operands or the result) that `op`'s rule reads, besides shapes: none
+/// that only the cotangent of a [`fixed_values`] operand would need.
+pub fn reads(f: &Func, fixed: &HashSet<ValueId>, op: &Op) -> Vec<ValueId> {
     match &op.kind {
         OpKind::Call { .. } => return op.kind.operands(),
         // A nested loop is recomputed whole, with its own tapes.
@@ -45,11 +75,23 @@ pub fn reads(f: &Func, op: &Op) -> Vec<ValueId> {
         },
         OpKind::Binary { op: bo, lhs, rhs } => match bo {
             BinaryOp::Add | BinaryOp::Sub => vec![],
-            BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min => vec![*lhs, *rhs],
-            BinaryOp::Div => vec![*rhs, r],
+            // `d lhs = d * rhs`, `d rhs = d * lhs`.
+            BinaryOp::Mul => partners(*lhs, *rhs, fixed),
+            BinaryOp::Max | BinaryOp::Min => vec![*lhs, *rhs],
+            // `d lhs = d / rhs`, `d rhs = -d * r / rhs`.
+            BinaryOp::Div => match (fixed.contains(lhs), fixed.contains(rhs)) {
+                (true, true) => vec![],
+                (false, true) => vec![*rhs],
+                (_, false) => vec![*rhs, r],
+            },
         },
         OpKind::Select { cond, .. } => vec![*cond],
-        OpKind::MatMul { .. } => op.kind.operands(),
+        // `d lhs = d · rhsᵀ`, `d rhs = lhsᵀ · d`, both masked alike.
+        OpKind::MatMul { lhs, rhs, mask } => {
+            let mut read = partners(*lhs, *rhs, fixed);
+            read.extend(*mask);
+            read
+        }
         OpKind::Reduce {
             op: ReduceOp::Max,
             x,
@@ -61,6 +103,16 @@ pub fn reads(f: &Func, op: &Op) -> Vec<ValueId> {
         OpKind::Gather { ids, .. } => vec![*ids],
         _ => vec![],
     }
+}
+
+/// What a product's rule reads: each operand's partner, where the operand's cotangent (the
+/// cotangent of the result times the partner) is built.
+fn partners(lhs: ValueId, rhs: ValueId, fixed: &HashSet<ValueId>) -> Vec<ValueId> {
+    [(lhs, rhs), (rhs, lhs)]
+        .into_iter()
+        .filter(|(of, _)| !fixed.contains(of))
+        .map(|(_, partner)| partner)
+        .collect()
 }
 
 /// If `op` is `select(c, w, x)` with a scalar `c`, `w = update(x, u, i)`, and `w` and `x` read
@@ -132,10 +184,11 @@ pub fn guarded_update(
 }
 
 /// The cotangents `(operand, cotangent)` of `op`'s float operands, given `d`, the cotangent of
-/// its result `r`. Operands whose cotangent is zero by construction are left out.
+/// its result `r`. Operands whose cotangent is zero by construction are left out, and so are
+/// `fixed` ones ([`fixed_values`]), whose cotangents are not built.
 pub fn rule(
     b: &mut Builder,
-    f: &Func,
+    (f, fixed): (&Func, &HashSet<ValueId>),
     env: &Env,
     op: &OpKind,
     r: ValueId,
@@ -143,8 +196,9 @@ pub fn rule(
 ) -> Result<Vec<(ValueId, ValueId)>, Diagnostic> {
     let p = |v: ValueId| env[&v];
     let ty = |v: ValueId| f.ty(v).clone();
+    let want = |v: &ValueId| !fixed.contains(v);
     let dt = f.ty(r).dtype;
-    Ok(match op {
+    let all = match op {
         OpKind::Unary { op: u, x } => {
             let dx = match u {
                 UnaryOp::Neg => neg(b, d)?,
@@ -202,18 +256,31 @@ pub fn rule(
         }
         OpKind::Binary { op: bo, lhs, rhs } => {
             let (dl, dr) = match bo {
-                BinaryOp::Add => (d, d),
-                BinaryOp::Sub => (d, neg(b, d)?),
-                BinaryOp::Mul => (
-                    bin(b, BinaryOp::Mul, d, p(*rhs))?,
-                    bin(b, BinaryOp::Mul, d, p(*lhs))?,
+                BinaryOp::Add => (want(lhs).then_some(d), want(rhs).then_some(d)),
+                BinaryOp::Sub => (
+                    want(lhs).then_some(d),
+                    want(rhs).then(|| neg(b, d)).transpose()?,
                 ),
-                BinaryOp::Div => {
-                    let dl = bin(b, BinaryOp::Div, d, p(*rhs))?;
-                    let q = bin(b, BinaryOp::Mul, d, p(r))?;
-                    let q = bin(b, BinaryOp::Div, q, p(*rhs))?;
-                    (dl, neg(b, q)?)
-                }
+                BinaryOp::Mul => (
+                    want(lhs)
+                        .then(|| bin(b, BinaryOp::Mul, d, p(*rhs)))
+                        .transpose()?,
+                    want(rhs)
+                        .then(|| bin(b, BinaryOp::Mul, d, p(*lhs)))
+                        .transpose()?,
+                ),
+                BinaryOp::Div => (
+                    want(lhs)
+                        .then(|| bin(b, BinaryOp::Div, d, p(*rhs)))
+                        .transpose()?,
+                    want(rhs)
+                        .then(|| {
+                            let q = bin(b, BinaryOp::Mul, d, p(r))?;
+                            let q = bin(b, BinaryOp::Div, q, p(*rhs))?;
+                            neg(b, q)
+                        })
+                        .transpose()?,
+                ),
                 // Ties go to the left operand.
                 BinaryOp::Max | BinaryOp::Min => {
                     let pred = if *bo == BinaryOp::Max {
@@ -223,13 +290,13 @@ pub fn rule(
                     };
                     let left = cmp(b, pred, p(*lhs), p(*rhs))?;
                     let zero = scalar(b, dt, -0.0)?;
-                    (select(b, left, d, zero)?, select(b, left, zero, d)?)
+                    (
+                        Some(select(b, left, d, zero)?),
+                        Some(select(b, left, zero, d)?),
+                    )
                 }
             };
-            vec![
-                (*lhs, unbroadcast(b, dl, &ty(*lhs))?),
-                (*rhs, unbroadcast(b, dr, &ty(*rhs))?),
-            ]
+            unbroadcast_each(b, f, [(*lhs, dl), (*rhs, dr)])?
         }
         OpKind::Select {
             cond,
@@ -245,31 +312,14 @@ pub fn rule(
             ]
         }
         OpKind::MatMul { lhs, rhs, mask } => {
-            let rt = swap_last(b, p(*rhs))?;
-            let lt = swap_last(b, p(*lhs))?;
+            let rt = want(lhs).then(|| swap_last(b, p(*rhs))).transpose()?;
+            let lt = want(rhs).then(|| swap_last(b, p(*lhs))).transpose()?;
             let mask = mask.map(p);
-            let dl = b.op(
-                "d",
-                OpKind::MatMul {
-                    lhs: d,
-                    rhs: rt,
-                    mask,
-                },
-                None,
-            )?;
-            let dr = b.op(
-                "d",
-                OpKind::MatMul {
-                    lhs: lt,
-                    rhs: d,
-                    mask,
-                },
-                None,
-            )?;
-            vec![
-                (*lhs, unbroadcast(b, dl, &ty(*lhs))?),
-                (*rhs, unbroadcast(b, dr, &ty(*rhs))?),
-            ]
+            let product =
+                |b: &mut Builder, lhs, rhs| b.op("d", OpKind::MatMul { lhs, rhs, mask }, None);
+            let dl = rt.map(|rt| product(b, d, rt)).transpose()?;
+            let dr = lt.map(|lt| product(b, lt, d)).transpose()?;
+            unbroadcast_each(b, f, [(*lhs, dl), (*rhs, dr)])?
         }
         OpKind::Transpose { x, perm } => {
             let mut inv = vec![0; perm.len()];
@@ -432,7 +482,24 @@ pub fn rule(
         OpKind::Index { .. } | OpKind::Call { .. } | OpKind::Loop { .. } => {
             unreachable!("invariant: autodiff differentiates index, calls and loops itself")
         }
-    })
+    };
+    Ok(all.into_iter().filter(|(x, _)| want(x)).collect())
+}
+
+/// The cotangents of a binary op's operands, each summed over the axes its operand was
+/// broadcast along; `None`: not built ([`fixed_values`]).
+fn unbroadcast_each(
+    b: &mut Builder,
+    f: &Func,
+    cotangents: [(ValueId, Option<ValueId>); 2],
+) -> Result<Vec<(ValueId, ValueId)>, Diagnostic> {
+    let mut out = Vec::new();
+    for (x, dx) in cotangents {
+        if let Some(dx) = dx {
+            out.push((x, unbroadcast(b, dx, f.ty(x))?));
+        }
+    }
+    Ok(out)
 }
 
 /// The gradient of the tanh-approximated GELU:
