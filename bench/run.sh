@@ -3,7 +3,8 @@
 # (the MLP at two widths, the transformer at the example's and a larger shape; the training
 # step of the MLP, of the transformer example and of GPT-2 at a size a user trains on a CPU
 # (d = 256, 4 heads, 8 layers, t = 256, byte vocabulary; embedding and head outside the loop),
-# with each rematerialization; and at d = 1024, 8 layers, one round each, with peak RSS), in one run:
+# with each rematerialization; and at d = 1024, 8 layers, one round each, with peak RSS and ppc's
+# share of the machine's GEMM rate), in one run:
 # ROUNDS rounds of each, interleaved (the machine is noisy). Prints the median throughput of
 # each, their ratio, the ratio of every round, and compile times; training rows also the memory
 # each keeps for the backward (ppc: the activations its report counts in the generated program;
@@ -110,14 +111,22 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e3)
 PY
 }
 
+# gemm_rate: the machine's GEMM rate now, in GFLOP/s: the best two-thread rate of ppc's GEMM on
+# the d = 1024 products (the `gemm` example), which #34 holds a training step's useful rate to.
+gemm_rate() {
+  cargo run -q --release -p ppc-runtime --example gemm -- --two-threads |
+    awk 'NR > 1 && $2 > best { best = $2 } END { print best }'
+}
+
 # at_scale NAME MODEL "PPC DIMS" "JAX ARGS" [REMAT]: as `compare`, for sizes whose steps take
-# seconds to a minute here: one round of SCALE_STEPS steps of each, one compile, and each
-# program's peak RSS (ppc's includes labelling its training batches, JAX's its runtime).
+# seconds to a minute here: one round of SCALE_STEPS steps of each, one compile, each
+# program's peak RSS (ppc's includes labelling its training batches, JAX's its runtime), and
+# ppc's useful rate as a share of the machine's GEMM rate, measured just before it.
 SCALE_STEPS=${SCALE_STEPS:-2}
 at_scale() {
   local name=$1 model=$2 dims=$3 jax_args=$4 remat=${5:-}
   [[ $name =~ $ONLY ]] || return 0
-  local exe="$OUT/model" ppc_flags="" run_flags="" t0 t1 ppc jax
+  local exe="$OUT/model" ppc_flags="" run_flags="" t0 t1 ppc jax rate
   if [ -n "$remat" ]; then
     ppc_flags="--train --remat $remat" run_flags="--steps 0" jax_args="$jax_args --train --remat $remat"
   fi
@@ -125,17 +134,19 @@ at_scale() {
   # shellcheck disable=SC2086
   $PPC compile "$model" $dims $ppc_flags -o "$exe" 2>/dev/null
   t1=$(date +%s.%N)
+  rate=$(gemm_rate)
   # shellcheck disable=SC2086
   ppc=$(run_rss "${PPC_ENV[@]}" "$exe" $run_flags --bench "$SCALE_STEPS")
   # shellcheck disable=SC2086
   jax=$(run_rss "$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$SCALE_STEPS")
-  python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$ppc" "$jax" "$SCALE_STEPS" <<'PY'
+  python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$ppc" "$jax" "$SCALE_STEPS" "$rate" <<'PY'
 import json, sys
-name, compile_s, ppc, jax, steps = sys.argv[1], float(sys.argv[2]), *sys.argv[3:5], sys.argv[5]
+name, compile_s, ppc, jax, steps, rate = sys.argv[1], float(sys.argv[2]), *sys.argv[3:5], sys.argv[5], float(sys.argv[6])
 (p, p_rss), (j, j_rss) = ppc.splitlines(), jax.splitlines()
 p, j = json.loads(p)["useful_gflops"], json.loads(j)
 print(f"{name:40s} {p:12.2f} {j['useful_gflops']:12.2f} {p / j['useful_gflops']:7.2f}x {'1 round':>16s} "
-      f"{compile_s:14.2f} {j['jit_s']:12.2f} {steps:>6s} peak RSS MB {float(p_rss):.0f} / {float(j_rss):.0f}")
+      f"{compile_s:14.2f} {j['jit_s']:12.2f} {steps:>6s} peak RSS MB {float(p_rss):.0f} / {float(j_rss):.0f}, "
+      f"ppc at {p / rate:.0%} of the GEMM's {rate:.0f} GFLOP/s")
 PY
 }
 

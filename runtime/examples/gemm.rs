@@ -5,7 +5,8 @@
 //! where the CPU has it, then two threads of ppc's GEMM on the d = 1024 products (the rate a
 //! two-core training step is held against). ppc runs its widest register block;
 //! `PPC_CPU_DISABLE=avx512f` shows the AVX2 block's. BENCHMARKS.md has the figures:
-//! `cargo run --release -p ppc-runtime --example gemm`.
+//! `cargo run --release -p ppc-runtime --example gemm`; with `-- --two-threads`, only the
+//! two-thread rates (`make bench` sets its d = 1024 training rows against them).
 
 use ppc_runtime::sgemm::{self, Operand};
 use ppc_runtime::{small_m, small_m_bt};
@@ -107,6 +108,9 @@ const COLUMNS: [(&str, Kernel, Layout); 8] = [
 ];
 
 fn main() {
+    if std::env::args().any(|a| a == "--two-threads") {
+        return two_threads();
+    }
     println!(
         "ppc's register block: {:?} (PPC_CPU_DISABLE=avx512f for AVX2's)",
         sgemm::Isa::here()
