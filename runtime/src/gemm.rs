@@ -311,7 +311,7 @@ unsafe fn matmul(
             fold_rows(&mut a, &mut b, &mut c, active.is_some());
             if on_gpu {
                 crate::cuda::gemm::matmul(&a, &b, &c, active, accumulate);
-                trace::record(trace::Kind::Gemm, 0, started);
+                trace::record_gemm(traced(&a, &b, &c, accumulate), started);
             } else {
                 // SAFETY: forwarded from this function's contract (the widened copies live
                 // until this function returns).
@@ -581,7 +581,23 @@ unsafe fn multiply(
     } else {
         crate::pool::parallel_for(tasks.len(), &one);
     }
-    trace::record(trace::Kind::Gemm, count as i64, started);
+    trace::record_gemm(traced(a, b, c, accumulate), started);
+}
+
+/// How the trace describes the product `c = a · b` (after the folds into rows and k).
+fn traced(a: &View, b: &View, c: &View, accumulate: bool) -> trace::Gemm {
+    let (ra, rb, r) = (a.sizes.len(), b.sizes.len(), c.sizes.len());
+    let layout =
+        |v: &View, rank: usize| trace::Layout::of(v.strides[rank - 2], v.strides[rank - 1]);
+    trace::Gemm {
+        batch: c.sizes[..r - 2].iter().product(),
+        m: c.sizes[r - 2],
+        n: c.sizes[r - 1],
+        k: a.sizes[ra - 1],
+        a: layout(a, ra),
+        b: layout(b, rb),
+        accumulate,
+    }
 }
 
 /// The first element of `c`'s block for flat batch entry `flat`.

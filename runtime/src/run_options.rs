@@ -42,7 +42,7 @@ pub struct RunOptions {
     pub dump_params: Option<PathBuf>,
     /// Write a Chrome/Perfetto trace of the steps (open it in ui.perfetto.dev): per rank and
     /// thread, each step, each GPipe loop iteration (numbered as `ppc schedule` numbers them),
-    /// GEMM and exchange.
+    /// GEMM (with its shape: batch, m, n, k, which operands are read transposed) and exchange.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// What ran, for the summary: `cpu JIT`, `cpu executable`.
@@ -150,7 +150,7 @@ pub struct TrainOptions {
     #[arg(long, value_name = "N")]
     pub bench: Option<u32>,
     /// Write a Chrome/Perfetto trace of the steps (ui.perfetto.dev): per step, GPipe loop
-    /// iteration (forward and backward), loop nest, GEMM and exchange.
+    /// iteration (forward and backward), loop nest, GEMM (with its shape) and exchange.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// --target cuda: run the optimizer on the host, copying the weights to the GPU and the

@@ -5,7 +5,9 @@
 //! GPipe loop (numbered as `ppc schedule` numbers them, from 0; in the training step also each
 //! iteration of the backward loop, numbered by the forward iteration it reverses), each loop nest of generated code
 //! (a fused group, named by its ops and model line, with its parallel loop's threads inside),
-//! each GEMM on the thread that called it and each block of it on the thread that computed it,
+//! each GEMM on the thread that called it (its shape and operand layout in its arguments: the
+//! rate of each kind of product can be read off the trace) and each block of it on the thread
+//! that computed it,
 //! each exchange with its wait, each training step's optimizer update, and each labelling of a
 //! synthetic batch (the iterations of its forward pass inside). Laid over the schedule, the
 //! iterations show the pipeline's diagonal and its bubble.
@@ -61,7 +63,8 @@ impl Kind {
     }
 }
 
-/// One span: what, which (step, iteration, ...), on which thread, from when, how long (µs).
+/// One span: what, which (step, iteration, ...), on which thread, from when, how long (µs);
+/// a GEMM's also its shape.
 #[derive(Clone, Copy, Debug)]
 struct Span {
     kind: Kind,
@@ -69,7 +72,58 @@ struct Span {
     thread: u32,
     start_us: f64,
     dur_us: f64,
+    gemm: Option<Gemm>,
 }
+
+/// A GEMM call's shape: `batch` products of `[m, k] · [k, n]`, how each operand is laid out,
+/// and whether it adds to `C`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Layout,
+    pub b: Layout,
+    pub accumulate: bool,
+}
+
+/// How a GEMM operand lies in memory: row-major, read transposed (column-major), or neither.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    RowMajor = 0,
+    Transposed = 1,
+    Strided = 2,
+}
+
+impl Layout {
+    /// The layout of a matrix with these strides (in elements) between rows and columns.
+    pub fn of(row_stride: isize, col_stride: isize) -> Layout {
+        match (row_stride, col_stride) {
+            (_, 1) => Layout::RowMajor,
+            (1, _) => Layout::Transposed,
+            _ => Layout::Strided,
+        }
+    }
+
+    fn from_code(code: f64) -> Layout {
+        [Layout::RowMajor, Layout::Transposed, Layout::Strided][code as usize]
+    }
+
+    /// How the trace writes operand `name` in this layout: `A`, `Aᵀ`, `A (strided)`.
+    fn written(self, name: &str) -> String {
+        match self {
+            Layout::RowMajor => name.to_string(),
+            Layout::Transposed => format!("{name}ᵀ"),
+            Layout::Strided => format!("{name} (strided)"),
+        }
+    }
+}
+
+/// Numbers per span in the rows gathered across ranks: kind, index, thread, start, duration,
+/// then a GEMM's batch, m, n, k, layouts of `A` and `B`, and whether it accumulates (NaN for
+/// other spans).
+const ROW: usize = 12;
 
 static ON: AtomicBool = AtomicBool::new(false);
 static SPANS: Mutex<Vec<Span>> = Mutex::new(Vec::new());
@@ -109,6 +163,15 @@ pub fn start() -> Option<Instant> {
 
 /// Records a span of `kind` number `index` that began at `start` and ends now.
 pub fn record(kind: Kind, index: i64, start: Option<Instant>) {
+    push(kind, index, start, None);
+}
+
+/// Records a GEMM call of shape `gemm` that began at `start` and ends now.
+pub fn record_gemm(gemm: Gemm, start: Option<Instant>) {
+    push(Kind::Gemm, gemm.batch as i64, start, Some(gemm));
+}
+
+fn push(kind: Kind, index: i64, start: Option<Instant>, gemm: Option<Gemm>) {
     let Some(start) = start.filter(|_| enabled()) else {
         return;
     };
@@ -119,6 +182,7 @@ pub fn record(kind: Kind, index: i64, start: Option<Instant>) {
         thread: THREAD.with(|t| *t),
         start_us: micros(start),
         dur_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
+        gemm,
     };
     SPANS.lock().unwrap_or_else(|e| e.into_inner()).push(span);
 }
@@ -195,13 +259,32 @@ fn take_rows() -> Vec<f64> {
     spans
         .iter()
         .flat_map(|s| {
-            [
+            let g = s.gemm.map_or([f64::NAN; 7], |g| {
+                [
+                    g.batch as f64,
+                    g.m as f64,
+                    g.n as f64,
+                    g.k as f64,
+                    g.a as u8 as f64,
+                    g.b as u8 as f64,
+                    f64::from(u8::from(g.accumulate)),
+                ]
+            });
+            let row: [f64; ROW] = [
                 s.kind as u8 as f64,
                 s.index as f64,
                 f64::from(s.thread),
                 s.start_us,
                 s.dur_us,
-            ]
+                g[0],
+                g[1],
+                g[2],
+                g[3],
+                g[4],
+                g[5],
+                g[6],
+            ];
+            row
         })
         .collect()
 }
@@ -227,7 +310,7 @@ pub fn write(path: &std::path::Path) -> Result<(), crate::files::WriteError> {
             r#"{{"ph":"M","name":"process_name","pid":{rank},"tid":0,"args":{{"name":"rank {rank}"}}}}"#
         ));
         let mut threads = std::collections::BTreeSet::new();
-        for r in all[rank * per_rank..(rank + 1) * per_rank].chunks(5) {
+        for r in all[rank * per_rank..(rank + 1) * per_rank].chunks(ROW) {
             if r[0].is_nan() {
                 continue;
             }
@@ -245,16 +328,26 @@ pub fn write(path: &std::path::Path) -> Result<(), crate::files::WriteError> {
                     .map_or_else(|| format!("loop nest {index}"), |g| json_escape(g)),
                 _ => kind.name().to_string(),
             };
+            let args = match kind {
+                Kind::Iteration | Kind::BackwardIteration => format!(r#""iteration":{index}"#),
+                // `[batch, m, n, k]`, the layouts (`Aᵀ·B`), whether it adds to C.
+                Kind::Gemm if !r[5].is_nan() => format!(
+                    r#""batch":{},"m":{},"n":{},"k":{},"product":"{}·{}","accumulate":{}"#,
+                    r[5] as u64,
+                    r[6] as u64,
+                    r[7] as u64,
+                    r[8] as u64,
+                    Layout::from_code(r[9]).written("A"),
+                    Layout::from_code(r[10]).written("B"),
+                    r[11] != 0.0
+                ),
+                _ => format!(r#""index":{index}"#),
+            };
             events.push(format!(
-                r#"{{"ph":"X","name":"{name}","cat":"{}","pid":{rank},"tid":{thread},"ts":{:.3},"dur":{:.3},"args":{{"{}":{index}}}}}"#,
+                r#"{{"ph":"X","name":"{name}","cat":"{}","pid":{rank},"tid":{thread},"ts":{:.3},"dur":{:.3},"args":{{{args}}}}}"#,
                 kind.name(),
                 r[3],
                 r[4],
-                if matches!(kind, Kind::Iteration | Kind::BackwardIteration) {
-                    "iteration"
-                } else {
-                    "index"
-                }
             ));
         }
         for t in threads {

@@ -199,7 +199,18 @@ pub(crate) fn assert_trace(path: &std::path::Path, ranks: u64, steps: u64, itera
                 "rank {rank}: iteration {i} outside its step"
             );
         }
-        assert!(!named("GEMM").is_empty(), "rank {rank}: no GEMM spans");
+        let gemms = named("GEMM");
+        assert!(!gemms.is_empty(), "rank {rank}: no GEMM spans");
+        for g in gemms.iter().filter(|g| g["cat"] == "GEMM") {
+            let a = &g["args"];
+            for size in ["batch", "m", "n", "k"] {
+                assert!(a[size].as_u64().is_some_and(|x| x >= 1), "rank {rank}: {g}");
+            }
+            assert!(
+                a["product"].is_string() && a["accumulate"].is_boolean(),
+                "rank {rank}: {g}"
+            );
+        }
         // Loop nests of generated code: named by their ops and model line, inside a step.
         let nests: Vec<&&serde_json::Value> =
             spans.iter().filter(|e| e["cat"] == "loop nest").collect();
@@ -251,6 +262,35 @@ fn executables_write_a_trace_of_steps_iterations_loop_nests_and_gemms() {
         1,
         3,
         report["iterations"].as_u64().expect("iterations"),
+    );
+    // Every GEMM is the layer's `x · w` of one stage (small stages run in parallel, each on its
+    // own slice, `stage_split.rs`): one product of [b, d] · [d, d].
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace")).expect("JSON");
+    let shapes: std::collections::BTreeSet<String> = j["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["cat"] == "GEMM")
+        .map(|e| e["args"].to_string())
+        .collect();
+    let want = r#"{"accumulate":false,"batch":1,"k":4,"m":2,"n":4,"product":"A·B"}"#;
+    assert_eq!(shapes, [want.to_string()].into(), "GEMM spans' shapes");
+    // scripts/trace-gemms.py sums them by kind: one row, 2·2·4·4 FLOPs a call.
+    let o = std::process::Command::new("python3")
+        .arg(path("scripts/trace-gemms.py"))
+        .arg(&trace)
+        .output()
+        .expect("python3 runs");
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<&str> = (table.lines())
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 1, "{table}");
+    assert!(
+        rows[0].contains("1 × [2×4]·[4×4]") && rows[0].contains("A·B"),
+        "{table}"
     );
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
