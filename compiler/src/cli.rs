@@ -324,9 +324,10 @@ impl PassArgs {
 /// How code is generated.
 #[derive(Args, Debug)]
 pub struct CodegenArgs {
-    /// Compute as the interpreter does: matmuls as loops in its order, libm's exp and tanh.
-    /// Slow, and bit-identical to the interpreter. Default: the tuned GEMM and vectorized
-    /// exp/tanh, within 1e-5 (f32) of it.
+    /// Compute as the interpreter does: matmuls as loops in its order, libm's exp and tanh,
+    /// IEEE's gradual underflow. Slow, and bit-identical to the interpreter. Default: the tuned
+    /// GEMM and vectorized exp/tanh, subnormals counted as zero on the CPU (as XLA's CPU backend
+    /// does), within 1e-5 (f32) of it.
     #[arg(long)]
     pub exact: bool,
     /// LLVM optimization level of the generated code (0-3). Executables: 0 none, 1 and 2 a short

@@ -146,9 +146,10 @@ fn main() {
         (1024, 1024, 4096),
         (1024, 4096, 1024),
         // Its attention, one (microbatch row, head) a product: scores q·kᵀ (and their
-        // gradients), then p·v.
+        // gradients), then p·v; the keys' gradient qᵀ·ds (Aᵀ·).
         (256, 64, 256),
         (256, 256, 64),
+        (64, 256, 256),
     ] {
         // A is m×k (or, transposed, stored k×m); B k×n (or stored n×k).
         let a = vec![1.0f32; m * k];

@@ -144,6 +144,7 @@ mod tests {
             calls_per_slot: 1,
             target: None,
             gpu: None,
+            flush_to_zero: false,
             args: Vec::new(),
             evaluate: Vec::new(),
             groups: Vec::new(),

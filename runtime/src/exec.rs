@@ -422,10 +422,15 @@ impl Program {
         if crate::trace::enabled() {
             crate::trace::name_groups(&self.manifest.groups);
         }
+        let flush = self
+            .manifest
+            .flush_to_zero
+            .then(crate::subnormals::FlushToZero::begin);
         // SAFETY: `Program::new`'s and `with_evaluate`'s contracts say `entry` takes exactly
         // these memrefs; each packed slot points to a pointer to a descriptor of a live buffer
         // with the checked dtype and shape, and all of them outlive the call.
         unsafe { entry(packed.as_mut_ptr()) };
+        drop(flush);
         if gpu {
             resident.finish(args, &mut bufs, &access);
         }

@@ -28,6 +28,7 @@ pub mod run_options;
 pub mod sgemm;
 pub mod small_m;
 pub mod small_m_bt;
+pub mod subnormals;
 pub mod tokens;
 pub mod trace;
 pub mod train;

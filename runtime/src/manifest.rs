@@ -109,6 +109,10 @@ pub struct Manifest {
     /// and validates; empty where it is not built (forward programs, `--target cuda`).
     #[serde(default)]
     pub evaluate: Vec<Arg>,
+    /// Generated code runs with subnormals counted as zero (`subnormals.rs`): the fast numerics
+    /// on the CPU. False: IEEE's gradual underflow (the exact numerics, GPU kernels).
+    #[serde(default)]
+    pub flush_to_zero: bool,
     /// Names of the traced loop nests (`ppc_trace_group_begin`'s numbers index them).
     pub groups: Vec<String>,
     /// `--target cuda`: where each kernel module comes from in the model file (`file:line:col`),
@@ -231,6 +235,7 @@ mod tests {
                 features: vec!["avx2".into(), "fma".into()],
             }),
             gpu: Some("sm_90".into()),
+            flush_to_zero: true,
             args: vec![
                 Arg {
                     role: Role::Input,

@@ -14,7 +14,9 @@
 //! Rules: `exact` (the same bits; any NaN equals any NaN), `ulps N` (at most N units in the last
 //! place of the storage dtype; infinities exact; `ulps N ftz`: also 0 for an f32 subnormal, the
 //! fast softmax's flush), `normwise X` (max |want - got| / max |want|
-//! over finite values; NaN and infinities where the interpreter has them). The input holds every
+//! over finite values; NaN and infinities where the interpreter has them). The fast numerics
+//! count subnormals as zero on the CPU (`ppc_runtime::subnormals`): they run on the inputs
+//! with every subnormal made ±0, against the interpreter under the same setting. The input holds every
 //! edge value of [`EDGES`] followed by seeded values of mixed magnitudes. The backends: the
 //! interpreter's pipelined program (bit for bit with the sequential model), the CPU JIT with the
 //! exact numerics (`--exact`), and the CPU JIT with the fast ones (the default: tuned GEMM,
@@ -27,6 +29,7 @@ use ppc_dialect::interp::Interp;
 use ppc_dialect::parse::signature::signatures;
 use ppc_dialect::{DType, Overrides};
 use ppc_runtime::memref::HostBuffer;
+use ppc_runtime::subnormals::FlushToZero;
 use ppc_runtime::tensor::unflatten;
 use ppc_runtime::{Init, Rng, Tensor};
 use std::collections::BTreeSet;
@@ -211,6 +214,16 @@ fn violation(want: &Tensor, got: &Tensor, rule: Rule) -> Option<String> {
     None
 }
 
+/// Writes each subnormal of `t` as the zero of its sign: what the fast numerics' arithmetic
+/// reads it as (an op that only looks at bits, a copy or a sign test, would see it).
+fn flush_subnormals(t: &mut Tensor) {
+    for x in &mut t.data {
+        if x.is_subnormal() {
+            *x = 0.0f32.copysign(*x);
+        }
+    }
+}
+
 /// Runs one case with `op` in `dtype` through every backend; the failures, described.
 fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
     let name = case.path.file_name().expect("name").to_string_lossy();
@@ -226,6 +239,16 @@ fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
     let inputs = edge_inputs(&m);
     let mut interp = Interp::new(&m, 3);
     let want = interp.sequential(&inputs).expect("interpreter");
+    // The fast numerics count subnormals as zero: they run on the inputs with each subnormal
+    // made the zero of its sign, against the interpreter under the same setting.
+    let mut inputs_flushed = inputs.clone();
+    flush_subnormals(&mut inputs_flushed);
+    let want_flushed = {
+        let _flush = FlushToZero::begin();
+        Interp::new(&m, 3)
+            .sequential(&inputs_flushed)
+            .expect("interpreter")
+    };
     let mut failures = Vec::new();
     let piped = interp.forward(&inputs).expect("interpreter");
     if let Some(v) = violation(&want, &piped, Rule::Exact) {
@@ -236,18 +259,17 @@ fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
         file: &file,
         text: &text,
     };
-    // The numerics change only some ops' lowering: where the two MLIR modules are the same
-    // text, the second backend would run the very same program.
-    let same = |g| backend::emit_mlir(&m, &src, g, None).ok();
-    let numerics = if same(Numerics::Exact) == same(Numerics::Fast) {
-        vec![(Numerics::Exact, case.rule)]
-    } else {
-        vec![
-            (Numerics::Exact, case.rule),
-            (Numerics::Fast, case.fast_rule),
-        ]
-    };
-    for (numerics, rule) in numerics {
+    // Where the two MLIR modules are the same text, the fast numerics differ from the exact
+    // ones only in counting subnormals as zero.
+    for (numerics, rule, inputs, want) in [
+        (Numerics::Exact, case.rule, &inputs, &want),
+        (
+            Numerics::Fast,
+            case.fast_rule,
+            &inputs_flushed,
+            &want_flushed,
+        ),
+    ] {
         let jit = match backend::jit(&m, &src, numerics, 2) {
             Ok(j) => j,
             Err(d) => {
@@ -258,14 +280,14 @@ fn run(case: &Case, op: &str, dtype: DType) -> Vec<String> {
                 continue;
             }
         };
-        let mut x = HostBuffer::from_tensor(&inputs);
+        let mut x = HostBuffer::from_tensor(inputs);
         let mut params = jit
             .program
             .params(&ppc_runtime::init::Source::Seeded(3))
             .expect("params");
         let mut y = jit.program.output_buffer();
         jit.program.run(&mut x, &mut params, &mut y).expect("runs");
-        if let Some(v) = violation(&want, &y.to_tensor(), rule) {
+        if let Some(v) = violation(want, &y.to_tensor(), rule) {
             failures.push(format!("{what}, cpu {numerics:?} ({rule:?}): {v}"));
         }
     }
@@ -416,5 +438,52 @@ fn inputs_start_with_the_edge_values() {
     );
     for (a, b) in EDGES.iter().zip(&x.data) {
         assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+    }
+}
+
+/// The fast numerics count subnormals as zero in every thread of a parallel loop nest; the
+/// exact ones keep them (`ppc_runtime::subnormals`).
+#[test]
+fn the_fast_numerics_flush_subnormals_on_every_thread() {
+    // 2^-100 · 2^-30 = 2^-130, a subnormal, in 65536 elements a microbatch: a parallel nest.
+    let text = "dims { b = 64, d = 1024 }
+pipeline { stages = 1, layers_per_stage = 1, microbatches = 2 }
+input f32[b, d]
+
+func @layer(%x: f32[b, d]) -> f32[b, d] {
+  %s = constant 9.313225746154785e-10 : f32[]
+  %y = mul %x, %s
+  return %y
+}
+";
+    let mut m = load(text, &Overrides::default());
+    ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None).expect("compiles");
+    let src = Source {
+        file: "subnormals.ppc",
+        text,
+    };
+    let shape = Interp::new(&m, 0).synthetic_inputs();
+    let x = Tensor::new(
+        shape.dtype,
+        shape.shape.clone(),
+        vec![2f32.powi(-100); shape.data.len()],
+    );
+    for (numerics, want) in [(Numerics::Fast, 0.0), (Numerics::Exact, 2f32.powi(-130))] {
+        let jit = backend::jit(&m, &src, numerics, 2).expect("compiles");
+        let mut params = (jit.program)
+            .params(&ppc_runtime::init::Source::Seeded(0))
+            .expect("params");
+        let mut y = jit.program.output_buffer();
+        (jit.program)
+            .run(&mut HostBuffer::from_tensor(&x), &mut params, &mut y)
+            .expect("runs");
+        let y = y.to_tensor();
+        let wrong = y.data.iter().filter(|&&v| v != want).count();
+        assert_eq!(
+            wrong,
+            0,
+            "{numerics:?}: {wrong} of {} elements are not {want:e}",
+            y.data.len()
+        );
     }
 }

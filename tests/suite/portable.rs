@@ -339,6 +339,7 @@ fn what_the_jit_says_reaches_the_user() {
         calls_per_slot: 1,
         target: None,
         gpu: None,
+        flush_to_zero: true,
         args: vec![
             arg(ppc_runtime::manifest::Role::Input, "x"),
             arg(ppc_runtime::manifest::Role::Output, "y"),

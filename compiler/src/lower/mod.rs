@@ -146,6 +146,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         evaluate: evaluate
             .as_ref()
             .map_or(Vec::new(), Function::manifest_args),
+        flush_to_zero: opts.numerics == Numerics::Fast && opts.gpu.is_none(),
         groups,
         kernels: Vec::new(),
         train: match entry {
