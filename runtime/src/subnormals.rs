@@ -4,8 +4,8 @@
 //! A softmax of peaked scores has probabilities below 2^-126, and its backward multiplies them
 //! by small gradients: values in the subnormal range, each of which costs a microcode assist
 //! in the instruction that makes it and in every GEMM that reads it. At d = 1024 one attention
-//! product of the transformer's backward ran at 55 GFLOP/s instead of 166 for that (the trace,
-//! BENCHMARKS.md). With `FTZ` set an operation whose result would be subnormal gives ±0, and
+//! product of the transformer's backward ran at 49–53 GFLOP/s for that, 189 without it (the
+//! trace, BENCHMARKS.md). With `FTZ` set an operation whose result would be subnormal gives ±0, and
 //! with `DAZ` one that reads a subnormal (from a file: none is made) reads ±0, so no subnormal
 //! takes part in arithmetic; copies still move their bits. The fast numerics run so on the CPU;
 //! the exact numerics (bit for bit with the interpreter) and GPU kernels keep IEEE's gradual
@@ -15,7 +15,8 @@
 //! ([`FlushToZero`]); the pool's other threads take it from that thread at the start of each
 //! parallel region (libomp copies `MXCSR` to a region's threads: `KMP_INHERIT_FP_CONTROL`,
 //! on by default; set to false, the pool's threads would keep whatever they last had), so the
-//! GEMM's tasks and generated code's loops run under it too.
+//! GEMM's tasks and generated code's loops run under it too. Other architectures have no such
+//! setting here (ppc's CPU targets are x86-64): the guard does nothing there.
 
 /// `MXCSR`'s flush-to-zero and denormals-are-zero bits.
 #[cfg(target_arch = "x86_64")]

@@ -259,7 +259,7 @@ fn take_rows() -> Vec<f64> {
     spans
         .iter()
         .flat_map(|s| {
-            let g = s.gemm.map_or([f64::NAN; 7], |g| {
+            let gemm = s.gemm.map_or([f64::NAN; ROW - 5], |g| {
                 [
                     g.batch as f64,
                     g.m as f64,
@@ -270,21 +270,14 @@ fn take_rows() -> Vec<f64> {
                     f64::from(u8::from(g.accumulate)),
                 ]
             });
-            let row: [f64; ROW] = [
+            let span = [
                 s.kind as u8 as f64,
                 s.index as f64,
                 f64::from(s.thread),
                 s.start_us,
                 s.dur_us,
-                g[0],
-                g[1],
-                g[2],
-                g[3],
-                g[4],
-                g[5],
-                g[6],
             ];
-            row
+            span.into_iter().chain(gemm)
         })
         .collect()
 }
