@@ -311,7 +311,7 @@ unsafe fn matmul(
             fold_rows(&mut a, &mut b, &mut c, active.is_some());
             if on_gpu {
                 crate::cuda::gemm::matmul(&a, &b, &c, active, accumulate);
-                trace::record_gemm(traced(&a, &b, &c, accumulate), started);
+                trace::record_gemm(started, || traced(&a, &b, &c, accumulate));
             } else {
                 // SAFETY: forwarded from this function's contract (the widened copies live
                 // until this function returns).
@@ -581,7 +581,7 @@ unsafe fn multiply(
     } else {
         crate::pool::parallel_for(tasks.len(), &one);
     }
-    trace::record_gemm(traced(a, b, c, accumulate), started);
+    trace::record_gemm(started, || traced(a, b, c, accumulate));
 }
 
 /// How the trace describes the product `c = a · b` (after the folds into rows and k).

@@ -166,9 +166,13 @@ pub fn record(kind: Kind, index: i64, start: Option<Instant>) {
     push(kind, index, start, None);
 }
 
-/// Records a GEMM call of shape `gemm` that began at `start` and ends now.
-pub fn record_gemm(gemm: Gemm, start: Option<Instant>) {
-    push(Kind::Gemm, gemm.batch as i64, start, Some(gemm));
+/// Records a GEMM call that began at `start` and ends now, of the shape `gemm` gives (asked
+/// only while tracing: the GEMM is called thousands of times a step).
+pub fn record_gemm(start: Option<Instant>, gemm: impl FnOnce() -> Gemm) {
+    if start.is_some() {
+        let gemm = gemm();
+        push(Kind::Gemm, gemm.batch as i64, start, Some(gemm));
+    }
 }
 
 fn push(kind: Kind, index: i64, start: Option<Instant>, gemm: Option<Gemm>) {
