@@ -29,15 +29,6 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q "jax[cpu]"
 fi
-# OPENBLAS_CORETYPE in the environment forces OpenBLAS's GEMM kernels for ppc (this project's
-# machines set it to Haswell: AVX2 kernels on an AVX-512 CPU, half the speed). JAX does not use
-# OpenBLAS, so ppc runs with OpenBLAS's own choice for the CPU unless BENCH_CORETYPE=keep; the
-# kernels used are printed at the end.
-PPC_ENV=(env)
-if [ -n "${OPENBLAS_CORETYPE:-}" ] && [ "${BENCH_CORETYPE:-}" != keep ]; then
-  echo "bench: OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE unset for ppc's runs (BENCH_CORETYPE=keep keeps it)" >&2
-  PPC_ENV=(env -u OPENBLAS_CORETYPE)
-fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.readlines()[-1])['$1'])"; }
@@ -72,13 +63,13 @@ compare() {
   compile_s=$(printf '%s\n' "${compiles[@]}" | sort -n | sed -n 2p)
   local ppc_all=() jax_all=() jit_all=() jax_json ppc_json steps
   # shellcheck disable=SC2086
-  steps=$("${PPC_ENV[@]}" "$exe" $run_flags --bench 3 | tail -1 | python3 -c "
+  steps=$("$exe" $run_flags --bench 3 | tail -1 | python3 -c "
 import json, math, sys
 step = json.load(sys.stdin)['median_step_s']
 print(min(max($STEPS, math.ceil($MIN_SECONDS / step)), max(3, math.floor($MAX_SECONDS / step))))")
   for _ in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
-    ppc_json=$("${PPC_ENV[@]}" "$exe" $run_flags --bench "$steps" | tail -1)
+    ppc_json=$("$exe" $run_flags --bench "$steps" | tail -1)
     ppc_all+=("$(echo "$ppc_json" | field useful_gflops)")
     # shellcheck disable=SC2086
     jax_json=$("$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$steps")
@@ -136,7 +127,7 @@ at_scale() {
   t1=$(date +%s.%N)
   rate=$(gemm_rate)
   # shellcheck disable=SC2086
-  ppc=$(run_rss "${PPC_ENV[@]}" "$exe" $run_flags --bench "$SCALE_STEPS")
+  ppc=$(run_rss "$exe" $run_flags --bench "$SCALE_STEPS")
   # shellcheck disable=SC2086
   jax=$(run_rss "$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$SCALE_STEPS")
   python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$ppc" "$jax" "$SCALE_STEPS" "$rate" <<'PY'
@@ -169,4 +160,4 @@ for f in examples/*.ppc; do
   t0=$(date +%s.%N); $PPC compile "$f" -o "$OUT/exe" 2>/dev/null; t1=$(date +%s.%N)
   python3 -c "print(f'  {\"$f\":28s} {$t1-$t0:.2f} s')"
 done
-echo "ppc's GEMM kernels (OpenBLAS): $("${PPC_ENV[@]}" "$OUT/exe" --bench 1 | tail -1 | field gemm_kernels)"
+echo "ppc's GEMM kernels: $("$OUT/exe" --bench 1 | tail -1 | field gemm_kernels)"
