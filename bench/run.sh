@@ -112,12 +112,13 @@ gemm_rate() {
 # at_scale NAME MODEL "PPC DIMS" "JAX ARGS" [REMAT]: as `compare`, for sizes whose steps take
 # seconds to a minute here: one round of SCALE_STEPS steps of each, one compile, each
 # program's peak RSS (ppc's includes labelling its training batches, JAX's its runtime), and
-# ppc's useful rate as a share of the machine's GEMM rate, measured just before it.
+# ppc's useful rate as a share of the machine's GEMM rate, measured just before and just after
+# ppc's steps: the higher of the two (a dip while one is measured would flatter the share).
 SCALE_STEPS=${SCALE_STEPS:-2}
 at_scale() {
   local name=$1 model=$2 dims=$3 jax_args=$4 remat=${5:-}
   [[ $name =~ $ONLY ]] || return 0
-  local exe="$OUT/model" ppc_flags="" run_flags="" t0 t1 ppc jax rate
+  local exe="$OUT/model" ppc_flags="" run_flags="" t0 t1 ppc jax before after
   if [ -n "$remat" ]; then
     ppc_flags="--train --remat $remat" run_flags="--steps 0" jax_args="$jax_args --train --remat $remat"
   fi
@@ -125,19 +126,22 @@ at_scale() {
   # shellcheck disable=SC2086
   $PPC compile "$model" $dims $ppc_flags -o "$exe" 2>/dev/null
   t1=$(date +%s.%N)
-  rate=$(gemm_rate)
+  before=$(gemm_rate)
   # shellcheck disable=SC2086
   ppc=$(run_rss "$exe" $run_flags --bench "$SCALE_STEPS")
+  after=$(gemm_rate)
   # shellcheck disable=SC2086
   jax=$(run_rss "$VENV/bin/python" bench/jax_gpipe.py $jax_args --steps "$SCALE_STEPS")
-  python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$ppc" "$jax" "$SCALE_STEPS" "$rate" <<'PY'
+  python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$ppc" "$jax" "$SCALE_STEPS" "$before" "$after" <<'PY'
 import json, sys
-name, compile_s, ppc, jax, steps, rate = sys.argv[1], float(sys.argv[2]), *sys.argv[3:5], sys.argv[5], float(sys.argv[6])
+name, compile_s, ppc, jax, steps = sys.argv[1], float(sys.argv[2]), *sys.argv[3:5], sys.argv[5]
+before, after = float(sys.argv[6]), float(sys.argv[7])
+rate = max(before, after)
 (p, p_rss), (j, j_rss) = ppc.splitlines(), jax.splitlines()
 p, j = json.loads(p)["useful_gflops"], json.loads(j)
 print(f"{name:40s} {p:12.2f} {j['useful_gflops']:12.2f} {p / j['useful_gflops']:7.2f}x {'1 round':>16s} "
       f"{compile_s:14.2f} {j['jit_s']:12.2f} {steps:>6s} peak RSS MB {float(p_rss):.0f} / {float(j_rss):.0f}, "
-      f"ppc at {p / rate:.0%} of the GEMM's {rate:.0f} GFLOP/s")
+      f"ppc at {p / rate:.0%} of the GEMM's {rate:.0f} GFLOP/s (before {before:.0f}, after {after:.0f})")
 PY
 }
 
