@@ -223,9 +223,16 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "N", hide = true)]
     pub perturb: Option<usize>,
     /// Check the training step's gradients instead of the forward pass: `interp`, the
-    /// pipelined program's parameter and input gradients (for a seeded cotangent of the
-    /// outputs) against the sequential model's, bit for bit, on every rank count; `cpu`,
-    /// the compiled training step's loss and gradients against the interpreter's.
+    /// pipelined program's outputs, input gradient and `@layer` parameters' gradients (for a
+    /// seeded cotangent of the outputs) against the sequential model's, bit for bit, on
+    /// every rank count; `@embed`'s and `@head`'s parameters' within 1e-5, since the
+    /// pipelined program sums their gradient over every microbatch in one reduction or
+    /// matrix product and the sequential model microbatch by microbatch (the same sum in
+    /// another order). `cpu`: the compiled training step's loss and gradients against the
+    /// interpreter's, within the dtype's tolerance (bit for bit with --exact). A
+    /// gradient's difference is measured against the largest gradient of any parameter
+    /// (normwise over the whole gradient), as one whose exact value is zero is rounding
+    /// alone.
     #[arg(long)]
     pub grad: bool,
     #[command(flatten)]

@@ -31,6 +31,9 @@ pub enum ScheduleError {
 pub struct Work {
     pub microbatch: u64,
     pub repeat: u64,
+    /// The model layers among the stage's `k` slots of this repeat: fewer than `k` where the
+    /// layers do not fill the slots (uneven depth), whose empty slots pass their input on.
+    pub layers: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -43,6 +46,8 @@ pub struct Schedule {
     pub repeats: u64,
     /// `slots[t][s]`: the work of stage `s` at iteration `t`; `None` is a bubble.
     pub slots: Vec<Vec<Option<Work>>>,
+    /// `k`: the layer slots each stage runs per repeat.
+    pub layers_per_stage: u64,
     /// Whether `@embed` runs before the loop and `@head` after it (on all microbatches, on the
     /// first and the last rank).
     pub embed: bool,
@@ -69,6 +74,13 @@ impl Schedule {
         let microbatches = m.pipeline.microbatches;
         let repeats = m.pipeline.repeats;
         let items = (repeats * microbatches) as i64;
+        let k = m.pipeline.layers_per_stage();
+        // Layer `(r·S + s)·k + j` runs in slot j of stage s in repeat r; those past the
+        // model's depth are empty.
+        let layers = |r: u64, s: u64| {
+            let first = (r * stages + s) * k;
+            m.pipeline.layers.saturating_sub(first).min(k)
+        };
         let slots = (0..trips as i64)
             .map(|t| {
                 (0..stages as i64)
@@ -77,6 +89,7 @@ impl Schedule {
                         (0..items).contains(&w).then(|| Work {
                             microbatch: w as u64 % microbatches,
                             repeat: w as u64 / microbatches,
+                            layers: layers(w as u64 / microbatches, s as u64),
                         })
                     })
                     .collect()
@@ -88,6 +101,7 @@ impl Schedule {
             microbatches,
             repeats,
             slots,
+            layers_per_stage: k,
             embed: m.func(names::EMBED).is_some(),
             head: m.func(names::HEAD).is_some(),
         })
@@ -97,17 +111,31 @@ impl Schedule {
         self.slots.len() as u64
     }
 
+    /// Idle stage-iterations: bubbles, and stages whose slots are all empty (uneven depth).
     pub fn bubble_slots(&self) -> u64 {
-        self.slots.iter().flatten().filter(|w| w.is_none()).count() as u64
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|w| w.is_none_or(|w| w.layers == 0))
+            .count() as u64
     }
 
     pub fn total_slots(&self) -> u64 {
         self.iterations() * self.stages
     }
 
-    /// Bubble slots over all slots: idle stage-iterations.
+    /// The share of layer slots that run no layer, over all stage-iterations: with every slot
+    /// filled, bubble slots over all slots, (S-1)/(R·M+S-1); an empty layer slot (uneven depth)
+    /// is idle too, as it costs no matrix product.
     pub fn bubble_fraction(&self) -> f64 {
-        self.bubble_slots() as f64 / self.total_slots() as f64
+        let busy: u64 = self
+            .slots
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|w| w.layers)
+            .sum();
+        1.0 - busy as f64 / (self.total_slots() * self.layers_per_stage) as f64
     }
 
     /// What runs outside the loop: `@embed` before it, `@head` after it, one line each.
@@ -131,6 +159,7 @@ impl Schedule {
     fn label(&self, w: Option<Work>) -> String {
         match w {
             None => ".".into(),
+            Some(w) if w.layers == 0 => "-".into(),
             Some(w) if self.repeats == 1 => w.microbatch.to_string(),
             Some(w) => format!("{}:{}", w.repeat, w.microbatch),
         }
@@ -157,6 +186,11 @@ impl Schedule {
         } else {
             out.push_str("cells are microbatches, `.` is a bubble\n");
         }
+        if self.slots.iter().flatten().flatten().any(|w| w.layers == 0) {
+            out.push_str(
+                "`-` is a stage whose layer slots are empty: it passes the microbatch on\n",
+            );
+        }
         let [before, after] = self.ends();
         if let Some(line) = before {
             let _ = writeln!(out, "{line}");
@@ -179,8 +213,9 @@ impl Schedule {
         let cells = cells(&self.slots, |wk: Work| {
             let hue = wk.microbatch * 360 / self.microbatches.max(1);
             let light = 75 - (wk.repeat * 35 / self.repeats.max(1));
+            let saturation = if wk.layers == 0 { 0 } else { 60 };
             Cell {
-                fill: format!("hsl({hue},60%,{light}%)"),
+                fill: format!("hsl({hue},{saturation}%,{light}%)"),
                 label: self.label(Some(wk)),
             }
         });

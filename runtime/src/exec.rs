@@ -565,10 +565,10 @@ pub fn drive(
         ),
     };
     let y = output.to_tensor();
-    let bubble = (m.stages - 1) as f64 / (m.repeats * m.microbatches + m.stages - 1) as f64;
     let step = format!(
-        "{step_s:.6} s, {which} ({}, seed {})",
-        opts.backend, opts.seed
+        "{step_s:.6} s, {which} ({}, {})",
+        opts.backend,
+        opts.origin()
     );
     let shape = |dtype, shape: &[usize]| format!("{dtype}{shape:?}");
     let input_shape = shape(m.input().dtype, &m.input().shape);
@@ -595,8 +595,8 @@ pub fn drive(
         )?;
         writeln!(
             out,
-            "bubble      {:.1}% of stage-iterations idle",
-            100.0 * bubble
+            "bubble      {:.1}% of the loop's layer slots idle",
+            100.0 * m.bubble()
         )?;
     }
     if let Some(n) = opts.bench {

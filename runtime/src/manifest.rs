@@ -152,6 +152,15 @@ impl Manifest {
             .collect()
     }
 
+    /// The share of the GPipe loop's layer slots that run no layer: of `(R·M+S-1)·S·k`, a
+    /// microbatch runs each of the `L` layers once; (S-1)/(R·M+S-1) when the layers fill
+    /// the `S·R·k` slots, more where the last are empty (uneven depth).
+    pub fn bubble(&self) -> f64 {
+        let k = self.layers.div_ceil(self.stages * self.repeats);
+        let iterations = self.repeats * self.microbatches + self.stages - 1;
+        1.0 - (self.microbatches * self.layers) as f64 / (iterations * self.stages * k) as f64
+    }
+
     pub fn input(&self) -> &Arg {
         self.args
             .iter()

@@ -80,6 +80,19 @@ impl Default for RunOptions {
 }
 
 impl RunOptions {
+    /// Where the run's numbers come from, for the summary: `seed 0`, or the files that
+    /// replaced what the seed would draw (`parameters from w.safetensors, inputs of seed 0`).
+    pub fn origin(&self) -> String {
+        let from = |what: &str, file: &Option<PathBuf>| match file {
+            Some(f) => format!("{what} from {}", f.display()),
+            None => format!("{what} of seed {}", self.seed),
+        };
+        match (&self.params.file, &self.input) {
+            (None, None) => format!("seed {}", self.seed),
+            (params, input) => format!("{}, {}", from("parameters", params), from("inputs", input)),
+        }
+    }
+
     /// The command-line arguments that parse back into these options (all but `backend`).
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![

@@ -340,6 +340,18 @@ fn verify_grad_checks_gradients_and_can_fail() {
         &["--repeats", "2", "--ranks", "4"],
         &["--backend", "cpu"],
         &["--backend", "cpu", "--dtype", "bf16", "--exact"],
+        // Uneven depth: the compiled gradients' empty stage slots are no model layer's.
+        &["--backend", "cpu", "--layers", "3"],
+        &[
+            "--backend",
+            "cpu",
+            "--layers",
+            "5",
+            "--stages",
+            "2",
+            "--repeats",
+            "2",
+        ],
     ] {
         let mut all = vec!["verify", "--grad", &transformer];
         all.extend(["--dim", "t=4", "--dim", "dh=4"]);

@@ -111,32 +111,68 @@ fn every_model_file_that_check_accepts_runs_through_every_command() {
     );
 }
 
-/// A small model with `steps` statements drawn from the op table (seeded), under pipeline
-/// settings drawn too.
+/// A small model whose `@layer` (and, drawn too, `@embed` and `@head` around it) has a few
+/// statements drawn from the op table, with their axes drawn over both of `[b, d]`'s (seeded),
+/// under pipeline settings drawn too.
 fn generated(seed: u64) -> String {
     let mut rng = Rng::stream(seed, "generated-model", 0);
     let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
     let (stages, micro, repeats) = ([2, 4][pick(2)], [2, 3, 4, 6][pick(4)], [1, 1, 2][pick(3)]);
-    let mut params = Vec::new();
     let mut helpers = String::new();
-    let mut body = vec!["  %one = constant 1 : f32[]".to_string()];
+    let mut funcs = Vec::new();
+    let with_ends = pick(2) == 1;
+    for (name, prefix) in [("embed", "e"), ("layer", ""), ("head", "h")] {
+        if name != "layer" && !with_ends {
+            continue;
+        }
+        let (params, body) = drawn_body(&mut pick, prefix, &mut helpers);
+        // The layer's residual keeps its depth trainable; the ends are plain chains.
+        let ret = if name == "layer" {
+            "  %r = add %x, %out\n  return %r"
+        } else {
+            "  return %out"
+        };
+        funcs.push(format!(
+            "func @{name}(%x: f32[b, d]) -> f32[b, d] {{\n{}\n{}\n{ret}\n}}\n",
+            params.join("\n"),
+            body.join("\n")
+        ));
+    }
+    format!(
+        "// Generated (seed {seed}).\ndims {{ b = 4, d = 4 }}\npipeline {{ stages = {stages}, microbatches = {micro}, repeats = {repeats} }}\ninput f32[b, d]\n\n{helpers}{}",
+        funcs.join("\n")
+    )
+}
+
+/// A function body of a few statements drawn from the op table on `%x: f32[b, d]`, ending in
+/// `%out`: its parameter lines and its statements. `prefix` keeps the names of values, helper
+/// functions and parameters apart between the functions of one model.
+fn drawn_body(
+    pick: &mut dyn FnMut(usize) -> usize,
+    prefix: &str,
+    helpers: &mut String,
+) -> (Vec<String>, Vec<String>) {
+    let mut params = Vec::new();
+    let mut body = vec![format!("  %{prefix}one = constant 1 : f32[]")];
+    let one = format!("%{prefix}one");
     let mut last = "%x".to_string();
     let ops: Vec<&str> = signatures().iter().map(|s| s.name).collect();
     for i in 0..4 + pick(5) {
         let a = last.clone();
-        let v = format!("%v{i}");
+        let v = format!("%{prefix}v{i}");
         let op = ops[pick(ops.len())];
         let sig = signatures().iter().find(|s| s.name == op).expect("listed");
+        let axis = pick(2);
         let lines: Vec<String> = match op {
             "exp" => vec![format!("{v}t = tanh {a}"), format!("{v} = exp {v}t")],
             "log" | "sqrt" | "rsqrt" => vec![
                 format!("{v}a = abs {a}"),
-                format!("{v}p = add {v}a, %one"),
+                format!("{v}p = add {v}a, {one}"),
                 format!("{v} = {op} {v}p"),
             ],
             "div" => vec![
                 format!("{v}a = abs {a}"),
-                format!("{v}p = add {v}a, %one"),
+                format!("{v}p = add {v}a, {one}"),
                 format!("{v} = div %x, {v}p"),
             ],
             "lt" | "le" | "eq" | "gt" | "ge" | "ne" => vec![
@@ -145,8 +181,8 @@ fn generated(seed: u64) -> String {
             ],
             "select" => vec![format!("{v}c = gt {a}, %x"), format!("{v} = select {v}c, %x, {a}")],
             "matmul" => {
-                params.push(format!("  param %w{i}: f32[d, d] = normal(1 / sqrt(d))"));
-                vec![format!("{v} = matmul {a}, %w{i}")]
+                params.push(format!("  param %{prefix}w{i}: f32[d, d] = normal(1 / sqrt(d))"));
+                vec![format!("{v} = matmul {a}, %{prefix}w{i}")]
             }
             "transpose" => vec![format!("{v} = transpose {a}, perm = [1, 0] : f32[d, b]")],
             "reshape" => vec![
@@ -155,7 +191,15 @@ fn generated(seed: u64) -> String {
             ],
             "broadcast" | "reduce_sum" | "reduce_mean" | "reduce_max" => {
                 let r = if op == "broadcast" { "reduce_mean" } else { op };
-                vec![format!("{v}r = {r} {a}, axes = [0] : f32[d]"), format!("{v} = broadcast {v}r : f32[b, d]")]
+                if axis == 0 {
+                    vec![format!("{v}r = {r} {a}, axes = [0] : f32[d]"), format!("{v} = broadcast {v}r : f32[b, d]")]
+                } else {
+                    vec![
+                        format!("{v}r = {r} {a}, axes = [1] : f32[b]"),
+                        format!("{v}k = reshape {v}r : f32[b, 1]"),
+                        format!("{v} = broadcast {v}k : f32[b, d]"),
+                    ]
+                }
             }
             "convert" => vec![format!("{v}h = convert {a} : bf16[b, d]"), format!("{v} = convert {v}h : f32[b, d]")],
             "slice" | "concat" => vec![
@@ -163,19 +207,29 @@ fn generated(seed: u64) -> String {
                 format!("{v}r = slice {a}, start = [0, d / 2], end = [b, d] : f32[b, d / 2]"),
                 format!("{v} = concat {v}r, {v}l, axis = 1 : f32[b, d]"),
             ],
-            "softmax" => vec![format!("{v} = softmax {a}, axis = {}", pick(2))],
-            "layernorm" => vec![format!("{v} = layernorm {a}, axis = 1, eps = 1e-5")],
+            "softmax" => vec![format!("{v} = softmax {a}, axis = {axis}")],
+            "layernorm" => vec![format!("{v} = layernorm {a}, axis = {axis}, eps = 1e-5")],
             "iota" | "constant" => vec![
-                format!("{v}i = iota axis = 1 : f32[b, d]"),
+                format!("{v}i = iota axis = {axis} : f32[b, d]"),
                 format!("{v}s = constant 1 / d : f32[]"),
                 format!("{v}j = mul {v}i, {v}s"),
                 format!("{v} = add {a}, {v}j"),
+            ],
+            "pad" if axis == 0 => vec![
+                format!("{v}p = pad {a}, axis = 0, low = 1, high = 0, fill = 0 : f32[b + 1, d]"),
+                format!("{v} = slice {v}p, start = [0, 0], end = [b, d] : f32[b, d]"),
             ],
             "pad" => vec![
                 format!("{v}p = pad {a}, axis = 1, low = 1, high = 0, fill = 0 : f32[b, d + 1]"),
                 format!("{v} = slice {v}p, start = [0, 0], end = [b, d] : f32[b, d]"),
             ],
-            "shift" => vec![format!("{v} = shift {a}, axis = 0, fill = 0")],
+            "shift" => vec![format!("{v} = shift {a}, axis = {axis}, fill = 0")],
+            "index" | "update" if axis == 0 => vec![
+                format!("{v}k = constant 1 : i32[]"),
+                format!("{v}r = index {a}, {v}k, axis = 0 : f32[d]"),
+                format!("{v}n = neg {v}r"),
+                format!("{v} = update {a}, {v}n, {v}k, axis = 0"),
+            ],
             "index" | "update" => vec![
                 format!("{v}k = iota axis = 0 : i32[b]"),
                 format!("{v}r = index {a}, {v}k, axis = 1 : f32[b]"),
@@ -184,11 +238,11 @@ fn generated(seed: u64) -> String {
             ],
             "call" => {
                 helpers.push_str(&format!(
-                    "func @block{i}(%u: f32[b, d]) -> f32[b, d] {{\n  param %g: f32[d] = ones\n  %m = mul %u, %g\n  %t = tanh %m\n  return %t\n}}\n\n"
+                    "func @block{prefix}{i}(%u: f32[b, d]) -> f32[b, d] {{\n  param %{prefix}g{i}: f32[d] = ones\n  %m = mul %u, %{prefix}g{i}\n  %t = tanh %m\n  return %t\n}}\n\n"
                 ));
-                vec![format!("{v} = call @block{i}, {a}")]
+                vec![format!("{v} = call @block{prefix}{i}, {a}")]
             }
-            "loop" => vec![format!("{v} = loop {a}, trips = 2 {{\n  ^body(%it{i}, %c{i}):\n    %n{i} = tanh %c{i}\n    yield %n{i}\n  }}")],
+            "loop" => vec![format!("{v} = loop {a}, trips = 2 {{\n  ^body(%{prefix}it{i}, %{prefix}c{i}):\n    %{prefix}n{i} = tanh %{prefix}c{i}\n    yield %{prefix}n{i}\n  }}")],
             "rank" => vec![format!("{v}r = rank : i32[]"), format!("{v} = tanh {a}")],
             "exchange" => vec![format!("{v} = exchange {a}")],
             _ if sig.operands == ppc_dialect::parse::signature::Arity::Exactly(1) => vec![format!("{v} = {op} {a}")],
@@ -197,11 +251,8 @@ fn generated(seed: u64) -> String {
         body.extend(lines.into_iter().map(|l| format!("  {l}")));
         last = v;
     }
-    format!(
-        "// Generated (seed {seed}).\ndims {{ b = 4, d = 4 }}\npipeline {{ stages = {stages}, microbatches = {micro}, repeats = {repeats} }}\ninput f32[b, d]\n\n{helpers}func @layer(%x: f32[b, d]) -> f32[b, d] {{\n{}\n{}\n  %out = tanh {last}\n  %r = add %x, %out\n  return %r\n}}\n",
-        params.join("\n"),
-        body.join("\n")
-    )
+    body.push(format!("  %out = tanh {last}"));
+    (params, body)
 }
 
 #[test]
@@ -212,13 +263,14 @@ fn generated_models_that_check_accepts_run_through_every_command() {
     );
     let dir = std::env::temp_dir().join(format!("ppc-generated-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch");
-    let (mut accepted, mut failures) = (0, Vec::new());
-    for seed in 0..24 {
+    let (mut accepted, mut with_ends, mut failures) = (0, 0, Vec::new());
+    for seed in 0..64 {
         let file = dir.join(format!("gen{seed}.ppc"));
         let text = generated(seed);
         std::fs::write(&file, &text).expect("write");
         if let Some(fails) = through_every_command(&file.display().to_string()) {
             accepted += 1;
+            with_ends += usize::from(text.contains("func @embed"));
             failures.extend(
                 fails
                     .into_iter()
@@ -228,8 +280,8 @@ fn generated_models_that_check_accepts_run_through_every_command() {
     }
     std::fs::remove_dir_all(&dir).expect("cleanup");
     assert!(
-        accepted >= 8,
-        "only {accepted} of 24 generated models accepted"
+        accepted >= 12 && with_ends >= 4,
+        "only {accepted} of 64 generated models accepted, {with_ends} of them with `@embed` and `@head`"
     );
     assert!(
         failures.is_empty(),

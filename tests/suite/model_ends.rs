@@ -323,6 +323,32 @@ fn ignored_targets_count_in_neither_the_sum_nor_the_mean() {
 #[test]
 fn layers_that_the_stages_do_not_divide_leave_empty_slots() {
     let model = path("examples/gpt2.ppc");
+    // The report's bubble counts the empty slots as idle: of the (M+S-1)·S·k layer slots of
+    // the loop, M·L run a layer (6 layers on 4 stages of k = 2, M = 4; 5 on 2 stages of 2
+    // in 2 repeats, M = 4).
+    for (extra, m, l, s, k, iterations) in [
+        (&["--layers", "6"][..], 4, 6, 4, 2, 7),
+        (
+            &["--layers", "5", "--stages", "2", "--repeats", "2"],
+            4,
+            5,
+            2,
+            2,
+            9,
+        ),
+    ] {
+        let mut args = vec!["compile", &model, "--report=json"];
+        args.extend(extra);
+        let (code, out, err) = ppc(&args);
+        assert_eq!(code, 0, "{err}");
+        let r: serde_json::Value = serde_json::from_str(&out).expect("report");
+        let want = 1.0 - f64::from(m * l) / f64::from(iterations * s * k);
+        let got = r["bubble_fraction"].as_f64().expect("bubble");
+        assert!(
+            (got - want).abs() < 1e-12,
+            "{extra:?}: {got} against {want}"
+        );
+    }
     for extra in [
         &["--layers", "6"][..],
         &["--layers", "6", "--ranks", "2"],
@@ -376,9 +402,38 @@ fn layers_that_the_stages_do_not_divide_leave_empty_slots() {
             header.contains("layers.5.w1") && !header.contains("layers.6."),
             "6 layers"
         );
-        let (code, _, err) = ppc(&["run", &model, "--layers", "6", "--params", &ckpt]);
+        let (code, out, err) = ppc(&["run", &model, "--layers", "6", "--params", &ckpt]);
         assert_eq!(code, 0, "the checkpoint as --params: {err}");
+        // The summary names the file the weights came from, not a seed that drew none.
+        let origin = format!("parameters from {ckpt}, inputs of seed 0)");
+        assert!(out.contains(&origin), "{out}");
+        // 6 layers on 4 stages of k = 2, M = 4: 24 of the 7·4·2 layer slots run a layer.
+        assert!(
+            out.contains("bubble      57.1% of the loop's layer slots idle"),
+            "{out}"
+        );
     }
     assert_eq!(runs[0], runs[1], "1 and 2 ranks");
     std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// A parameter the loss does not depend on has a gradient of rounding alone, which two
+/// summation orders (all microbatches in one reduction, or one by one) leave different:
+/// `wpe` under a `layernorm` over the batch axis, along which it is constant. `verify --grad`
+/// measures each gradient against the whole gradient's scale, so it passes; measured against
+/// its own largest value it failed (9.8% apart, interpreted; 61%, compiled).
+#[test]
+fn a_gradient_that_is_rounding_alone_verifies() {
+    let text = std::fs::read_to_string(root().join("examples/gpt2.ppc")).expect("model");
+    let sum = "  %x = add %tok, %wpe\n";
+    assert!(text.contains(sum), "examples/gpt2.ppc's @embed changed");
+    let normed = "  %x0 = add %tok, %wpe\n  %x = layernorm %x0, axis = 0, eps = 1e-5\n";
+    let dir = scratch("rounding-alone");
+    let file = dir.join("gpt2_ln_batch.ppc");
+    std::fs::write(&file, text.replace(sum, normed)).expect("write");
+    let file = file.display().to_string();
+    for backend in ["interp", "cpu"] {
+        let (code, out, err) = ppc(&["verify", "--grad", &file, "--backend", backend]);
+        assert_eq!(code, 0, "{backend}: {out}{err}");
+    }
 }

@@ -86,7 +86,7 @@ fn run_interp(
     }
     let secs = start.elapsed().as_secs_f64() / f64::from(steps);
     let y = result.expect("invariant: at least one step ran");
-    let step = format!("{secs:.4} s (interp, sequential, seed {})", args.seed);
+    let step = format!("{secs:.4} s (interp, sequential, {})", args.origin());
     write_summary(
         out,
         &l.path,

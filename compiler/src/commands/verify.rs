@@ -10,6 +10,7 @@ use crate::report::{self};
 use anyhow::{anyhow, bail, Context};
 use ppc_dialect::interp::{forward_on_ranks, param_source, Interp};
 use ppc_dialect::ir::{Pipeline, Setting};
+use ppc_runtime::manifest::{Arg, Manifest, Role};
 use ppc_runtime::memref::HostBuffer;
 use ppc_runtime::Tensor;
 use std::io::Write;
@@ -225,8 +226,7 @@ fn verify_grad(
     let (m, seed) = (&l.module, check.seed);
     let source = param_source(m, seed, check.params.as_deref())?;
     let inputs = ppc_dialect::interp::synthetic_inputs(m, seed);
-    // Each check gives (what, reference, result, tolerance), the reference first.
-    let mut pairs: Vec<(String, Tensor, Tensor, f64)> = match check.backend {
+    let mut pairs: Vec<Pair> = match check.backend {
         Backend::Cuda => bail!("`ppc verify --grad --backend cuda` is not built yet: training executables compiled with --target cuda run the step on the GPU, and scripts/gpu-check.sh compares their losses with the CPU's"),
         Backend::Interp => {
             let d = ppc_dialect::grad::synthetic_cotangent(m, seed);
@@ -249,55 +249,66 @@ fn verify_grad(
                 HostBuffer::from_tensor(&targets),
             );
             let got = ppc_runtime::train::step(&jit.program, x, t, &mut params)?;
-            let names = jit.program.specs().into_iter().map(|s| s.name);
+            let manifest = &jit.program.manifest;
+            let args = manifest.args.iter().filter(|a| a.role == Role::Param);
             let tol = if codegen.exact {
                 0.0
             } else {
                 tolerance(m.output_type().dtype)
             };
-            let mut pairs = vec![(
-                "loss".to_string(),
-                Tensor::scalar(ppc_dialect::DType::F32, f64::from(want.loss)),
-                Tensor::scalar(ppc_dialect::DType::F32, f64::from(got.loss)),
+            let mut pairs = vec![Pair {
+                what: "loss".to_string(),
+                want: Tensor::scalar(ppc_dialect::DType::F32, f64::from(want.loss)),
+                got: Tensor::scalar(ppc_dialect::DType::F32, f64::from(got.loss)),
                 tol,
-            )];
-            for (name, g) in names.zip(got.grads) {
+                gradient: false,
+            }];
+            for (a, g) in args.zip(got.grads) {
+                let name = &a.name;
                 let w = want
                     .grads
-                    .of(&name)
+                    .of(name)
                     .ok_or_else(|| anyhow!("no gradient of `{name}`"))?;
-                pairs.push((
-                    format!("gradient of {name}"),
-                    Tensor::new(g.dtype, g.shape.clone(), w),
-                    g,
+                let g = model_layers(g, a, manifest);
+                pairs.push(Pair {
+                    what: format!("gradient of {name}"),
+                    want: Tensor::new(g.dtype, g.shape.clone(), w),
+                    got: g,
                     tol,
-                ));
+                    gradient: true,
+                });
             }
             pairs
         }
     };
     // Testing: the first result compared (the outputs, or the loss) made wrong.
-    perturbed(&mut pairs[0].2, check.perturb)?;
+    perturbed(&mut pairs[0].got, check.perturb)?;
+    let grad_scale = gradient_scale(&pairs);
     let mut ok = true;
     let mut worst: Option<(String, f64)> = None;
-    for (what, want, got, tol) in &pairs {
-        let c = compare(want, got);
-        let good = if *tol == 0.0 {
+    for pair in &pairs {
+        let c = compare(&pair.want, &pair.got);
+        let rel = if pair.gradient && c.max_abs > 0.0 {
+            c.max_abs / grad_scale
+        } else {
+            c.max_rel
+        };
+        let good = if pair.tol == 0.0 {
             c.bit_exact
         } else {
-            c.max_rel <= *tol
+            rel <= pair.tol
         };
         ok &= good;
-        if worst.as_ref().is_none_or(|(_, r)| c.max_rel > *r) {
-            worst = Some((what.clone(), c.max_rel));
+        if worst.as_ref().is_none_or(|(_, r)| rel > *r) {
+            worst = Some((pair.what.clone(), rel));
         }
         if !good {
-            writeln!(err, "{what}: differs (normwise {:e})", c.max_rel)?;
+            writeln!(err, "{}: differs (normwise {rel:e})", pair.what)?;
         }
     }
     let p = m.pipeline;
     let (worst_what, worst_rel) = worst.unwrap_or_default();
-    let max_tol = pairs.iter().map(|p| p.3).fold(0.0, f64::max);
+    let max_tol = pairs.iter().map(|p| p.tol).fold(0.0, f64::max);
     let json = serde_json::json!({
         "backend": check.backend.name(),
         "grad": true, "dtype": m.output_type().dtype.name(),
@@ -314,42 +325,92 @@ fn verify_grad(
     verdict(out, json, &p, &settings, ok)
 }
 
-/// The outputs', input gradients' and every layer's parameter gradients' (reference, result,
-/// tolerance): exact, but for the parameters of `@embed` and `@head`, whose gradients the
-/// pipelined program sums over all microbatches at once (one GEMM) and the sequential model
-/// microbatch by microbatch: within `held_once_tol`.
+/// A compiled program's gradient of parameter `a`, its stage slots (`[S, k, ...]`, or
+/// `[R, S, k, ...]` for a circular pipeline) put in model layer order as `[L, ...]`, the empty
+/// slots of uneven depth left out; a parameter held once as it is.
+fn model_layers(g: Tensor, a: &Arg, m: &Manifest) -> Tensor {
+    if a.layer_axes == 0 {
+        return g;
+    }
+    let inner = &a.shape[a.layer_axes..];
+    let n: usize = inner.iter().product();
+    let mut by_layer: Vec<(u64, &[f32])> = m
+        .layer_ids(a, 0)
+        .into_iter()
+        .zip(g.data.chunks(n))
+        .filter(|(l, _)| *l < m.layers)
+        .collect();
+    by_layer.sort_by_key(|(l, _)| *l);
+    let mut shape = vec![by_layer.len()];
+    shape.extend(inner);
+    let data = by_layer.into_iter().flat_map(|(_, d)| d.to_vec()).collect();
+    Tensor::new(g.dtype, shape, data)
+}
+
+/// One comparison of `ppc verify --grad`: a result against its reference.
+struct Pair {
+    what: String,
+    want: Tensor,
+    got: Tensor,
+    /// 0: bit for bit; else the largest normwise difference accepted.
+    tol: f64,
+    /// A parameter's gradient: its difference is measured against the whole gradient's
+    /// scale ([`gradient_scale`]), not this tensor's own.
+    gradient: bool,
+}
+
+/// The largest magnitude of any parameter's reference gradient: the scale against which each
+/// gradient's difference is measured, normwise over the model's whole gradient as one vector.
+/// A tensor's own largest value would be no scale where its exact gradient is zero: with a
+/// `layernorm` over an axis along which a parameter is constant (`wpe` under a norm over the
+/// batch axis), the loss does not depend on it, its computed gradient is the rounding left
+/// by cancelling sums, and two summation orders leave different rounding.
+fn gradient_scale(pairs: &[Pair]) -> f64 {
+    pairs
+        .iter()
+        .filter(|p| p.gradient)
+        .flat_map(|p| p.want.data.iter())
+        .filter(|v| v.is_finite())
+        .fold(f64::MIN_POSITIVE, |s, &v| s.max(f64::from(v).abs()))
+}
+
+/// The outputs', input gradients' and every layer's parameter gradients' comparisons: exact,
+/// but for the parameters of `@embed` and `@head`, whose gradients the pipelined program sums
+/// over all microbatches at once (one reduction or GEMM over every microbatch's rows) and the
+/// sequential model microbatch by microbatch, a different order of the same sum: within
+/// `held_once_tol`.
 fn grad_pairs(
     want: &ppc_dialect::grad::Grads,
     got: &ppc_dialect::grad::Grads,
     held_once_tol: f64,
-) -> Vec<(String, Tensor, Tensor, f64)> {
-    let mut pairs = vec![(
+) -> Vec<Pair> {
+    let pair = |what: String, want: &Tensor, got: &Tensor, tol, gradient| Pair {
+        what,
+        want: want.clone(),
+        got: got.clone(),
+        tol,
+        gradient,
+    };
+    let mut pairs = vec![pair(
         "outputs".to_string(),
-        want.outputs.clone(),
-        got.outputs.clone(),
+        &want.outputs,
+        &got.outputs,
         0.0,
+        false,
     )];
     if let (Some(w), Some(g)) = (&want.inputs, &got.inputs) {
-        pairs.push(("input gradient".to_string(), w.clone(), g.clone(), 0.0));
+        pairs.push(pair("input gradient".to_string(), w, g, 0.0, false));
     }
     for ((name, w), (_, g)) in want.params.iter().zip(&got.params) {
         for (l, (w, g)) in w.iter().zip(g).enumerate() {
-            pairs.push((
-                format!("gradient of {name} in layer {l}"),
-                w.clone(),
-                g.clone(),
-                0.0,
-            ));
+            let what = format!("gradient of {name} in layer {l}");
+            pairs.push(pair(what, w, g, 0.0, true));
         }
     }
     for (name, w) in &want.held_once {
         if let Some((_, g)) = got.held_once.iter().find(|(n, _)| n == name) {
-            pairs.push((
-                format!("gradient of {name}"),
-                w.clone(),
-                g.clone(),
-                held_once_tol,
-            ));
+            let what = format!("gradient of {name}");
+            pairs.push(pair(what, w, g, held_once_tol, true));
         }
     }
     pairs
