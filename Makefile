@@ -15,9 +15,10 @@ build: setup
 run: build
 	target/release/ppc run $(MODEL)
 
-## Every test (CI=true: missing or changed snapshots fail). Executables link target/debug/libppc_exe.a.
+## Every test (CI=true: missing or changed snapshots fail). Executables link target/debug/libppc_exe.a;
+## the commands of the README and docs/ run target/debug/ppc (tests/suite/guides.rs).
 test: setup
-	$(CARGO) build -p ppc-exe
+	$(CARGO) build -p ppc -p ppc-exe
 	$(CARGO) test --workspace
 
 lint: setup
@@ -29,7 +30,7 @@ fmt:
 
 ## Accept changed snapshots; review every .snap diff before committing.
 bless:
-	$(CARGO) build -p ppc-exe
+	$(CARGO) build -p ppc -p ppc-exe
 	INSTA_UPDATE=always $(CARGO) test --workspace
 
 ## ppc against JAX (installed from PyPI into bench/.venv) on examples/mlp.ppc and a wider variant.

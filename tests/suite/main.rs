@@ -12,6 +12,7 @@ mod cuda;
 mod determinism;
 mod errors;
 mod grad;
+mod guides;
 mod interp_ops;
 mod language;
 mod lowering;
