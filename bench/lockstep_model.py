@@ -1,11 +1,12 @@
-"""A cost model of training schedules run as one lockstep loop (BENCHMARKS.md, thirty-first
-session): each tick lasts as long as the busiest rank's work in it, a rank holding `S / ranks`
-consecutive stages. F, B and W cost one unit each, B two with `--remat stage` (it recomputes the
-stage's forward). Prints, per order, a rank's share of the work over the sum of its ticks; and,
-as "dataflow", the same share if the exchanges did not hold the ranks in step: each rank runs its
-ticks' work in order (a tick's F, then B, then W), each unit starting once the unit it needs from
-the neighbouring stage is done (the thirty-second session's question: would asynchronous
-exchanges reach #32's 0.95?).
+"""A cost model of training schedules run as one lockstep loop (BENCHMARKS.md, 2026-12-06, "the
+training compile under JAX's jit at every size"): each tick lasts as long as the busiest rank's
+work in it, a rank holding `S / ranks` consecutive stages. F, B and W cost one unit each, B two
+with `--remat stage` (it recomputes the stage's forward). Prints, per order, a rank's share of
+the work over the sum of its ticks; and, as "dataflow", the same share if the exchanges did not
+hold the ranks in step: each rank runs its ticks' work in order (a tick's F, then B, then W),
+each unit starting once the unit it needs from the neighbouring stage is done (would asynchronous
+exchanges reach #32's 0.95? BENCHMARKS.md, 2026-12-06, "what bounds the d = 1024 training step",
+answers no).
 
 The orders: the compiled parity order of `--schedule 1f1b` and `zb-h1` (one_f_one_b.rs: stage g
 runs the forward of entering microbatch n in tick g + 2n, its backward in 2S - 1 - g + 2n, and

@@ -9,8 +9,9 @@
 //! `W[j, l]` for 8 rows `j` of `W` at once, each read in place along its row. So `W` comes from
 //! memory once, untransposed, and a block of `C` is 16 rows by 8 columns in 8 registers; its
 //! columns go to `C` through a small buffer at the end. The 8 rows of `W` are 8 sequential
-//! streams, which the hardware prefetchers follow: prefetching them in software gained nothing
-//! (BENCHMARKS.md, thirty-fourth session).
+//! streams, which the hardware prefetchers follow: prefetching them in software gains nothing
+//! (the `small_m ·Bᵀ` rows of `cargo run --release -p ppc-runtime --example gemm`, with and
+//! without it; BENCHMARKS.md, 2026-12-06).
 //!
 //! Each element is still the chain of fused multiply-adds in k order from zero that `sgemm.rs`
 //! computes (`fma(A[i,l], W[j,l], c)`; a product's two factors commute exactly), so the two

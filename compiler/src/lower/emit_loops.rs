@@ -18,8 +18,10 @@ impl Emitter<'_> {
     /// parallel stages are dealt out by the mask: thread `j` of `T` takes the active stages
     /// `j, j + T, ...` in stage order, and the bubble stages by index. The ticked schedules
     /// (1F1B, ZB-H1) run every other stage in a phase: dealt out by index, stages 0 and 2 of 4
-    /// both fell to thread 0, which ran them in turn while thread 1 waited (BENCHMARKS.md,
-    /// thirty-fourth session).
+    /// would both fall to thread 0, which would run them in turn while thread 1 waits; dealt
+    /// out by the mask, the transformer example's 1F1B step on one rank with two threads runs
+    /// 1.4–1.5× faster (`./t --bench 20` of `ppc compile examples/transformer.ppc --train
+    /// --schedule 1f1b -o t`; BENCHMARKS.md, 2026-12-06).
     pub fn begin_stage_split(&mut self, stages: u64, parallel: bool, active: Option<&Buf>) {
         let (iv, active_seen) = match (parallel, active) {
             (true, Some(mask)) => {

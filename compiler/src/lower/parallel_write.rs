@@ -94,8 +94,10 @@ impl Walker<'_, '_> {
             self.e.open(&format!("scf.if {active} {{"));
         }
         // Inside the bubble test the stage's mask holds only `true`. Not used for stages in
-        // turn: at d = 1024 the transformer's step was 3% slower with its selects gone, in three
-        // runs (BENCHMARKS.md, twenty-ninth session); why is not established.
+        // turn: there the transformer's d = 1024 training step runs 2.6–3.2% slower with its
+        // selects gone, and why is not established (`./t --steps 1 --bench 2`, with and without
+        // them; BENCHMARKS.md, 2026-12-06, "three whole-weight passes gone from every training
+        // step").
         let true_args: Vec<usize> = (masked.iter())
             .filter(|_| stages.parallel)
             .map(|&(at, _)| at)

@@ -46,9 +46,12 @@
 //! a split by stage leaves threads idle in the pipeline's fill and drain (measured, split by
 //! stage: the transformer example 1.14x and 1.19x in two runs, at b=8 t=128 0.96x; the MLP 0.95x;
 //! BENCHMARKS.md). So a large callee whose results are masked runs its stages in turn, each
-//! with every thread, and a bubble stage skips its body; at d = 1024 the backward's iterations
-//! with one active stage took half the time of a full one, not a quarter, when its ops ran op
-//! by op over every stage, masked ones too (BENCHMARKS.md, twenty-sixth session). Other large
+//! with every thread, and a bubble stage skips its body: op by op over every stage, masked
+//! ones too, a backward iteration of the d = 1024 transformer with one active stage takes half
+//! the time of a full one, not a quarter (the iterations' spans in `./t --steps 2 --trace
+//! t.json`, `t` compiled with `--dim b=4 --dim t=256 --dim heads=16 --dim dh=64 --train --remat
+//! none`; BENCHMARKS.md, 2026-12-06, "large stages of a masked stage function run in turn").
+//! Other large
 //! callees (the forward, whose bubble results flow on unmasked) are inlined op by op.
 
 use super::emit::MIN_PARALLEL_ELEMENTS;
