@@ -230,33 +230,17 @@ fn cross_entropy(
         },
         None,
     )?;
-    // The target's logit, picked by comparing the class axis with the index.
-    let classes = b.op(
-        "classes",
-        OpKind::Iota { axis: last },
-        Some(yt.with_dtype(DType::I32)),
-    )?;
-    let t = keep(b, target)?;
-    let hit = b.op(
-        "hit",
-        OpKind::Compare {
-            pred: CmpPred::Eq,
-            lhs: classes,
-            rhs: t,
+    // The target's logit, read at the target's index along the class axis (clamped into it
+    // as `index` clamps; targets are checked before a run): no `[rows, classes]` one-hot.
+    let logit = b.op(
+        "target_logit",
+        OpKind::Index {
+            x: z,
+            index: target,
+            axis: last,
         },
         None,
     )?;
-    let zero = b.scalar("zero", 0.0, DType::F32)?;
-    let picked = b.op(
-        "picked",
-        OpKind::Select {
-            cond: hit,
-            on_true: z,
-            on_false: zero,
-        },
-        None,
-    )?;
-    let logit = reduce(b, "target_logit", ReduceOp::Sum, picked)?;
     let per_row = b.binary("nll", BinaryOp::Sub, lse, logit)?;
     let Some(ignore) = ignore else {
         return Ok(Terms {
