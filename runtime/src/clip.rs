@@ -150,6 +150,8 @@ mod tests {
             groups: Vec::new(),
             kernels: Vec::new(),
             train: Vec::new(),
+            cross_entropy: false,
+            ignore_index: None,
         };
         let (w, e) = (arg("w", vec![2, 3], 1), arg("e", vec![4], 0));
         let mut gw = vec![1.0f32, 2.0, 2.0, 0.0, 4.0, 0.0];

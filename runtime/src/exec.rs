@@ -63,6 +63,9 @@ pub enum RunError {
         want_dtype: DType,
         want_shape: Vec<usize>,
     },
+    /// `--input`'s `target` tensor cannot be scored against the outputs.
+    #[error("{}: {why}", .path.display())]
+    Target { path: PathBuf, why: String },
     #[error(transparent)]
     Call(#[from] CallError),
     #[error(transparent)]
@@ -517,6 +520,14 @@ pub fn drive(
 ) -> Result<HostBuffer, RunError> {
     let m = &program.manifest;
     let (rank, speaks) = (comm::rank(), comm::rank() == program.output_rank());
+    // A file of any other length than one call's runs batch by batch (every rank learns how
+    // many batches from the file).
+    if let Some(path) = &opts.input {
+        if let Some(samples) = crate::samples::Samples::open(program, path)? {
+            let y = samples.run(program, opts, out, err)?;
+            return Ok(HostBuffer::from_tensor(&y));
+        }
+    }
     let mut input = match &opts.input {
         _ if rank != 0 => HostBuffer::zeros(m.input().dtype, &m.input().shape),
         None => program.synthetic_input(opts.seed),

@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod accuracy;
 pub mod bubble;
 pub mod checkpoint;
 pub mod clip;
@@ -25,6 +26,7 @@ pub mod manifest;
 pub mod optim;
 pub mod pool;
 pub mod run_options;
+pub mod samples;
 pub mod sgemm;
 pub mod small_m;
 pub mod small_m_bt;

@@ -121,6 +121,13 @@ pub struct Manifest {
     pub kernels: Vec<String>,
     /// Training programs: the model file's `train { ... }` settings (the optimizer's defaults).
     pub train: Vec<(String, String)>,
+    /// Training programs whose loss is `softmax_cross_entropy`: the outputs' last axis holds
+    /// classes and the targets are class ids, so a run reports accuracy beside the loss.
+    #[serde(default)]
+    pub cross_entropy: bool,
+    /// The target id the loss leaves out (`ignore_index`), which accuracy leaves out too.
+    #[serde(default)]
+    pub ignore_index: Option<i32>,
 }
 
 /// The CPU generated code was compiled for (`ppc compile --target-cpu`).
@@ -303,6 +310,8 @@ mod tests {
             }],
             groups: vec!["gelu+add, line 60".into(), "softmax, line 39".into()],
             kernels: vec!["examples/mlp.ppc:14:9".into()],
+            cross_entropy: false,
+            ignore_index: None,
             train: vec![
                 ("optimizer".into(), "sgd".into()),
                 ("lr".into(), "1e-3".into()),

@@ -27,8 +27,12 @@ pub struct RunOptions {
     /// median step, throughput, and per rank compute, exchange wait and measured bubble.
     #[arg(long, value_name = "N")]
     pub bench: Option<u32>,
-    /// Read the input microbatches from tensor `input` of this safetensors file (shape
-    /// [microbatches, ...input]); default: seeded synthetic inputs. Rank 0 reads it.
+    /// Read the inputs from tensor `input` of this safetensors file: [microbatches, ...input]
+    /// for one call; or a data set of any length, [N, ...sample] (one sample a row: the input
+    /// after its batch axis) or [K, ...input] (K microbatches), run batch by batch, the last
+    /// padded with zeros whose outputs are dropped, `output` written in the same layout; with
+    /// a tensor `target` of class ids beside it (one per output row), the accuracy of the
+    /// outputs' largest logits. Default: seeded synthetic inputs.
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
     /// Write the result to tensor `output` of this safetensors file (the last rank writes it).

@@ -12,6 +12,7 @@
 //! Checkpoints (`--save`, `--resume`) are [`crate::checkpoint`]'s. A run that stops says why
 //! with a [`TrainError`], which wraps the errors of the parts it uses.
 
+use crate::accuracy::Accuracy;
 use crate::checkpoint::{resume, save, CheckpointError};
 use crate::data::Data;
 use crate::exec::{bench, CallError, Program, Staging};
@@ -152,9 +153,11 @@ pub fn train(
                      gpu: &mut Option<GpuUpdate>,
                      data: &Data,
                      step: u64|
-     -> Result<f32, TrainError> {
+     -> Result<(f32, Option<Accuracy>), TrainError> {
         let (input, target) = data.batch(m, batch_of(step));
+        let targets = m.cross_entropy.then(|| target.to_tensor());
         let mut loss = bufs.run(program, input, target, params, staging)?;
+        let accuracy = targets.map(|t| shared_accuracy(bufs.accuracy(m, &t), replicas > 1));
         if gpu.is_some() {
             // What the host sums comes back from the GPU.
             bufs.fetch_grads(program, replicas > 1);
@@ -193,7 +196,7 @@ pub fn train(
             optimizer.update(params, &grads);
         }
         crate::trace::record(crate::trace::Kind::Optimizer, step as i64, updating);
-        Ok(loss)
+        Ok((loss, accuracy))
     };
     if opts.trace.is_some() {
         crate::trace::enable();
@@ -210,7 +213,7 @@ pub fn train(
             }
         }
         let t = Instant::now();
-        let loss = step_once(
+        let (loss, accuracy) = step_once(
             &mut bufs,
             &mut params,
             &mut optimizer,
@@ -230,16 +233,20 @@ pub fn train(
         let done = s + 1;
         if !speaks {
         } else if opts.json {
+            let acc = accuracy.map_or(String::new(), |a| format!(",\"accuracy\":{:e}", a.share()));
             writeln!(
                 out,
-                "{{\"step\":{},\"loss\":{loss:e},\"step_s\":{took:e}}}",
+                "{{\"step\":{},\"loss\":{loss:e}{acc},\"step_s\":{took:e}}}",
                 step + 1
             )?;
         } else {
             let eta = (started.elapsed().as_secs_f64() - labelling) / done as f64
                 * (u64::from(opts.steps) - done) as f64;
+            let acc = accuracy.map_or(String::new(), |a| {
+                format!("  accuracy {:.1}%", 100.0 * a.share())
+            });
             let line = format!(
-                "step {}/{}  loss {loss:.6}  {}  {took:.3} s/step  ETA {eta:.0} s",
+                "step {}/{}  loss {loss:.6}{acc}  {}  {took:.3} s/step  ETA {eta:.0} s",
                 step + 1,
                 first + u64::from(opts.steps),
                 bar(done, u64::from(opts.steps)),
@@ -252,13 +259,23 @@ pub fn train(
         }
         let due = done % u64::from(opts.val_every) == 0 || done == u64::from(opts.steps);
         if let (Some(val), true) = (&val, due) {
-            let loss = validate(program, val, &mut bufs, &mut params, staging)?;
+            let (loss, accuracy) = validate(program, val, &mut bufs, &mut params, staging)?;
             if !speaks {
             } else if opts.json {
-                writeln!(out, "{{\"step\":{},\"val_loss\":{loss:e}}}", step + 1)?;
+                let acc = accuracy.map_or(String::new(), |a| {
+                    format!(",\"val_accuracy\":{:e}", a.share())
+                });
+                writeln!(out, "{{\"step\":{},\"val_loss\":{loss:e}{acc}}}", step + 1)?;
             } else {
                 let end = if terminal { "\n" } else { "" };
-                writeln!(err, "{end}step {}  validation loss {loss:.6}", step + 1)?;
+                let acc = accuracy.map_or(String::new(), |a| {
+                    format!(", accuracy {:.2}%", 100.0 * a.share())
+                });
+                writeln!(
+                    err,
+                    "{end}step {}  validation loss {loss:.6}{acc}",
+                    step + 1
+                )?;
             }
         }
     }
@@ -500,24 +517,59 @@ impl Buffers {
         }
         Ok(self.loss.to_tensor().data[0])
     }
+
+    /// The accuracy of the outputs of the last call against its class-id `targets`.
+    fn accuracy(&self, m: &crate::manifest::Manifest, targets: &Tensor) -> Accuracy {
+        let classes = *m
+            .output()
+            .shape
+            .last()
+            .expect("invariant: outputs have axes");
+        let ids: Vec<i32> = (0..targets.len()).map(|i| targets.int(i)).collect();
+        match self.output.f32s() {
+            Some(logits) => Accuracy::of(logits, classes, &ids, m.ignore_index),
+            None => Accuracy::of(&self.output.to_tensor().data, classes, &ids, m.ignore_index),
+        }
+    }
 }
 
 /// The mean loss of the first [`VAL_BATCHES`] batches of `val` (the step without the update,
-/// and without the gradients where the program can leave them out).
+/// and without the gradients where the program can leave them out), and their accuracy for a
+/// classifier.
 fn validate(
     program: &Program,
     val: &Data,
     bufs: &mut Buffers,
     params: &mut [HostBuffer],
     staging: Staging,
-) -> Result<f32, TrainError> {
-    let mut sum = 0.0f64;
+) -> Result<(f32, Option<Accuracy>), TrainError> {
+    let m = &program.manifest;
+    let (mut sum, mut accuracy) = (0.0f64, m.cross_entropy.then(Accuracy::default));
     for b in 0..VAL_BATCHES {
-        let (input, target) = val.batch(&program.manifest, b);
+        let (input, target) = val.batch(m, b);
+        let targets = m.cross_entropy.then(|| target.to_tensor());
         let loss = bufs.evaluate(program, input, target, params, staging)?;
         sum += f64::from(shared_loss(loss));
+        if let (Some(a), Some(t)) = (&mut accuracy, targets) {
+            *a = a.add(shared_accuracy(bufs.accuracy(m, &t), false));
+        }
     }
-    Ok((sum / VAL_BATCHES as f64) as f32)
+    Ok(((sum / VAL_BATCHES as f64) as f32, accuracy))
+}
+
+/// A step's accuracy on every rank: the last rank's counts (the rank that holds the outputs),
+/// summed over the replicas' batches where `replicas`.
+fn shared_accuracy(a: Accuracy, replicas: bool) -> Accuracy {
+    let all = crate::comm::gather_pipeline_f64(&[a.hits as f64, a.rows as f64]);
+    let last = all.len() - 2;
+    let mut counts = [all[last] as f32, all[last + 1] as f32];
+    if replicas {
+        crate::comm::sum_across_replicas(&mut counts);
+    }
+    Accuracy {
+        hits: counts[0] as u64,
+        rows: counts[1] as u64,
+    }
 }
 
 /// The step's loss on every rank: the last rank's (the others hold 0; losses are never

@@ -294,3 +294,119 @@ fn executables_write_a_trace_of_steps_iterations_loop_nests_and_gemms() {
     );
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+/// A test set of any length: `--input` of N samples (`[N, ...sample]`) or of K microbatches
+/// runs batch by batch, the last padded and its padding dropped; each sample's output is the
+/// interpreter's for that sample (tiny's rows are independent), and a `target` beside the
+/// input gives the accuracy of the outputs' largest logits, counted here independently.
+#[test]
+fn a_data_file_of_any_length_is_evaluated_batch_by_batch() {
+    use ppc_runtime::{memref::HostBuffer, safetensors, DType, Tensor};
+    let tiny = path("examples/tiny.ppc");
+    let dir = crate::mpirun::scratch("samples");
+    // tiny: 3 microbatches of [2, 4] a call; 7 samples are a call and a padded one.
+    let text = std::fs::read_to_string(&tiny).expect("model");
+    let mut m = crate::common::load(&text, &ppc_dialect::Overrides::default());
+    ppc::pipeline::compile(&mut m, &ppc::passes::Options::default(), None, None).expect("compiles");
+    let mut interp = ppc_dialect::interp::Interp::new(&m, 0);
+    let calls: Vec<Tensor> = [5, 6]
+        .iter()
+        .map(|&seed| ppc_dialect::interp::Interp::new(&m, seed).synthetic_inputs())
+        .collect();
+    let want: Vec<Tensor> = calls
+        .iter()
+        .map(|x| interp.forward(x).expect("interp"))
+        .collect();
+    let samples: Vec<f32> = calls
+        .iter()
+        .flat_map(|x| x.data.clone())
+        .take(7 * 4)
+        .collect();
+    let targets = [3, 0, 1, 2, 2, 1, 0];
+    let write = |name: &str, input: Tensor, target: Option<Tensor>| {
+        let file = dir.join(name);
+        let mut tensors = vec![("input", HostBuffer::from_tensor(&input))];
+        tensors.extend(target.map(|t| ("target", HostBuffer::from_tensor(&t))));
+        let named: Vec<(&str, &HostBuffer)> = tensors.iter().map(|(n, b)| (*n, b)).collect();
+        safetensors::write(&file, &named).expect("write");
+        file.display().to_string()
+    };
+    let by_sample = write(
+        "samples.safetensors",
+        Tensor::new(DType::F32, vec![7, 4], samples.clone()),
+        Some(Tensor::from_ints(vec![7], targets)),
+    );
+    let out = dir.join("out.safetensors").display().to_string();
+    let (code, stdout, err) = ppc(&[
+        "run", &tiny, "--exact", "--input", &by_sample, "--output", &out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = safetensors::read_tensor(std::path::Path::new(&out), "output").expect("output");
+    let got = got.to_tensor();
+    assert_eq!(got.shape, vec![7, 4]);
+    let expected: Vec<f32> = want
+        .iter()
+        .flat_map(|y| y.data.clone())
+        .take(7 * 4)
+        .collect();
+    assert_eq!(
+        got.data, expected,
+        "each sample's output is the interpreter's"
+    );
+    let hits = got
+        .data
+        .chunks(4)
+        .zip(targets)
+        .filter(|(row, t)| {
+            let best = row.iter().cloned().fold(f32::MIN, f32::max);
+            row.iter().position(|&v| v == best) == Some(*t as usize)
+        })
+        .count();
+    let line = format!("({hits} of 7 rows)");
+    assert!(stdout.contains(&line), "{line} in\n{stdout}");
+    // Five microbatches: the output keeps the layout, [5, 2, 4].
+    let five = Tensor::new(
+        DType::F32,
+        vec![5, 2, 4],
+        calls[0]
+            .data
+            .iter()
+            .chain(&calls[1].data)
+            .take(40)
+            .cloned()
+            .collect(),
+    );
+    let by_microbatch = write("microbatches.safetensors", five, None);
+    let (code, _, err) = ppc(&[
+        "run",
+        &tiny,
+        "--exact",
+        "--input",
+        &by_microbatch,
+        "--output",
+        &out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = safetensors::read_tensor(std::path::Path::new(&out), "output").expect("output");
+    assert_eq!(got.shape, vec![5, 2, 4]);
+    assert_eq!(
+        got.to_tensor().data[..],
+        want.iter()
+            .flat_map(|y| y.data.clone())
+            .take(40)
+            .collect::<Vec<_>>()[..]
+    );
+    // A class id the outputs do not have is refused, naming the row.
+    let bad = write(
+        "bad.safetensors",
+        Tensor::new(DType::F32, vec![7, 4], samples),
+        Some(Tensor::from_ints(vec![7], [0, 1, 2, 3, 4, 0, 0])),
+    );
+    let (code, _, err) = ppc(&["run", &tiny, "--input", &bad]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("holds 4 at row 4, outside the model's 4 classes"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

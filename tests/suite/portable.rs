@@ -348,6 +348,8 @@ fn what_the_jit_says_reaches_the_user() {
         groups: vec![],
         kernels: Vec::new(),
         train: vec![],
+        cross_entropy: false,
+        ignore_index: None,
     };
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &text, "").expect("parses");

@@ -459,3 +459,77 @@ fn the_synthetic_task_labels_each_batch_when_training_first_reaches_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A classifier's training reports accuracy beside the loss, the same on 1 and 2 ranks: at the
+/// first step, the share of rows whose largest logit (of the initial weights, as the
+/// interpreter computes them) is the target; `--val-data` reports one too.
+#[test]
+fn training_reports_the_accuracy_of_its_outputs() {
+    use crate::mpirun::{build, launch, scratch};
+    use ppc_runtime::safetensors;
+    let dir = scratch("accuracy");
+    let dims = Overrides {
+        dims: vec![("b".into(), 2)],
+        ..Overrides::default()
+    };
+    let text = std::fs::read_to_string(root().join("examples/gpt2.ppc")).expect("model");
+    let mut m = load(&text, &dims);
+    compile(&mut m, &ppc::passes::Options::default(), None, None).expect("compiles");
+    let inputs = Interp::new(&m, 3).synthetic_inputs();
+    let logits = Interp::new(&m, 0).forward(&inputs).expect("interp");
+    let classes = *logits.shape.last().expect("classes");
+    // Targets: the argmax of every third row, another class elsewhere.
+    let rows = logits.len() / classes;
+    let argmax = |r: usize| {
+        let row = &logits.data[r * classes..(r + 1) * classes];
+        let best = row.iter().cloned().fold(f32::MIN, f32::max);
+        row.iter().position(|&v| v == best).expect("a largest") as i32
+    };
+    let targets: Vec<i32> = (0..rows)
+        .map(|r| match r % 3 {
+            0 => argmax(r),
+            _ => (argmax(r) + 1) % classes as i32,
+        })
+        .collect();
+    let want = (0..rows).filter(|r| r % 3 == 0).count() as f64 / rows as f64;
+    let mut target_shape = inputs.shape.clone();
+    target_shape.truncate(logits.shape.len() - 1);
+    let data = dir.join("data.safetensors");
+    let target = Tensor::from_ints(target_shape, targets);
+    safetensors::write(
+        &data,
+        &[
+            ("input", &HostBuffer::from_tensor(&inputs)),
+            ("target", &HostBuffer::from_tensor(&target)),
+        ],
+    )
+    .expect("data");
+    let data = data.display().to_string();
+    for ranks in [1u64, 2] {
+        let exe = dir.join(format!("gpt2_{ranks}"));
+        build("examples/gpt2.ppc", &exe, ranks, &["--train", "--exact"]);
+        let args = [
+            "--steps",
+            "1",
+            "--json",
+            "--data",
+            &data,
+            "--val-data",
+            &data,
+        ];
+        let l = launch(&exe, Some(ranks), &args, &[]);
+        assert_eq!(l.code, 0, "{}", l.stderr);
+        let lines: Vec<serde_json::Value> = (l.stdout.lines())
+            .map(|s| serde_json::from_str(s).expect("JSON"))
+            .collect();
+        assert_eq!(
+            lines[0]["accuracy"].as_f64(),
+            Some(want),
+            "{ranks} ranks: {}",
+            l.stdout
+        );
+        let val = lines[1]["val_accuracy"].as_f64().expect("val_accuracy");
+        assert!((0.0..=1.0).contains(&val), "{}", l.stdout);
+    }
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

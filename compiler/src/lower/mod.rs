@@ -153,6 +153,9 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
             Entry::Train => m.train.clone(),
             Entry::Forward | Entry::Evaluate => Vec::new(),
         },
+        cross_entropy: entry == Entry::Train
+            && m.loss_or_default() == ppc_dialect::ir::Loss::SoftmaxCrossEntropy,
+        ignore_index: m.ignore_index.filter(|_| entry == Entry::Train),
     };
     // Entry arguments are located at the pipeline block, return and frees at the end.
     let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);
