@@ -94,25 +94,46 @@ pub enum Command {
         train: bool,
     },
     /// Turn text files into token streams for training language models (`--data`,
-    /// `--val-data`): one token per byte (a vocabulary of 256 ids), the files concatenated;
-    /// the last --val-fraction of the tokens go to DIR/val.bin, the rest to DIR/train.bin.
-    Tokenize {
-        /// Text files, read as bytes.
-        #[arg(required = true)]
-        texts: Vec<PathBuf>,
-        /// The directory to write train.bin and val.bin into (made if missing).
-        #[arg(short, long, value_name = "DIR")]
-        out: PathBuf,
-        /// The share of the tokens held out for validation.
-        #[arg(long, default_value_t = 0.1, value_parser = fraction)]
-        val_fraction: f64,
-        /// How the files store ids: u16 (nanoGPT's) or u32.
-        #[arg(long, value_enum, value_name = "DTYPE", default_value = "u16")]
-        token_dtype: ppc_runtime::tokens::TokenDType,
-    },
-    /// Generate text with a trained byte-level language model (a --save checkpoint or a
-    /// --params file): its forward pass, JIT-compiled for one sequence, continues --prompt.
+    /// `--val-data`): one token per byte (256 ids) by default, the ids of a Hugging Face
+    /// tokenizer.json with --tokenizer, or of a byte-level BPE trained on the texts with
+    /// --train-bpe N. The files' tokens are concatenated; the last --val-fraction of them go to
+    /// DIR/val.bin, the rest to DIR/train.bin. Prints the vocabulary to compile with.
+    #[command(after_help = tokenize_help())]
+    Tokenize(TokenizeArgs),
+    /// Generate text with a trained language model (a --save checkpoint or a --params file):
+    /// its forward pass, JIT-compiled for one sequence, continues --prompt, in bytes or through
+    /// the --tokenizer its data was made with; greedy, or drawn with --temperature, --top-k and
+    /// --top-p.
     Sample(SampleArgs),
+}
+
+/// What `ppc tokenize` takes.
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    /// Text files: read as bytes, or with --tokenizer or --train-bpe as UTF-8 text, each file
+    /// one document encoded whole.
+    #[arg(required = true)]
+    pub texts: Vec<PathBuf>,
+    /// The directory to write train.bin and val.bin into (made if missing).
+    #[arg(short, long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// The share of the tokens held out for validation.
+    #[arg(long, default_value_t = 0.1, value_parser = fraction)]
+    pub val_fraction: f64,
+    /// How the files store ids: u16 (nanoGPT's; vocabularies up to 65,536 ids) or u32
+    /// (training executables then need --token-dtype u32). Default: u16 when the vocabulary
+    /// fits it, else u32.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    pub token_dtype: Option<ppc_runtime::tokens::TokenDType>,
+    /// Encode with this Hugging Face tokenizer.json (GPT-2's, Llama's, one's own) as
+    /// transformers' `tokenizer(text)` does, with the tokenizer's own special tokens (Llama's
+    /// begin-of-text id starts each file).
+    #[arg(long, value_name = "FILE", conflicts_with = "train_bpe")]
+    pub tokenizer: Option<PathBuf>,
+    /// Train a byte-level BPE of N ids (the 256 byte ids and N - 256 merges, as GPT-2's; N
+    /// from 257 to 1,048,576) on the texts, write it as DIR/tokenizer.json, and encode with it.
+    #[arg(long, value_name = "N", value_parser = bpe_size)]
+    pub train_bpe: Option<u32>,
 }
 
 /// What `ppc sample` takes.
@@ -126,13 +147,28 @@ pub struct SampleArgs {
     /// The text to continue.
     #[arg(long)]
     pub prompt: String,
-    /// How many bytes to generate.
+    /// Encode the prompt and decode the output with this Hugging Face tokenizer.json (the
+    /// one the training data was made with). Default: one token per byte (256 ids). The
+    /// model's vocabulary (its logits' last axis) must hold the tokenizer's ids; ids above
+    /// them (padding, as GPT-2's 50,257 are padded to 50,304) are never chosen.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// How many tokens to generate.
     #[arg(long, default_value_t = 200)]
     pub tokens: u32,
-    /// 0 takes the most likely byte each time; above 0, draws from the softmax of the logits
-    /// divided by it (seeded by --seed).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f64,
+    /// 0 takes the most likely token each time (the lower id of equals); above 0, draws from
+    /// the softmax of the logits divided by it, seeded by --seed. Default: 0, or 1 with --top-k
+    /// or --top-p.
+    #[arg(long, value_name = "T", value_parser = non_negative)]
+    pub temperature: Option<f64>,
+    /// Draw from the K most likely tokens only (ties to the lower id); 1 is greedy.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
+    /// Nucleus sampling: draw from the fewest most likely tokens whose probabilities (at
+    /// --temperature, after --top-k) sum to at least P, in (0, 1].
+    #[arg(long, value_name = "P", value_parser = share)]
+    pub top_p: Option<f64>,
+    /// The seed of the draws: the same seed, the same text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[command(flatten)]
@@ -145,6 +181,44 @@ fn fraction(s: &str) -> Result<f64, String> {
         Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
         _ => Err(format!("`{s}` is not a fraction between 0 and 1")),
     }
+}
+
+/// A share in (0, 1].
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a probability above 0 and at most 1")),
+    }
+}
+
+/// A finite number, 0 or more.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}` is not a number of 0 or more")),
+    }
+}
+
+/// The most ids `--train-bpe` makes (1,048,576): four times the largest published vocabulary
+/// (Gemma's 262,144). Larger ones take long to train and give logits too large to train with.
+const MAX_BPE_IDS: u32 = 1 << 20;
+
+/// A byte-level BPE's size: the 256 byte ids and at least one merge, at most [`MAX_BPE_IDS`].
+fn bpe_size(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of ids"))?;
+    if n <= 256 {
+        return Err(format!(
+            "{n} ids: a byte-level BPE starts from the 256 byte ids and adds merges, so it needs at least 257"
+        ));
+    }
+    if n > MAX_BPE_IDS {
+        return Err(format!(
+            "{n} ids: more than 1,048,576, four times the largest published vocabulary (Gemma's 262,144)"
+        ));
+    }
+    Ok(n)
 }
 
 /// What `ppc compile` takes.
@@ -463,6 +537,16 @@ fn check_help() -> String {
         "The model language (file parts, types, expressions, every op, losses, optimizers) is described in docs/language.md.\n\n{}",
         ppc_dialect::model_rules::user_ops_note()
     )
+}
+
+/// `ppc tokenize --help`'s closing text: the three vocabularies, with examples.
+fn tokenize_help() -> &'static str {
+    "Examples:\n  \
+     ppc tokenize notes.txt -o data                                   (bytes: --dim vocab=256)\n  \
+     ppc tokenize notes.txt -o data --tokenizer gpt2/tokenizer.json   (GPT-2's 50,257 ids)\n  \
+     ppc tokenize notes.txt -o data --train-bpe 4096                  (writes data/tokenizer.json)\n\n\
+     Sample with the same tokenizer: ppc sample MODEL --params CKPT --tokenizer data/tokenizer.json. \
+     docs/tokenizers.md is the guide."
 }
 
 /// Runs `ppc` with `args` (the first is the program name); returns the exit status: 0 on

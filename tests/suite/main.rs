@@ -29,5 +29,6 @@ mod roundtrip;
 mod schedule_check;
 mod structure;
 mod timetable;
+mod tokenizers;
 mod train;
 mod verify;

@@ -54,12 +54,7 @@ pub fn dispatch(cmd: Command, out: &mut dyn Write, err: &mut dyn Write) -> anyho
             schedule,
             train,
         } => schedule::schedule_command(&model, svg.as_deref(), schedule, train, out, err)?,
-        Command::Tokenize {
-            texts,
-            out: dir,
-            val_fraction,
-            token_dtype,
-        } => tokenize::tokenize(&texts, &dir, val_fraction, token_dtype, out)?,
+        Command::Tokenize(a) => tokenize::tokenize_command(&a, out)?,
         Command::Sample(a) => return sample_command(a, out, err),
     }
     Ok(0)
