@@ -300,8 +300,17 @@ impl Program {
     /// Where this run's parameters come from: `--params FILE`, checked against the model, or
     /// the seeded generator.
     pub fn param_source(&self, opts: &RunOptions) -> Result<Source, ParamError> {
-        match &opts.params.file {
-            None => Ok(Source::Seeded(opts.seed)),
+        self.param_source_of(opts.params.file.as_deref(), opts.seed)
+    }
+
+    /// Parameters read from `file`, checked against the model, or drawn from `seed`.
+    pub fn param_source_of(
+        &self,
+        file: Option<&std::path::Path>,
+        seed: u64,
+    ) -> Result<Source, ParamError> {
+        match file {
+            None => Ok(Source::Seeded(seed)),
             Some(path) => Ok(Source::File(Arc::new(ParamFile::open(
                 path,
                 &self.specs(),

@@ -155,6 +155,12 @@ pub struct TrainOptions {
     /// Start from a checkpoint written by --save (the step count goes on).
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
+    /// Fine-tune: start from the weights of FILE (a parameter file as `--dump-params` writes
+    /// it, or a `--save` checkpoint's weights), with fresh optimizer state at step 0. Every
+    /// missing, extra or ill-shaped tensor is reported at once and nothing trains. Not with
+    /// --resume, which goes on with a run's optimizer state and step.
+    #[arg(long, value_name = "FILE", conflicts_with = "resume")]
+    pub params: Option<PathBuf>,
     /// Seed of the initial weights and of the synthetic task.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -18,7 +18,6 @@ use crate::data::Data;
 use crate::exec::{bench, CallError, Program, Staging};
 use crate::files::WriteError;
 use crate::gpu_update::GpuUpdate;
-use crate::init::Source;
 use crate::manifest::{Arg, Role};
 use crate::memref::HostBuffer;
 use crate::optim::Optimizer;
@@ -104,7 +103,15 @@ pub fn train(
 ) -> Result<Trained, TrainError> {
     let m = &program.manifest;
     let params_args: Vec<&Arg> = m.args.iter().filter(|a| a.role == Role::Param).collect();
-    let mut params = program.params(&Source::Seeded(opts.seed))?;
+    let source = program.param_source_of(opts.params.as_deref(), opts.seed)?;
+    let mut params = program.params(&source)?;
+    if let (Some(path), 0) = (&opts.params, crate::comm::rank()) {
+        writeln!(
+            err,
+            "fine-tuning the weights of {} (fresh optimizer state)",
+            path.display()
+        )?;
+    }
     let mut optimizer = Optimizer::new(opts.optimizer, &params);
     if let Some(path) = &opts.resume {
         optimizer = resume(path, m, &params_args, opts.optimizer, &mut params)?;

@@ -675,6 +675,7 @@ fn the_update_on_the_gpu_trains_to_the_hosts_bytes_and_keeps_the_weights_there()
                 token_dtype: Default::default(),
                 save: Some(save.clone()),
                 resume: None,
+                params: None,
                 seed: 3,
                 json: true,
                 bench: None,

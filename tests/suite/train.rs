@@ -533,3 +533,91 @@ fn training_reports_the_accuracy_of_its_outputs() {
     }
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+/// Fine-tuning: `--params FILE` starts a training run from a file's weights with fresh
+/// optimizer state at step 1. The weights the seed draws, dumped and read back, train to the
+/// same bytes as the seed; a checkpoint's weights start where the checkpoint left them (the
+/// first loss is the loss the checkpoint's run would have had next); a file of another model
+/// is refused, naming its problems, and nothing trains.
+#[test]
+fn training_executables_fine_tune_from_a_parameter_file() {
+    use crate::mpirun::{build, launch, scratch};
+    let dir = scratch("fine-tune");
+    let exe = dir.join("gpt2");
+    build("examples/gpt2.ppc", &exe, 1, &["--train"]);
+    let file = |name: &str| dir.join(name).display().to_string();
+    let run = |args: &[&str]| {
+        let l = launch(&exe, None, args, &[]);
+        assert_eq!(l.code, 0, "{args:?}: {}", l.stderr);
+        (json_losses(&l.stdout), l.stderr)
+    };
+    let (drawn, _) = run(&["--steps", "3", "--json", "--seed", "5"]);
+    let dumped = file("seed5.safetensors");
+    let (code, _, err) = ppc(&[
+        "run",
+        &path("examples/gpt2.ppc"),
+        "--dim",
+        "b=2",
+        "--seed",
+        "5",
+        "--steps",
+        "1",
+        "--dump-params",
+        &dumped,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // The seed still draws the synthetic task's batches.
+    let (tuned, said) = run(&["--steps", "3", "--json", "--seed", "5", "--params", &dumped]);
+    assert_eq!(drawn, tuned, "the seed's weights, read from a file");
+    assert!(said.contains("fine-tuning the weights of"), "{said}");
+    // One batch of data, trained on at every step. Four steps with a checkpoint after two:
+    // fine-tuning from it starts with fresh moments, so its first loss is the third step's
+    // (the same weights on the same batch), and its next differs.
+    let ids = |seed| {
+        let ints = ppc_runtime::Rng::stream(seed, "fine-tune", 0)
+            .fill(ppc_runtime::Init::Uniform(0.0, 256.0), 4 * 2 * 32)
+            .into_iter()
+            .map(|v| v as i32);
+        HostBuffer::from_tensor(&Tensor::from_ints(vec![4, 2, 32], ints))
+    };
+    let data = file("batch.safetensors");
+    ppc_runtime::safetensors::write(
+        std::path::Path::new(&data),
+        &[("input", &ids(1)), ("target", &ids(2))],
+    )
+    .expect("data");
+    let ckpt = file("two.safetensors");
+    let (four, _) = run(&["--steps", "4", "--json", "--data", &data]);
+    run(&["--steps", "2", "--json", "--data", &data, "--save", &ckpt]);
+    let (from_ckpt, _) = run(&["--steps", "2", "--json", "--data", &data, "--params", &ckpt]);
+    assert_eq!(from_ckpt[0], four[2], "the checkpoint's weights");
+    assert_ne!(
+        from_ckpt[1], four[3],
+        "fresh optimizer state, not the checkpoint's"
+    );
+    // Another model's weights: every problem at once, no step.
+    let other = dir.join("other");
+    build("examples/llama.ppc", &other, 1, &["--train"]);
+    let llama_params = file("llama.safetensors");
+    let l = launch(
+        &other,
+        None,
+        &["--steps", "1", "--save", &llama_params],
+        &[],
+    );
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    let l = launch(
+        &exe,
+        None,
+        &["--steps", "1", "--json", "--params", &llama_params],
+        &[],
+    );
+    assert_ne!(l.code, 0);
+    assert!(l.stdout.is_empty(), "nothing trains: {}", l.stdout);
+    assert!(
+        l.stderr.contains("wte") || l.stderr.contains("missing"),
+        "{}",
+        l.stderr
+    );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
