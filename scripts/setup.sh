@@ -11,11 +11,12 @@ set -euo pipefail
 # the one thread pool of generated code and the runtime (libomp-22-dev; Debian has it bring the
 # ABI-compatible libomp.so.5 of libomp5-19); OpenBLAS, which the runtime's GEMM example times
 # ppc's own GEMM against (executables do not link it); Debian's fortune cookies, the texts the
-# README's language model trains on (its commands run in tests/suite/guides.rs).
+# README's language model trains on (its commands run in tests/suite/guides.rs); GNU time,
+# whose peak RSS the tests read (a token stream's size must not show in it).
 PACKAGES=(
   llvm-22 llvm-22-dev libmlir-22-dev mlir-22-tools libclang-22-dev libpolly-22-dev lld-22
   libzstd-dev libz3-dev libxml2-dev
-  mpich libmpich-dev binutils libomp-22-dev libopenblas-pthread-dev
+  mpich libmpich-dev binutils libomp-22-dev libopenblas-pthread-dev time
   fortunes
 )
 

@@ -135,7 +135,8 @@ impl Schedule {
             .flatten()
             .map(|w| w.layers)
             .sum();
-        1.0 - busy as f64 / (self.total_slots() * self.layers_per_stage) as f64
+        let all = self.total_slots() * self.layers_per_stage;
+        (all - busy) as f64 / all as f64
     }
 
     /// What runs outside the loop: `@embed` before it, `@head` after it, one line each.

@@ -24,16 +24,20 @@ impl Accuracy {
         a
     }
 
-    pub fn add(self, o: Accuracy) -> Accuracy {
+    /// The share of counted rows that hit; NaN where no row counted.
+    pub fn share(self) -> f64 {
+        self.hits as f64 / self.rows as f64
+    }
+}
+
+impl std::ops::Add for Accuracy {
+    type Output = Accuracy;
+
+    fn add(self, o: Accuracy) -> Accuracy {
         Accuracy {
             hits: self.hits + o.hits,
             rows: self.rows + o.rows,
         }
-    }
-
-    /// The share of counted rows that hit; NaN where no row counted.
-    pub fn share(self) -> f64 {
-        self.hits as f64 / self.rows as f64
     }
 }
 

@@ -126,12 +126,10 @@ impl Data {
         let (input, target) = (m.input(), m.arg(Role::Target).expect("invariant: training"));
         if path.extension().is_some_and(|e| e == "bin") {
             let stream = TokenStream::open(path, opts.token_dtype)?;
-            let vocab = *m
-                .output()
-                .shape
-                .last()
-                .expect("invariant: outputs have axes");
-            stream.check(input, target, vocab)?;
+            stream.check(input, target)?;
+            // The first batch is read now, so that a file of the wrong width or vocabulary
+            // says so before anything runs.
+            stream.batch(input, vocab(m), opts.seed, name, 0)?;
             return Ok(Data::Tokens {
                 stream,
                 seed: opts.seed,
@@ -189,18 +187,32 @@ impl Data {
     }
 
     /// Batch `b`.
-    pub(crate) fn batch(&self, m: &Manifest, step: u64) -> (HostBuffer, HostBuffer) {
-        match self {
+    pub(crate) fn batch(
+        &self,
+        m: &Manifest,
+        step: u64,
+    ) -> Result<(HostBuffer, HostBuffer), TrainError> {
+        Ok(match self {
             Data::Synthetic(task) => task.batches[(step % SYNTHETIC_BATCHES) as usize]
                 .clone()
                 .expect("invariant: prepared before use"),
-            Data::Tokens { stream, seed, name } => stream.batch(m.input(), *seed, name, step),
+            Data::Tokens { stream, seed, name } => {
+                stream.batch(m.input(), vocab(m), *seed, name, step)?
+            }
             Data::File { input, target } => {
                 let target_arg = m.arg(Role::Target).expect("invariant: training");
                 (rows(input, m.input(), step), rows(target, target_arg, step))
             }
-        }
+        })
     }
+}
+
+/// The classes of the outputs' last axis (a language model's vocabulary).
+fn vocab(m: &Manifest) -> usize {
+    *m.output()
+        .shape
+        .last()
+        .expect("invariant: outputs have axes")
 }
 
 /// The `M` rows of `t` that step `step` trains on, as argument `a` takes them.
@@ -219,9 +231,6 @@ fn rows(t: &Tensor, a: &Arg, step: u64) -> HostBuffer {
 /// The index of the largest logit of each row (the last axis of `y`).
 fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
     let classes = *y.shape.last().expect("invariant: logits have a class axis");
-    let ids = y.data.chunks(classes).map(|row| {
-        let best = (0..classes).fold(0, |b, i| if row[i] > row[b] { i } else { b });
-        best as i32
-    });
+    let ids = (y.data.chunks(classes)).map(|row| crate::accuracy::argmax(row) as i32);
     Tensor::from_ints(target.shape.clone(), ids)
 }

@@ -63,44 +63,46 @@ pub enum TokenError {
     NotALanguageModel { input: String, target: String },
 }
 
-/// A token stream, read whole.
+/// A token stream, read a window at a time: only its length is known when it opens, and a
+/// batch reads its windows alone (positioned reads, no mapping), so that a run's memory does
+/// not grow with the file (nanoGPT's OpenWebText `train.bin` is 18 GB) and a rank reads only
+/// the windows it draws. Ids are checked against the vocabulary as their windows are read.
 #[derive(Debug)]
 pub struct TokenStream {
     path: PathBuf,
-    tokens: Vec<u32>,
+    file: std::fs::File,
+    dtype: TokenDType,
+    tokens: usize,
 }
 
 impl TokenStream {
-    /// Reads `path`, stored as `dtype`.
+    /// Opens `path`, stored as `dtype`, reading nothing but its length.
     pub fn open(path: &Path, dtype: TokenDType) -> Result<TokenStream, TokenError> {
-        let bytes = std::fs::read(path).map_err(|source| TokenError::Read {
+        let read_error = |source| TokenError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let file = std::fs::File::open(path).map_err(read_error)?;
+        let bytes = file.metadata().map_err(read_error)?.len() as usize;
         let size = dtype.size();
-        if bytes.len() % size != 0 {
+        if !bytes.is_multiple_of(size) {
             return Err(TokenError::Partial {
                 path: path.to_path_buf(),
-                bytes: bytes.len(),
+                bytes,
                 size,
             });
         }
-        let tokens = bytes
-            .chunks(size)
-            .map(|c| match dtype {
-                TokenDType::U16 => u32::from(u16::from_le_bytes([c[0], c[1]])),
-                TokenDType::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            })
-            .collect();
         Ok(TokenStream {
             path: path.to_path_buf(),
-            tokens,
+            file,
+            dtype,
+            tokens: bytes / size,
         })
     }
 
     /// Checks the stream against the model: inputs and targets i32 `[M, ..., t]` alike, at
-    /// least `t + 1` tokens, every id below `vocab` (the logits' last axis).
-    pub fn check(&self, input: &Arg, target: &Arg, vocab: usize) -> Result<(), TokenError> {
+    /// least `t + 1` tokens.
+    pub fn check(&self, input: &Arg, target: &Arg) -> Result<(), TokenError> {
         let fits = input.dtype == DType::I32
             && target.dtype == DType::I32
             && input.shape == target.shape
@@ -113,41 +115,57 @@ impl TokenStream {
             });
         }
         let need = input.shape[input.shape.len() - 1] + 1;
-        if self.tokens.len() < need {
+        if self.tokens < need {
             return Err(TokenError::TooShort {
                 path: self.path.clone(),
-                tokens: self.tokens.len(),
+                tokens: self.tokens,
                 need,
-            });
-        }
-        if let Some((at, &id)) = self
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= vocab)
-        {
-            return Err(TokenError::OutOfVocabulary {
-                path: self.path.clone(),
-                id,
-                at,
-                vocab,
             });
         }
         Ok(())
     }
 
+    /// Tokens `at..at + n`, each checked to be below `vocab`.
+    fn window(&self, at: usize, n: usize, vocab: usize) -> Result<Vec<u32>, TokenError> {
+        use std::os::unix::fs::FileExt;
+        let size = self.dtype.size();
+        let mut bytes = vec![0u8; n * size];
+        (self.file.read_exact_at(&mut bytes, (at * size) as u64)).map_err(|source| {
+            TokenError::Read {
+                path: self.path.clone(),
+                source,
+            }
+        })?;
+        let ids = bytes.chunks(size).map(|c| match self.dtype {
+            TokenDType::U16 => u32::from(u16::from_le_bytes([c[0], c[1]])),
+            TokenDType::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+        });
+        (ids.enumerate())
+            .map(|(i, id)| match id as usize >= vocab {
+                true => Err(TokenError::OutOfVocabulary {
+                    path: self.path.clone(),
+                    id,
+                    at: at + i,
+                    vocab,
+                }),
+                false => Ok(id),
+            })
+            .collect()
+    }
+
     /// Batch `batch` of stream `name` (`train`, `val`): inputs and targets shaped as `input`
-    /// (`[M, ..., t]`), one seeded window per sequence.
+    /// (`[M, ..., t]`), one seeded window per sequence, every id below `vocab`.
     pub fn batch(
         &self,
         input: &Arg,
+        vocab: usize,
         seed: u64,
         name: &str,
         batch: u64,
-    ) -> (HostBuffer, HostBuffer) {
+    ) -> Result<(HostBuffer, HostBuffer), TokenError> {
         let t = input.shape[input.shape.len() - 1];
         let sequences: usize = input.shape[..input.shape.len() - 1].iter().product();
-        let starts = self.tokens.len() - t;
+        let starts = self.tokens - t;
         let mut rng = Rng::stream(seed, name, batch);
         let (mut x, mut y) = (
             Vec::with_capacity(sequences * t),
@@ -155,12 +173,12 @@ impl TokenStream {
         );
         for _ in 0..sequences {
             let at = (rng.next_u64() % starts as u64) as usize;
-            let window = &self.tokens[at..at + t + 1];
+            let window = self.window(at, t + 1, vocab)?;
             x.extend(window[..t].iter().map(|&v| v as i32));
             y.extend(window[1..].iter().map(|&v| v as i32));
         }
         let buf = |ids| HostBuffer::from_tensor(&Tensor::from_ints(input.shape.clone(), ids));
-        (buf(x), buf(y))
+        Ok((buf(x), buf(y)))
     }
 }
 
@@ -205,11 +223,12 @@ mod tests {
         let text: Vec<u8> = (0..200u32).map(|i| (i * 7 % 251) as u8).collect();
         write_bytes(&text, TokenDType::U16, &path).expect("write");
         let s = TokenStream::open(&path, TokenDType::U16).expect("open");
-        assert_eq!(s.tokens.len(), 200);
+        assert_eq!(s.tokens, 200);
         let a = arg(vec![2, 3, 5]);
-        s.check(&a, &a, 256).expect("fits");
+        s.check(&a, &a).expect("fits");
         let ids = |b: HostBuffer| b.to_tensor().values().collect::<Vec<f64>>();
-        let (x, y) = s.batch(&a, 1, "train", 4);
+        let batch = |n| s.batch(&a, 256, 1, "train", n).expect("ids in range");
+        let (x, y) = batch(4);
         let (x, y) = (ids(x), ids(y));
         for (xs, ys) in x.chunks(5).zip(y.chunks(5)) {
             // Each row is a window of the text; its targets are the same window one later.
@@ -220,10 +239,10 @@ mod tests {
             let next: Vec<f64> = text[at + 1..at + 6].iter().map(|&b| f64::from(b)).collect();
             assert_eq!(ys, next.as_slice());
         }
-        assert_eq!(ids(s.batch(&a, 1, "train", 4).0), x);
-        assert_ne!(ids(s.batch(&a, 1, "train", 5).0), x);
+        assert_eq!(ids(batch(4).0), x);
+        assert_ne!(ids(batch(5).0), x);
         assert!(matches!(
-            s.check(&a, &a, 100),
+            s.batch(&a, 100, 1, "train", 4),
             Err(TokenError::OutOfVocabulary { .. })
         ));
         std::fs::write(&path, [1u8, 2, 3]).expect("write");

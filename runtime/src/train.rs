@@ -161,7 +161,7 @@ pub fn train(
                      data: &Data,
                      step: u64|
      -> Result<(f32, Option<Accuracy>), TrainError> {
-        let (input, target) = data.batch(m, batch_of(step));
+        let (input, target) = data.batch(m, batch_of(step))?;
         let targets = m.cross_entropy.then(|| target.to_tensor());
         let mut loss = bufs.run(program, input, target, params, staging)?;
         let accuracy = targets.map(|t| shared_accuracy(bufs.accuracy(m, &t), replicas > 1));
@@ -553,12 +553,12 @@ fn validate(
     let m = &program.manifest;
     let (mut sum, mut accuracy) = (0.0f64, m.cross_entropy.then(Accuracy::default));
     for b in 0..VAL_BATCHES {
-        let (input, target) = val.batch(m, b);
+        let (input, target) = val.batch(m, b)?;
         let targets = m.cross_entropy.then(|| target.to_tensor());
         let loss = bufs.evaluate(program, input, target, params, staging)?;
         sum += f64::from(shared_loss(loss));
         if let (Some(a), Some(t)) = (&mut accuracy, targets) {
-            *a = a.add(shared_accuracy(bufs.accuracy(m, &t), false));
+            *a = *a + shared_accuracy(bufs.accuracy(m, &t), false);
         }
     }
     Ok(((sum / VAL_BATCHES as f64) as f32, accuracy))

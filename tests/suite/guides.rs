@@ -306,6 +306,11 @@ fn the_data_guide_runs() {
 }
 
 #[test]
+fn the_tokenizers_guide_runs() {
+    run_page("docs/tokenizers.md");
+}
+
+#[test]
 fn the_training_guide_runs() {
     run_page("docs/training.md");
 }
@@ -335,6 +340,7 @@ fn every_page_with_commands_has_a_test_that_runs_it() {
     let tested = [
         "README.md",
         "docs/data.md",
+        "docs/tokenizers.md",
         "docs/training.md",
         "docs/schedules.md",
         "docs/clusters.md",

@@ -621,3 +621,52 @@ fn training_executables_fine_tune_from_a_parameter_file() {
     );
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
+
+/// A token stream is read a window at a time: training on a 4 GiB `train.bin` (sparse: its
+/// ids are 0) peaks within a few MB of training on a 2,000-token one, where reading it whole
+/// took 12.6 GB; `/dev/zero` (no length) is too short, said at once.
+#[test]
+fn a_token_stream_costs_no_memory_for_its_size() {
+    use crate::mpirun::{build, scratch};
+    let dir = scratch("token-memory");
+    let exe = dir.join("gpt2");
+    build("examples/gpt2.ppc", &exe, 1, &["--train"]);
+    let peak_kb = |data: &std::path::Path| {
+        let o = std::process::Command::new("/usr/bin/time")
+            .args(["-f", "peak %M"])
+            .arg(&exe)
+            .args(["--steps", "2", "--json", "--data"])
+            .arg(data)
+            .output()
+            .expect("GNU time (scripts/setup.sh installs it)");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        let line = err.lines().rev().find_map(|l| l.strip_prefix("peak "));
+        line.and_then(|kb| kb.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no peak RSS in {err}"))
+    };
+    let small = dir.join("small.bin");
+    std::fs::write(&small, vec![0u8; 4000]).expect("small");
+    let big = dir.join("big.bin");
+    std::fs::File::create(&big)
+        .and_then(|f| f.set_len(4 << 30))
+        .expect("a sparse 4 GiB file");
+    let (a, b) = (peak_kb(&small), peak_kb(&big));
+    assert!(
+        b < a + 16 * 1024,
+        "peak RSS {b} KB on 4 GiB of tokens, {a} KB on 4 KB"
+    );
+    let zero = dir.join("zero.bin");
+    std::os::unix::fs::symlink("/dev/zero", &zero).expect("link");
+    let o = std::process::Command::new("timeout")
+        .args(["20"])
+        .arg(&exe)
+        .args(["--steps", "1", "--data"])
+        .arg(&zero)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("0 tokens, but a sequence needs 33"), "{err}");
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}

@@ -54,6 +54,8 @@ pub struct Entry {
     pub shape: Vec<usize>,
     pub begin: usize,
     pub end: usize,
+    /// Stored as 64-bit integers (`I64`, NumPy's default), read as `I32` where they fit.
+    pub wide: bool,
 }
 
 /// What is wrong with the bytes of a safetensors file.
@@ -93,6 +95,8 @@ pub enum FormatError {
     /// Reading the header from an open file failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Wide(#[from] WideValue),
 }
 
 /// A safetensors file that could not be read or written, or lacks a tensor.
@@ -112,6 +116,14 @@ pub enum FileError {
         /// The tensors the file has, in header order.
         names: Vec<String>,
     },
+    /// An `I64` tensor holds a value `I32` cannot.
+    #[error("{}: tensor `{name}` holds {value} at element {index}, which int32 cannot hold: store it as int32", .path.display())]
+    WideInt {
+        path: PathBuf,
+        name: String,
+        index: usize,
+        value: i64,
+    },
     #[error(transparent)]
     Write(#[from] WriteError),
 }
@@ -125,7 +137,11 @@ fn entries(header: &[u8], data_len: usize) -> Result<Vec<Entry>, FormatError> {
         if name == "__metadata__" {
             continue;
         }
-        let Some(dtype) = v["dtype"].as_str().and_then(dtype_of) else {
+        let wide = v["dtype"].as_str() == Some("I64");
+        let Some(dtype) = (v["dtype"].as_str())
+            .and_then(dtype_of)
+            .or(wide.then_some(DType::I32))
+        else {
             let dtype = v["dtype"].to_string();
             return Err(FormatError::UnsupportedDType { name, dtype });
         };
@@ -149,7 +165,8 @@ fn entries(header: &[u8], data_len: usize) -> Result<Vec<Entry>, FormatError> {
         let Some(elements) = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) else {
             return Err(FormatError::ShapeOverflows { name });
         };
-        let Some(want) = elements.checked_mul(dtype.size_bytes() as usize) else {
+        let size = if wide { 8 } else { dtype.size_bytes() as usize };
+        let Some(want) = elements.checked_mul(size) else {
             return Err(FormatError::SizeOverflows { name });
         };
         if b < a || b - a != want || b > data_len {
@@ -168,6 +185,7 @@ fn entries(header: &[u8], data_len: usize) -> Result<Vec<Entry>, FormatError> {
             shape,
             begin: a,
             end: b,
+            wide,
         });
     }
     Ok(out)
@@ -186,14 +204,41 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(String, HostBuffer)>, FormatError> {
         .get(8..8usize.saturating_add(len))
         .ok_or(FormatError::HeaderPastEnd)?;
     let data = &bytes[8 + len..];
-    Ok(entries(header, data.len())?
+    entries(header, data.len())?
         .into_iter()
         .map(|e| {
-            let mut buf = HostBuffer::zeros(e.dtype, &e.shape);
-            buf.bytes_mut().copy_from_slice(&data[e.begin..e.end]);
-            (e.name, buf)
+            let buf = buffer(&e, &data[e.begin..e.end])?;
+            Ok((e.name, buf))
         })
-        .collect())
+        .collect()
+}
+
+/// The buffer of entry `e` from its stored `bytes`; `I64` values narrowed to `I32`, or the
+/// index and value of the first that does not fit.
+fn buffer(e: &Entry, bytes: &[u8]) -> Result<HostBuffer, WideValue> {
+    let mut buf = HostBuffer::zeros(e.dtype, &e.shape);
+    if !e.wide {
+        buf.bytes_mut().copy_from_slice(bytes);
+        return Ok(buf);
+    }
+    for (index, (w, n)) in bytes
+        .chunks_exact(8)
+        .zip(buf.bytes_mut().chunks_exact_mut(4))
+        .enumerate()
+    {
+        let value = i64::from_le_bytes(w.try_into().expect("invariant: 8 bytes"));
+        let narrow = i32::try_from(value).map_err(|_| WideValue { index, value })?;
+        n.copy_from_slice(&narrow.to_le_bytes());
+    }
+    Ok(buf)
+}
+
+/// An `I64` value that `I32` cannot hold, at flat `index`.
+#[derive(Debug, thiserror::Error)]
+#[error("tensor holds {value} at element {index}, which int32 cannot hold: store it as int32")]
+pub struct WideValue {
+    pub index: usize,
+    pub value: i64,
 }
 
 /// The entries of an open file and where its data section starts, reading only the header.
@@ -213,25 +258,37 @@ pub fn read_header(f: &mut std::fs::File) -> Result<(Vec<Entry>, u64), FormatErr
 }
 
 /// Reads one tensor by name from a file.
+/// Reads one tensor by name from a file: the header first, checked against the file's length,
+/// then that tensor's bytes alone (a file that is not safetensors, `/dev/zero` included, is
+/// refused before its body is read).
 pub fn read_tensor(path: &Path, name: &str) -> Result<HostBuffer, FileError> {
-    let bytes = std::fs::read(path).map_err(|source| FileError::Read {
+    use std::io::{Read, Seek, SeekFrom};
+    let read_error = |source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(read_error)?;
+    let (entries, data_start) = read_header(&mut f).map_err(|source| FileError::Invalid {
         path: path.to_path_buf(),
         source,
     })?;
-    let tensors = decode(&bytes).map_err(|source| FileError::Invalid {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let names: Vec<String> = tensors.iter().map(|(n, _)| n.clone()).collect();
-    tensors
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, b)| b)
-        .ok_or_else(|| FileError::NoTensor {
+    let Some(e) = entries.iter().find(|e| e.name == name) else {
+        return Err(FileError::NoTensor {
             path: path.to_path_buf(),
             name: name.to_string(),
-            names,
-        })
+            names: entries.into_iter().map(|e| e.name).collect(),
+        });
+    };
+    let mut bytes = vec![0u8; e.end - e.begin];
+    f.seek(SeekFrom::Start(data_start + e.begin as u64))
+        .and_then(|_| f.read_exact(&mut bytes))
+        .map_err(read_error)?;
+    buffer(e, &bytes).map_err(|w| FileError::WideInt {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        index: w.index,
+        value: w.value,
+    })
 }
 
 /// Writes a file atomically (see [`crate::files::write_atomic`]).
@@ -243,6 +300,48 @@ pub fn write(path: &Path, tensors: &[(&str, &HostBuffer)]) -> Result<(), FileErr
 mod tests {
     use super::*;
     use crate::tensor::Tensor;
+
+    /// NumPy's default integers: `I64` read as `I32` where every value fits, else refused
+    /// naming the first that does not.
+    #[test]
+    fn int64_tensors_read_as_int32_where_they_fit() {
+        let file = |values: &[i64]| {
+            let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let header = format!(
+                r#"{{"target":{{"dtype":"I64","shape":[{}],"data_offsets":[0,{}]}}}}"#,
+                values.len(),
+                raw.len()
+            );
+            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+            bytes.extend(header.as_bytes());
+            bytes.extend(raw);
+            let path = std::env::temp_dir().join(format!(
+                "ppc-i64-{}-{}.safetensors",
+                std::process::id(),
+                values.len()
+            ));
+            std::fs::write(&path, bytes).expect("write");
+            path
+        };
+        let fits = file(&[3, -1, 9]);
+        let t = read_tensor(&fits, "target").expect("fits").to_tensor();
+        assert_eq!(
+            (t.dtype, t.int(0), t.int(1), t.int(2)),
+            (DType::I32, 3, -1, 9)
+        );
+        let wide = file(&[1, 2, 1 << 40, 4]);
+        let Err(e) = read_tensor(&wide, "target") else {
+            panic!("2^40 read as int32");
+        };
+        assert!(
+            e.to_string().contains("holds 1099511627776 at element 2"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("store it as int32"), "{e}");
+        for p in [fits, wide] {
+            std::fs::remove_file(p).expect("cleanup");
+        }
+    }
 
     #[test]
     fn round_trips_and_rejects_garbage() {
