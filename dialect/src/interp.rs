@@ -276,7 +276,7 @@ impl<'m> Interp<'m> {
                     *axis,
                 )],
                 OpKind::Reduce { op, x, axes } => vec![k::reduce(*op, get(*x), axes)],
-                OpKind::Softmax { x, axis } => vec![k::softmax(get(*x), *axis)],
+                OpKind::Softmax { x, axis, log } => vec![k::softmax(get(*x), *axis, *log)],
                 OpKind::LayerNorm { x, axis, eps } => vec![k::layernorm(get(*x), *axis, eps.0)],
                 OpKind::Iota { axis } => vec![k::iota(ty.dtype, &shape, *axis)],
                 OpKind::Constant { value } => vec![Tensor::splat(ty.dtype, shape, value.0)],

@@ -340,7 +340,9 @@ fn per_line(x: &Tensor, axis: usize, f: impl Fn(&mut [f32])) -> Tensor {
     Tensor::new(x.dtype, x.shape.clone(), data)
 }
 
-pub fn softmax(x: &Tensor, axis: usize) -> Tensor {
+/// `softmax` along `axis`, or with `log` its logarithm, `(x − max) − ln Σ e^(x − max)`, whose
+/// exponentials are summed as softmax sums them.
+pub fn softmax(x: &Tensor, axis: usize, log: bool) -> Tensor {
     per_line(x, axis, |line| {
         let max = line.iter().fold(f32::NEG_INFINITY, |m, &v| {
             if v.is_nan() || m.is_nan() {
@@ -350,6 +352,14 @@ pub fn softmax(x: &Tensor, axis: usize) -> Tensor {
             }
         });
         let mut sum = -0.0f32;
+        if log {
+            for &v in line.iter() {
+                sum += (v - max).exp();
+            }
+            let lse = sum.ln();
+            line.iter_mut().for_each(|v| *v = (*v - max) - lse);
+            return;
+        }
         for v in line.iter_mut() {
             *v = (*v - max).exp();
             sum += *v;

@@ -129,9 +129,11 @@ pub enum OpKind {
         x: ValueId,
         axes: Vec<usize>,
     },
+    /// `eˣ / Σ eˣ` along `axis`, or with `log` its logarithm, `x − max − log Σ e^(x − max)`.
     Softmax {
         x: ValueId,
         axis: usize,
+        log: bool,
     },
     /// `(x - mean) / sqrt(var + eps)` over `axis` (biased variance, no affine part).
     LayerNorm {
@@ -365,7 +367,8 @@ impl OpKind {
             OpKind::Convert { .. } => "convert",
             OpKind::Slice { .. } => "slice",
             OpKind::Concat { .. } => "concat",
-            OpKind::Softmax { .. } => "softmax",
+            OpKind::Softmax { log: false, .. } => "softmax",
+            OpKind::Softmax { log: true, .. } => "log_softmax",
             OpKind::LayerNorm { .. } => "layernorm",
             OpKind::Iota { .. } => "iota",
             OpKind::Constant { .. } => "constant",

@@ -303,7 +303,7 @@ pub fn eval(
             }
             x
         }
-        OpKind::Softmax { x, axis } | OpKind::LayerNorm { x, axis, .. } => {
+        OpKind::Softmax { x, axis, .. } | OpKind::LayerNorm { x, axis, .. } => {
             let x = tags(sets, *x);
             let along = unite_axis(sets, &x, *axis, true);
             fit(sets, &along, &out)

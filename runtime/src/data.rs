@@ -33,8 +33,12 @@ pub(crate) struct Synthetic {
 pub(crate) enum Data {
     /// Batch `b` is `b mod SYNTHETIC_BATCHES`, labelled when first used ([`Data::prepare`]).
     Synthetic(Synthetic),
-    /// `[N, ...]` rows; batch `b` is rows `b·M + i mod N`.
-    File { input: Tensor, target: Tensor },
+    /// `[N, ...]` rows, in an order of their own each epoch ([`rows`]).
+    File {
+        input: Tensor,
+        target: Tensor,
+        seed: u64,
+    },
     /// Seeded windows of a token stream, drawn from the stream `(name, b)` of `seed`.
     Tokens {
         stream: TokenStream,
@@ -158,9 +162,28 @@ impl Data {
                 targets: y.shape[0],
             });
         }
+        if m.cross_entropy {
+            check_classes(&y, m, path)?;
+        }
         Ok(Data::File {
             input: x,
             target: y,
+            seed: opts.seed,
+        })
+    }
+
+    /// What a user should know of the data before the first step: a file with fewer rows
+    /// than a step takes, whose steps then repeat rows.
+    pub(crate) fn note(&self, m: &Manifest, path: &Path) -> Option<String> {
+        let Data::File { input, .. } = self else {
+            return None;
+        };
+        let (n, per_step) = (input.shape[0], m.input().shape[0]);
+        (n < per_step).then(|| {
+            format!(
+                "note: {} holds {n} rows (microbatches), fewer than the {per_step} a step takes: each step repeats some",
+                path.display()
+            )
         })
     }
 
@@ -199,9 +222,17 @@ impl Data {
             Data::Tokens { stream, seed, name } => {
                 stream.batch(m.input(), vocab(m), *seed, name, step)?
             }
-            Data::File { input, target } => {
+            Data::File {
+                input,
+                target,
+                seed,
+            } => {
                 let target_arg = m.arg(Role::Target).expect("invariant: training");
-                (rows(input, m.input(), step), rows(target, target_arg, step))
+                let order = order(input.shape[0], m.input().shape[0], *seed, step);
+                (
+                    rows(input, m.input(), &order),
+                    rows(target, target_arg, &order),
+                )
             }
         })
     }
@@ -215,17 +246,56 @@ fn vocab(m: &Manifest) -> usize {
         .expect("invariant: outputs have axes")
 }
 
-/// The `M` rows of `t` that step `step` trains on, as argument `a` takes them.
-fn rows(t: &Tensor, a: &Arg, step: u64) -> HostBuffer {
-    let (mb, n) = (a.shape[0] as u64, t.shape[0] as u64);
-    let inner: usize = a.shape[1..].iter().product();
-    let data = (0..mb)
-        .flat_map(|i| {
-            let r = ((step * mb + i) % n) as usize;
-            t.data[r * inner..(r + 1) * inner].to_vec()
+/// The rows of a file of `n` that step `step` trains on, `mb` a step: rows `step·mb + i` of
+/// the sequence in which every epoch (every `n` rows) takes each row once, in an order drawn
+/// for the epoch from the run's seed (`("epoch", e)`), so that the same step reads the same
+/// rows on any rank and replica count, after a resume too.
+fn order(n: usize, mb: usize, seed: u64, step: u64) -> Vec<usize> {
+    let first = step as usize * mb;
+    let mut epochs: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+    (first..first + mb)
+        .map(|k| {
+            let perm = epochs.entry(k / n).or_insert_with(|| {
+                let mut rng = crate::rng::Rng::stream(seed, "epoch", (k / n) as u64);
+                let mut p: Vec<usize> = (0..n).collect();
+                for i in (1..n).rev() {
+                    p.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+                }
+                p
+            });
+            perm[k % n]
         })
+        .collect()
+}
+
+/// Rows `order` of `t`, as argument `a` takes a step's microbatches.
+fn rows(t: &Tensor, a: &Arg, order: &[usize]) -> HostBuffer {
+    let inner: usize = a.shape[1..].iter().product();
+    let data = (order.iter())
+        .flat_map(|&r| t.data[r * inner..(r + 1) * inner].to_vec())
         .collect();
     HostBuffer::from_tensor(&Tensor::new(a.dtype, a.shape.clone(), data))
+}
+
+/// Every class id of `--data`'s targets is a class of the outputs or the loss's
+/// `ignore_index`: a bad label is refused before training, not scored as some other class.
+fn check_classes(y: &Tensor, m: &Manifest, path: &Path) -> Result<(), TrainError> {
+    let classes = vocab(m);
+    let per_row = (y.len() / y.shape[0].max(1)).max(1);
+    let bad = (0..y.len())
+        .map(|i| (i, y.int(i)))
+        .find(|&(_, v)| Some(v) != m.ignore_index && !(0..classes as i64).contains(&i64::from(v)));
+    match bad {
+        None => Ok(()),
+        Some((i, value)) => Err(TrainError::TargetClass {
+            path: path.to_path_buf(),
+            row: i / per_row,
+            element: i % per_row,
+            value,
+            classes,
+            ignore: m.ignore_index,
+        }),
+    }
 }
 
 /// The index of the largest logit of each row (the last axis of `y`).
@@ -233,4 +303,30 @@ fn argmax_last(y: &Tensor, target: &Arg) -> Tensor {
     let classes = *y.shape.last().expect("invariant: logits have a class axis");
     let ids = (y.data.chunks(classes)).map(|row| crate::accuracy::argmax(row) as i32);
     Tensor::from_ints(target.shape.clone(), ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::order;
+
+    #[test]
+    fn each_epoch_takes_every_row_once_in_an_order_of_its_own() {
+        // 10 rows, 4 a step: steps 0..5 are epochs 0 and 1 whole.
+        let rows: Vec<usize> = (0..5).flat_map(|s| order(10, 4, 7, s)).collect();
+        let (e0, e1) = rows.split_at(10);
+        for e in [e0, e1] {
+            let mut sorted = e.to_vec();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        }
+        assert_ne!(e0, e1, "each epoch draws its own order");
+        assert_ne!(e0, (0..10).collect::<Vec<_>>(), "shuffled");
+        assert_eq!(order(10, 4, 7, 3), order(10, 4, 7, 3), "seeded");
+        assert_ne!(order(10, 4, 7, 0), order(10, 4, 8, 0), "by the run's seed");
+        // Fewer rows than a step: the step spans epochs.
+        let mut small = order(3, 4, 7, 0);
+        small.truncate(3);
+        small.sort_unstable();
+        assert_eq!(small, [0, 1, 2]);
+    }
 }

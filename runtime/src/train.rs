@@ -58,6 +58,21 @@ pub enum TrainError {
         want: Vec<usize>,
         want_dtype: DType,
     },
+    /// A class id in `--data`'s targets that no output row has (and not the loss's
+    /// `ignore_index`).
+    #[error(
+        "{}: target {value} at row {row} (element {element} of it) is not one of this model's {classes} classes{}",
+        .path.display(),
+        .ignore.map_or(String::new(), |i| format!(" nor its ignore_index {i}"))
+    )]
+    TargetClass {
+        path: PathBuf,
+        row: usize,
+        element: usize,
+        value: i32,
+        classes: usize,
+        ignore: Option<i32>,
+    },
     #[error("{}: {inputs} inputs but {targets} targets", .path.display())]
     DataRows {
         path: PathBuf,
@@ -150,6 +165,13 @@ pub fn train(
         Some(path) => Some(Data::file(program, path, opts, "val")?),
         None => None,
     };
+    if speaks {
+        for (d, path) in [(Some(&data), &opts.data), (val.as_ref(), &opts.val_data)] {
+            if let Some(note) = d.zip(path.as_ref()).and_then(|(d, p)| d.note(m, p)) {
+                writeln!(err, "{note}")?;
+            }
+        }
+    }
     // Replica `j` of `D` trains on batch `step·D + j`; the step's gradient is their mean.
     let (replicas, replica) = (m.replicas, crate::comm::replica() as u64);
     let batch_of = |step: u64| step * replicas + replica;

@@ -570,14 +570,14 @@ fn training_executables_fine_tune_from_a_parameter_file() {
     let (tuned, said) = run(&["--steps", "3", "--json", "--seed", "5", "--params", &dumped]);
     assert_eq!(drawn, tuned, "the seed's weights, read from a file");
     assert!(said.contains("fine-tuning the weights of"), "{said}");
-    // One batch of data, trained on at every step. Four steps with a checkpoint after two:
-    // fine-tuning from it starts with fresh moments, so its first loss is the third step's
-    // (the same weights on the same batch), and its next differs.
+    // One microbatch of data, four times: every step trains on the same batch in whatever
+    // order the epoch draws. Four steps with a checkpoint after two: fine-tuning from it
+    // starts with fresh moments, so its first loss is the third step's (the same weights on
+    // the same batch), and its next differs.
     let ids = |seed| {
-        let ints = ppc_runtime::Rng::stream(seed, "fine-tune", 0)
-            .fill(ppc_runtime::Init::Uniform(0.0, 256.0), 4 * 2 * 32)
-            .into_iter()
-            .map(|v| v as i32);
+        let one = ppc_runtime::Rng::stream(seed, "fine-tune", 0)
+            .fill(ppc_runtime::Init::Uniform(0.0, 256.0), 2 * 32);
+        let ints = one.repeat(4).into_iter().map(|v| v as i32);
         HostBuffer::from_tensor(&Tensor::from_ints(vec![4, 2, 32], ints))
     };
     let data = file("batch.safetensors");
@@ -668,5 +668,75 @@ fn a_token_stream_costs_no_memory_for_its_size() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("0 tokens, but a sequence needs 33"), "{err}");
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// `--data` in a safetensors file: every row once an epoch, in a seeded order of the epoch's
+/// own (`data.rs`'s unit tests), the same rows a step after a resume too; a class id the
+/// outputs do not have is refused before training, naming the row; a file smaller than a
+/// step is said.
+#[test]
+fn safetensors_data_is_shuffled_each_epoch_and_bad_labels_are_refused() {
+    use crate::mpirun::{build, launch, scratch};
+    let dir = scratch("epochs");
+    let exe = dir.join("gpt2");
+    build("examples/gpt2.ppc", &exe, 1, &["--train"]);
+    // Rows whose targets are their index: a step's targets say which rows it read.
+    let write = |name: &str, rows: usize, bad: Option<i32>| {
+        let x = Tensor::from_ints(vec![rows, 2, 32], (0..rows * 64).map(|i| (i % 256) as i32));
+        let mut t: Vec<i32> = (0..rows * 64).map(|i| (i / 64) as i32).collect();
+        if let Some(v) = bad {
+            t[3 * 64 + 5] = v;
+        }
+        let t = Tensor::from_ints(vec![rows, 2, 32], t);
+        let path = dir.join(name);
+        ppc_runtime::safetensors::write(
+            &path,
+            &[
+                ("input", &HostBuffer::from_tensor(&x)),
+                ("target", &HostBuffer::from_tensor(&t)),
+            ],
+        )
+        .expect("data");
+        path.display().to_string()
+    };
+    // Training and resuming over epochs gives the bytes of one run (the order is the step's).
+    let data = write("rows.safetensors", 6, None);
+    let ckpt = dir.join("ckpt.safetensors").display().to_string();
+    let run = |args: &[&str]| {
+        let l = launch(&exe, None, args, &[]);
+        assert_eq!(l.code, 0, "{}", l.stderr);
+        json_losses(&l.stdout)
+    };
+    let whole = run(&["--steps", "5", "--json", "--data", &data]);
+    let first = run(&["--steps", "2", "--json", "--data", &data, "--save", &ckpt]);
+    let rest = run(&["--steps", "3", "--json", "--data", &data, "--resume", &ckpt]);
+    assert_eq!(whole, [first, rest].concat());
+    // A class id of 256 classes at row 3, element 5: refused, nothing trains.
+    let bad = write("bad.safetensors", 12, Some(300));
+    let l = launch(&exe, None, &["--steps", "1", "--json", "--data", &bad], &[]);
+    assert_ne!(l.code, 0);
+    assert!(l.stdout.is_empty(), "{}", l.stdout);
+    assert!(
+        l.stderr.contains(
+            "target 300 at row 3 (element 5 of it) is not one of this model's 256 classes"
+        ),
+        "{}",
+        l.stderr
+    );
+    // -1 without ignore_index is no class either.
+    let minus = write("minus.safetensors", 12, Some(-1));
+    let l = launch(&exe, None, &["--steps", "1", "--data", &minus], &[]);
+    assert!(l.stderr.contains("target -1 at row 3"), "{}", l.stderr);
+    // Fewer rows than a step's 4 microbatches: said, and it trains.
+    let small = write("small.safetensors", 3, None);
+    let l = launch(&exe, None, &["--steps", "1", "--data", &small], &[]);
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    assert!(
+        l.stderr
+            .contains("holds 3 rows (microbatches), fewer than the 4 a step takes"),
+        "{}",
+        l.stderr
+    );
     std::fs::remove_dir_all(dir).expect("cleanup");
 }

@@ -282,7 +282,7 @@ impl Rule<'_> {
                     && has_prefix(b, self.prefix)
                     && *mask == self.mask
             }
-            OpKind::Softmax { x, axis } => *axis >= k && self.f.ty(*x).shape() == out.shape(),
+            OpKind::Softmax { x, axis, .. } => *axis >= k && self.f.ty(*x).shape() == out.shape(),
             kind if kind.is_elementwise() => kind.operands().iter().all(|&v| self.aligned(v, out)),
             _ => false,
         }

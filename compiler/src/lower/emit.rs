@@ -254,6 +254,9 @@ impl<'a> Emitter<'a> {
     /// as the loop's results are its carried buffers, allocated before this.
     pub fn begin_loop_buffers(&mut self) {
         if self.gpu.is_none() {
+            if let Some(outer) = self.nest.loop_buffers.take() {
+                self.nest.outer_buffers.push(outer);
+            }
             self.nest.loop_buffers = Some(LoopBuffers {
                 at: self.body.len(),
                 indent: self.indent,
@@ -294,6 +297,7 @@ impl<'a> Emitter<'a> {
                 self.raw(&free);
             }
         }
+        self.nest.loop_buffers = self.nest.outer_buffers.pop();
     }
 
     /// A buffer of `ty` and the lines (unindented, located) that allocate and free it.

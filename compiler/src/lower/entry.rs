@@ -186,12 +186,22 @@ pub fn write(w: &mut Walker, id: FuncId, entry: Entry) -> Result<Vec<Argument>, 
             }
         }
     }
+    // A training step's values outside its loops share buffers where their lives do not
+    // overlap, as those inside do (`reuse.rs`): the head's and the loss's `[rows, vocab]`
+    // values and their cotangents, each dead before the next is made.
+    let pooled = w.e.share_buffers;
+    if pooled {
+        w.e.begin_loop_buffers();
+    }
     let results = w.func(id, args, &into)?;
     w.e.at(m.spans.get(&Item::Pipeline));
     let mut outs = Vec::new();
     for ((role, name, r), buf) in outputs.into_iter().zip(out_bufs) {
         w.e.copy(&results[r], &buf);
         outs.push(argument(role, &name, buf));
+    }
+    if pooled {
+        w.e.end_loop_buffers();
     }
     let params = w.bound.iter().map(|(id, buf)| {
         let weight = w.params.weight(*id);

@@ -23,11 +23,16 @@ pub(super) struct Nest {
     pub(super) thread_body: (usize, usize),
     /// The pipeline loop being written whose buffers are its own (`Emitter::begin_loop_buffers`).
     pub(super) loop_buffers: Option<LoopBuffers>,
+    /// The pools of buffers around it: the training step's, around its pipeline loops.
+    pub(super) outer_buffers: Vec<LoopBuffers>,
 }
 
 /// The buffers of one of the entry's pipeline loops: allocated right before the loop (the line
 /// and indentation where they go) and freed right after it, so that the next loop reuses
-/// their memory (the training step's backward loop that of the forward's).
+/// their memory (the training step's backward loop that of the forward's). The training step's
+/// own values outside its loops (the head, the loss, their backward) have a pool of the same
+/// kind around the whole step, so that a value dead before the next one is made gives it its
+/// buffer.
 pub(super) struct LoopBuffers {
     pub(super) at: usize,
     pub(super) indent: usize,

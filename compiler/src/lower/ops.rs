@@ -290,7 +290,7 @@ pub fn lower(e: &mut Emitter, numerics: Numerics, kind: &OpKind, ins: &[Buf], ou
             }
             store(e, &acc, out);
         }
-        OpKind::Softmax { axis, .. } => softmax(e, numerics, &ins[0], *axis, out),
+        OpKind::Softmax { axis, log, .. } => softmax(e, numerics, &ins[0], *axis, *log, out),
         OpKind::LayerNorm { axis, eps, .. } => layernorm(e, numerics, &ins[0], *axis, eps.0, out),
         OpKind::Rank => {
             e.declare(&abi::RANK);
@@ -466,8 +466,10 @@ fn drop_axis(r: usize, axis: usize) -> String {
         .join(", ")
 }
 
-fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
-    if super::gpu_norm::applies(e, num, x, axis) {
+/// `softmax`, or with `log` its logarithm: the exponentials of `x − max` summed as softmax sums
+/// them (into the output's scratch), then `(x − max) − log Σ` from `x` again.
+fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, log: bool, out: &Buf) {
+    if !log && super::gpu_norm::applies(e, num, x, axis) {
         return super::gpu_norm::softmax(e, x, out);
     }
     let r = x.ty.rank();
@@ -491,13 +493,26 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, out: &Buf) {
     );
     let sum = e.alloc(&without(&x.ty, axis));
     reduce_into(e, num, &ex, &[axis], &sum, false);
-    e.generic(
-        r,
-        &[(&sum, drop_axis(r, axis))],
-        (&ex, identity(r)),
-        &par,
-        |e, a| e.let_(&format!("arith.divf {}, {} : f32", a[1], a[0])),
-    );
+    if log {
+        let at = [
+            (&xf, identity(r)),
+            (&max, drop_axis(r, axis)),
+            (&sum, drop_axis(r, axis)),
+        ];
+        e.generic(r, &at, (&ex, identity(r)), &par, |e, a| {
+            let s = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
+            let lse = e.let_(&format!("math.log {} : f32", a[2]));
+            e.let_(&format!("arith.subf {s}, {lse} : f32"))
+        });
+    } else {
+        e.generic(
+            r,
+            &[(&sum, drop_axis(r, axis))],
+            (&ex, identity(r)),
+            &par,
+            |e, a| e.let_(&format!("arith.divf {}, {} : f32", a[1], a[0])),
+        );
+    }
     store(e, &ex, out);
 }
 

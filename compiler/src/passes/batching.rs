@@ -254,9 +254,10 @@ pub fn batch(
                 axes,
             }
         }
-        OpKind::Softmax { axis, .. } => OpKind::Softmax {
+        OpKind::Softmax { axis, log, .. } => OpKind::Softmax {
             x: v(0),
             axis: axis + usize::from(any),
+            log: *log,
         },
         OpKind::LayerNorm { axis, eps, .. } => OpKind::LayerNorm {
             x: v(0),

@@ -195,53 +195,37 @@ fn cross_entropy(
     target: ValueId,
     ignore: Option<i32>,
 ) -> Result<Terms, Diagnostic> {
-    let yt = b.ty(y).clone();
-    let last = yt.rank() - 1;
-    let keep = |b: &mut Builder, v: ValueId| {
-        let mut dims = yt.dims.clone();
-        dims[last] = Dim::lit(1);
-        b.op(
-            "k",
-            OpKind::Reshape { x: v },
-            Some(Type::new(b.ty(v).dtype, dims)),
-        )
-    };
-    let reduce = |b: &mut Builder, hint: &str, op, x| {
-        let axes = vec![last];
-        b.op(hint, OpKind::Reduce { op, x, axes }, None)
-    };
-    let max = reduce(b, "max_logit", ReduceOp::Max, y)?;
-    let max = keep(b, max)?;
-    let z = b.binary("shifted", BinaryOp::Sub, y, max)?;
-    let e = b.op(
-        "e",
-        OpKind::Unary {
-            op: UnaryOp::Exp,
-            x: z,
+    let last = b.ty(y).rank() - 1;
+    // Log-probabilities, the maximum subtracted first so that no logit overflows; their VJP
+    // is `d − softmax · Σ d`, which differentiates no maximum and keeps only them.
+    let log_probs = b.op(
+        "log_probs",
+        OpKind::Softmax {
+            x: y,
+            axis: last,
+            log: true,
         },
         None,
     )?;
-    let sum = reduce(b, "sum_exp", ReduceOp::Sum, e)?;
-    let lse = b.op(
-        "lse",
-        OpKind::Unary {
-            op: UnaryOp::Log,
-            x: sum,
-        },
-        None,
-    )?;
-    // The target's logit, read at the target's index along the class axis (clamped into it
-    // as `index` clamps; targets are checked before a run): no `[rows, classes]` one-hot.
-    let logit = b.op(
-        "target_logit",
+    // The target's, read at the target's index along the class axis (clamped into it as
+    // `index` clamps; targets are checked before a run): no `[rows, classes]` one-hot.
+    let picked = b.op(
+        "target_log_prob",
         OpKind::Index {
-            x: z,
+            x: log_probs,
             index: target,
             axis: last,
         },
         None,
     )?;
-    let per_row = b.binary("nll", BinaryOp::Sub, lse, logit)?;
+    let per_row = b.op(
+        "nll",
+        OpKind::Unary {
+            op: UnaryOp::Neg,
+            x: picked,
+        },
+        None,
+    )?;
     let Some(ignore) = ignore else {
         return Ok(Terms {
             each: per_row,

@@ -388,7 +388,18 @@ pub fn rule(
             };
             vec![(*x, dx)]
         }
-        OpKind::Softmax { x, axis } => {
+        OpKind::Softmax { x, axis, log: true } => {
+            // dx = d - exp(y) * sum(d): softmax(x) is exp(y), and no maximum is differentiated.
+            let s = reduce(b, ReduceOp::Sum, d, &ty(r), *axis)?;
+            let p = unary(b, "p", UnaryOp::Exp, p(r))?;
+            let ps = bin(b, BinaryOp::Mul, p, s)?;
+            vec![(*x, bin(b, BinaryOp::Sub, d, ps)?)]
+        }
+        OpKind::Softmax {
+            x,
+            axis,
+            log: false,
+        } => {
             // dx = y * (d - sum(d * y)).
             let dy = bin(b, BinaryOp::Mul, d, p(r))?;
             let s = reduce(b, ReduceOp::Sum, dy, &ty(r), *axis)?;

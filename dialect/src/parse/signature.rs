@@ -201,7 +201,7 @@ type Build = fn(&mut dyn FuncScope, &mut Stmt) -> PResult<OpKind>;
 
 /// The ops that are not of a family ([`UnaryOp`], [`BinaryOp`], [`CmpPred`], [`ReduceOp`]).
 #[rustfmt::skip]
-const OTHERS: [Signature; 22] = [
+const OTHERS: [Signature; 23] = [
     Signature { name: "select", operands: Arity::Exactly(3), extra: None, attributes: &[],
         summary: "elementwise `cond ? x : y`, with broadcasting", example: "%z = select %c, %x, %y",
         writer: Writer::User, build: |_, s| {
@@ -247,7 +247,12 @@ const OTHERS: [Signature; 22] = [
     Signature { name: "softmax", operands: Arity::Exactly(1), extra: None, attributes: &["axis"],
         summary: "eˣ / Σ eˣ along `axis`, computed after subtracting the maximum",
         example: "%z = softmax %x, axis = 1", writer: Writer::User, build: |_, s| {
-        Ok(OpKind::Softmax { x: s.ids()[0], axis: s.attrs.int("axis")? })
+        Ok(OpKind::Softmax { x: s.ids()[0], axis: s.attrs.int("axis")?, log: false })
+    }},
+    Signature { name: "log_softmax", operands: Arity::Exactly(1), extra: None, attributes: &["axis"],
+        summary: "x − max − log Σ e^(x − max) along `axis`: the logarithm of `softmax`, without its underflow (a cross entropy's log-probabilities)",
+        example: "%z = log_softmax %x, axis = 1", writer: Writer::User, build: |_, s| {
+        Ok(OpKind::Softmax { x: s.ids()[0], axis: s.attrs.int("axis")?, log: true })
     }},
     Signature { name: "layernorm", operands: Arity::Exactly(1), extra: None, attributes: &["axis", "eps"],
         summary: "(x − mean) / √(variance + eps) along `axis` (no scale or shift: multiply and add them)",
