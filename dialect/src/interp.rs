@@ -495,10 +495,14 @@ pub fn param_source(
 ) -> Result<Source, ParamError> {
     match params {
         None => Ok(Source::Seeded(seed)),
-        Some(path) => {
-            let f = ppc_tensor::params::ParamFile::open(path, &param_specs(m))?;
-            Ok(Source::File(std::sync::Arc::new(f)))
-        }
+        Some(path) => match ppc_tensor::params::ParamFile::open(path, &param_specs(m)) {
+            Ok(f) => Ok(Source::File(std::sync::Arc::new(f))),
+            Err(e) => {
+                let dims: Vec<(String, u64)> =
+                    m.dims.iter().map(|d| (d.name.clone(), d.value)).collect();
+                Err(ppc_tensor::params::other_dims(path, &dims).unwrap_or(e))
+            }
+        },
     }
 }
 

@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 pub enum CheckpointError {
     #[error(transparent)]
     File(#[from] FileError),
+    /// The checkpoint records other dimensions than the model's.
+    #[error(transparent)]
+    OtherModel(#[from] crate::params::ParamError),
     #[error("{}: tensor `{tensor}` is {shape:?}, the model's is {want:?}", .path.display())]
     Shape {
         path: PathBuf,
@@ -105,8 +108,21 @@ pub fn save(
     let step = Tensor::from_ints(vec![], [opt.step as i32]);
     named.push(("optim.step".into(), HostBuffer::from_tensor(&step)));
     let refs: Vec<(&str, &HostBuffer)> = named.iter().map(|(n, b)| (n.as_str(), b)).collect();
-    safetensors::write(path, &refs)?;
+    let mut metadata = m.metadata();
+    let settings = opt.config.settings().into_iter();
+    let settings: Vec<String> = settings.map(|(k, v)| format!("{k}={v}")).collect();
+    metadata.push(("ppc.optimizer".into(), settings.join(" ")));
+    safetensors::write_with(path, &refs, &metadata)?;
     Ok(true)
+}
+
+/// The optimizer settings a checkpoint of [`save`] records, as `(key, value)` pairs (none
+/// where it records none, or cannot be read: [`resume`] then says why).
+pub fn optimizer_settings(path: &Path) -> Vec<(String, String)> {
+    let meta = safetensors::read_metadata(path).unwrap_or_default();
+    (meta.iter())
+        .find(|(k, _)| k == "ppc.optimizer")
+        .map_or(Vec::new(), |(_, v)| safetensors::pairs(v))
 }
 
 /// This rank's parameters and optimizer state from a checkpoint of [`save`], of any rank count.
@@ -117,6 +133,9 @@ pub fn resume(
     config: Config,
     bufs: &mut [HostBuffer],
 ) -> Result<Optimizer, CheckpointError> {
+    if let Some(e) = crate::params::other_dims(path, &m.dims) {
+        return Err(e.into());
+    }
     let rank = crate::comm::rank();
     let read = |prefix: &str, a: &Arg| -> Result<Vec<f32>, CheckpointError> {
         let inner: Vec<usize> = a.shape[a.layer_axes..].to_vec();

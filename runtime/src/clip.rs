@@ -152,6 +152,7 @@ mod tests {
             train: Vec::new(),
             cross_entropy: false,
             ignore_index: None,
+            dims: Vec::new(),
         };
         let (w, e) = (arg("w", vec![2, 3], 1), arg("e", vec![4], 0));
         let mut gw = vec![1.0f32, 2.0, 2.0, 0.0, 4.0, 0.0];

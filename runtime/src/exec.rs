@@ -311,10 +311,10 @@ impl Program {
     ) -> Result<Source, ParamError> {
         match file {
             None => Ok(Source::Seeded(seed)),
-            Some(path) => Ok(Source::File(Arc::new(ParamFile::open(
-                path,
-                &self.specs(),
-            )?))),
+            Some(path) => match ParamFile::open(path, &self.specs()) {
+                Ok(f) => Ok(Source::File(Arc::new(f))),
+                Err(e) => Err(crate::params::other_dims(path, &self.manifest.dims).unwrap_or(e)),
+            },
         }
     }
 
@@ -529,10 +529,15 @@ pub fn drive(
 ) -> Result<HostBuffer, RunError> {
     let m = &program.manifest;
     let (rank, speaks) = (comm::rank(), comm::rank() == program.output_rank());
-    // A file of any other length than one call's runs batch by batch (every rank learns how
-    // many batches from the file).
+    // A file of any other length than one call's runs batch by batch: every rank reads it (to
+    // learn how many batches; the last rank, the targets too). Rank 0 says what is wrong with
+    // it; the others go on as with one call's input until rank 0's error ends the job.
     if let Some(path) = &opts.input {
-        if let Some(samples) = crate::samples::Samples::open(program, path)? {
+        let samples = match crate::samples::Samples::open(program, path) {
+            Err(e) if rank == 0 => return Err(e),
+            opened => opened.ok().flatten(),
+        };
+        if let Some(samples) = samples {
             let y = samples.run(program, opts, out, err)?;
             return Ok(HostBuffer::from_tensor(&y));
         }
@@ -544,7 +549,7 @@ pub fn drive(
     };
     let source = program.param_source(opts)?;
     if let Some(path) = opts.dump_params.as_ref().filter(|_| rank == 0) {
-        crate::params::dump(&source, &program.specs(), path)?;
+        crate::params::dump(&source, &program.specs(), path, &m.metadata())?;
         writeln!(err, "wrote {}", path.display())?;
     }
     let mut params = program.params(&source)?;

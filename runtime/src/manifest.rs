@@ -128,6 +128,10 @@ pub struct Manifest {
     /// The target id the loss leaves out (`ignore_index`), which accuracy leaves out too.
     #[serde(default)]
     pub ignore_index: Option<i32>,
+    /// The model's dimensions, as compiled (`--dim` applied), in the file's order: recorded in
+    /// the parameter files and checkpoints the program writes.
+    #[serde(default)]
+    pub dims: Vec<(String, u64)>,
 }
 
 /// The CPU generated code was compiled for (`ppc compile --target-cpu`).
@@ -166,6 +170,13 @@ impl Manifest {
         let k = self.layers.div_ceil(self.stages * self.repeats);
         let iterations = self.repeats * self.microbatches + self.stages - 1;
         1.0 - (self.microbatches * self.layers) as f64 / (iterations * self.stages * k) as f64
+    }
+
+    /// What the program's parameter files and checkpoints record of its model
+    /// ([`crate::params::model_metadata`]).
+    pub fn metadata(&self) -> Vec<(String, String)> {
+        let pipeline = [self.stages, self.microbatches, self.repeats, self.layers];
+        crate::params::model_metadata(&self.dims, pipeline)
     }
 
     pub fn input(&self) -> &Arg {
@@ -312,6 +323,7 @@ mod tests {
             kernels: vec!["examples/mlp.ppc:14:9".into()],
             cross_entropy: false,
             ignore_index: None,
+            dims: Vec::new(),
             train: vec![
                 ("optimizer".into(), "sgd".into()),
                 ("lr".into(), "1e-3".into()),

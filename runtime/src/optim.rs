@@ -140,6 +140,27 @@ impl Config {
         Ok(())
     }
 
+    /// Every setting, as `key=value` pairs a checkpoint records and [`Config::from_settings`]
+    /// reads back to the same config.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        let s = self.schedule;
+        let numbers = [
+            ("lr", self.lr),
+            ("momentum", self.momentum),
+            ("weight_decay", self.weight_decay),
+            ("beta1", self.beta1),
+            ("beta2", self.beta2),
+            ("eps", self.eps),
+            ("min_lr", s.min_lr),
+            ("grad_clip", self.grad_clip),
+        ];
+        let mut out = vec![("optimizer".to_string(), self.kind.name().to_string())];
+        out.extend(numbers.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        out.push(("warmup_steps".into(), s.warmup_steps.to_string()));
+        out.push(("decay_steps".into(), s.decay_steps.to_string()));
+        out
+    }
+
     /// The settings for a parameter that decays or not ([`decays`]).
     pub fn for_param(self, decays: bool) -> Config {
         match decays {

@@ -133,7 +133,7 @@ pub fn train(
         if crate::comm::rank() == 0 {
             writeln!(
                 err,
-                "resumed from {} at step {}",
+                "resumed from {} at step {} (its optimizer settings, but those given here)",
                 path.display(),
                 optimizer.step
             )?;

@@ -275,7 +275,7 @@ fn language_model_gradients_match_jax() {
             (f("params.st"), f("input.st"), f("target.st"), f("jax.st"));
         let specs = ppc_dialect::interp::param_specs(&m);
         let source = ppc_runtime::init::Source::Seeded(seed);
-        ppc_runtime::params::dump(&source, &specs, Path::new(&params)).expect("params");
+        ppc_runtime::params::dump(&source, &specs, Path::new(&params), &[]).expect("params");
         for (p, name, t) in [(&input, "input", &inputs), (&target, "target", &targets)] {
             safetensors::write(Path::new(p), &[(name, &HostBuffer::from_tensor(t))])
                 .expect("write");

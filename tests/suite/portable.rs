@@ -350,6 +350,7 @@ fn what_the_jit_says_reaches_the_user() {
         train: vec![],
         cross_entropy: false,
         ignore_index: None,
+        dims: Vec::new(),
     };
     let ctx = mlir::context();
     let mut module = mlir::parse(&ctx, &text, "").expect("parses");

@@ -595,7 +595,7 @@ fn training_executables_fine_tune_from_a_parameter_file() {
         from_ckpt[1], four[3],
         "fresh optimizer state, not the checkpoint's"
     );
-    // Another model's weights: every problem at once, no step.
+    // Another model's weights: said in one line (the dimensions it records), no step.
     let other = dir.join("other");
     build("examples/llama.ppc", &other, 1, &["--train"]);
     let llama_params = file("llama.safetensors");
@@ -615,8 +615,9 @@ fn training_executables_fine_tune_from_a_parameter_file() {
     assert_ne!(l.code, 0);
     assert!(l.stdout.is_empty(), "nothing trains: {}", l.stdout);
     assert!(
-        l.stderr.contains("wte") || l.stderr.contains("missing"),
-        "{}",
+        l.stderr
+            .contains("llama.safetensors was made with --dim heads=4"),
+        "one line naming the dimensions: {}",
         l.stderr
     );
     std::fs::remove_dir_all(dir).expect("cleanup");
@@ -738,5 +739,83 @@ fn safetensors_data_is_shuffled_each_epoch_and_bad_labels_are_refused() {
         "{}",
         l.stderr
     );
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+/// A checkpoint knows its model: it records the dimensions, the pipeline and the run's
+/// optimizer settings. `--resume` goes on with the recorded settings (no flag repeated gives
+/// the bytes of one run); a file of other dimensions is refused in one line naming them; and
+/// `ppc sample` and `ppc run` take the recorded dimensions and depth.
+#[test]
+fn a_checkpoint_knows_its_model() {
+    use crate::mpirun::{build, launch, scratch};
+    let dir = scratch("knows");
+    let exe = dir.join("gpt2");
+    build(
+        "examples/gpt2.ppc",
+        &exe,
+        1,
+        &["--train", "--dim", "t=16", "--layers", "8"],
+    );
+    let ckpt = dir.join("c.safetensors").display().to_string();
+    let run = |args: &[&str]| {
+        let l = launch(&exe, None, args, &[]);
+        assert_eq!(l.code, 0, "{args:?}: {}", l.stderr);
+        json_losses(&l.stdout)
+    };
+    let flags = [
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "3",
+        "--weight-decay",
+        "0.05",
+    ];
+    let mut whole_args = vec!["--steps", "4", "--json"];
+    whole_args.extend(flags);
+    let whole = run(&whole_args);
+    let mut first_args = vec!["--steps", "2", "--json", "--save", &ckpt];
+    first_args.extend(flags);
+    let first = run(&first_args);
+    let rest = run(&["--steps", "2", "--json", "--resume", &ckpt]);
+    assert_eq!(
+        whole,
+        [first, rest].concat(),
+        "resumed with the recorded settings"
+    );
+    // Another model's dimensions: one line, naming them.
+    let other = dir.join("other");
+    build("examples/gpt2.ppc", &other, 1, &["--train"]);
+    for flag in ["--params", "--resume"] {
+        let l = launch(&other, None, &["--steps", "1", flag, &ckpt], &[]);
+        assert_ne!(l.code, 0);
+        let line = l.stderr.lines().find(|l| l.contains("was made with"));
+        let line = line.unwrap_or_else(|| panic!("{flag}: {}", l.stderr));
+        assert!(
+            line.contains("--dim t=16") && line.contains("this model has t=32"),
+            "{line}"
+        );
+    }
+    // ppc sample and ppc run read the checkpoint's model: no --dim, no --layers repeated.
+    let gpt2 = path("examples/gpt2.ppc");
+    let (code, out, err) = ppc(&[
+        "sample", &gpt2, "--params", &ckpt, "--prompt", "a", "--tokens", "3",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("c.safetensors was made with --dim t=16 --layers 8: using them"),
+        "{err}"
+    );
+    let (code, _, err) = ppc(&[
+        "run",
+        &gpt2,
+        "--backend",
+        "interp",
+        "--params",
+        &ckpt,
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
     std::fs::remove_dir_all(dir).expect("cleanup");
 }

@@ -57,6 +57,52 @@ pub(super) fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     load_with(args, frontend)
 }
 
+/// `args` with the dimensions and depth a parameter file or checkpoint records of its model
+/// (`ppc.dims`, `ppc.pipeline`'s `layers`) where the command line gives none and they differ
+/// from the model file's, said on `err`: `ppc sample --params ckpt` needs no `--dim` repeated.
+pub(super) fn with_model_of(
+    mut args: ModelArgs,
+    params: Option<&std::path::Path>,
+    err: &mut dyn std::io::Write,
+) -> anyhow::Result<ModelArgs> {
+    let Some(path) = params else { return Ok(args) };
+    let meta = ppc_runtime::safetensors::read_metadata(path).unwrap_or_default();
+    let recorded = |key: &str| {
+        (meta.iter().find(|(k, _)| k == key))
+            .map_or(Vec::new(), |(_, v)| ppc_runtime::safetensors::pairs(v))
+    };
+    let module = load(&args)?.module;
+    let mut taken = Vec::new();
+    for (name, value) in recorded("ppc.dims") {
+        let (Ok(value), Some(ours)) = (value.parse::<u64>(), module.dim(&name)) else {
+            continue;
+        };
+        if value != ours && !args.dims.iter().any(|(n, _)| *n == name) {
+            taken.push(format!("--dim {name}={value}"));
+            args.dims.push((name, value));
+        }
+    }
+    let layers = recorded("ppc.pipeline")
+        .into_iter()
+        .find(|(k, _)| k == "layers");
+    if let Some(Ok(layers)) = layers.map(|(_, v)| v.parse::<u64>()) {
+        let given = args.layers.is_some() || args.layers_per_stage.is_some();
+        if !given && layers != module.pipeline.layers {
+            taken.push(format!("--layers {layers}"));
+            args.layers = Some(layers);
+        }
+    }
+    if !taken.is_empty() {
+        writeln!(
+            err,
+            "{} was made with {}: using them",
+            path.display(),
+            taken.join(" ")
+        )?;
+    }
+    Ok(args)
+}
+
 /// A model file, checked and kept as written: calls not inlined (`ppc fmt`).
 pub(super) fn load_as_written(args: &ModelArgs) -> anyhow::Result<Loaded> {
     load_with(args, checked)

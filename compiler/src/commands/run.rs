@@ -20,6 +20,7 @@ pub fn run_command(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<i32> {
+    let model = with_model_of(model, args.params.file.as_deref(), err)?;
     match backend {
         Backend::Interp => run_interp(&load(&model)?, &args, out, err)?,
         Backend::Cuda => {
@@ -64,7 +65,12 @@ fn run_interp(
     let p = l.module.pipeline;
     let source = param_source(&l.module, args.seed, args.params.file.as_deref())?;
     if let Some(path) = &args.dump_params {
-        ppc_runtime::params::dump(&source, &param_specs(&l.module), path)?;
+        let dims: Vec<(String, u64)> = (l.module.dims.iter())
+            .map(|d| (d.name.clone(), d.value))
+            .collect();
+        let pipeline = [p.stages, p.microbatches, p.repeats, p.layers];
+        let metadata = ppc_runtime::params::model_metadata(&dims, pipeline);
+        ppc_runtime::params::dump(&source, &param_specs(&l.module), path, &metadata)?;
         writeln!(err, "wrote {}", path.display())?;
     }
     let mut interp = Interp::with_params(&l.module, args.seed, source);

@@ -37,6 +37,7 @@ pub fn sample_command(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<i32> {
+    a.model = with_model_of(a.model, Some(&a.params), err)?;
     let tokenizer = match &a.tokenizer {
         Some(path) => Some((tokenize::load(path)?, path.clone())),
         None => None,

@@ -33,6 +33,7 @@ pub fn verify_command(
         codegen,
         grad,
     } = a;
+    let model = with_model_of(model, params.file.as_deref(), err)?;
     let check = Check {
         backend,
         seed,

@@ -156,6 +156,7 @@ pub fn lower(m: &Module, opts: &Options, file: &str, source: &str) -> Result<Low
         cross_entropy: entry == Entry::Train
             && m.loss_or_default() == ppc_dialect::ir::Loss::SoftmaxCrossEntropy,
         ignore_index: m.ignore_index.filter(|_| entry == Entry::Train),
+        dims: m.dims.iter().map(|d| (d.name.clone(), d.value)).collect(),
     };
     // Entry arguments are located at the pipeline block, return and frees at the end.
     let (l, c) = lines.line_col(m.spans.get(&Item::Pipeline).start as usize);

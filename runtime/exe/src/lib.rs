@@ -82,7 +82,11 @@ fn parse_train_args(
     let mut o = TrainCli::from_arg_matches(&matches)
         .map_err(clap_exit)?
         .train;
+    // A resumed run goes on with the checkpoint's settings, then the command line's.
     let mut settings = model.to_vec();
+    if let Some(ckpt) = &o.resume {
+        settings.extend(ppc_runtime::checkpoint::optimizer_settings(ckpt));
+    }
     settings.extend(optimizer_settings(&matches));
     o.optimizer =
         Config::from_settings(&settings).map_err(|e| (format!("{prog}: error: {e}"), 2))?;

@@ -79,6 +79,14 @@ pub enum ParamError {
         /// The model's parameters, named, with their per-layer shapes.
         params: Vec<(String, Vec<usize>)>,
     },
+    /// The file records the dimensions of another model (`ppc.dims`): said in one line,
+    /// instead of every tensor that does not fit.
+    #[error("{} was made with {made}; this model has {have}: give the file's with --dim (or compile with them)", .path.display())]
+    OtherDims {
+        path: PathBuf,
+        made: String,
+        have: String,
+    },
     #[error("no parameter `{name}` for layer {layer}")]
     NoParameter { name: String, layer: u64 },
     #[error("cannot read `{tensor}` from {}", .path.display())]
@@ -114,7 +122,51 @@ fn lines(problems: &[Misfit]) -> String {
 
 /// Writes every layer's parameters from `source` to `path` (atomically), named as
 /// [`ParamFile`] reads them, in the model's storage dtype.
-pub fn dump(source: &Source, specs: &[Spec], path: &Path) -> Result<(), ParamError> {
+/// The `__metadata__` a parameter file or checkpoint records of its model: its dimensions and
+/// its pipeline (`stages`, `microbatches`, `repeats`, `layers`).
+pub fn model_metadata(dims: &[(String, u64)], pipeline: [u64; 4]) -> Vec<(String, String)> {
+    let dims = dims.iter().map(|(n, v)| format!("{n}={v}"));
+    let [s, m, r, l] = pipeline;
+    let names = ["stages", "microbatches", "repeats", "layers"];
+    vec![
+        ("ppc.dims".into(), dims.collect::<Vec<_>>().join(" ")),
+        (
+            "ppc.pipeline".into(),
+            (names.iter().zip([s, m, r, l]))
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+    ]
+}
+
+/// Where the dimensions `path` records (`ppc.dims`) differ from `dims`: `--dim d=64` against
+/// `d=128`, one pair for each that differs; `None` where they agree or the file records none.
+pub fn other_dims(path: &Path, dims: &[(String, u64)]) -> Option<ParamError> {
+    let meta = safetensors::read_metadata(path).ok()?;
+    let (_, made) = meta.iter().find(|(k, _)| k == "ppc.dims")?;
+    let (made, have): (Vec<String>, Vec<String>) = safetensors::pairs(made)
+        .into_iter()
+        .filter_map(|(n, v)| {
+            let (_, ours) = dims.iter().find(|(d, _)| *d == n)?;
+            (v != ours.to_string()).then(|| (format!("--dim {n}={v}"), format!("{n}={ours}")))
+        })
+        .unzip();
+    (!made.is_empty()).then(|| ParamError::OtherDims {
+        path: path.to_path_buf(),
+        made: made.join(" "),
+        have: have.join(", "),
+    })
+}
+
+/// Writes the parameters `specs` describe, drawn from `source`, to `path`, recording
+/// `metadata` ([`model_metadata`]).
+pub fn dump(
+    source: &Source,
+    specs: &[Spec],
+    path: &Path,
+    metadata: &[(String, String)],
+) -> Result<(), ParamError> {
     let mut tensors = Vec::new();
     for spec in specs {
         let n: usize = spec.shape.iter().product();
@@ -125,7 +177,7 @@ pub fn dump(source: &Source, specs: &[Spec], path: &Path) -> Result<(), ParamErr
         }
     }
     let refs: Vec<(&str, &HostBuffer)> = tensors.iter().map(|(n, b)| (n.as_str(), b)).collect();
-    Ok(safetensors::write(path, &refs)?)
+    Ok(safetensors::write_with(path, &refs, metadata)?)
 }
 
 /// A parameter file, checked against the model and ready to read layer by layer.

@@ -27,7 +27,19 @@ fn dtype_of(name: &str) -> Option<DType> {
 
 /// The bytes of a safetensors file holding `tensors` in the given order.
 pub fn encode(tensors: &[(&str, &HostBuffer)]) -> Vec<u8> {
+    encode_with(tensors, &[])
+}
+
+/// As [`encode`], with string `metadata` in the header's `__metadata__` (what ppc records of
+/// the model a file belongs to: [`MODEL_METADATA`]).
+pub fn encode_with(tensors: &[(&str, &HostBuffer)], metadata: &[(String, String)]) -> Vec<u8> {
     let mut header = Map::new();
+    if !metadata.is_empty() {
+        let m: Map<String, Value> = (metadata.iter())
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        header.insert("__metadata__".into(), Value::Object(m));
+    }
     let mut offset = 0usize;
     for (name, b) in tensors {
         let n = b.bytes().len();
@@ -294,6 +306,60 @@ pub fn read_tensor(path: &Path, name: &str) -> Result<HostBuffer, FileError> {
 /// Writes a file atomically (see [`crate::files::write_atomic`]).
 pub fn write(path: &Path, tensors: &[(&str, &HostBuffer)]) -> Result<(), FileError> {
     Ok(write_file(path, &encode(tensors))?)
+}
+
+/// As [`write`], with `metadata` ([`encode_with`]).
+pub fn write_with(
+    path: &Path,
+    tensors: &[(&str, &HostBuffer)],
+    metadata: &[(String, String)],
+) -> Result<(), FileError> {
+    Ok(write_file(path, &encode_with(tensors, metadata))?)
+}
+
+/// The keys of `__metadata__` under which ppc records the model a parameter file or a
+/// checkpoint belongs to: its dimensions (`b=2 t=32 ...`), its pipeline settings, and for a
+/// checkpoint the training run's optimizer settings (`lr=0.001 ...`).
+pub const MODEL_METADATA: [&str; 3] = ["ppc.dims", "ppc.pipeline", "ppc.optimizer"];
+
+/// The `__metadata__` of a safetensors file (empty where it has none), reading its header
+/// alone.
+pub fn read_metadata(path: &Path) -> Result<Vec<(String, String)>, FileError> {
+    use std::io::Read;
+    let invalid = |source| FileError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(|source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let file_len = f.metadata().map_err(|e| invalid(e.into()))?.len();
+    let mut head = [0u8; 8];
+    f.read_exact(&mut head)
+        .map_err(|_| invalid(FormatError::TooShort))?;
+    let len = header_len(&head).map_err(invalid)?;
+    if 8 + len as u64 > file_len {
+        return Err(invalid(FormatError::HeaderPastEnd));
+    }
+    let mut header = vec![0u8; len];
+    f.read_exact(&mut header).map_err(|e| invalid(e.into()))?;
+    let header: Map<String, Value> =
+        serde_json::from_slice(&header).map_err(|e| invalid(FormatError::HeaderNotJson(e)))?;
+    Ok(match header.get("__metadata__") {
+        Some(Value::Object(m)) => (m.iter())
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+            .collect(),
+        _ => Vec::new(),
+    })
+}
+
+/// `key=value` pairs separated by spaces, as [`MODEL_METADATA`] values hold them.
+pub fn pairs(text: &str) -> Vec<(String, String)> {
+    (text.split_whitespace())
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 #[cfg(test)]
