@@ -494,6 +494,15 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, log: bool, out:
     let sum = e.alloc(&without(&x.ty, axis));
     reduce_into(e, num, &ex, &[axis], &sum, false);
     if log {
+        // The logarithm once a row, in place of the sum, not once an element.
+        let rows = r - 1;
+        e.generic(
+            rows,
+            &[],
+            (&sum, identity(rows)),
+            &vec!["parallel"; rows],
+            |e, a| e.let_(&format!("math.log {} : f32", a[0])),
+        );
         let at = [
             (&xf, identity(r)),
             (&max, drop_axis(r, axis)),
@@ -501,8 +510,7 @@ fn softmax(e: &mut Emitter, num: Numerics, x: &Buf, axis: usize, log: bool, out:
         ];
         e.generic(r, &at, (&ex, identity(r)), &par, |e, a| {
             let s = e.let_(&format!("arith.subf {}, {} : f32", a[0], a[1]));
-            let lse = e.let_(&format!("math.log {} : f32", a[2]));
-            e.let_(&format!("arith.subf {s}, {lse} : f32"))
+            e.let_(&format!("arith.subf {s}, {} : f32", a[2]))
         });
     } else {
         e.generic(
