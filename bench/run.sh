@@ -158,6 +158,11 @@ at_scale "transformer d=1024" examples/transformer.ppc "$scale_dims" "$scale_jax
 for remat in none stage; do
   at_scale "train --remat=$remat: transformer d=1024" examples/transformer.ppc "$scale_dims" "$scale_jax" $remat
 done
+# GPT-2 at GPT-2's vocabulary (#67): d = 256, t = 256, 8 layers on 4 stages, 8 microbatches of 2,
+# V = 50,304, with peak RSS (the head's and the loss's [tokens, V] values dominate it).
+at_scale "train --remat=stage: gpt2 V=50304" examples/gpt2.ppc \
+  "--dim t=256 --dim heads=4 --dim dh=64 --dim vocab=50304 --layers 8 --microbatches 8" \
+  "--model gpt2 --b 2 --t 256 --heads 4 --dh 64 --microbatches 8 --vocab 50304" stage
 echo
 echo "compile time of every example (ppc compile -o, release build):"
 for f in examples/*.ppc; do

@@ -11,7 +11,7 @@
 //! compiler's `residency.rs` decides) and before the results of a call are read.
 //!
 //! `scripts/gpu-check.sh` is the check to run on a GPU; what was written after its last run
-//! there (the README's GPU section lists it) has run only with its kernels as CPU loops.
+//! there (`docs/gpu.md` lists it) has run only with its kernels as CPU loops.
 #![allow(unsafe_code)]
 
 pub mod abi;
