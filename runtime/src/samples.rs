@@ -58,7 +58,8 @@ impl Samples {
         let rows = input.len() / sample.iter().product::<usize>().max(1);
         let target = match safetensors::read_tensor(path, "target") {
             Ok(y) => Some(check_target(program, path, y.to_tensor(), rows)?),
-            Err(_) => None,
+            Err(safetensors::FileError::NoTensor { .. }) => None,
+            Err(e) => return Err(e.into()),
         };
         Ok(Some(Samples {
             input,
