@@ -1,5 +1,6 @@
 //! Buffers shared by values whose lives do not overlap, inside a training step's pipeline loops
-//! (`Emitter::share_buffers` says why not elsewhere): after the last
+//! and, with a pool of its own around them, in the step outside its loops (its head, loss and
+//! their backward: `entry.rs`; `Emitter::share_buffers` says why not elsewhere): after the last
 //! step of a block that reads a value, the buffer the loop allocated for it goes back to the
 //! loop's pool (`Emitter::release`), and a later value of the same memref type takes it
 //! instead of a new allocation. A training step's backward loop keeps gigabytes of
