@@ -529,9 +529,10 @@ pub fn drive(
 ) -> Result<HostBuffer, RunError> {
     let m = &program.manifest;
     let (rank, speaks) = (comm::rank(), comm::rank() == program.output_rank());
-    // A file of any other length than one call's runs batch by batch: every rank reads it (to
-    // learn how many batches; the last rank, the targets too). Rank 0 says what is wrong with
-    // it; the others go on as with one call's input until rank 0's error ends the job.
+    // A file of any other length than one call's runs batch by batch: every rank reads its
+    // header, and for a data set its body (to learn how many batches; the last rank, the
+    // targets too). Rank 0 says what is wrong with it; the others go on as with one call's
+    // input until rank 0's error ends the job. One call's input is read by rank 0 alone.
     if let Some(path) = &opts.input {
         let samples = match crate::samples::Samples::open(program, path) {
             Err(e) if rank == 0 => return Err(e),

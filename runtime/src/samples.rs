@@ -28,33 +28,34 @@ pub struct Samples {
 }
 
 impl Samples {
-    /// The samples of `path`, or `None` for a file of exactly one call's input (`[M, ...input]`).
-    /// A file that fits neither layout is an error that names both.
+    /// The samples of `path`, or `None` for a file of exactly one call's input (`[M, ...input]`),
+    /// whose header alone is read here. A file that fits neither layout is an error that names
+    /// both.
     pub fn open(program: &Program, path: &Path) -> Result<Option<Samples>, RunError> {
         let a = program.manifest.input();
-        let t = safetensors::read_tensor(path, INPUT_TENSOR)?;
+        let (dtype, shape) = safetensors::tensor_type(path, INPUT_TENSOR)?;
         let sample = &a.shape[2..];
         let shape_error = || RunError::InputShape {
             path: path.to_path_buf(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
+            dtype,
+            shape: shape.clone(),
             want_dtype: a.dtype,
             want_shape: a.shape.clone(),
         };
-        if t.dtype != a.dtype || t.shape.first().is_none_or(|&n| n == 0) {
+        if dtype != a.dtype || shape.first().is_none_or(|&n| n == 0) {
             return Err(shape_error());
         }
-        let microbatches = if t.shape[1..] == a.shape[1..] {
-            if t.shape[0] == a.shape[0] {
+        let microbatches = if shape[1..] == a.shape[1..] {
+            if shape[0] == a.shape[0] {
                 return Ok(None);
             }
-            Some(t.shape[0])
-        } else if t.shape[1..] == *sample {
+            Some(shape[0])
+        } else if shape[1..] == *sample {
             None
         } else {
             return Err(shape_error());
         };
-        let input = t.to_tensor();
+        let input = safetensors::read_tensor(path, INPUT_TENSOR)?.to_tensor();
         let rows = input.len() / sample.iter().product::<usize>().max(1);
         let target = match safetensors::read_tensor(path, "target") {
             Ok(y) => Some(check_target(program, path, y.to_tensor(), rows)?),

@@ -270,32 +270,47 @@ pub fn read_header(f: &mut std::fs::File) -> Result<(Vec<Entry>, u64), FormatErr
 }
 
 /// Reads one tensor by name from a file.
+/// Tensor `name` of the file at `path` as its header describes it, with the open file and
+/// where its data section starts: the header alone is read, checked against the file's length.
+fn entry(path: &Path, name: &str) -> Result<(std::fs::File, Entry, u64), FileError> {
+    let mut f = std::fs::File::open(path).map_err(|source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (entries, data_start) = read_header(&mut f).map_err(|source| FileError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    match entries.iter().position(|e| e.name == name) {
+        Some(i) => Ok((f, entries[i].clone(), data_start)),
+        None => Err(FileError::NoTensor {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            names: entries.into_iter().map(|e| e.name).collect(),
+        }),
+    }
+}
+
+/// The dtype and shape of tensor `name`, reading the file's header alone.
+pub fn tensor_type(path: &Path, name: &str) -> Result<(DType, Vec<usize>), FileError> {
+    let (_, e, _) = entry(path, name)?;
+    Ok((e.dtype, e.shape))
+}
+
 /// Reads one tensor by name from a file: the header first, checked against the file's length,
 /// then that tensor's bytes alone (a file that is not safetensors, `/dev/zero` included, is
 /// refused before its body is read).
 pub fn read_tensor(path: &Path, name: &str) -> Result<HostBuffer, FileError> {
     use std::io::{Read, Seek, SeekFrom};
-    let read_error = |source| FileError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut f = std::fs::File::open(path).map_err(read_error)?;
-    let (entries, data_start) = read_header(&mut f).map_err(|source| FileError::Invalid {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let Some(e) = entries.iter().find(|e| e.name == name) else {
-        return Err(FileError::NoTensor {
-            path: path.to_path_buf(),
-            name: name.to_string(),
-            names: entries.into_iter().map(|e| e.name).collect(),
-        });
-    };
+    let (mut f, e, data_start) = entry(path, name)?;
     let mut bytes = vec![0u8; e.end - e.begin];
     f.seek(SeekFrom::Start(data_start + e.begin as u64))
         .and_then(|_| f.read_exact(&mut bytes))
-        .map_err(read_error)?;
-    buffer(e, &bytes).map_err(|w| FileError::WideInt {
+        .map_err(|source| FileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    buffer(&e, &bytes).map_err(|w| FileError::WideInt {
         path: path.to_path_buf(),
         name: name.to_string(),
         index: w.index,
